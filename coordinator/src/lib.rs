@@ -1,0 +1,6 @@
+//! The Host Coordinator and the `lazaret` host CLI.
+//!
+//! This crate owns everything that runs on the host as the invoking user: the
+//! trusted-host configuration loader (the only place the TOML document is
+//! read), and the CLI that drives it. It trusts the invoking user's
+//! environment and the configuration file only after the loader's checks.

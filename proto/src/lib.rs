@@ -1,0 +1,12 @@
+//! Records, codecs and channels shared by every Lazaret role.
+//!
+//! `proto` owns the shapes that cross a boundary: the serialized records of
+//! the design schema (configuration, Domain Store, Storage Catalog, process
+//! identity, sessions, trust, mailbox, network), their postcard codec, and the
+//! SEQPACKET channel that carries them with descriptors between roles. It
+//! trusts no bytes it decodes: every decoder refuses unknown versions,
+//! trailing bytes and oversize input. It needs no unsafe code.
+
+#![deny(missing_docs)]
+
+pub mod codec;

@@ -1,0 +1,6 @@
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    eprintln!("{}", lazaret_supervisor::UNAVAILABLE);
+    ExitCode::from(69)
+}
