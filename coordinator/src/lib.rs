@@ -4,3 +4,8 @@
 //! trusted-host configuration loader (the only place the TOML document is
 //! read), and the CLI that drives it. It trusts the invoking user's
 //! environment and the configuration file only after the loader's checks.
+
+#![deny(missing_docs)]
+
+pub mod cli;
+pub mod config;

@@ -101,12 +101,11 @@ fn max_len<T: WireRecord>() -> usize {
 
 /// Encodes `record` as its version byte followed by its postcard body.
 pub fn encode<T: WireRecord>(record: &T) -> Result<Vec<u8>, EncodeError> {
-    let bytes = postcard::to_extend(record, vec![T::VERSION]).map_err(|reason| {
-        EncodeError::Serialize {
+    let bytes =
+        postcard::to_extend(record, vec![T::VERSION]).map_err(|reason| EncodeError::Serialize {
             record: T::NAME,
             reason,
-        }
-    })?;
+        })?;
     if bytes.len() > max_len::<T>() {
         return Err(EncodeError::Oversize {
             record: T::NAME,

@@ -9,4 +9,8 @@
 
 #![deny(missing_docs)]
 
+pub mod channel;
 pub mod codec;
+pub mod config;
+pub mod ids;
+pub mod layout;

@@ -1,5 +1,7 @@
+//! `lazaret`: the host CLI. Everything lives in the library's `cli` module.
+
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    ExitCode::FAILURE
+    lazaret_coordinator::cli::run()
 }

@@ -1,0 +1,133 @@
+//! The `lazaret` command line as clap parses it: raw arguments only. The
+//! profile is positional everywhere; `--config` and `--workspace` are global
+//! and accepted before or after the subcommand. Values are validated later,
+//! by the configuration loader.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+const EXAMPLES: &str = "\
+Examples:
+  lazaret config init                     write a commented configuration template
+  lazaret config check default            check profile `default` for this directory
+  lazaret config check default --json     the same, as one JSON object
+  lazaret up claude                       start the Domain of profile `claude` here
+  lazaret attach claude                   open a shell inside it
+  lazaret down claude                     stop it; persistent state stays";
+
+/// Run an AI coding agent on your project inside a gVisor sandbox, without sudo.
+#[derive(Debug, Parser)]
+#[command(name = "lazaret", version, after_help = EXAMPLES, propagate_version = true)]
+pub struct Cli {
+    /// The configuration file (default: $XDG_CONFIG_HOME/lazaret/config.toml,
+    /// else ~/.config/lazaret/config.toml). Absolute or starting with `~/`.
+    #[arg(long, global = true, value_name = "PATH")]
+    pub config: Option<OsString>,
+
+    /// The project directory mounted at /workspace (default: the current
+    /// directory).
+    #[arg(long, global = true, value_name = "DIR")]
+    pub workspace: Option<PathBuf>,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// A profile name, positional.
+#[derive(Debug, Args)]
+pub struct ProfileArg {
+    /// The profile, as named in the configuration's [profiles.NAME] table.
+    #[arg(value_name = "PROFILE")]
+    pub profile: String,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Check, create and show the configuration.
+    #[command(after_help = "Examples:
+  lazaret config init
+  lazaret config check default
+  lazaret config check default --workspace ~/src/app --json")]
+    Config {
+        #[command(subcommand)]
+        command: ConfigCommand,
+    },
+    /// Start the Domain of PROFILE for the workspace (not in this version).
+    #[command(after_help = "Example:\n  lazaret up claude")]
+    Up(ProfileArg),
+    /// Stop the Domain of PROFILE; persistent state stays (not in this version).
+    #[command(after_help = "Example:\n  lazaret down claude")]
+    Down(ProfileArg),
+    /// Open a shell, or run COMMAND, inside the running sandbox (not in this version).
+    #[command(
+        after_help = "Examples:\n  lazaret attach claude\n  lazaret attach claude -- make test"
+    )]
+    Attach {
+        #[command(flatten)]
+        profile: ProfileArg,
+        /// The command to run instead of a login shell.
+        #[arg(last = true, value_name = "COMMAND")]
+        command: Vec<OsString>,
+    },
+    /// Show the Domains of this workspace, or all of them (not in this version).
+    #[command(after_help = "Examples:\n  lazaret status\n  lazaret status --all --json")]
+    Status {
+        /// Only this profile's Domain.
+        #[arg(value_name = "PROFILE")]
+        profile: Option<String>,
+        /// Every Domain of this user, not only this workspace's.
+        #[arg(long)]
+        all: bool,
+        /// One JSON object instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show the log of a Domain (not in this version).
+    #[command(after_help = "Example:\n  lazaret logs claude")]
+    Logs(ProfileArg),
+    /// Inspect, verify and reset persistent sandbox state (not in this version).
+    #[command(after_help = "Examples:\n  lazaret state list\n  lazaret state reset claude")]
+    State {
+        #[command(subcommand)]
+        command: StateCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ConfigCommand {
+    /// Load PROFILE exactly as `lazaret up` will, and show the result.
+    ///
+    /// Exits 0 when the configuration is valid and 2 when it is not, naming
+    /// the field and the rule it breaks. Creates the Storage and Runtime
+    /// roots if they are missing, as `up` would.
+    #[command(after_help = "Examples:
+  lazaret config check default
+  lazaret config check default --json | jq .configuration_fingerprint
+  lazaret config check claude --config ~/lazaret-test.toml --workspace ~/src/app")]
+    Check {
+        #[command(flatten)]
+        profile: ProfileArg,
+        /// One JSON object instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Write a commented v1 template (mode 0600); never overwrites.
+    #[command(
+        after_help = "Examples:\n  lazaret config init\n  lazaret config init --config ~/lazaret/config.toml"
+    )]
+    Init,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum StateCommand {
+    /// List the State Anchors of this user.
+    List,
+    /// Show one Domain's State Anchor.
+    Inspect(ProfileArg),
+    /// Check one Domain's State Anchor for damage.
+    Verify(ProfileArg),
+    /// Delete one Domain's State Anchor.
+    Reset(ProfileArg),
+}

@@ -1,0 +1,365 @@
+//! The `lazaret` host CLI: argument parsing, the `config` commands, and the
+//! honest refusal of commands this version does not have yet.
+//!
+//! This module owns what the user sees: messages, `--json` output and exit
+//! codes (0 success, 1 failure, 2 invalid configuration or usage, 69 not
+//! available in this version). It trusts the user's arguments only after
+//! clap and the configuration loader have checked them.
+
+mod args;
+
+use std::ffi::OsString;
+use std::io::{self, Write};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Parser;
+use serde_json::json;
+
+use crate::config::{self, ConfigError, HostEnvironment, LoadRequest, ResolvedDomainConfiguration};
+use args::{Cli, Command, ConfigCommand, StateCommand};
+
+/// The commented v1 template `lazaret config init` writes.
+pub const CONFIG_TEMPLATE: &str = include_str!("template.toml");
+
+/// Exit status for an invalid configuration or invalid usage.
+const EXIT_INVALID: u8 = 2;
+/// Exit status for a command this version does not provide (`EX_UNAVAILABLE`).
+const EXIT_UNAVAILABLE: u8 = 69;
+
+/// A failure the CLI reports and the status it exits with.
+#[derive(Debug)]
+struct Failure {
+    message: String,
+    status: u8,
+}
+
+impl From<ConfigError> for Failure {
+    fn from(error: ConfigError) -> Self {
+        Failure {
+            message: format!("invalid configuration: {}", chain(&error)),
+            status: EXIT_INVALID,
+        }
+    }
+}
+
+/// An error and its sources on one line.
+fn chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+/// Runs the CLI with the process's arguments.
+pub fn run() -> ExitCode {
+    let cli = Cli::parse();
+    match dispatch(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(failure) => {
+            eprintln!("lazaret: {}", failure.message);
+            ExitCode::from(failure.status)
+        }
+    }
+}
+
+fn dispatch(cli: Cli) -> Result<(), Failure> {
+    let globals = Globals {
+        config: cli.config,
+        workspace: cli.workspace,
+    };
+    match cli.command {
+        Command::Config { command } => match command {
+            ConfigCommand::Check { profile, json } => {
+                config_check(&globals, &profile.profile, json)
+            }
+            ConfigCommand::Init => config_init(&globals),
+        },
+        Command::Up { .. } => unavailable("up", "starting a Domain"),
+        Command::Down { .. } => unavailable("down", "stopping a Domain"),
+        Command::Attach { .. } => unavailable("attach", "client sessions"),
+        Command::Status { .. } => unavailable("status", "Domain status"),
+        Command::Logs { .. } => unavailable("logs", "Domain logs"),
+        Command::State { command } => {
+            let name = match command {
+                StateCommand::List => "state list",
+                StateCommand::Inspect { .. } => "state inspect",
+                StateCommand::Verify { .. } => "state verify",
+                StateCommand::Reset { .. } => "state reset",
+            };
+            unavailable(name, "State Anchor inspection and reset")
+        }
+    }
+}
+
+fn unavailable(command: &str, what: &str) -> Result<(), Failure> {
+    Err(Failure {
+        message: format!(
+            "`lazaret {command}` is not available in this version ({}): {what} is not built yet; \
+             `lazaret config check PROFILE` validates a configuration today",
+            env!("CARGO_PKG_VERSION")
+        ),
+        status: EXIT_UNAVAILABLE,
+    })
+}
+
+/// Options accepted before or after every subcommand.
+struct Globals {
+    config: Option<OsString>,
+    workspace: Option<PathBuf>,
+}
+
+impl Globals {
+    fn load(&self, profile: &str) -> Result<ResolvedDomainConfiguration, Failure> {
+        let workspace = match &self.workspace {
+            Some(dir) => dir.clone(),
+            None => std::env::current_dir().map_err(|e| Failure {
+                message: format!("cannot determine the current directory to use as workspace: {e}"),
+                status: 1,
+            })?,
+        };
+        let host = HostEnvironment::capture();
+        Ok(config::load(LoadRequest {
+            profile,
+            config: self.config.as_deref(),
+            workspace: &workspace,
+            host: &host,
+        })?)
+    }
+}
+
+/// Writes `text` to stdout; a closed pipe is not an error.
+fn print(text: &str) -> Result<(), Failure> {
+    let mut out = io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::BrokenPipe => Ok(()),
+        Err(e) => Err(Failure {
+            message: format!("cannot write to standard output: {e}"),
+            status: 1,
+        }),
+    }
+}
+
+fn lossy(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn config_check(globals: &Globals, profile: &str, as_json: bool) -> Result<(), Failure> {
+    let resolved = globals.load(profile)?;
+    let record = resolved.record();
+    let auth = resolved.authorities();
+    let label = |dir: &config::RetainedDir| dir.label().display().to_string();
+    let volumes: Vec<_> = record
+        .volumes
+        .iter()
+        .map(|v| {
+            json!({
+                "host": lossy(&v.canonical_host_source),
+                "container": v.container_path,
+                "kind": v.kind.as_str(),
+                "access": v.access.as_str(),
+                "create": v.create,
+            })
+        })
+        .collect();
+    let rules: Vec<_> = record
+        .auto_approval_rules
+        .iter()
+        .map(|r| {
+            json!({
+                "executable": lossy(&r.canonical_executable),
+                "args": r.args,
+                "allow_extra_args": r.allow_extra_args,
+            })
+        })
+        .collect();
+    let env: serde_json::Map<String, serde_json::Value> = record
+        .environment_references
+        .iter()
+        .map(|r| {
+            (
+                r.sandbox_name.clone(),
+                json!(format!("env:{}", r.host_name)),
+            )
+        })
+        .collect();
+    let cidrs = |set: &[lazaret_proto::config::Ipv4Prefix]| -> Vec<String> {
+        set.iter().map(ToString::to_string).collect()
+    };
+    let report = json!({
+        "profile": resolved.profile().as_str(),
+        "config": auth.config_file.canonical_label().display().to_string(),
+        "domain_id": resolved.domain_id().to_hex(),
+        "configuration_fingerprint": resolved.fingerprint().to_hex(),
+        "workspace": label(&auth.workspace),
+        "storage_root": label(&auth.storage_root),
+        "runtime_root": label(&auth.runtime_root),
+        "profile_dir": label(&auth.profile_dir),
+        "image": record.image,
+        "isolate_gitignored": record.isolate_gitignored,
+        "persistent_dirs": record.persistent_dirs,
+        "volumes": volumes,
+        "env": env,
+        "effective_allow": cidrs(&resolved.network().allow),
+        "effective_deny": cidrs(&resolved.network().deny),
+        "escalation": {
+            "enabled": record.escalation_enabled,
+            "auto_approve": rules,
+        },
+    });
+    if as_json {
+        let mut text = serde_json::to_string_pretty(&report).map_err(|e| Failure {
+            message: format!("cannot format the report: {e}"),
+            status: 1,
+        })?;
+        text.push('\n');
+        return print(&text);
+    }
+    print(&human_report(&report))
+}
+
+/// The `config check` report for people: one aligned line per field.
+fn human_report(report: &serde_json::Value) -> String {
+    let s = |key: &str| report[key].as_str().unwrap_or_default().to_owned();
+    let list = |value: &serde_json::Value| -> String {
+        let items: Vec<String> = value
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .map(|v| v.as_str().unwrap_or_default().to_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        if items.is_empty() {
+            "(none)".into()
+        } else {
+            items.join(", ")
+        }
+    };
+    let mut lines = vec![format!(
+        "configuration valid: profile `{}` in {}",
+        s("profile"),
+        s("config")
+    )];
+    let mut row = |key: &str, value: String| lines.push(format!("  {key:<17}{value}"));
+    row("domain id", s("domain_id"));
+    row("fingerprint", s("configuration_fingerprint"));
+    row("workspace", s("workspace"));
+    row("storage root", s("storage_root"));
+    row("runtime root", s("runtime_root"));
+    row("profile dir", s("profile_dir"));
+    row("image", s("image"));
+    row("isolate ignored", report["isolate_gitignored"].to_string());
+    row("persistent dirs", list(&report["persistent_dirs"]));
+    for v in report["volumes"].as_array().into_iter().flatten() {
+        row(
+            "volume",
+            format!(
+                "{} -> {} ({}, {}{})",
+                v["host"].as_str().unwrap_or_default(),
+                v["container"].as_str().unwrap_or_default(),
+                v["kind"].as_str().unwrap_or_default(),
+                v["access"].as_str().unwrap_or_default(),
+                if v["create"] == true {
+                    ", created if missing"
+                } else {
+                    ""
+                },
+            ),
+        );
+    }
+    for (name, reference) in report["env"].as_object().into_iter().flatten() {
+        row(
+            "env",
+            format!("{name} = {}", reference.as_str().unwrap_or_default()),
+        );
+    }
+    row("egress allow", list(&report["effective_allow"]));
+    row("egress deny", list(&report["effective_deny"]));
+    let escalation = &report["escalation"];
+    row(
+        "escalation",
+        if escalation["enabled"] == true {
+            "enabled".into()
+        } else {
+            "disabled".into()
+        },
+    );
+    for r in escalation["auto_approve"].as_array().into_iter().flatten() {
+        row(
+            "auto-approve",
+            format!(
+                "{} {}{}",
+                r["executable"].as_str().unwrap_or_default(),
+                list(&r["args"]),
+                if r["allow_extra_args"] == true {
+                    " ..."
+                } else {
+                    ""
+                }
+            ),
+        );
+    }
+    let mut text = lines.join("\n");
+    text.push('\n');
+    text
+}
+
+fn config_init(globals: &Globals) -> Result<(), Failure> {
+    let host = HostEnvironment::capture();
+    let path = host.config_path(globals.config.as_deref())?;
+    let fail = |what: &str, e: io::Error| Failure {
+        message: format!("cannot {what} {}: {e}", path.display()),
+        status: 1,
+    };
+    if let Some(parent) = path.parent() {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(parent)
+            .map_err(|e| fail("create the directory of", e))?;
+    }
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
+        .open(&path)
+        .map_err(|e| {
+            if e.kind() == io::ErrorKind::AlreadyExists {
+                Failure {
+                    message: format!(
+                        "{} already exists; edit it, or move it away to write a fresh template",
+                        path.display()
+                    ),
+                    status: 1,
+                }
+            } else {
+                fail("create", e)
+            }
+        })?;
+    file.write_all(CONFIG_TEMPLATE.as_bytes())
+        .and_then(|()| file.sync_all())
+        .map_err(|e| fail("write", e))?;
+    print(&format!(
+        "wrote {}\nnext: edit it, then run `lazaret config check default` in your project\n",
+        path.display()
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn template_is_a_valid_document() {
+        let config = config::decode_document(CONFIG_TEMPLATE.as_bytes()).unwrap();
+        assert!(config.profiles.keys().any(|p| p.as_str() == "default"));
+    }
+}

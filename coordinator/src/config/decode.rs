@@ -1,0 +1,335 @@
+//! Strict decoding and structural validation of the v1 document.
+//!
+//! This module owns the step from bytes to a [`TrustedHostConfigurationV1`]
+//! whose every profile is structurally valid. It trusts nothing in the
+//! bytes: the TOML parser refuses duplicate keys and tables, the `schema`
+//! field is dispatched before anything else is interpreted, serde refuses
+//! unknown fields and enumeration values at every depth, and the relations
+//! between fields (nesting of persistent and volume paths, protected
+//! destinations, egress conflicts, escalation rules) are checked here for
+//! every profile. Each error names the exact field path.
+
+use std::collections::BTreeMap;
+
+use lazaret_proto::config::{
+    HostAnchor, Ipv4Prefix, ProfileV1, RFC1918, SCHEMA_ID, SandboxPath, TrustedHostConfigurationV1,
+    VolumeKind,
+};
+use lazaret_proto::layout::SandboxLayoutV1;
+
+use super::ConfigError;
+
+fn field(field: impl Into<String>, rule: impl Into<String>) -> ConfigError {
+    ConfigError::Field {
+        field: field.into(),
+        rule: rule.into(),
+    }
+}
+
+/// Decodes `bytes` and validates the structure of every profile.
+pub fn decode(
+    source_label: &str,
+    bytes: &[u8],
+    layout: &SandboxLayoutV1,
+) -> Result<TrustedHostConfigurationV1, ConfigError> {
+    let text = std::str::from_utf8(bytes).map_err(|e| ConfigError::Syntax {
+        path: source_label.to_owned(),
+        message: format!("is not valid UTF-8 (at byte {})", e.valid_up_to()),
+    })?;
+    let table: toml::Table = text
+        .parse()
+        .map_err(|e: toml::de::Error| ConfigError::Syntax {
+            path: source_label.to_owned(),
+            message: e.to_string().trim_end().to_owned(),
+        })?;
+
+    // Dispatch on `schema` before interpreting anything else, so a document
+    // of another version is named as such rather than as unknown fields.
+    match table.get("schema") {
+        None => {
+            return Err(field(
+                "schema",
+                format!("is required and must be \"{SCHEMA_ID}\""),
+            ));
+        }
+        Some(toml::Value::String(s)) if s == SCHEMA_ID => {}
+        Some(toml::Value::String(s)) => {
+            return Err(field(
+                "schema",
+                format!(
+                    "unsupported schema `{s}`: this version of Lazaret reads only `{SCHEMA_ID}`"
+                ),
+            ));
+        }
+        Some(other) => {
+            return Err(field(
+                "schema",
+                format!(
+                    "must be the string \"{SCHEMA_ID}\", found a {}",
+                    other.type_str()
+                ),
+            ));
+        }
+    }
+
+    let config: TrustedHostConfigurationV1 =
+        serde_path_to_error::deserialize(table).map_err(|e| {
+            let path = e.path().to_string();
+            let message = e.into_inner().to_string();
+            field(
+                if path == "." {
+                    String::from("(document)")
+                } else {
+                    path
+                },
+                message,
+            )
+        })?;
+
+    if config.profiles.is_empty() {
+        return Err(field(
+            "profiles",
+            "at least one profile is required, e.g. [profiles.default]",
+        ));
+    }
+    if let Some(decl) = &config.storage.data_root {
+        if decl.anchor() == HostAnchor::ProfileDir {
+            return Err(field(
+                "storage.data_root",
+                "`{profile_dir}/` may begin only a volume `host` path",
+            ));
+        }
+    }
+    let (global_allow, global_deny) = global_prefixes(&config);
+    for (name, profile) in &config.profiles {
+        let at = format!("profiles.{name}");
+        check_profile(&at, profile, layout)?;
+        effective_prefixes(&at, profile, &global_allow, &global_deny)?;
+    }
+    Ok(config)
+}
+
+/// Checks every relation within one profile.
+fn check_profile(
+    at: &str,
+    profile: &ProfileV1,
+    layout: &SandboxLayoutV1,
+) -> Result<(), ConfigError> {
+    check_destinations(
+        &format!("{at}.persistent_dirs"),
+        &profile.persistent_dirs,
+        layout,
+    )?;
+    let containers: Vec<SandboxPath> = profile
+        .volumes
+        .iter()
+        .map(|v| v.container.clone())
+        .collect();
+    check_destinations(&format!("{at}.volumes"), &containers, layout)?;
+
+    for (i, volume) in profile.volumes.iter().enumerate() {
+        let here = format!("{at}.volumes[{i}]");
+        let parents: Vec<&SandboxPath> = profile
+            .persistent_dirs
+            .iter()
+            .filter(|p| volume.container.is_within(p))
+            .collect();
+        match parents.as_slice() {
+            [parent] if *parent == &volume.container => {
+                return Err(field(
+                    format!("{here}.container"),
+                    format!(
+                        "`{}` is itself a persistent dir; a volume must lie strictly beneath one",
+                        volume.container
+                    ),
+                ));
+            }
+            [_] => {}
+            [] => {
+                return Err(field(
+                    format!("{here}.container"),
+                    format!(
+                        "`{}` is not beneath any persistent_dirs entry; a volume must lie strictly \
+                         beneath exactly one persistent dir (add its parent to persistent_dirs)",
+                        volume.container
+                    ),
+                ));
+            }
+            _ => {
+                return Err(field(
+                    format!("{here}.container"),
+                    format!(
+                        "`{}` lies beneath more than one persistent dir",
+                        volume.container
+                    ),
+                ));
+            }
+        }
+        if volume.host.anchor() == HostAnchor::ProfileDir && volume.host.suffix().is_empty() {
+            return Err(field(
+                format!("{here}.host"),
+                "names the profile directory itself",
+            ));
+        }
+        if volume.create {
+            if volume.kind != VolumeKind::Directory {
+                return Err(field(
+                    format!("{here}.create"),
+                    "only a directory source can be created; a file source is never created",
+                ));
+            }
+            if volume.host.anchor() != HostAnchor::ProfileDir {
+                return Err(field(
+                    format!("{here}.create"),
+                    "only a source beneath `{profile_dir}/` can be created",
+                ));
+            }
+        }
+    }
+
+    let escalation = &profile.escalation;
+    if !escalation.enabled && !escalation.auto_approve.is_empty() {
+        return Err(field(
+            format!("{at}.escalation.auto_approve"),
+            "auto-approval rules are valid only while escalation.enabled = true",
+        ));
+    }
+    for (i, rule) in escalation.auto_approve.iter().enumerate() {
+        let here = format!("{at}.escalation.auto_approve[{i}]");
+        if rule.executable.anchor() == HostAnchor::ProfileDir {
+            return Err(field(
+                format!("{here}.executable"),
+                "`{profile_dir}/` may begin only a volume `host` path",
+            ));
+        }
+        if rule.allow_extra_args && rule.args.is_empty() {
+            return Err(field(
+                format!("{here}.allow_extra_args"),
+                "allow_extra_args = true needs at least one configured argument as the prefix",
+            ));
+        }
+        if escalation.auto_approve[..i].contains(rule) {
+            return Err(field(here, "duplicates an earlier rule"));
+        }
+    }
+    Ok(())
+}
+
+/// Checks a list of sandbox destinations: pairwise distinct, none above or
+/// beneath another, none touching a protected destination of the layout.
+fn check_destinations(
+    at: &str,
+    paths: &[SandboxPath],
+    layout: &SandboxLayoutV1,
+) -> Result<(), ConfigError> {
+    let is_volumes = at.ends_with(".volumes");
+    let name = |i: usize| {
+        if is_volumes {
+            format!("{at}[{i}].container")
+        } else {
+            format!("{at}[{i}]")
+        }
+    };
+    for (i, path) in paths.iter().enumerate() {
+        if let Some(protected) = layout.conflict(path) {
+            return Err(field(
+                name(i),
+                format!(
+                    "`{path}` overlaps `{protected}`, which Lazaret mounts itself; \
+                     choose a path outside it"
+                ),
+            ));
+        }
+        if let Some(j) = paths[..i].iter().position(|earlier| earlier.overlaps(path)) {
+            let relation = if paths[j] == *path {
+                "repeats"
+            } else {
+                "overlaps"
+            };
+            return Err(field(
+                name(i),
+                format!(
+                    "`{path}` {relation} `{}` ({}); entries may not repeat or nest",
+                    paths[j],
+                    name(j)
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A prefix labelled with the field that declared it.
+#[derive(Debug, Clone)]
+pub struct LabeledPrefix {
+    prefix: Ipv4Prefix,
+    origin: String,
+}
+
+impl LabeledPrefix {
+    fn collect(at: &str, prefixes: &[Ipv4Prefix]) -> Vec<LabeledPrefix> {
+        prefixes
+            .iter()
+            .enumerate()
+            .map(|(i, prefix)| LabeledPrefix {
+                prefix: *prefix,
+                origin: format!("{at}[{i}]"),
+            })
+            .collect()
+    }
+}
+
+/// The effective allow and deny prefixes of one profile, sorted and
+/// deduplicated: allow is the global and profile allows; deny is the global
+/// and profile denies and RFC 1918. An exact prefix in both is refused.
+pub fn effective_prefixes(
+    at: &str,
+    profile: &ProfileV1,
+    global_allow: &[LabeledPrefix],
+    global_deny: &[LabeledPrefix],
+) -> Result<(Vec<Ipv4Prefix>, Vec<Ipv4Prefix>), ConfigError> {
+    let mut allow: BTreeMap<Ipv4Prefix, String> = BTreeMap::new();
+    for l in global_allow.iter().cloned().chain(LabeledPrefix::collect(
+        &format!("{at}.allow_egress"),
+        &profile.allow_egress,
+    )) {
+        allow.entry(l.prefix).or_insert(l.origin);
+    }
+    let mut deny: BTreeMap<Ipv4Prefix, String> = BTreeMap::new();
+    for l in global_deny
+        .iter()
+        .cloned()
+        .chain(LabeledPrefix::collect(
+            &format!("{at}.deny_egress"),
+            &profile.deny_egress,
+        ))
+        .chain(RFC1918.iter().map(|p| LabeledPrefix {
+            prefix: *p,
+            origin: "the built-in RFC 1918 deny list".into(),
+        }))
+    {
+        deny.entry(l.prefix).or_insert(l.origin);
+    }
+    for (prefix, origin) in &allow {
+        if let Some(denied_by) = deny.get(prefix) {
+            return Err(field(
+                origin.clone(),
+                format!(
+                    "{prefix} is also denied by {denied_by}; the same prefix cannot be both \
+                     allowed and denied (allow a longer prefix inside it instead)"
+                ),
+            ));
+        }
+    }
+    Ok((allow.into_keys().collect(), deny.into_keys().collect()))
+}
+
+/// The labelled global prefixes of a document.
+pub fn global_prefixes(
+    config: &TrustedHostConfigurationV1,
+) -> (Vec<LabeledPrefix>, Vec<LabeledPrefix>) {
+    (
+        LabeledPrefix::collect("network.default_allow", &config.network.default_allow),
+        LabeledPrefix::collect("network.default_deny", &config.network.default_deny),
+    )
+}

@@ -1,0 +1,285 @@
+//! The trusted-host configuration loader: the only code in Lazaret that
+//! reads the TOML document.
+//!
+//! A load runs in this order, each step trusting only the ones before it:
+//! 1. select the file and roots from `--config`, `HOME` and the XDG
+//!    variables ([`hostenv`]);
+//! 2. read the file securely ([`source`]);
+//! 3. decode it strictly and check every profile's structure ([`decode`]);
+//! 4. resolve the selected profile on the filesystem, compare every tree,
+//!    reopen everything, and only then read the referenced host variables
+//!    ([`resolve`]).
+//!
+//! Its one output is a [`ResolvedDomainConfiguration`]: move-only, not
+//! serializable, with the retained descriptors every later consumer uses.
+
+pub mod confined;
+mod decode;
+pub mod hostenv;
+mod resolve;
+mod source;
+
+use std::ffi::OsStr;
+use std::fmt;
+use std::path::Path;
+
+use lazaret_proto::config::{
+    ConfigurationFingerprintRecordV1, EnvName, Ipv4Prefix, ProfileName, ResolvedAutoApprovalRule,
+    ResolvedVolume,
+};
+use lazaret_proto::ids::{ConfigurationFingerprint, DomainId};
+use lazaret_proto::layout::SandboxLayoutV1;
+use rustix::fd::OwnedFd;
+
+pub use confined::{ConfinedError, ConfinedPathPlan, ObjectIdentity, Opened, RetainedDir};
+pub use hostenv::HostEnvironment;
+pub use resolve::check_executable;
+
+/// Why a configuration could not be loaded. Every variant names the field,
+/// variable or file at fault and the rule it broke.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// A host variable that selects a path is missing or invalid.
+    #[error("{variable} {reason}")]
+    Environment {
+        /// The variable.
+        variable: &'static str,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The configuration source broke a rule of the secure read.
+    #[error("configuration file {path} {reason}")]
+    Source {
+        /// The file.
+        path: String,
+        /// The rule broken.
+        reason: String,
+    },
+    /// The configuration source could not be read.
+    #[error("cannot read configuration file {path}")]
+    SourceIo {
+        /// The file.
+        path: String,
+        /// What the kernel said.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The document is not valid TOML (including duplicate keys or tables).
+    #[error("configuration file {path} is not valid TOML: {message}")]
+    Syntax {
+        /// The file.
+        path: String,
+        /// What the parser said, with the line.
+        message: String,
+    },
+    /// A field breaks a rule.
+    #[error("{field}: {rule}")]
+    Field {
+        /// The field path, e.g. `profiles.default.volumes[0].container`.
+        field: String,
+        /// The rule broken.
+        rule: String,
+    },
+    /// A path chosen by a field could not be used.
+    #[error("{field}: {source}")]
+    Path {
+        /// The field path or option.
+        field: String,
+        /// What went wrong with the path.
+        source: ConfinedError,
+    },
+    /// The selected profile does not exist.
+    #[error("profile `{profile}` is not defined in {config}; defined profiles: {available}")]
+    UnknownProfile {
+        /// The profile asked for.
+        profile: String,
+        /// The configuration file.
+        config: String,
+        /// The profiles it defines.
+        available: String,
+    },
+}
+
+/// A resolved host environment value. It is never printed, logged or
+/// serialized: `Debug` shows `<redacted>`, and there is no `Display`.
+pub struct SecretValue(String);
+
+impl SecretValue {
+    fn new(value: String) -> Self {
+        Self(value)
+    }
+
+    /// The value, for handing to the sandbox process spec only.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for SecretValue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
+/// The selected profile's effective IPv4 egress policy, sorted and
+/// deduplicated.
+#[derive(Debug)]
+pub struct EffectiveNetworkPolicy {
+    /// Prefixes the sandbox may reach.
+    pub allow: Vec<Ipv4Prefix>,
+    /// Prefixes it may not reach; always holds RFC 1918.
+    pub deny: Vec<Ipv4Prefix>,
+}
+
+/// A volume source opened through its plan.
+#[derive(Debug)]
+pub struct ResolvedVolumeSource {
+    /// The confined plan to the source.
+    pub plan: ConfinedPathPlan,
+    /// The source as opened at load.
+    pub opened: Opened,
+    /// Its fingerprinted form.
+    pub volume: ResolvedVolume,
+}
+
+/// An auto-approval executable opened through its plan.
+#[derive(Debug)]
+pub struct ResolvedExecutable {
+    /// The confined plan to the executable.
+    pub plan: ConfinedPathPlan,
+    /// The executable as opened at load.
+    pub opened: Opened,
+    /// Its fingerprinted rule.
+    pub rule: ResolvedAutoApprovalRule,
+}
+
+/// The retained descriptors of every path the configuration selected.
+#[derive(Debug)]
+pub struct ConfinedAuthorities {
+    /// The plan that reached the configuration file.
+    pub config_file: ConfinedPathPlan,
+    /// The configuration file, `O_PATH`.
+    pub config_fd: OwnedFd,
+    /// The Agent Workspace.
+    pub workspace: RetainedDir,
+    /// The Storage Root.
+    pub storage_root: RetainedDir,
+    /// The Runtime Root.
+    pub runtime_root: RetainedDir,
+    /// `profiles/<profile>` beneath the Storage Root.
+    pub profile_dir: RetainedDir,
+    /// `domains/<domain id>` beneath the Storage Root.
+    pub domain_storage: RetainedDir,
+    /// `domains/<domain id>` beneath the Runtime Root.
+    pub domain_runtime: RetainedDir,
+    /// The volume sources, in declared order.
+    pub volumes: Vec<ResolvedVolumeSource>,
+    /// The auto-approval executables, in declared order.
+    pub executables: Vec<ResolvedExecutable>,
+}
+
+/// The one successful output of a load: the selected profile, resolved.
+///
+/// Move-only: it is neither `Clone` nor serializable, and it owns the
+/// retained descriptors, the normalized profile data and the resolved
+/// environment values.
+#[derive(Debug)]
+pub struct ResolvedDomainConfiguration {
+    profile: ProfileName,
+    domain_id: DomainId,
+    fingerprint: ConfigurationFingerprint,
+    record: ConfigurationFingerprintRecordV1,
+    network: EffectiveNetworkPolicy,
+    environment: Vec<(EnvName, SecretValue)>,
+    authorities: ConfinedAuthorities,
+    layout: SandboxLayoutV1,
+}
+
+impl ResolvedDomainConfiguration {
+    /// The selected profile.
+    pub fn profile(&self) -> &ProfileName {
+        &self.profile
+    }
+
+    /// `DomainIdV1` of (profile, canonical workspace).
+    pub fn domain_id(&self) -> DomainId {
+        self.domain_id
+    }
+
+    /// `ConfigurationFingerprintV1`.
+    pub fn fingerprint(&self) -> ConfigurationFingerprint {
+        self.fingerprint
+    }
+
+    /// The normalized selected-profile data the fingerprint covers.
+    pub fn record(&self) -> &ConfigurationFingerprintRecordV1 {
+        &self.record
+    }
+
+    /// The effective egress policy.
+    pub fn network(&self) -> &EffectiveNetworkPolicy {
+        &self.network
+    }
+
+    /// The sandbox environment: names and resolved values.
+    pub fn environment(&self) -> &[(EnvName, SecretValue)] {
+        &self.environment
+    }
+
+    /// The retained descriptors.
+    pub fn authorities(&self) -> &ConfinedAuthorities {
+        &self.authorities
+    }
+
+    /// The sandbox layout the configuration was checked against.
+    pub fn layout(&self) -> &SandboxLayoutV1 {
+        &self.layout
+    }
+}
+
+/// What a load needs from its caller.
+#[derive(Debug)]
+pub struct LoadRequest<'a> {
+    /// The profile, exactly as the user typed it.
+    pub profile: &'a str,
+    /// `--config`, if given.
+    pub config: Option<&'a OsStr>,
+    /// The workspace directory (normally the current directory).
+    pub workspace: &'a Path,
+    /// The invoking user and their environment.
+    pub host: &'a HostEnvironment,
+}
+
+/// Loads the selected profile: the same load `lazaret up` performs.
+pub fn load(request: LoadRequest<'_>) -> Result<ResolvedDomainConfiguration, ConfigError> {
+    let profile = ProfileName::parse(request.profile).map_err(|e| ConfigError::Field {
+        field: "PROFILE".into(),
+        rule: e.to_string(),
+    })?;
+    let config_path = request.host.config_path(request.config)?;
+    let source = source::read(&config_path, request.host.uid)?;
+    let layout = SandboxLayoutV1::production();
+    let config = decode::decode(
+        &confined::label(source.plan.canonical_label()),
+        &source.bytes,
+        &layout,
+    )?;
+    resolve::resolve(
+        config,
+        resolve::Inputs {
+            host: request.host,
+            source,
+            workspace: request.workspace,
+            profile: &profile,
+            layout,
+        },
+    )
+}
+
+/// Decodes and structurally checks a document without touching the
+/// filesystem or environment; for tests and fuzzing of the decoder.
+pub fn decode_document(
+    bytes: &[u8],
+) -> Result<lazaret_proto::config::TrustedHostConfigurationV1, ConfigError> {
+    decode::decode("(document)", bytes, &SandboxLayoutV1::production())
+}

@@ -1,0 +1,676 @@
+//! Typed `SOCK_SEQPACKET` channels between Lazaret roles, carrying one
+//! codec-encoded record per packet and descriptors passed with `SCM_RIGHTS`.
+//!
+//! This module owns the framing of every socketpair link (coordinator ↔
+//! supervisor ↔ sidecar): one packet is one record in the
+//! [`codec`](crate::codec) envelope, the receiver learns a packet's size
+//! before reading it, and caps bytes and descriptors per packet. Descriptors
+//! arrive close-on-exec and are owned by the caller; a record refers to them
+//! by index, by the convention of the link's own module.
+//!
+//! It trusts nothing the peer sends: an oversize packet, a truncated control
+//! message, too many descriptors or bytes that do not decode are errors, and
+//! any descriptor that came with a refused packet is closed before returning.
+//! It trusts the kernel for the peer's credentials (`SO_PEERCRED`) and for
+//! packet boundaries. Whether the peer is the process it should be is for the
+//! caller to decide: this module only reports what the kernel says.
+//!
+//! Every call blocks; a channel is used by one receiving thread at a time.
+
+use std::fmt;
+use std::io::{IoSlice, IoSliceMut};
+use std::marker::PhantomData;
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::Arc;
+
+use rustix::io::{Errno, FdFlags};
+use rustix::net::{
+    AddressFamily, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags,
+    SendAncillaryBuffer, SendAncillaryMessage, SendFlags, SocketFlags, SocketType,
+};
+use rustix::process::{Gid, Pid, Uid};
+
+use crate::codec::{self, DecodeError, EncodeError, MAX_RECORD_LEN, WireRecord};
+
+/// Bytes per packet a channel accepts unless configured otherwise.
+pub const DEFAULT_MAX_BYTES: usize = 64 * 1024;
+
+/// Descriptors per packet a channel accepts unless configured otherwise.
+pub const DEFAULT_MAX_FDS: usize = 8;
+
+/// The kernel's own ceiling on descriptors in one `SCM_RIGHTS` message
+/// (`SCM_MAX_FD`); larger configured limits are lowered to it.
+pub const KERNEL_MAX_FDS: usize = 253;
+
+/// Alignment of `struct cmsghdr` on Linux: its first field is a `size_t`.
+const CMSG_ALIGN: usize = std::mem::align_of::<usize>();
+
+/// Why a channel operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ChannelError {
+    /// `socketpair(2)` refused to create the pair.
+    #[error("cannot create a seqpacket socket pair")]
+    SocketPair {
+        /// What the kernel reported.
+        #[source]
+        source: Errno,
+    },
+    /// The inherited descriptor could not be inspected, for example because
+    /// it is not a socket at all.
+    #[error("cannot inspect the inherited channel descriptor; pass a socket")]
+    InspectInherited {
+        /// What the kernel reported.
+        #[source]
+        source: Errno,
+    },
+    /// The inherited descriptor is a socket of the wrong kind.
+    #[error(
+        "inherited channel descriptor is a {domain:?} {socket_type:?} socket, \
+         expected an AF_UNIX SOCK_SEQPACKET socket"
+    )]
+    NotSeqpacket {
+        /// The socket's address family.
+        domain: AddressFamily,
+        /// The socket's type.
+        socket_type: SocketType,
+    },
+    /// The inherited descriptor could not be marked close-on-exec.
+    #[error("cannot mark the inherited channel descriptor close-on-exec")]
+    SetCloexec {
+        /// What the kernel reported.
+        #[source]
+        source: Errno,
+    },
+    /// The outgoing record could not be encoded.
+    #[error("cannot encode the outgoing message")]
+    Encode {
+        /// What the codec reported.
+        #[source]
+        source: EncodeError,
+    },
+    /// The outgoing record is larger than this endpoint's byte limit.
+    #[error("outgoing {record} of {len} bytes exceeds the channel limit of {max} bytes")]
+    SendTooLarge {
+        /// The record being sent.
+        record: &'static str,
+        /// Bytes the encoding needs.
+        len: usize,
+        /// Bytes allowed per packet.
+        max: usize,
+    },
+    /// More descriptors were offered than this endpoint may send in one packet.
+    #[error("cannot send {count} descriptors in one packet, the channel limit is {max}")]
+    SendTooManyFds {
+        /// Descriptors offered.
+        count: usize,
+        /// Descriptors allowed per packet.
+        max: usize,
+    },
+    /// The control message for the descriptors could not be built.
+    #[error("cannot fit {count} descriptors in the control buffer")]
+    ControlBuffer {
+        /// Descriptors offered.
+        count: usize,
+    },
+    /// `sendmsg(2)` failed.
+    #[error("cannot send on the channel")]
+    Send {
+        /// What the kernel reported.
+        #[source]
+        source: Errno,
+    },
+    /// `sendmsg(2)` sent part of a packet, which a seqpacket socket never
+    /// should.
+    #[error("sent only {sent} of {len} bytes of a packet")]
+    ShortSend {
+        /// Bytes the kernel accepted.
+        sent: usize,
+        /// Bytes in the packet.
+        len: usize,
+    },
+    /// The peer closed its end: a zero-length read, or a send on a broken
+    /// connection.
+    #[error("the channel peer disconnected")]
+    Disconnected,
+    /// `recvmsg(2)` failed.
+    #[error("cannot receive from the channel")]
+    Receive {
+        /// What the kernel reported.
+        #[source]
+        source: Errno,
+    },
+    /// The incoming packet is larger than this endpoint accepts; it was
+    /// consumed and discarded with its descriptors.
+    #[error("incoming packet of {len} bytes exceeds the limit of {max} bytes, discarded")]
+    PacketTooLarge {
+        /// Bytes in the packet.
+        len: usize,
+        /// Bytes allowed per packet.
+        max: usize,
+    },
+    /// The packet grew between learning its size and reading it, which
+    /// happens when two threads receive on one channel at once.
+    #[error(
+        "incoming packet of {len} bytes did not fit the {buffer} bytes its peeked size \
+         promised; receive from one thread at a time"
+    )]
+    PacketTruncated {
+        /// Bytes in the packet.
+        len: usize,
+        /// Bytes that were read.
+        buffer: usize,
+    },
+    /// The kernel truncated the control message: the peer sent more
+    /// descriptors than fit, or they could not be installed.
+    #[error(
+        "incoming control message was truncated: the peer sent more than {max} descriptors \
+         or they could not be installed"
+    )]
+    ControlTruncated {
+        /// Descriptors allowed per packet.
+        max: usize,
+    },
+    /// The packet carried more descriptors than this endpoint accepts.
+    #[error("incoming packet carries {count} descriptors, more than the limit of {max}")]
+    TooManyFds {
+        /// Descriptors received (and closed).
+        count: usize,
+        /// Descriptors allowed per packet.
+        max: usize,
+    },
+    /// The packet's bytes are not a valid record.
+    #[error("cannot decode the incoming message")]
+    Decode {
+        /// What the codec reported.
+        #[source]
+        source: DecodeError,
+    },
+    /// `getsockopt(SO_PEERCRED)` failed.
+    #[error("cannot read the channel peer's credentials")]
+    PeerCredentials {
+        /// What the kernel reported.
+        #[source]
+        source: Errno,
+    },
+    /// The peer runs as a different user than required.
+    #[error("channel peer runs as uid {found}, expected uid {expected}")]
+    PeerUidMismatch {
+        /// The uid required.
+        expected: u32,
+        /// The uid the kernel reported.
+        found: u32,
+    },
+}
+
+/// Per-packet caps of one endpoint, applied to what it sends and receives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Largest packet in bytes. Receiving is further bounded by the received
+    /// record's [`WireRecord::MAX_ENCODED_LEN`] and by [`MAX_RECORD_LEN`].
+    pub max_bytes: usize,
+    /// Most descriptors in one packet; values above [`KERNEL_MAX_FDS`] count
+    /// as [`KERNEL_MAX_FDS`].
+    pub max_fds: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_bytes: DEFAULT_MAX_BYTES,
+            max_fds: DEFAULT_MAX_FDS,
+        }
+    }
+}
+
+impl Limits {
+    fn send_max_bytes(&self) -> usize {
+        self.max_bytes.min(MAX_RECORD_LEN)
+    }
+
+    fn recv_max_bytes<R: WireRecord>(&self) -> usize {
+        self.max_bytes.min(R::MAX_ENCODED_LEN).min(MAX_RECORD_LEN)
+    }
+
+    fn fds(&self) -> usize {
+        self.max_fds.min(KERNEL_MAX_FDS)
+    }
+}
+
+/// A record taken off a channel together with the descriptors that came
+/// with it, in the order the sender listed them.
+#[derive(Debug)]
+pub struct Received<R> {
+    /// The decoded record.
+    pub message: R,
+    /// The descriptors, each close-on-exec and owned by the caller. The
+    /// record refers to them by index.
+    pub fds: Vec<OwnedFd>,
+}
+
+/// What the kernel reports about the process at the other end of a socket
+/// (`SO_PEERCRED`, see `unix(7)`).
+///
+/// For a `socketpair(2)` both ends report the process that created the pair,
+/// not whoever holds the other end now; the values are a snapshot and the pid
+/// may since have been reused. Use them for logging and for checking the
+/// user, never to act on a process: a process is held by its pidfd.
+///
+/// The kernel reports pid 0 when the peer is outside this process's pid
+/// namespace, which rustix's `UCred` (a non-zero `Pid`) cannot represent, so
+/// ask only where the peer's pid is visible, such as between roles that
+/// share a pid namespace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeerCredentials {
+    /// The peer's process id, as seen from this process's pid namespace.
+    pub pid: Pid,
+    /// The peer's effective user id.
+    pub uid: Uid,
+    /// The peer's effective group id.
+    pub gid: Gid,
+}
+
+/// One end of a channel: sends `S` records and receives `R` records over a
+/// connected `AF_UNIX` `SOCK_SEQPACKET` socket.
+pub struct Endpoint<S, R> {
+    fd: OwnedFd,
+    limits: Limits,
+    _records: PhantomData<fn(&S) -> R>,
+}
+
+/// The sending half of a split [`Endpoint`].
+pub struct Sender<S> {
+    fd: Arc<OwnedFd>,
+    limits: Limits,
+    _records: PhantomData<fn(&S)>,
+}
+
+/// The receiving half of a split [`Endpoint`].
+pub struct Receiver<R> {
+    fd: Arc<OwnedFd>,
+    limits: Limits,
+    _records: PhantomData<fn() -> R>,
+}
+
+/// Two connected endpoints: what the first sends the second receives, and
+/// the other way round.
+pub type EndpointPair<A, B> = (Endpoint<A, B>, Endpoint<B, A>);
+
+/// Creates a connected pair of endpoints with the default [`Limits`]. Both
+/// descriptors are close-on-exec (`socketpair(2)` with `SOCK_CLOEXEC`).
+pub fn pair<A: WireRecord, B: WireRecord>() -> Result<EndpointPair<A, B>, ChannelError> {
+    let (left, right) = rustix::net::socketpair(
+        AddressFamily::UNIX,
+        SocketType::SEQPACKET,
+        SocketFlags::CLOEXEC,
+        None,
+    )
+    .map_err(|source| ChannelError::SocketPair { source })?;
+    Ok((Endpoint::new(left), Endpoint::new(right)))
+}
+
+impl<S: WireRecord, R: WireRecord> Endpoint<S, R> {
+    fn new(fd: OwnedFd) -> Self {
+        Self {
+            fd,
+            limits: Limits::default(),
+            _records: PhantomData,
+        }
+    }
+
+    /// Adopts a channel descriptor inherited from the parent process.
+    ///
+    /// Refuses anything but an `AF_UNIX` `SOCK_SEQPACKET` socket, then marks
+    /// it close-on-exec so it is not handed on to this process's own
+    /// children. The descriptor is closed if it is refused.
+    pub fn from_inherited(fd: OwnedFd) -> Result<Self, ChannelError> {
+        let domain = rustix::net::sockopt::socket_domain(&fd)
+            .map_err(|source| ChannelError::InspectInherited { source })?;
+        let socket_type = rustix::net::sockopt::socket_type(&fd)
+            .map_err(|source| ChannelError::InspectInherited { source })?;
+        if domain != AddressFamily::UNIX || socket_type != SocketType::SEQPACKET {
+            return Err(ChannelError::NotSeqpacket {
+                domain,
+                socket_type,
+            });
+        }
+        rustix::io::fcntl_setfd(&fd, FdFlags::CLOEXEC)
+            .map_err(|source| ChannelError::SetCloexec { source })?;
+        Ok(Self::new(fd))
+    }
+
+    /// Replaces this endpoint's per-packet caps.
+    #[must_use]
+    pub fn with_limits(mut self, limits: Limits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// This endpoint's per-packet caps.
+    pub fn limits(&self) -> Limits {
+        self.limits
+    }
+
+    /// Sends `message` as one packet with `fds` attached.
+    ///
+    /// See [`Sender::send`].
+    pub fn send(&self, message: &S, fds: &[BorrowedFd<'_>]) -> Result<(), ChannelError> {
+        send_packet(self.fd.as_fd(), &self.limits, message, fds)
+    }
+
+    /// Receives the next packet as one record with its descriptors.
+    ///
+    /// See [`Receiver::recv`].
+    pub fn recv(&self) -> Result<Received<R>, ChannelError> {
+        recv_packet(self.fd.as_fd(), &self.limits)
+    }
+
+    /// Reports the peer's credentials; see [`PeerCredentials`] for what they
+    /// mean on a socketpair.
+    pub fn peer_credentials(&self) -> Result<PeerCredentials, ChannelError> {
+        peer_credentials(self.fd.as_fd())
+    }
+
+    /// Fails unless the peer's effective uid is `expected`; returns the
+    /// credentials when it is.
+    pub fn require_peer_uid(&self, expected: Uid) -> Result<PeerCredentials, ChannelError> {
+        require_peer_uid(self.fd.as_fd(), expected)
+    }
+
+    /// Splits the endpoint into halves that can be moved to different
+    /// threads. The socket closes when both halves are dropped.
+    pub fn split(self) -> (Sender<S>, Receiver<R>) {
+        let fd = Arc::new(self.fd);
+        (
+            Sender {
+                fd: Arc::clone(&fd),
+                limits: self.limits,
+                _records: PhantomData,
+            },
+            Receiver {
+                fd,
+                limits: self.limits,
+                _records: PhantomData,
+            },
+        )
+    }
+
+    /// Gives up the typed view and returns the socket, for example to hand
+    /// it to a child process.
+    pub fn into_fd(self) -> OwnedFd {
+        self.fd
+    }
+}
+
+impl<S: WireRecord> Sender<S> {
+    /// Sends `message` as one packet with `fds` attached (`sendmsg(2)` with
+    /// `SCM_RIGHTS`).
+    ///
+    /// Refuses, before anything is sent, a record over this endpoint's byte
+    /// cap and more descriptors than its descriptor cap. The caller keeps its
+    /// descriptors; the peer receives duplicates. A closed peer is
+    /// [`ChannelError::Disconnected`]; no `SIGPIPE` is raised.
+    pub fn send(&self, message: &S, fds: &[BorrowedFd<'_>]) -> Result<(), ChannelError> {
+        send_packet(self.fd.as_fd(), &self.limits, message, fds)
+    }
+
+    /// This half's per-packet caps.
+    pub fn limits(&self) -> Limits {
+        self.limits
+    }
+}
+
+impl<R: WireRecord> Receiver<R> {
+    /// Receives the next packet as one record with its descriptors
+    /// (`recvmsg(2)` with `MSG_CMSG_CLOEXEC`), blocking until one arrives.
+    ///
+    /// The packet's size is peeked first so the buffer fits it exactly. A
+    /// packet over the byte cap is consumed and refused, so the next call
+    /// sees the next packet. A zero-length read is
+    /// [`ChannelError::Disconnected`]. On every error the packet's
+    /// descriptors are closed.
+    pub fn recv(&self) -> Result<Received<R>, ChannelError> {
+        recv_packet(self.fd.as_fd(), &self.limits)
+    }
+
+    /// This half's per-packet caps.
+    pub fn limits(&self) -> Limits {
+        self.limits
+    }
+
+    /// Reports the peer's credentials; see [`PeerCredentials`] for what they
+    /// mean on a socketpair.
+    pub fn peer_credentials(&self) -> Result<PeerCredentials, ChannelError> {
+        peer_credentials(self.fd.as_fd())
+    }
+
+    /// Fails unless the peer's effective uid is `expected`; returns the
+    /// credentials when it is.
+    pub fn require_peer_uid(&self, expected: Uid) -> Result<PeerCredentials, ChannelError> {
+        require_peer_uid(self.fd.as_fd(), expected)
+    }
+}
+
+impl<S, R> AsFd for Endpoint<S, R> {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
+impl<S> AsFd for Sender<S> {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
+impl<R> AsFd for Receiver<R> {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
+impl<S, R> fmt::Debug for Endpoint<S, R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Endpoint")
+            .field("fd", &self.fd)
+            .field("sends", &std::any::type_name::<S>())
+            .field("receives", &std::any::type_name::<R>())
+            .field("limits", &self.limits)
+            .finish()
+    }
+}
+
+impl<S> fmt::Debug for Sender<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Sender")
+            .field("fd", &self.fd)
+            .field("sends", &std::any::type_name::<S>())
+            .field("limits", &self.limits)
+            .finish()
+    }
+}
+
+impl<R> fmt::Debug for Receiver<R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Receiver")
+            .field("fd", &self.fd)
+            .field("receives", &std::any::type_name::<R>())
+            .field("limits", &self.limits)
+            .finish()
+    }
+}
+
+/// Runs `call` again for as long as it is interrupted by a signal.
+fn retry<T>(mut call: impl FnMut() -> Result<T, Errno>) -> Result<T, Errno> {
+    loop {
+        match call() {
+            Err(Errno::INTR) => continue,
+            other => return other,
+        }
+    }
+}
+
+/// A zeroed byte region of `len` bytes starting on a `cmsghdr` boundary, so
+/// rustix does not shorten it and the kernel's descriptor count is exact.
+fn control_space(storage: &mut Vec<MaybeUninit<u8>>, len: usize) -> &mut [MaybeUninit<u8>] {
+    if len == 0 {
+        return &mut [];
+    }
+    storage.clear();
+    storage.resize(len + CMSG_ALIGN, MaybeUninit::new(0));
+    let offset = storage.as_ptr().align_offset(CMSG_ALIGN);
+    &mut storage[offset..offset + len]
+}
+
+fn send_packet<S: WireRecord>(
+    fd: BorrowedFd<'_>,
+    limits: &Limits,
+    message: &S,
+    fds: &[BorrowedFd<'_>],
+) -> Result<(), ChannelError> {
+    let max_fds = limits.fds();
+    if fds.len() > max_fds {
+        return Err(ChannelError::SendTooManyFds {
+            count: fds.len(),
+            max: max_fds,
+        });
+    }
+    let bytes = codec::encode(message).map_err(|source| ChannelError::Encode { source })?;
+    let max_bytes = limits.send_max_bytes();
+    if bytes.len() > max_bytes {
+        return Err(ChannelError::SendTooLarge {
+            record: S::NAME,
+            len: bytes.len(),
+            max: max_bytes,
+        });
+    }
+
+    let mut storage = Vec::new();
+    let rights = SendAncillaryMessage::ScmRights(fds);
+    let space_len = if fds.is_empty() { 0 } else { rights.size() };
+    let mut control = SendAncillaryBuffer::new(control_space(&mut storage, space_len));
+    if !fds.is_empty() && !control.push(rights) {
+        return Err(ChannelError::ControlBuffer { count: fds.len() });
+    }
+
+    let iov = [IoSlice::new(&bytes)];
+    let sent = retry(|| rustix::net::sendmsg(fd, &iov, &mut control, SendFlags::NOSIGNAL))
+        .map_err(|source| match source {
+            Errno::PIPE | Errno::CONNRESET => ChannelError::Disconnected,
+            source => ChannelError::Send { source },
+        })?;
+    if sent != bytes.len() {
+        return Err(ChannelError::ShortSend {
+            sent,
+            len: bytes.len(),
+        });
+    }
+    Ok(())
+}
+
+fn recv_error(source: Errno) -> ChannelError {
+    match source {
+        Errno::CONNRESET => ChannelError::Disconnected,
+        source => ChannelError::Receive { source },
+    }
+}
+
+fn recv_packet<R: WireRecord>(
+    fd: BorrowedFd<'_>,
+    limits: &Limits,
+) -> Result<Received<R>, ChannelError> {
+    let max_bytes = limits.recv_max_bytes::<R>();
+    let max_fds = limits.fds();
+
+    // Learn the size of the next packet without consuming it. With no
+    // control buffer the kernel installs none of its descriptors.
+    let peeked = retry(|| {
+        rustix::net::recvmsg(
+            fd,
+            &mut [IoSliceMut::new(&mut [])],
+            &mut RecvAncillaryBuffer::default(),
+            RecvFlags::PEEK | RecvFlags::TRUNC | RecvFlags::CMSG_CLOEXEC,
+        )
+    })
+    .map_err(recv_error)?
+    .bytes;
+
+    // Read the packet for real. An oversize packet is read into a buffer of
+    // the cap's size only, to be consumed and refused.
+    let mut data = vec![0u8; peeked.min(max_bytes)];
+    let mut storage = Vec::new();
+    let space_len = if max_fds == 0 {
+        0
+    } else {
+        rustix::cmsg_space!(ScmRights(max_fds))
+    };
+    let mut control = RecvAncillaryBuffer::new(control_space(&mut storage, space_len));
+    let received = retry(|| {
+        rustix::net::recvmsg(
+            fd,
+            &mut [IoSliceMut::new(&mut data)],
+            &mut control,
+            RecvFlags::TRUNC | RecvFlags::CMSG_CLOEXEC,
+        )
+    })
+    .map_err(recv_error)?;
+
+    // Take ownership of every descriptor before looking at anything else, so
+    // each early return below closes them.
+    let mut fds = Vec::new();
+    for message in control.drain() {
+        if let RecvAncillaryMessage::ScmRights(rights) = message {
+            fds.extend(rights);
+        }
+    }
+    drop(control);
+
+    let len = received.bytes;
+    if len == 0 {
+        return Err(ChannelError::Disconnected);
+    }
+    if len > max_bytes {
+        return Err(ChannelError::PacketTooLarge {
+            len,
+            max: max_bytes,
+        });
+    }
+    if len > data.len() || received.flags.contains(ReturnFlags::TRUNC) {
+        return Err(ChannelError::PacketTruncated {
+            len,
+            buffer: data.len(),
+        });
+    }
+    if received.flags.contains(ReturnFlags::CTRUNC) {
+        return Err(ChannelError::ControlTruncated { max: max_fds });
+    }
+    if fds.len() > max_fds {
+        return Err(ChannelError::TooManyFds {
+            count: fds.len(),
+            max: max_fds,
+        });
+    }
+    let message = codec::decode(&data[..len]).map_err(|source| ChannelError::Decode { source })?;
+    Ok(Received { message, fds })
+}
+
+fn peer_credentials(fd: BorrowedFd<'_>) -> Result<PeerCredentials, ChannelError> {
+    let cred = rustix::net::sockopt::socket_peercred(fd)
+        .map_err(|source| ChannelError::PeerCredentials { source })?;
+    Ok(PeerCredentials {
+        pid: cred.pid,
+        uid: cred.uid,
+        gid: cred.gid,
+    })
+}
+
+fn require_peer_uid(fd: BorrowedFd<'_>, expected: Uid) -> Result<PeerCredentials, ChannelError> {
+    let credentials = peer_credentials(fd)?;
+    if credentials.uid != expected {
+        return Err(ChannelError::PeerUidMismatch {
+            expected: expected.as_raw(),
+            found: credentials.uid.as_raw(),
+        });
+    }
+    Ok(credentials)
+}
