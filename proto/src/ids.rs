@@ -238,4 +238,21 @@ mod tests {
         assert_eq!(parse_hex32(&text[1..]), None);
         assert_eq!(parse_hex32(&format!("{}zz", &text[..62])), None);
     }
+
+    #[test]
+    fn tokens_are_sixteen_bytes_in_hex_and_on_the_wire() {
+        let id = SessionId(std::array::from_fn(|i| i as u8));
+        let text = id.to_hex();
+        assert_eq!(text, "000102030405060708090a0b0c0d0e0f");
+        assert_eq!(SessionId::from_hex(&text), Some(id));
+        assert_eq!(SessionId::from_hex(&text[2..]), None);
+        assert_eq!(format!("{id:?}"), format!("SessionId({text})"));
+        let bytes = postcard::to_allocvec(&id).unwrap();
+        assert_eq!(bytes, id.0);
+        let digest = ManifestDigest([0xab; 32]);
+        let oci = digest.to_oci_string();
+        assert!(oci.starts_with("sha256:abab"));
+        assert_eq!(ManifestDigest::from_oci_str(&oci), Some(digest));
+        assert_eq!(ManifestDigest::from_oci_str(&oci[7..]), None);
+    }
 }

@@ -9,8 +9,20 @@
 
 #![deny(missing_docs)]
 
+pub mod catalog;
 pub mod channel;
 pub mod codec;
+pub mod common;
 pub mod config;
 pub mod ids;
 pub mod layout;
+pub mod mailbox;
+pub mod network;
+pub mod ownership;
+pub mod process;
+pub mod store;
+pub mod terminal;
+pub mod trust;
+
+#[cfg(test)]
+mod test_support;

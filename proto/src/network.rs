@@ -1,0 +1,749 @@
+//! The network policy a generation's sandbox runs under and the evidence
+//! that it is in force.
+//!
+//! The Host Coordinator derives a [`DerivedNetworkPolicy`] from the resolved
+//! configuration and hands it to the Network Sidecar in a sealed memfd. The
+//! sidecar installs it, probes the result, and answers with a
+//! [`NetworkReadinessAttestation`] built only from what it observed. The
+//! Host Coordinator starts the sandbox only after an attestation whose
+//! identity matches what it asked for.
+//!
+//! This module owns those shapes, the policy's structural validation, and
+//! the digests that name a policy and a readiness identity. It trusts no
+//! bytes it decodes: the sidecar validates a policy before installing it,
+//! and the Host Coordinator checks an attestation's identity and
+//! observations before believing it.
+
+use std::collections::BTreeSet;
+use std::net::{IpAddr, Ipv4Addr};
+
+use serde::{Deserialize, Serialize};
+
+use crate::codec::{EncodeError, WireRecord};
+use crate::common::{UnixTimeNs, schema_id, tagged_digest};
+use crate::ids::{DomainId, GenerationId, NetworkSidecarId, Sha256Digest};
+
+pub use crate::ownership::NamespaceIdentity;
+
+schema_id!(
+    /// The schema identifier of a derived network policy,
+    /// `lazaret-derived-network-policy-v1`; also its digest's separator.
+    DerivedNetworkPolicySchemaId = "lazaret-derived-network-policy-v1"
+);
+
+schema_id!(
+    /// The schema identifier of a readiness attestation,
+    /// `lazaret-network-readiness-attestation-v1`; also its digest's
+    /// separator.
+    NetworkReadinessAttestationSchemaId = "lazaret-network-readiness-attestation-v1"
+);
+
+schema_id!(
+    /// The schema identifier of a readiness identity,
+    /// `lazaret-network-readiness-identity-v1`; also its fingerprint's
+    /// separator.
+    NetworkReadinessIdentitySchemaId = "lazaret-network-readiness-identity-v1"
+);
+
+/// An IP address family.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum AddressFamily {
+    /// IPv4.
+    IPv4,
+    /// IPv6.
+    IPv6,
+}
+
+impl AddressFamily {
+    /// The family of `address`.
+    pub fn of(address: &IpAddr) -> Self {
+        match address {
+            IpAddr::V4(_) => Self::IPv4,
+            IpAddr::V6(_) => Self::IPv6,
+        }
+    }
+
+    /// The longest prefix length in the family.
+    pub fn max_prefix_len(self) -> u8 {
+        match self {
+            Self::IPv4 => 32,
+            Self::IPv6 => 128,
+        }
+    }
+}
+
+/// What a rule or default does with matching traffic.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum PolicyAction {
+    /// Routed via the connectivity helper's gateway.
+    Allow,
+    /// Unreachable.
+    Deny,
+}
+
+/// Whether a family exists in the sandbox's network at all.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum FamilyDisposition {
+    /// The family is configured and governed by the rules.
+    Enabled,
+    /// The family is switched off in the enforcement namespace.
+    Disabled,
+}
+
+/// Whether one address family is enabled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct AddressFamilyDisposition {
+    /// The family.
+    pub family: AddressFamily,
+    /// Enabled or disabled.
+    pub disposition: FamilyDisposition,
+}
+
+/// What happens to traffic of one family that no prefix rule matches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct DefaultAction {
+    /// The family.
+    pub family: AddressFamily,
+    /// The action for unmatched destinations.
+    pub action: PolicyAction,
+}
+
+/// An IP network: an address with its host bits cleared and a prefix
+/// length.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct IpPrefix {
+    /// The network address.
+    pub address: IpAddr,
+    /// The prefix length in bits.
+    pub prefix_len: u8,
+}
+
+impl IpPrefix {
+    /// An IPv4 prefix; `None` if the length exceeds 32 or host bits are set.
+    pub fn ipv4(octets: [u8; 4], prefix_len: u8) -> Option<Self> {
+        let prefix = Self {
+            address: IpAddr::V4(Ipv4Addr::from(octets)),
+            prefix_len,
+        };
+        prefix.is_normalized().then_some(prefix)
+    }
+
+    /// Whether the length fits the family and no host bit is set.
+    pub fn is_normalized(&self) -> bool {
+        let family = AddressFamily::of(&self.address);
+        if self.prefix_len > family.max_prefix_len() {
+            return false;
+        }
+        // Shifting the network bits out leaves only the host bits.
+        let len = u32::from(self.prefix_len);
+        match self.address {
+            IpAddr::V4(a) => u32::from(a).checked_shl(len).unwrap_or(0) == 0,
+            IpAddr::V6(a) => u128::from(a).checked_shl(len).unwrap_or(0) == 0,
+        }
+    }
+}
+
+/// A route for one prefix: allowed via the gateway or unreachable. The
+/// longest matching prefix wins.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct PrefixRule {
+    /// The family of `network`.
+    pub family: AddressFamily,
+    /// The destination network.
+    pub network: IpPrefix,
+    /// Allow or deny.
+    pub action: PolicyAction,
+}
+
+/// A DNS resolver the sandbox may reach (slirp's forwarder).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct Resolver {
+    /// The family of `address`.
+    pub family: AddressFamily,
+    /// The resolver's address.
+    pub address: IpAddr,
+}
+
+/// Why a derived policy is not installable.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PolicyError {
+    /// A family has two dispositions or two default actions.
+    #[error("{field}: family {family:?} appears more than once")]
+    DuplicateFamily {
+        /// `address_families` or `default_actions`.
+        field: &'static str,
+        /// The repeated family.
+        family: AddressFamily,
+    },
+    /// An enabled family has no default action.
+    #[error("default_actions: enabled family {0:?} has no default action")]
+    MissingDefault(AddressFamily),
+    /// A rule or resolver names a family that is not enabled.
+    #[error("{field}: family {family:?} is not enabled")]
+    FamilyNotEnabled {
+        /// `prefix_rules` or `resolvers`.
+        field: &'static str,
+        /// The family.
+        family: AddressFamily,
+    },
+    /// A `family` field disagrees with its address.
+    #[error("{field}[{index}]: family does not match the address")]
+    FamilyMismatch {
+        /// `prefix_rules` or `resolvers`.
+        field: &'static str,
+        /// Position in the list.
+        index: usize,
+    },
+    /// A prefix is too long or has host bits set.
+    #[error("prefix_rules[{0}]: prefix length too long or host bits set")]
+    NotNormalized(usize),
+    /// Two rules name the same network.
+    #[error("prefix_rules[{0}]: the same network appears earlier")]
+    DuplicatePrefix(usize),
+}
+
+/// The network policy of one generation, as delivered to the sidecar.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DerivedNetworkPolicy {
+    /// Always `lazaret-derived-network-policy-v1`.
+    pub schema_id: DerivedNetworkPolicySchemaId,
+    /// Which families are enabled.
+    pub address_families: Vec<AddressFamilyDisposition>,
+    /// What unmatched traffic of each enabled family meets.
+    pub default_actions: Vec<DefaultAction>,
+    /// The allow and deny routes.
+    pub prefix_rules: Vec<PrefixRule>,
+    /// The reachable resolvers.
+    pub resolvers: Vec<Resolver>,
+}
+
+impl DerivedNetworkPolicy {
+    /// The v1 shape: IPv4 enabled with default deny, IPv6 disabled, the
+    /// given allow and deny prefixes, and the given resolvers. The result is
+    /// canonical; validate it before use.
+    pub fn ipv4_only(
+        allow: impl IntoIterator<Item = IpPrefix>,
+        deny: impl IntoIterator<Item = IpPrefix>,
+        resolvers: impl IntoIterator<Item = Ipv4Addr>,
+    ) -> Self {
+        let rule = |action| {
+            move |network: IpPrefix| PrefixRule {
+                family: AddressFamily::of(&network.address),
+                network,
+                action,
+            }
+        };
+        let mut prefix_rules: Vec<_> = allow.into_iter().map(rule(PolicyAction::Allow)).collect();
+        prefix_rules.extend(deny.into_iter().map(rule(PolicyAction::Deny)));
+        let mut policy = Self {
+            schema_id: DerivedNetworkPolicySchemaId,
+            address_families: vec![
+                AddressFamilyDisposition {
+                    family: AddressFamily::IPv4,
+                    disposition: FamilyDisposition::Enabled,
+                },
+                AddressFamilyDisposition {
+                    family: AddressFamily::IPv6,
+                    disposition: FamilyDisposition::Disabled,
+                },
+            ],
+            default_actions: vec![DefaultAction {
+                family: AddressFamily::IPv4,
+                action: PolicyAction::Deny,
+            }],
+            prefix_rules,
+            resolvers: resolvers
+                .into_iter()
+                .map(|a| Resolver {
+                    family: AddressFamily::IPv4,
+                    address: IpAddr::V4(a),
+                })
+                .collect(),
+        };
+        policy.canonicalize();
+        policy
+    }
+
+    /// Sorts every list and drops exact duplicates, so two equal policies
+    /// encode to the same bytes.
+    pub fn canonicalize(&mut self) {
+        fn sort<T: Ord>(items: &mut Vec<T>) {
+            items.sort();
+            items.dedup();
+        }
+        sort(&mut self.address_families);
+        sort(&mut self.default_actions);
+        sort(&mut self.prefix_rules);
+        sort(&mut self.resolvers);
+    }
+
+    /// Checks the policy can be installed as written: one disposition and
+    /// at most one default per family, a default for every enabled family,
+    /// rules and resolvers only for enabled families and matching their
+    /// addresses, normalized prefixes, and no network listed twice.
+    pub fn validate(&self) -> Result<(), PolicyError> {
+        let mut enabled = BTreeSet::new();
+        let mut seen = BTreeSet::new();
+        for d in &self.address_families {
+            if !seen.insert(d.family) {
+                return Err(PolicyError::DuplicateFamily {
+                    field: "address_families",
+                    family: d.family,
+                });
+            }
+            if d.disposition == FamilyDisposition::Enabled {
+                enabled.insert(d.family);
+            }
+        }
+        let mut defaults = BTreeSet::new();
+        for d in &self.default_actions {
+            if !defaults.insert(d.family) {
+                return Err(PolicyError::DuplicateFamily {
+                    field: "default_actions",
+                    family: d.family,
+                });
+            }
+        }
+        if let Some(&family) = enabled.difference(&defaults).next() {
+            return Err(PolicyError::MissingDefault(family));
+        }
+        let mut networks = BTreeSet::new();
+        for (index, rule) in self.prefix_rules.iter().enumerate() {
+            if AddressFamily::of(&rule.network.address) != rule.family {
+                return Err(PolicyError::FamilyMismatch {
+                    field: "prefix_rules",
+                    index,
+                });
+            }
+            if !enabled.contains(&rule.family) {
+                return Err(PolicyError::FamilyNotEnabled {
+                    field: "prefix_rules",
+                    family: rule.family,
+                });
+            }
+            if !rule.network.is_normalized() {
+                return Err(PolicyError::NotNormalized(index));
+            }
+            if !networks.insert(rule.network) {
+                return Err(PolicyError::DuplicatePrefix(index));
+            }
+        }
+        for (index, resolver) in self.resolvers.iter().enumerate() {
+            if AddressFamily::of(&resolver.address) != resolver.family {
+                return Err(PolicyError::FamilyMismatch {
+                    field: "resolvers",
+                    index,
+                });
+            }
+            if !enabled.contains(&resolver.family) {
+                return Err(PolicyError::FamilyNotEnabled {
+                    field: "resolvers",
+                    family: resolver.family,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// The policy's digest: SHA-256 over the schema identifier, a NUL, and
+    /// the encoding of the policy's canonical form.
+    pub fn digest(&self) -> Result<Sha256Digest, EncodeError> {
+        let mut canonical = self.clone();
+        canonical.canonicalize();
+        tagged_digest(DerivedNetworkPolicySchemaId::TEXT, &canonical)
+    }
+}
+
+impl WireRecord for DerivedNetworkPolicy {
+    const NAME: &'static str = "DerivedNetworkPolicy";
+    const MAX_ENCODED_LEN: usize = 128 * 1024;
+}
+
+/// How the policy reached the sidecar.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum PolicyDelivery {
+    /// In a memfd sealed against writes, shrinking and growing.
+    SealedMemfd,
+}
+
+/// What the sidecar read back from the enforcement namespace.
+///
+/// The seed's field list is partial after `observed_routes`; whether IPv6
+/// is off is added, because the policy disables it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NetworkObservation {
+    /// How the policy arrived.
+    pub policy_delivery: PolicyDelivery,
+    /// Whether the connectivity helper reported ready.
+    pub helper_ready: bool,
+    /// The routes found in the namespace, as rules.
+    pub observed_routes: Vec<PrefixRule>,
+    /// Whether IPv6 was found disabled on every interface.
+    pub ipv6_disabled: bool,
+}
+
+/// A destination the policy denies, and whether it proved unreachable.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct DeniedDestinationObservation {
+    /// The probed address.
+    pub destination: IpAddr,
+    /// Whether the kernel refused it as unreachable.
+    pub unreachable: bool,
+}
+
+/// A destination the policy allows, and whether it proved reachable.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct PermittedDestinationObservation {
+    /// The probed address.
+    pub destination: IpAddr,
+    /// Whether it routed via the gateway.
+    pub reachable: bool,
+}
+
+/// One DNS query made through a resolver, and its answer.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DnsObservation {
+    /// The resolver asked.
+    pub resolver: IpAddr,
+    /// The name asked for.
+    pub query_name: String,
+    /// The addresses answered; empty if none.
+    pub resolved_addresses: Vec<IpAddr>,
+}
+
+/// A request to the sidecar to probe a namespace and attest readiness.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct NetworkReachabilityProbe {
+    /// The Domain.
+    pub domain_id: DomainId,
+    /// The generation.
+    pub generation_id: GenerationId,
+    /// The enforcement namespace to probe (passed alongside as a
+    /// descriptor; this identity is what the descriptor must prove to be).
+    pub enforcement_namespace: NamespaceIdentity,
+}
+
+impl WireRecord for NetworkReachabilityProbe {
+    const NAME: &'static str = "NetworkReachabilityProbe";
+    const MAX_ENCODED_LEN: usize = 128;
+}
+
+/// What is being attested: which policy in which namespace, for which
+/// generation, by which sidecar. Its fingerprint is recorded as the
+/// network participant's `readiness_fingerprint`.
+///
+/// The seed's field list is partial after `generation_id`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct NetworkReadinessIdentity {
+    /// Always `lazaret-network-readiness-identity-v1`.
+    pub schema_id: NetworkReadinessIdentitySchemaId,
+    /// The Domain.
+    pub domain_id: DomainId,
+    /// The generation.
+    pub generation_id: GenerationId,
+    /// The sidecar instance.
+    pub network_sidecar_id: NetworkSidecarId,
+    /// Digest of the installed policy.
+    pub derived_policy_digest: Sha256Digest,
+    /// The enforcement namespace.
+    pub enforcement_namespace: NamespaceIdentity,
+}
+
+impl NetworkReadinessIdentity {
+    /// SHA-256 over the schema identifier, a NUL, and the encoding.
+    pub fn fingerprint(&self) -> Result<Sha256Digest, EncodeError> {
+        tagged_digest(NetworkReadinessIdentitySchemaId::TEXT, self)
+    }
+}
+
+impl WireRecord for NetworkReadinessIdentity {
+    const NAME: &'static str = "NetworkReadinessIdentity";
+    const MAX_ENCODED_LEN: usize = 256;
+}
+
+/// The sidecar's answer: what it installed and what it observed.
+///
+/// The seed's field list is partial after `generation_id`; the rest are the
+/// identity fields and the observations the design brief lists (routes read
+/// back, denied destinations unreachable, permitted reachable, DNS
+/// answered).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NetworkReadinessAttestation {
+    /// Always `lazaret-network-readiness-attestation-v1`.
+    pub schema_id: NetworkReadinessAttestationSchemaId,
+    /// The Domain.
+    pub domain_id: DomainId,
+    /// The generation.
+    pub generation_id: GenerationId,
+    /// The sidecar instance.
+    pub network_sidecar_id: NetworkSidecarId,
+    /// Digest of the policy the sidecar installed.
+    pub derived_policy_digest: Sha256Digest,
+    /// The namespace it installed the policy in.
+    pub enforcement_namespace: NamespaceIdentity,
+    /// What it read back.
+    pub observation: NetworkObservation,
+    /// Denied destinations probed.
+    pub denied_destinations: Vec<DeniedDestinationObservation>,
+    /// Permitted destinations probed.
+    pub permitted_destinations: Vec<PermittedDestinationObservation>,
+    /// DNS queries made.
+    pub dns_observations: Vec<DnsObservation>,
+    /// When the observations were completed.
+    pub observed_at: UnixTimeNs,
+}
+
+impl NetworkReadinessAttestation {
+    /// The identity this attestation is about.
+    pub fn readiness_identity(&self) -> NetworkReadinessIdentity {
+        NetworkReadinessIdentity {
+            schema_id: NetworkReadinessIdentitySchemaId,
+            domain_id: self.domain_id,
+            generation_id: self.generation_id,
+            network_sidecar_id: self.network_sidecar_id,
+            derived_policy_digest: self.derived_policy_digest,
+            enforcement_namespace: self.enforcement_namespace,
+        }
+    }
+
+    /// Whether every observation shows a ready network: the helper ready,
+    /// IPv6 off, at least one denied and one permitted probe and every probe
+    /// as the policy wants, and at least one DNS answer. The identity is
+    /// checked separately, against what was asked for.
+    pub fn observations_show_ready(&self) -> bool {
+        let o = &self.observation;
+        o.helper_ready
+            && o.ipv6_disabled
+            && !self.denied_destinations.is_empty()
+            && self.denied_destinations.iter().all(|d| d.unreachable)
+            && !self.permitted_destinations.is_empty()
+            && self.permitted_destinations.iter().all(|p| p.reachable)
+            && self
+                .dns_observations
+                .iter()
+                .any(|d| !d.resolved_addresses.is_empty())
+    }
+
+    /// SHA-256 over the schema identifier, a NUL, and the encoding.
+    pub fn digest(&self) -> Result<Sha256Digest, EncodeError> {
+        tagged_digest(NetworkReadinessAttestationSchemaId::TEXT, self)
+    }
+
+    /// The evidence recorded in the network participant once this
+    /// attestation is accepted.
+    pub fn evidence(&self) -> Result<NetworkReadinessEvidence, EncodeError> {
+        Ok(NetworkReadinessEvidence {
+            domain_id: self.domain_id,
+            generation_id: self.generation_id,
+            network_sidecar_id: self.network_sidecar_id,
+            attestation_digest: self.digest()?,
+        })
+    }
+}
+
+impl WireRecord for NetworkReadinessAttestation {
+    const NAME: &'static str = "NetworkReadinessAttestation";
+    const MAX_ENCODED_LEN: usize = 256 * 1024;
+}
+
+/// The durable trace of an accepted attestation, kept in the network
+/// participant.
+///
+/// The seed's field list is partial after `network_sidecar_id`; the
+/// attestation's digest ties the evidence to exactly what was accepted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct NetworkReadinessEvidence {
+    /// The Domain.
+    pub domain_id: DomainId,
+    /// The generation.
+    pub generation_id: GenerationId,
+    /// The sidecar that attested.
+    pub network_sidecar_id: NetworkSidecarId,
+    /// Digest of the accepted attestation.
+    pub attestation_digest: Sha256Digest,
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use std::net::Ipv6Addr;
+
+    use super::*;
+    use crate::codec;
+    use crate::test_support::{
+        assert_rejects_bad_envelopes, assert_rejects_unknown_discriminant, round_trip,
+    };
+
+    pub(crate) fn policy() -> DerivedNetworkPolicy {
+        DerivedNetworkPolicy::ipv4_only(
+            [IpPrefix::ipv4([203, 0, 113, 10], 32).unwrap()],
+            [
+                IpPrefix::ipv4([10, 0, 0, 0], 8).unwrap(),
+                IpPrefix::ipv4([172, 16, 0, 0], 12).unwrap(),
+                IpPrefix::ipv4([192, 168, 0, 0], 16).unwrap(),
+            ],
+            [Ipv4Addr::new(10, 0, 2, 3)],
+        )
+    }
+
+    pub(crate) fn attestation() -> NetworkReadinessAttestation {
+        let policy = policy();
+        NetworkReadinessAttestation {
+            schema_id: NetworkReadinessAttestationSchemaId,
+            domain_id: DomainId([1; 32]),
+            generation_id: GenerationId(2),
+            network_sidecar_id: NetworkSidecarId([3; 16]),
+            derived_policy_digest: policy.digest().unwrap(),
+            enforcement_namespace: NamespaceIdentity {
+                device: 4,
+                inode: 4026532000,
+            },
+            observation: NetworkObservation {
+                policy_delivery: PolicyDelivery::SealedMemfd,
+                helper_ready: true,
+                observed_routes: policy.prefix_rules.clone(),
+                ipv6_disabled: true,
+            },
+            denied_destinations: vec![DeniedDestinationObservation {
+                destination: IpAddr::V4(Ipv4Addr::new(10, 1, 2, 3)),
+                unreachable: true,
+            }],
+            permitted_destinations: vec![PermittedDestinationObservation {
+                destination: IpAddr::V4(Ipv4Addr::new(203, 0, 113, 10)),
+                reachable: true,
+            }],
+            dns_observations: vec![DnsObservation {
+                resolver: IpAddr::V4(Ipv4Addr::new(10, 0, 2, 3)),
+                query_name: "example.test".into(),
+                resolved_addresses: vec![IpAddr::V4(Ipv4Addr::new(198, 18, 0, 10))],
+            }],
+            observed_at: UnixTimeNs(1),
+        }
+    }
+
+    #[test]
+    fn policy_round_trips_validates_and_digests_canonically() {
+        let policy = policy();
+        policy.validate().unwrap();
+        let bytes = round_trip(&policy);
+        assert_rejects_bad_envelopes(&policy);
+
+        let mut shuffled = policy.clone();
+        shuffled.prefix_rules.reverse();
+        shuffled.address_families.reverse();
+        assert_ne!(codec::encode(&shuffled).unwrap(), bytes);
+        assert_eq!(shuffled.digest().unwrap(), policy.digest().unwrap());
+
+        let mut other = policy.clone();
+        other.prefix_rules[0].action = PolicyAction::Allow;
+        assert_ne!(other.digest().unwrap(), policy.digest().unwrap());
+    }
+
+    #[test]
+    fn policy_validation_refuses_contradictions() {
+        let mut p = policy();
+        p.prefix_rules.push(PrefixRule {
+            family: AddressFamily::IPv4,
+            network: IpPrefix {
+                address: IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1)),
+                prefix_len: 8,
+            },
+            action: PolicyAction::Allow,
+        });
+        assert_eq!(
+            p.validate(),
+            Err(PolicyError::NotNormalized(p.prefix_rules.len() - 1))
+        );
+
+        let mut p = policy();
+        let again = PrefixRule {
+            action: PolicyAction::Allow,
+            ..p.prefix_rules[0]
+        };
+        p.prefix_rules.push(again);
+        assert!(matches!(p.validate(), Err(PolicyError::DuplicatePrefix(_))));
+
+        let mut p = policy();
+        p.prefix_rules.push(PrefixRule {
+            family: AddressFamily::IPv6,
+            network: IpPrefix {
+                address: IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+                prefix_len: 0,
+            },
+            action: PolicyAction::Allow,
+        });
+        assert!(matches!(
+            p.validate(),
+            Err(PolicyError::FamilyNotEnabled { .. })
+        ));
+
+        let mut p = policy();
+        p.resolvers[0].family = AddressFamily::IPv6;
+        assert!(matches!(
+            p.validate(),
+            Err(PolicyError::FamilyMismatch { .. })
+        ));
+
+        let mut p = policy();
+        p.default_actions.clear();
+        assert_eq!(
+            p.validate(),
+            Err(PolicyError::MissingDefault(AddressFamily::IPv4))
+        );
+    }
+
+    #[test]
+    fn prefixes_normalize() {
+        assert!(IpPrefix::ipv4([10, 0, 0, 0], 8).is_some());
+        assert!(IpPrefix::ipv4([10, 0, 0, 1], 8).is_none());
+        assert!(IpPrefix::ipv4([0, 0, 0, 0], 0).is_some());
+        assert!(IpPrefix::ipv4([1, 2, 3, 4], 32).is_some());
+        assert!(IpPrefix::ipv4([1, 2, 3, 4], 33).is_none());
+        let v6 = IpPrefix {
+            address: IpAddr::V6("2001:db8::".parse().unwrap()),
+            prefix_len: 32,
+        };
+        assert!(v6.is_normalized());
+    }
+
+    #[test]
+    fn attestation_round_trips_and_yields_identity_and_evidence() {
+        let attestation = attestation();
+        assert!(attestation.observations_show_ready());
+        round_trip(&attestation);
+        assert_rejects_bad_envelopes(&attestation);
+
+        let identity = attestation.readiness_identity();
+        round_trip(&identity);
+        assert_rejects_bad_envelopes(&identity);
+        let evidence = attestation.evidence().unwrap();
+        assert_eq!(evidence.attestation_digest, attestation.digest().unwrap());
+        assert_ne!(
+            identity.fingerprint().unwrap(),
+            attestation.digest().unwrap()
+        );
+
+        let mut blocked = attestation;
+        blocked.denied_destinations[0].unreachable = false;
+        assert!(!blocked.observations_show_ready());
+    }
+
+    #[test]
+    fn probe_round_trips_and_unknown_family_is_refused() {
+        let probe = NetworkReachabilityProbe {
+            domain_id: DomainId([1; 32]),
+            generation_id: GenerationId(2),
+            enforcement_namespace: NamespaceIdentity {
+                device: 4,
+                inode: 5,
+            },
+        };
+        round_trip(&probe);
+        assert_rejects_bad_envelopes(&probe);
+
+        let bytes = codec::encode(&policy()).unwrap();
+        // version, schema id (length + text), list length, first family.
+        let index = 2 + DerivedNetworkPolicySchemaId::TEXT.len() + 1;
+        assert_eq!(bytes[index], 0);
+        assert_rejects_unknown_discriminant::<DerivedNetworkPolicy>(bytes, index);
+    }
+}

@@ -1,0 +1,6 @@
+// SandboxLayoutV1 is a runtime value: it must not cross a codec.
+fn requires<T: serde::Serialize>() {}
+
+fn main() {
+    requires::<lazaret_proto::layout::SandboxLayoutV1>();
+}
