@@ -1,1 +1,14 @@
-fn main() {}
+//! End-to-end tests: the real `lazaret` and role binaries, driven the way a
+//! user drives them, each in its own scratch host. One test binary with a
+//! plain harness, so tests that need root or fork can declare it and run
+//! single-threaded when they must.
+
+mod cli;
+
+use libtest_mimic::{Arguments, Trial};
+
+fn main() {
+    let args = Arguments::from_args();
+    let trials: Vec<Trial> = cli::trials();
+    libtest_mimic::run(&args, trials).exit();
+}

@@ -28,7 +28,10 @@ pub struct Fixture {
 
 impl Fixture {
     pub fn new() -> Self {
-        let root = tempfile::Builder::new().prefix("lazaret-test-").tempdir().unwrap();
+        let root = tempfile::Builder::new()
+            .prefix("lazaret-test-")
+            .tempdir()
+            .unwrap();
         let base = std::fs::canonicalize(root.path()).unwrap();
         let home = base.join("home");
         let runtime = base.join("run");
@@ -78,8 +81,26 @@ impl Fixture {
         })
     }
 
+    /// Loads `profile` from the configuration at `config` (`--config`).
+    pub fn load_from(
+        &self,
+        profile: &str,
+        config: &Path,
+    ) -> Result<ResolvedDomainConfiguration, ConfigError> {
+        config::load(LoadRequest {
+            profile,
+            config: Some(config.as_os_str()),
+            workspace: &self.workspace,
+            host: &self.host(),
+        })
+    }
+
     /// Writes `text` as the configuration and loads `profile`.
-    pub fn load_text(&self, profile: &str, text: &str) -> Result<ResolvedDomainConfiguration, ConfigError> {
+    pub fn load_text(
+        &self,
+        profile: &str,
+        text: &str,
+    ) -> Result<ResolvedDomainConfiguration, ConfigError> {
         self.write_config(text);
         self.load(profile)
     }

@@ -1,0 +1,6 @@
+// A ConfinedPathPlan owns a descriptor: it must not cross a codec.
+fn requires<T: for<'de> serde::Deserialize<'de>>() {}
+
+fn main() {
+    requires::<lazaret_coordinator::config::ConfinedPathPlan>();
+}

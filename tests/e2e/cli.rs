@@ -1,0 +1,470 @@
+//! The `lazaret` CLI as a user meets it: `config init`, `config check` with
+//! and without `--json`, exit codes, global options on either side of the
+//! subcommand, `--help` everywhere, and honest refusals of what this version
+//! does not do yet.
+
+use std::os::unix::fs::PermissionsExt;
+use std::process::Stdio;
+
+use lazaret_tests::{Scratch, bin, run, text};
+use libtest_mimic::Trial;
+use serde_json::Value;
+
+pub fn trials() -> Vec<Trial> {
+    vec![
+        Trial::test(
+            "cli::init_writes_a_private_template_once",
+            init_writes_a_private_template_once,
+        ),
+        Trial::test(
+            "cli::check_reports_the_resolved_profile_as_json",
+            check_json,
+        ),
+        Trial::test("cli::check_prints_a_human_summary", check_human),
+        Trial::test(
+            "cli::global_options_go_before_or_after_the_subcommand",
+            global_options,
+        ),
+        Trial::test(
+            "cli::invalid_configuration_exits_2_naming_the_field",
+            invalid_exits_2,
+        ),
+        Trial::test(
+            "cli::environment_values_are_never_printed",
+            env_values_hidden,
+        ),
+        Trial::test("cli::every_command_has_help_with_examples", help_everywhere),
+        Trial::test("cli::unbuilt_commands_and_roles_say_so", unbuilt_say_so),
+        Trial::test("cli::a_closed_stdout_is_not_an_error", closed_stdout),
+        Trial::test("cli::missing_runtime_dir_is_named", missing_runtime_dir),
+        Trial::test(
+            "cli::an_unprivileged_user_loads_a_root_owned_configuration",
+            unprivileged_user,
+        )
+        .with_ignored_flag(!can_switch_user()),
+    ]
+}
+
+type Result = std::result::Result<(), libtest_mimic::Failed>;
+
+const VALID: &str = r#"schema = "lazaret-trusted-host-config-v1"
+
+[network]
+default_allow = ["198.18.0.0/15"]
+
+[profiles.dev]
+image = "oci:/var/lib/images/base:1"
+persistent_dirs = ["/root", "/opt"]
+allow_egress = ["10.222.7.1/16"]
+deny_egress = ["198.18.5.0/24"]
+env = { TOKEN = "env:LAZARET_TEST_TOKEN" }
+volumes = [
+  { host = "{profile_dir}/cache", container = "/root/.cache", kind = "directory", create = true },
+]
+
+[profiles.other]
+image = "oci:/elsewhere:2"
+"#;
+
+fn write_config(scratch: &Scratch, text: &str) {
+    let path = scratch.config_path();
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(&path, text).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+}
+
+fn init_writes_a_private_template_once() -> Result {
+    let s = Scratch::new();
+    let (code, out, err) = text(&run(s.lazaret(["config", "init"])));
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("wrote"), "{out}");
+    let mode = std::fs::metadata(s.config_path())?.permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+    let before = std::fs::read(s.config_path())?;
+    let (code, _, err) = text(&run(s.lazaret(["config", "init"])));
+    assert_eq!(code, Some(1));
+    assert!(err.contains("already exists"), "{err}");
+    assert_eq!(
+        std::fs::read(s.config_path())?,
+        before,
+        "an existing file is never overwritten"
+    );
+    // The template is a valid configuration as written.
+    let (code, _, err) = text(&run(s.lazaret(["config", "check", "default"])));
+    assert_eq!(code, Some(0), "{err}");
+    Ok(())
+}
+
+fn check_json() -> Result {
+    let s = Scratch::new();
+    write_config(&s, VALID);
+    let output = run(s
+        .lazaret(["config", "check", "dev", "--json"])
+        .env("LAZARET_TEST_TOKEN", "x"));
+    let (code, out, err) = text(&output);
+    assert_eq!(code, Some(0), "{err}");
+    let report: Value = serde_json::from_str(&out)?;
+    let hex64 = |v: &Value| {
+        v.as_str().is_some_and(|s| {
+            s.len() == 64
+                && s.bytes()
+                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        })
+    };
+    assert!(hex64(&report["domain_id"]), "{report}");
+    assert!(hex64(&report["configuration_fingerprint"]), "{report}");
+    assert_eq!(report["profile"], "dev");
+    assert_eq!(
+        report["workspace"],
+        s.workspace.to_str().unwrap(),
+        "the workspace defaults to the current directory"
+    );
+    let storage = s.home.join(".local/share/lazaret");
+    assert_eq!(report["storage_root"], storage.to_str().unwrap());
+    assert_eq!(
+        report["runtime_root"],
+        s.runtime.join("lazaret").to_str().unwrap()
+    );
+    assert_eq!(
+        report["profile_dir"],
+        storage.join("profiles/dev").to_str().unwrap()
+    );
+    assert_eq!(report["image"], "oci:/var/lib/images/base:1");
+    assert_eq!(report["isolate_gitignored"], true);
+    assert_eq!(
+        report["persistent_dirs"],
+        serde_json::json!(["/root", "/opt"])
+    );
+    assert_eq!(
+        report["volumes"],
+        serde_json::json!([{
+            "host": storage.join("profiles/dev/cache").to_str().unwrap(),
+            "container": "/root/.cache",
+            "kind": "directory",
+            "access": "read-write",
+            "create": true,
+        }])
+    );
+    assert_eq!(
+        report["env"],
+        serde_json::json!({ "TOKEN": "env:LAZARET_TEST_TOKEN" })
+    );
+    assert_eq!(
+        report["effective_allow"],
+        serde_json::json!(["10.222.0.0/16", "198.18.0.0/15"])
+    );
+    assert_eq!(
+        report["effective_deny"],
+        serde_json::json!([
+            "10.0.0.0/8",
+            "172.16.0.0/12",
+            "192.168.0.0/16",
+            "198.18.5.0/24"
+        ])
+    );
+    assert_eq!(
+        report["escalation"],
+        serde_json::json!({ "enabled": false, "auto_approve": [] })
+    );
+    assert!(std::fs::metadata(storage.join("profiles/dev/cache"))?.is_dir());
+
+    // The same load from another directory is another Domain.
+    let elsewhere = s.base().join("other-project");
+    std::fs::create_dir(&elsewhere)?;
+    let other: Value = serde_json::from_slice(
+        &run(s
+            .lazaret(["config", "check", "dev", "--json"])
+            .current_dir(&elsewhere)
+            .env("LAZARET_TEST_TOKEN", "x"))
+        .stdout,
+    )?;
+    assert_ne!(other["domain_id"], report["domain_id"]);
+    assert_eq!(
+        other["configuration_fingerprint"],
+        report["configuration_fingerprint"]
+    );
+    Ok(())
+}
+
+fn check_human() -> Result {
+    let s = Scratch::new();
+    write_config(&s, VALID);
+    let (code, out, err) = text(&run(s
+        .lazaret(["config", "check", "dev"])
+        .env("LAZARET_TEST_TOKEN", "x")));
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        out.starts_with("configuration valid: profile `dev`"),
+        "{out}"
+    );
+    for needle in [
+        "domain id",
+        "fingerprint",
+        "egress deny",
+        "10.0.0.0/8",
+        "TOKEN = env:LAZARET_TEST_TOKEN",
+    ] {
+        assert!(out.contains(needle), "missing {needle}: {out}");
+    }
+    Ok(())
+}
+
+fn global_options() -> Result {
+    let s = Scratch::new();
+    let config = s.base().join("elsewhere.toml");
+    std::fs::write(
+        &config,
+        VALID.replace("env = { TOKEN = \"env:LAZARET_TEST_TOKEN\" }\n", ""),
+    )?;
+    let project = s.base().join("p2");
+    std::fs::create_dir(&project)?;
+    let config = config.to_str().unwrap();
+    let project = project.to_str().unwrap();
+    let orders: [&[&str]; 3] = [
+        &[
+            "--config",
+            config,
+            "--workspace",
+            project,
+            "config",
+            "check",
+            "dev",
+            "--json",
+        ],
+        &[
+            "config",
+            "check",
+            "dev",
+            "--json",
+            "--config",
+            config,
+            "--workspace",
+            project,
+        ],
+        &[
+            "config",
+            "--config",
+            config,
+            "check",
+            "--workspace",
+            project,
+            "dev",
+            "--json",
+        ],
+    ];
+    let mut ids = Vec::new();
+    for args in orders {
+        let (code, out, err) = text(&run(s.lazaret(args)));
+        assert_eq!(code, Some(0), "{args:?}: {err}");
+        let report: Value = serde_json::from_str(&out)?;
+        assert_eq!(report["workspace"], project);
+        assert_eq!(report["config"], config);
+        ids.push(report["domain_id"].clone());
+    }
+    assert!(ids.windows(2).all(|w| w[0] == w[1]));
+    Ok(())
+}
+
+fn invalid_exits_2() -> Result {
+    let s = Scratch::new();
+    let cases = [
+        (
+            VALID.replace("container = \"/root/.cache\"", "container = \"/srv/cache\""),
+            "profiles.dev.volumes[0].container: ",
+        ),
+        (
+            VALID.replace("kind = \"directory\"", "kind = \"dir\""),
+            "profiles.dev.volumes[0].kind: ",
+        ),
+        (
+            VALID.replace("image = \"oci:/elsewhere:2\"", "image = \"x\"\ncolour = 1"),
+            "profiles.other.colour: ",
+        ),
+        (
+            VALID.replace("10.222.7.1/16", "10.0.0.0/8"),
+            "profiles.dev.allow_egress[0]: ",
+        ),
+        (
+            VALID.replace(
+                "lazaret-trusted-host-config-v1",
+                "lazaret-trusted-host-config-v2",
+            ),
+            "schema: ",
+        ),
+    ];
+    for (config, field) in cases {
+        write_config(&s, &config);
+        let (code, out, err) = text(&run(s
+            .lazaret(["config", "check", "dev", "--json"])
+            .env("LAZARET_TEST_TOKEN", "x")));
+        assert_eq!(code, Some(2), "{field}: {err}");
+        assert!(out.is_empty(), "nothing on stdout: {out}");
+        assert_eq!(err.lines().count(), 1, "one error line: {err}");
+        assert!(
+            err.starts_with(&format!("lazaret: invalid configuration: {field}")),
+            "{err}"
+        );
+    }
+    Ok(())
+}
+
+fn env_values_hidden() -> Result {
+    let s = Scratch::new();
+    write_config(&s, VALID);
+    let secret = "sk-very-secret-value-42";
+    for args in [
+        &["config", "check", "dev"][..],
+        &["config", "check", "dev", "--json"],
+    ] {
+        let output = run(s.lazaret(args).env("LAZARET_TEST_TOKEN", secret));
+        let (code, out, err) = text(&output);
+        assert_eq!(code, Some(0), "{err}");
+        assert!(
+            !out.contains(secret) && !err.contains(secret),
+            "the value leaked: {out}{err}"
+        );
+    }
+    // Missing: refused, naming the field and the variable.
+    let (code, _, err) = text(&run(s.lazaret(["config", "check", "dev"])));
+    assert_eq!(code, Some(2));
+    assert!(
+        err.contains("profiles.dev.env.TOKEN: host variable LAZARET_TEST_TOKEN is not set"),
+        "{err}"
+    );
+    Ok(())
+}
+
+fn help_everywhere() -> Result {
+    let s = Scratch::new();
+    let commands: [&[&str]; 12] = [
+        &[],
+        &["config"],
+        &["config", "check"],
+        &["config", "init"],
+        &["up"],
+        &["down"],
+        &["attach"],
+        &["status"],
+        &["logs"],
+        &["state"],
+        &["state", "list"],
+        &["state", "reset"],
+    ];
+    for command in commands {
+        let mut args = command.to_vec();
+        args.push("--help");
+        let (code, out, err) = text(&run(s.lazaret(&args)));
+        assert_eq!(code, Some(0), "{args:?}: {err}");
+        assert!(out.contains("Usage:"), "{args:?}: {out}");
+        if command.len() == 1 || command.starts_with(&["config"]) || command.is_empty() {
+            assert!(out.contains("Example"), "{args:?} has no examples: {out}");
+        }
+    }
+    Ok(())
+}
+
+fn unbuilt_say_so() -> Result {
+    let s = Scratch::new();
+    for args in [
+        &["up", "dev"][..],
+        &["down", "dev"],
+        &["attach", "dev", "--", "true"],
+        &["status"],
+        &["logs", "dev"],
+        &["state", "list"],
+    ] {
+        let (code, _, err) = text(&run(s.lazaret(args)));
+        assert_eq!(code, Some(69), "{args:?}: {err}");
+        assert!(err.contains("not available in this version"), "{err}");
+    }
+    for role in [
+        "lazaret-coordinator",
+        "lazaret-supervisor",
+        "lazaret-netsidecar",
+        "lazaret-escalate",
+    ] {
+        let (code, _, err) = text(&run(&mut std::process::Command::new(bin(role))));
+        assert_eq!(code, Some(69), "{role}: {err}");
+        assert!(
+            err.contains("not available in this version"),
+            "{role}: {err}"
+        );
+    }
+    Ok(())
+}
+
+fn closed_stdout() -> Result {
+    let s = Scratch::new();
+    write_config(&s, VALID);
+    let mut child = s
+        .lazaret(["config", "check", "dev", "--json"])
+        .env("LAZARET_TEST_TOKEN", "x")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    drop(child.stdout.take());
+    let output = child.wait_with_output()?;
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    Ok(())
+}
+
+fn missing_runtime_dir() -> Result {
+    let s = Scratch::new();
+    write_config(&s, VALID);
+    let (code, _, err) = text(&run(s
+        .lazaret(["config", "check", "dev"])
+        .env("LAZARET_TEST_TOKEN", "x")
+        .env_remove("XDG_RUNTIME_DIR")));
+    assert_eq!(code, Some(2));
+    assert!(err.contains("XDG_RUNTIME_DIR is not set"), "{err}");
+    Ok(())
+}
+
+/// Whether this run may switch to an unprivileged user (root with setpriv).
+fn can_switch_user() -> bool {
+    let root = rustix::process::getuid().is_root();
+    let ci = std::env::var_os("CI").is_some();
+    assert!(root || !ci, "CI must run the end-to-end tests as root");
+    root && std::path::Path::new("/usr/bin/setpriv").exists()
+}
+
+fn unprivileged_user() -> Result {
+    // The invoking user is nobody (65534); the configuration belongs to root,
+    // which the secure read accepts; the roots are created as nobody's.
+    let s = Scratch::new();
+    write_config(&s, VALID);
+    std::fs::set_permissions(s.config_path(), std::fs::Permissions::from_mode(0o644))?;
+    let nobody = 65534;
+    for dir in [&s.home, &s.runtime, &s.workspace] {
+        std::os::unix::fs::chown(dir, Some(nobody), Some(nobody))?;
+    }
+    std::fs::set_permissions(s.base(), std::fs::Permissions::from_mode(0o755))?;
+    std::fs::set_permissions(&s.home, std::fs::Permissions::from_mode(0o755))?;
+    let mut command = std::process::Command::new("/usr/bin/setpriv");
+    command
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        .arg(bin("lazaret"))
+        .args(["config", "check", "dev", "--json"])
+        .current_dir(&s.workspace)
+        .env_clear()
+        .env("HOME", &s.home)
+        .env("XDG_RUNTIME_DIR", &s.runtime)
+        .env("LAZARET_TEST_TOKEN", "x");
+    let (code, out, err) = text(&run(&mut command));
+    assert_eq!(code, Some(0), "{err}");
+    let report: Value = serde_json::from_str(&out)?;
+    let storage = std::fs::metadata(report["storage_root"].as_str().unwrap())?;
+    assert_eq!(std::os::unix::fs::MetadataExt::uid(&storage), nobody);
+
+    // A configuration owned by another unprivileged user is refused.
+    std::os::unix::fs::chown(s.config_path(), Some(65533), None)?;
+    let (code, _, err) = text(&run(&mut command));
+    assert_eq!(code, Some(2));
+    assert!(err.contains("owned by uid 65533"), "{err}");
+    Ok(())
+}
