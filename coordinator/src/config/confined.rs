@@ -122,6 +122,27 @@ pub fn label(path: &Path) -> String {
     path.display().to_string()
 }
 
+/// The `/proc/self/fd/N` magic link of an open descriptor: the way to reach
+/// exactly that object again (reopen it, or ask `faccessat(2)` about it).
+pub fn proc_self_fd(fd: BorrowedFd<'_>) -> String {
+    format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&fd))
+}
+
+/// Resolves `path` once to its canonical form (`realpath(3)`).
+pub fn canonicalize(path: &Path) -> Result<PathBuf, ConfinedError> {
+    std::fs::canonicalize(path).map_err(|source| {
+        if source.kind() == io::ErrorKind::NotFound {
+            ConfinedError::Missing { label: label(path) }
+        } else {
+            ConfinedError::Io {
+                operation: "resolve",
+                label: label(path),
+                source,
+            }
+        }
+    })
+}
+
 fn io_error(operation: &'static str, path: &Path, errno: rustix::io::Errno) -> ConfinedError {
     let label = label(path);
     match errno {
@@ -481,17 +502,7 @@ impl RetainedDir {
     /// Opens an existing directory that Lazaret does not own (the
     /// workspace), retaining it as its own plan ancestor.
     pub fn open_ambient(path: &Path) -> Result<RetainedDir, ConfinedError> {
-        let canonical = std::fs::canonicalize(path).map_err(|source| {
-            if source.kind() == io::ErrorKind::NotFound {
-                ConfinedError::Missing { label: label(path) }
-            } else {
-                ConfinedError::Io {
-                    operation: "resolve",
-                    label: label(path),
-                    source,
-                }
-            }
-        })?;
+        let canonical = canonicalize(path)?;
         let fd = open_ambient_dir(&canonical)?;
         let identity = identity(fd.as_fd(), &canonical)?;
         Ok(RetainedDir {

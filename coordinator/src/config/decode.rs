@@ -75,7 +75,9 @@ pub fn decode(
     let config: TrustedHostConfigurationV1 =
         serde_path_to_error::deserialize(table).map_err(|e| {
             let path = e.path().to_string();
-            let message = e.into_inner().to_string();
+            // The bare message: the parser's own `in `a.b`` context drops
+            // array indices and would name a second, wrong field path.
+            let message = e.into_inner().message().trim_end().to_owned();
             field(
                 if path == "." {
                     String::from("(document)")

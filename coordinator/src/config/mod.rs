@@ -80,8 +80,8 @@ pub enum ConfigError {
         /// The rule broken.
         rule: String,
     },
-    /// A path chosen by a field could not be used.
-    #[error("{field}: {source}")]
+    /// A path chosen by a field could not be used; the source says why.
+    #[error("{field}")]
     Path {
         /// The field path or option.
         field: String,

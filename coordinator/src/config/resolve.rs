@@ -22,8 +22,8 @@ use rustix::fd::AsFd;
 use rustix::fs::{Access, AtFlags, FileType, Stat};
 
 use super::confined::{
-    ConfinedError, ConfinedPathPlan, ObjectIdentity, Opened, RetainedDir, ensure_root, identity,
-    label, overlaps, planned_canonical, stat,
+    ConfinedError, ConfinedPathPlan, ObjectIdentity, Opened, RetainedDir, canonicalize,
+    ensure_root, identity, label, overlaps, planned_canonical, proc_self_fd, stat,
 };
 use super::decode::{effective_prefixes, global_prefixes};
 use super::hostenv::HostEnvironment;
@@ -434,43 +434,35 @@ fn resolve_volume(
         VolumeKind::File => FileType::RegularFile,
         VolumeKind::Directory => FileType::Directory,
     };
-    let plan = match volume.host.anchor() {
-        HostAnchor::ProfileDir => {
-            let suffix = Path::new(volume.host.suffix());
-            if volume.create {
-                profile_dir
-                    .ensure_child(suffix, host.uid)
-                    .map_err(at(field_name))?;
-            }
-            ConfinedPathPlan::beneath(profile_dir, suffix).map_err(at(field_name))?
-        }
-        HostAnchor::Root | HostAnchor::Home => {
-            let declared = host.expand(&volume.host, field_name)?;
-            let parent = declared.parent().unwrap_or(Path::new("/"));
-            let name = declared.file_name().unwrap_or_default();
-            let canonical_parent = std::fs::canonicalize(parent).map_err(|source| {
-                if source.kind() == std::io::ErrorKind::NotFound {
-                    ConfigError::Path {
-                        field: field_name.to_owned(),
-                        source: ConfinedError::Missing {
-                            label: label(&declared),
-                        },
-                    }
-                } else {
-                    ConfigError::Path {
-                        field: field_name.to_owned(),
-                        source: ConfinedError::Io {
-                            operation: "resolve",
-                            label: label(parent),
-                            source,
-                        },
-                    }
-                }
-            })?;
-            ConfinedPathPlan::for_canonical(&canonical_parent.join(name)).map_err(at(field_name))?
-        }
+    let declared = match volume.host.anchor() {
+        HostAnchor::ProfileDir => None,
+        HostAnchor::Root | HostAnchor::Home => Some(host.expand(&volume.host, field_name)?),
     };
-    let opened = plan.open_as(expected).map_err(|e| match e {
+    let open = || -> Result<(ConfinedPathPlan, Opened), ConfinedError> {
+        let plan = match &declared {
+            None => {
+                let suffix = Path::new(volume.host.suffix());
+                if volume.create {
+                    profile_dir.ensure_child(suffix, host.uid)?;
+                }
+                ConfinedPathPlan::beneath(profile_dir, suffix)?
+            }
+            Some(declared) => {
+                let parent = declared.parent().unwrap_or(Path::new("/"));
+                let name = declared.file_name().unwrap_or_default();
+                let canonical_parent = canonicalize(parent).map_err(|e| match e {
+                    ConfinedError::Missing { .. } => ConfinedError::Missing {
+                        label: label(declared),
+                    },
+                    other => other,
+                })?;
+                ConfinedPathPlan::for_canonical(&canonical_parent.join(name))?
+            }
+        };
+        let opened = plan.open_as(expected)?;
+        Ok((plan, opened))
+    };
+    let (plan, opened) = open().map_err(|e| match e {
         ConfinedError::Missing { label } => field(
             field_name,
             format!(
@@ -500,20 +492,7 @@ fn resolve_executable(
     host: &HostEnvironment,
 ) -> Result<ResolvedExecutable, ConfigError> {
     let declared: PathBuf = host.expand(&rule.executable, field_name)?;
-    let canonical = std::fs::canonicalize(&declared).map_err(|source| ConfigError::Path {
-        field: field_name.to_owned(),
-        source: if source.kind() == std::io::ErrorKind::NotFound {
-            ConfinedError::Missing {
-                label: label(&declared),
-            }
-        } else {
-            ConfinedError::Io {
-                operation: "resolve",
-                label: label(&declared),
-                source,
-            }
-        },
-    })?;
+    let canonical = canonicalize(&declared).map_err(at(field_name))?;
     let plan = ConfinedPathPlan::for_canonical(&canonical).map_err(at(field_name))?;
     let opened = plan
         .open_as(FileType::RegularFile)
@@ -552,11 +531,15 @@ pub fn check_executable(plan: &ConfinedPathPlan, opened: &Opened, uid: u32) -> R
             "{path} is writable by its group or others (mode {mode:04o}); run `chmod go-w {path}`"
         ));
     }
+    // Asked of the opened object through its descriptor's magic link:
+    // `faccessat2(2)` has no `AT_EMPTY_PATH` in rustix's raw backend (it
+    // refuses the flag with EINVAL), so that form refused every executable.
+    let fd_path = proc_self_fd(opened.fd.as_fd());
     rustix::fs::accessat(
-        opened.fd.as_fd(),
-        "",
+        rustix::fs::CWD,
+        fd_path.as_str(),
         Access::EXEC_OK,
-        AtFlags::EACCESS | AtFlags::EMPTY_PATH,
+        AtFlags::EACCESS,
     )
     .map_err(|_| format!("{path} is not executable by you (mode {mode:04o})"))?;
     Ok(())

@@ -15,7 +15,9 @@ use rustix::fd::{AsFd, OwnedFd};
 use rustix::fs::{FileType, Mode, OFlags, Stat};
 
 use super::ConfigError;
-use super::confined::{ConfinedError, ConfinedPathPlan, identity, label, stat, type_name};
+use super::confined::{
+    ConfinedError, ConfinedPathPlan, canonicalize, identity, label, proc_self_fd, stat, type_name,
+};
 
 /// The bytes of a configuration source and the plan that reached it.
 #[derive(Debug)]
@@ -162,16 +164,7 @@ fn read_exact_at(fd: &OwnedFd, path: &Path, len: usize) -> Result<Vec<u8>, Confi
 /// read. `path` is resolved once to its canonical target; every later open
 /// follows no symbolic link.
 pub fn read(path: &Path, uid: u32) -> Result<ConfigSource, ConfigError> {
-    let canonical: PathBuf = std::fs::canonicalize(path).map_err(|e| {
-        if e.kind() == std::io::ErrorKind::NotFound {
-            from_confined(path, ConfinedError::Missing { label: label(path) })
-        } else {
-            ConfigError::SourceIo {
-                path: label(path),
-                source: e,
-            }
-        }
-    })?;
+    let canonical: PathBuf = canonicalize(path).map_err(|e| from_confined(path, e))?;
     let plan = ConfinedPathPlan::for_canonical(&canonical).map_err(|e| from_confined(path, e))?;
     let path_fd = plan
         .open(OFlags::PATH)
@@ -180,10 +173,7 @@ pub fn read(path: &Path, uid: u32) -> Result<ConfigSource, ConfigError> {
     check_metadata(&canonical, &first, uid)?;
 
     // Reopen that exact descriptor (not the pathname) for a nonblocking read.
-    let proc_path = format!(
-        "/proc/self/fd/{}",
-        std::os::fd::AsRawFd::as_raw_fd(&path_fd)
-    );
+    let proc_path = proc_self_fd(path_fd.as_fd());
     let read_fd = rustix::fs::open(
         proc_path.as_bytes(),
         OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC,
