@@ -499,6 +499,30 @@ impl RetainedDir {
         })
     }
 
+    /// Opens the existing directory `suffix` beneath this one (never
+    /// following a symbolic link or crossing a mount) and retains it.
+    /// Unlike [`RetainedDir::ensure_child`] it creates nothing and does not
+    /// require mode `0700`: an unpacked image's root filesystem keeps the
+    /// image's modes inside a Lazaret-owned parent.
+    pub fn open_child(&self, suffix: &Path) -> Result<RetainedDir, ConfinedError> {
+        let label = self.label.join(suffix);
+        normalized_components(&label)?;
+        let fd = rustix::fs::openat2(
+            &self.fd,
+            suffix,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+            CONFINED,
+        )
+        .map_err(|e| io_error("open", &label, e))?;
+        let identity = identity(fd.as_fd(), &label)?;
+        Ok(RetainedDir {
+            fd,
+            identity,
+            label,
+        })
+    }
+
     /// Opens an existing directory that Lazaret does not own (the
     /// workspace), retaining it as its own plan ancestor.
     pub fn open_ambient(path: &Path) -> Result<RetainedDir, ConfinedError> {

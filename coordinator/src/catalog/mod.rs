@@ -1,0 +1,1391 @@
+//! The Storage Catalog: the user's prepared lowers (unpacked base images),
+//! shared by every Domain, with the leases Domain generations hold on them
+//! and the prepare operations in flight.
+//!
+//! On disk, beneath the Storage Root (every directory `0700`, owned by the
+//! invoking user):
+//!
+//! ```text
+//! catalog/catalog.redb                      the database (tables.rs), lazaret-storage-catalog-v1
+//! catalog/artifacts/<artifact-id>/rootfs    a prepared lower
+//! catalog/artifacts/<artifact-id>/image-config.json   its verified OCI image configuration
+//! catalog/tmp/<operation-id>/               staging of one prepare operation
+//! catalog/locks/<manifest-digest>.lock      serializes preparing one digest
+//! ```
+//!
+//! Order of a preparation (intent before effect): the image reference is
+//! resolved to a manifest digest; an Available artifact of that digest is
+//! leased as it is. Otherwise a `PrepareOperation` is committed, then its
+//! staging directory is created and held with `flock(2)`; the layers are
+//! unpacked there; the artifact directory is renamed into place
+//! (`RENAME_NOREPLACE`) and, in one transaction, recorded Available with its
+//! digest index and the lease while the operation is dropped. Any failure
+//! removes the staging directory and the operation. A crash leaves the
+//! operation: the next [`StorageCatalog::open`] finds its staging directory
+//! unlocked (its preparer is gone), removes it and any unrecorded artifact
+//! directory of the expected id, and drops the operation.
+//!
+//! Reclaiming ([`StorageCatalog::reclaim_unleased`]) marks an unleased
+//! artifact Reclaiming and drops it from the digest index before removing
+//! its directory and row; an interrupted reclaim is finished by the next
+//! open.
+//!
+//! Concurrency: every database transaction runs under an exclusive
+//! `flock(2)` on the catalog directory, with the database opened for that
+//! transaction only (redb allows one process at a time), so any number of
+//! Host Coordinators share the catalog. Preparing a digest holds the
+//! digest's lock file, so two processes never unpack the same manifest: the
+//! second waits and then leases the first one's artifact.
+//!
+//! Trust: the catalog is the user's own, but rows are decoded by the
+//! `lazaret_proto` codec's rules and an artifact's directory is reopened and
+//! checked (owner, mode, `rootfs` present) before it is leased. Image
+//! content is handled by [`crate::image`].
+
+pub mod tables;
+
+use std::ffi::OsStr;
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::path::{Path, PathBuf};
+
+use lazaret_proto::catalog::{
+    ArtifactLease, ArtifactState, ImageSourceIdentity, PrepareOperation, PreparedArtifact,
+    StoreMetadata,
+};
+use lazaret_proto::codec::{self, DecodeError, EncodeError, WireRecord};
+use lazaret_proto::common::{HostPath, UnixTimeNs};
+use lazaret_proto::ids::{DomainId, GenerationId, ManifestDigest, OperationId, PreparedArtifactId};
+use lazaret_proto::process::{
+    BootId, HostProcessIdentity, LegacyUnverifiedProcessIdentityV1, PidfsProcessAuthorityV1,
+    PidfsProcessIdentityV1,
+};
+use redb::backends::FileBackend;
+use redb::{Database, ReadableDatabase, ReadableTable, TableHandle};
+use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
+use rustix::fs::{FileType, FlockOperation, Mode, OFlags, RenameFlags};
+use rustix::io::Errno;
+
+use crate::config::{ConfinedError, RetainedDir};
+use crate::image::fsops::{self, open_beneath, open_dir_path, open_dir_read};
+use crate::image::{
+    self, ImageConfig, ImageError, ImageSource, OciLayout, Progress, ResolvedImage, UnpackStats,
+};
+
+/// The catalog's directory beneath the Storage Root.
+pub const CATALOG_DIR: &str = "catalog";
+/// The database file in the catalog directory.
+pub const DATABASE_FILE: &str = "catalog.redb";
+/// Prepared artifacts, one directory each.
+pub const ARTIFACTS_DIR: &str = "artifacts";
+/// Staging directories of prepare operations.
+pub const STAGING_DIR: &str = "tmp";
+/// Per-digest lock files.
+pub const LOCKS_DIR: &str = "locks";
+/// The root filesystem in an artifact directory.
+pub const ROOTFS: &str = "rootfs";
+/// The image configuration in an artifact directory.
+pub const IMAGE_CONFIG: &str = "image-config.json";
+/// The artifact being built in a staging directory.
+const STAGED_ARTIFACT: &str = "artifact";
+/// The fetched or extracted layout in a staging directory.
+const STAGED_LAYOUT: &str = "layout";
+/// The tag a registry image is copied under.
+const FETCH_TAG: &str = "lazaret";
+/// The magic number of pidfs (`fstatfs(2)` `f_type`).
+const PIDFS_MAGIC: u64 = 0x5049_4446;
+
+/// Why a Storage Catalog operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CatalogError {
+    /// A catalog directory could not be created or is not the user's.
+    #[error("cannot set up the storage catalog directory")]
+    Directory {
+        /// What went wrong with the path.
+        #[source]
+        source: ConfinedError,
+    },
+    /// A file operation in the catalog failed.
+    #[error("storage catalog: cannot {operation} {path}")]
+    Io {
+        /// What was attempted.
+        operation: &'static str,
+        /// The file or directory.
+        path: String,
+        /// What the kernel said.
+        #[source]
+        source: io::Error,
+    },
+    /// The database failed.
+    #[error("storage catalog {path}: cannot {operation}")]
+    Database {
+        /// What was attempted.
+        operation: &'static str,
+        /// The database file.
+        path: String,
+        /// What redb said.
+        #[source]
+        source: Box<redb::Error>,
+    },
+    /// The database holds another schema.
+    #[error(
+        "storage catalog {path} holds {found}, not lazaret-storage-catalog-v1 version 1; it was written by another Lazaret version: move it aside and run the command again"
+    )]
+    Schema {
+        /// The database file.
+        path: String,
+        /// What it holds.
+        found: String,
+    },
+    /// A row does not decode.
+    #[error(
+        "storage catalog {path}: a row of table {table} is unreadable; move the catalog aside and run the command again"
+    )]
+    Corrupt {
+        /// The database file.
+        path: String,
+        /// The table.
+        table: &'static str,
+        /// What the codec said.
+        #[source]
+        source: DecodeError,
+    },
+    /// A row could not be encoded.
+    #[error("storage catalog: cannot encode a {record} row")]
+    Encode {
+        /// The record.
+        record: &'static str,
+        /// What the codec said.
+        #[source]
+        source: EncodeError,
+    },
+    /// The image could not be resolved, fetched or unpacked.
+    #[error("cannot prepare the image `{image}`")]
+    Image {
+        /// The image reference.
+        image: String,
+        /// Why.
+        #[source]
+        source: ImageError,
+    },
+    /// The generation already leases another artifact.
+    #[error(
+        "Domain {domain} generation {generation} already leases prepared artifact {held}, not {wanted}; release that lease first"
+    )]
+    LeaseConflict {
+        /// The Domain.
+        domain: DomainId,
+        /// The generation.
+        generation: GenerationId,
+        /// The artifact it holds.
+        held: PreparedArtifactId,
+        /// The artifact asked for.
+        wanted: PreparedArtifactId,
+    },
+    /// An Available artifact's files are missing or wrong while running
+    /// generations lease it.
+    #[error(
+        "prepared artifact {artifact} ({path}) is damaged: {reason}; {leases} generation(s) still lease it: stop them (`lazaret down`) and it will be prepared again"
+    )]
+    ArtifactDamaged {
+        /// The artifact.
+        artifact: PreparedArtifactId,
+        /// Its directory.
+        path: String,
+        /// What is wrong.
+        reason: String,
+        /// How many leases it has.
+        leases: usize,
+    },
+}
+
+/// A prepared lower leased to one Domain generation: the unpacked image
+/// and what its configuration says about running it.
+#[derive(Debug)]
+pub struct PreparedLower {
+    /// The artifact.
+    pub artifact_id: PreparedArtifactId,
+    /// The manifest it was unpacked from.
+    pub manifest_digest: ManifestDigest,
+    /// `catalog/artifacts/<artifact-id>`, retained (owned by the user, mode
+    /// `0700`); plan paths inside the image as `rootfs/...` beneath it.
+    pub artifact_dir: RetainedDir,
+    /// `catalog/artifacts/<artifact-id>/rootfs`, retained: the root
+    /// filesystem, with the image's own mode.
+    pub rootfs: RetainedDir,
+    /// The root filesystem's path: for messages and for the OCI bundle,
+    /// never reopened to authorize anything.
+    pub rootfs_path: PathBuf,
+    /// The image's configuration (environment, working directory,
+    /// entrypoint and command, user).
+    pub image_config: ImageConfig,
+    /// Whether an existing artifact was leased rather than a new one
+    /// unpacked.
+    pub reused: bool,
+    /// What unpacking did, when this call unpacked.
+    pub stats: Option<UnpackStats>,
+}
+
+/// The Storage Catalog of one Storage Root.
+#[derive(Debug)]
+pub struct StorageCatalog {
+    uid: u32,
+    catalog: RetainedDir,
+    artifacts: RetainedDir,
+    staging: RetainedDir,
+    locks: RetainedDir,
+}
+
+/// One prepare operation's staging directory, held locked.
+#[derive(Debug)]
+struct Staging {
+    operation: PrepareOperation,
+    name: String,
+    /// The staging directory, opened for reading and `flock`ed: its lock
+    /// tells recovery that the preparer lives.
+    dir: OwnedFd,
+}
+
+fn random16() -> io::Result<[u8; 16]> {
+    let mut bytes = [0u8; 16];
+    File::open("/dev/urandom")?.read_exact(&mut bytes)?;
+    Ok(bytes)
+}
+
+/// This process's durable identity: by pidfs inode when pidfds live on
+/// pidfs, else by pid and start time (for display only).
+fn own_identity() -> io::Result<HostProcessIdentity> {
+    let stat = std::fs::read_to_string("/proc/self/stat")?;
+    let after = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest)
+        .ok_or_else(|| io::Error::other("malformed /proc/self/stat"))?;
+    // Field 22 is the 20th after the `(comm)` field.
+    let start_time_ticks = after
+        .split_whitespace()
+        .nth(19)
+        .and_then(|f| f.parse::<u64>().ok())
+        .ok_or_else(|| io::Error::other("malformed /proc/self/stat"))?;
+    let pid = rustix::process::getpid();
+    let host_pid = pid.as_raw_nonzero().get().unsigned_abs();
+    let pidfs = || -> io::Result<Option<HostProcessIdentity>> {
+        let pidfd = rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty())?;
+        if rustix::fs::fstatfs(&pidfd)?.f_type as u64 != PIDFS_MAGIC {
+            return Ok(None);
+        }
+        let stat = rustix::fs::fstat(&pidfd)?;
+        let boot_id =
+            BootId::parse_kernel_text(&std::fs::read_to_string("/proc/sys/kernel/random/boot_id")?)
+                .ok_or_else(|| io::Error::other("malformed boot_id"))?;
+        Ok(Some(HostProcessIdentity::PidfsV1 {
+            authority: PidfsProcessAuthorityV1 {
+                boot_id,
+                pidfs_st_dev: stat.st_dev,
+                pidfs_st_ino: stat.st_ino,
+            },
+            identity: PidfsProcessIdentityV1 {
+                host_pid,
+                start_time_ticks,
+            },
+        }))
+    };
+    Ok(pidfs()
+        .ok()
+        .flatten()
+        .unwrap_or(HostProcessIdentity::LegacyUnverifiedV1(
+            LegacyUnverifiedProcessIdentityV1 {
+                host_pid,
+                start_time_ticks,
+            },
+        )))
+}
+
+/// `flock(2)`, retried when interrupted.
+fn flock(fd: BorrowedFd<'_>, operation: FlockOperation) -> Result<(), Errno> {
+    loop {
+        match rustix::fs::flock(fd, operation) {
+            Err(Errno::INTR) => continue,
+            other => return other,
+        }
+    }
+}
+
+fn decode<T: WireRecord>(bytes: &[u8], path: &str, table: &'static str) -> Result<T, CatalogError> {
+    codec::decode(bytes).map_err(|source| CatalogError::Corrupt {
+        path: path.to_owned(),
+        table,
+        source,
+    })
+}
+
+fn encode<T: WireRecord>(record: &T) -> Result<Vec<u8>, CatalogError> {
+    codec::encode(record).map_err(|source| CatalogError::Encode {
+        record: T::NAME,
+        source,
+    })
+}
+
+fn host_path(path: &Path) -> HostPath {
+    use std::os::unix::ffi::OsStrExt;
+    HostPath::from(path.as_os_str().as_bytes())
+}
+
+/// The source identity recorded for a source.
+fn identity_of(source: &ImageSource, canonical: &Path, tag: Option<&str>) -> ImageSourceIdentity {
+    match source {
+        ImageSource::OciLayout { .. } => ImageSourceIdentity::OciLayout {
+            path: host_path(canonical),
+            tag: tag.unwrap_or_default().to_owned(),
+        },
+        ImageSource::OciArchive { .. } => ImageSourceIdentity::OciArchive {
+            path: host_path(canonical),
+        },
+        ImageSource::Registry { reference } => ImageSourceIdentity::Registry {
+            reference: reference.to_string(),
+        },
+    }
+}
+
+impl StorageCatalog {
+    /// Opens (creating where missing) the catalog beneath the Storage Root,
+    /// checks the database's schema, and cleans up after prepare operations
+    /// whose preparer is gone.
+    pub fn open(storage_root: &RetainedDir, uid: u32) -> Result<Self, CatalogError> {
+        let directory = |source| CatalogError::Directory { source };
+        let catalog = storage_root
+            .ensure_child(Path::new(CATALOG_DIR), uid)
+            .map_err(directory)?;
+        let artifacts = catalog
+            .ensure_child(Path::new(ARTIFACTS_DIR), uid)
+            .map_err(directory)?;
+        let staging = catalog
+            .ensure_child(Path::new(STAGING_DIR), uid)
+            .map_err(directory)?;
+        let locks = catalog
+            .ensure_child(Path::new(LOCKS_DIR), uid)
+            .map_err(directory)?;
+        let this = Self {
+            uid,
+            catalog,
+            artifacts,
+            staging,
+            locks,
+        };
+        this.with_db(|db| {
+            this.check_schema(db)?;
+            this.recover(db)
+        })?;
+        Ok(this)
+    }
+
+    /// The catalog directory's path, for messages.
+    pub fn label(&self) -> &Path {
+        self.catalog.label()
+    }
+
+    fn db_path(&self) -> String {
+        self.catalog
+            .label()
+            .join(DATABASE_FILE)
+            .display()
+            .to_string()
+    }
+
+    fn db_error<E: Into<redb::Error>>(
+        &self,
+        operation: &'static str,
+    ) -> impl FnOnce(E) -> CatalogError + '_ {
+        move |e| CatalogError::Database {
+            operation,
+            path: self.db_path(),
+            source: Box::new(e.into()),
+        }
+    }
+
+    fn io_error(
+        &self,
+        operation: &'static str,
+        path: PathBuf,
+    ) -> impl FnOnce(Errno) -> CatalogError {
+        move |e| CatalogError::Io {
+            operation,
+            path: path.display().to_string(),
+            source: e.into(),
+        }
+    }
+
+    /// Runs `f` with the database open, under the catalog lock.
+    fn with_db<T>(
+        &self,
+        f: impl FnOnce(&Database) -> Result<T, CatalogError>,
+    ) -> Result<T, CatalogError> {
+        let label = self.catalog.label().to_path_buf();
+        let lock =
+            open_dir_read(self.catalog.fd(), ".").map_err(self.io_error("open", label.clone()))?;
+        flock(lock.as_fd(), FlockOperation::LockExclusive).map_err(self.io_error("lock", label))?;
+        let path = self.catalog.label().join(DATABASE_FILE);
+        let fd = open_beneath(
+            self.catalog.fd(),
+            DATABASE_FILE,
+            OFlags::RDWR | OFlags::CREATE,
+            Mode::RUSR | Mode::WUSR,
+        )
+        .map_err(self.io_error("open", path.clone()))?;
+        let stat = rustix::fs::fstat(&fd).map_err(self.io_error("stat", path.clone()))?;
+        if FileType::from_raw_mode(stat.st_mode) != FileType::RegularFile || stat.st_uid != self.uid
+        {
+            return Err(CatalogError::Io {
+                operation: "use",
+                path: path.display().to_string(),
+                source: io::Error::other("it is not a regular file owned by you"),
+            });
+        }
+        if stat.st_mode & 0o077 != 0 {
+            rustix::fs::fchmod(&fd, Mode::RUSR | Mode::WUSR)
+                .map_err(self.io_error("set the mode of", path))?;
+        }
+        let backend =
+            FileBackend::new(File::from(fd)).map_err(self.db_error("open the database"))?;
+        let db = Database::builder()
+            .create_with_backend(backend)
+            .map_err(self.db_error("open the database"))?;
+        let result = f(&db);
+        drop(db);
+        drop(lock);
+        result
+    }
+
+    /// Writes the schema metadata into a new database, or checks it.
+    fn check_schema(&self, db: &Database) -> Result<(), CatalogError> {
+        let txn = db
+            .begin_write()
+            .map_err(self.db_error("begin a transaction"))?;
+        let existing = {
+            let table = txn
+                .open_table(tables::METADATA)
+                .map_err(self.db_error("open the metadata table"))?;
+            table
+                .get(tables::METADATA_KEY)
+                .map_err(self.db_error("read the schema metadata"))?
+                .map(|v| v.value().to_vec())
+        };
+        match existing {
+            Some(bytes) => match codec::decode::<StoreMetadata>(&bytes) {
+                Ok(metadata) if metadata == StoreMetadata::CURRENT => {}
+                Ok(_) | Err(_) => {
+                    return Err(CatalogError::Schema {
+                        path: self.db_path(),
+                        found: format!("schema metadata `{}`", bytes.escape_ascii()),
+                    });
+                }
+            },
+            None => {
+                let others = txn
+                    .list_tables()
+                    .map_err(self.db_error("list tables"))?
+                    .filter(|t| t.name() != tables::METADATA.name())
+                    .count();
+                if others > 0 {
+                    return Err(CatalogError::Schema {
+                        path: self.db_path(),
+                        found: "tables but no schema metadata".to_owned(),
+                    });
+                }
+                let mut table = txn
+                    .open_table(tables::METADATA)
+                    .map_err(self.db_error("open the metadata table"))?;
+                table
+                    .insert(
+                        tables::METADATA_KEY,
+                        encode(&StoreMetadata::CURRENT)?.as_slice(),
+                    )
+                    .map_err(self.db_error("write the schema metadata"))?;
+            }
+        }
+        // Create every table, so that read transactions find them.
+        txn.open_table(tables::ARTIFACTS)
+            .map_err(self.db_error("open a table"))?;
+        txn.open_table(tables::ARTIFACTS_BY_DIGEST)
+            .map_err(self.db_error("open a table"))?;
+        txn.open_table(tables::LEASES)
+            .map_err(self.db_error("open a table"))?;
+        txn.open_table(tables::OPERATIONS)
+            .map_err(self.db_error("open a table"))?;
+        txn.commit().map_err(self.db_error("commit"))
+    }
+
+    /// Finishes or undoes what crashed preparers and reclaims left behind.
+    fn recover(&self, db: &Database) -> Result<(), CatalogError> {
+        let operations = self.read_operations(db)?;
+        let txn = db
+            .begin_write()
+            .map_err(self.db_error("begin a transaction"))?;
+        {
+            let mut ops = txn
+                .open_table(tables::OPERATIONS)
+                .map_err(self.db_error("open a table"))?;
+            let artifacts = txn
+                .open_table(tables::ARTIFACTS)
+                .map_err(self.db_error("open a table"))?;
+            for operation in &operations {
+                let name = operation.operation_id.to_hex();
+                if self.staging_is_live(&name)? {
+                    continue;
+                }
+                self.remove_staging(&name)?;
+                let expected = operation.expected_artifact_id;
+                let recorded = artifacts
+                    .get(&expected.0)
+                    .map_err(self.db_error("read an artifact"))?
+                    .is_some();
+                if !recorded {
+                    self.remove_artifact_dir(expected)?;
+                }
+                ops.remove(&operation.operation_id.0)
+                    .map_err(self.db_error("drop an operation"))?;
+            }
+        }
+        txn.commit().map_err(self.db_error("commit"))?;
+        // Staging directories without an operation: left by a crash before
+        // the operation was committed, or by a lost record.
+        let live: Vec<String> = self
+            .read_operations(db)?
+            .iter()
+            .map(|o| o.operation_id.to_hex())
+            .collect();
+        let staging = open_dir_read(self.staging.fd(), ".")
+            .map_err(self.io_error("open", self.staging.label().to_path_buf()))?;
+        for name in fsops::list_dir(staging.as_fd())
+            .map_err(self.io_error("list", self.staging.label().to_path_buf()))?
+        {
+            let name = String::from_utf8_lossy(&name).into_owned();
+            if !live.contains(&name) && !self.staging_is_live(&name)? {
+                self.remove_staging(&name)?;
+            }
+        }
+        self.finish_reclaims(db)
+    }
+
+    /// Whether a staging directory is held by a live preparer.
+    fn staging_is_live(&self, name: &str) -> Result<bool, CatalogError> {
+        let path = self.staging.label().join(name);
+        match open_dir_read(self.staging.fd(), name) {
+            Ok(dir) => match rustix::fs::flock(&dir, FlockOperation::NonBlockingLockExclusive) {
+                Ok(()) => Ok(false),
+                Err(Errno::WOULDBLOCK | Errno::INTR) => Ok(true),
+                Err(e) => Err(self.io_error("lock", path)(e)),
+            },
+            Err(Errno::NOENT | Errno::NOTDIR | Errno::LOOP) => Ok(false),
+            Err(e) => Err(self.io_error("open", path)(e)),
+        }
+    }
+
+    fn remove_staging(&self, name: &str) -> Result<(), CatalogError> {
+        fsops::remove_at(self.staging.fd(), OsStr::new(name))
+            .map_err(self.io_error("remove", self.staging.label().join(name)))
+    }
+
+    fn remove_artifact_dir(&self, id: PreparedArtifactId) -> Result<(), CatalogError> {
+        let name = id.to_hex();
+        fsops::remove_at(self.artifacts.fd(), OsStr::new(&name))
+            .map_err(self.io_error("remove", self.artifacts.label().join(name)))
+    }
+
+    fn read_operations(&self, db: &Database) -> Result<Vec<PrepareOperation>, CatalogError> {
+        let path = self.db_path();
+        let txn = db
+            .begin_read()
+            .map_err(self.db_error("begin a transaction"))?;
+        let table = txn
+            .open_table(tables::OPERATIONS)
+            .map_err(self.db_error("open a table"))?;
+        let mut out = Vec::new();
+        for row in table.iter().map_err(self.db_error("read operations"))? {
+            let (_, value) = row.map_err(self.db_error("read operations"))?;
+            out.push(decode(value.value(), &path, "prepare_operations")?);
+        }
+        Ok(out)
+    }
+
+    fn read_artifacts(&self, db: &Database) -> Result<Vec<PreparedArtifact>, CatalogError> {
+        let path = self.db_path();
+        let txn = db
+            .begin_read()
+            .map_err(self.db_error("begin a transaction"))?;
+        let table = txn
+            .open_table(tables::ARTIFACTS)
+            .map_err(self.db_error("open a table"))?;
+        let mut out = Vec::new();
+        for row in table.iter().map_err(self.db_error("read artifacts"))? {
+            let (_, value) = row.map_err(self.db_error("read artifacts"))?;
+            out.push(decode(value.value(), &path, "prepared_artifacts")?);
+        }
+        Ok(out)
+    }
+
+    fn read_leases(&self, db: &Database) -> Result<Vec<ArtifactLease>, CatalogError> {
+        let path = self.db_path();
+        let txn = db
+            .begin_read()
+            .map_err(self.db_error("begin a transaction"))?;
+        let table = txn
+            .open_table(tables::LEASES)
+            .map_err(self.db_error("open a table"))?;
+        let mut out = Vec::new();
+        for row in table.iter().map_err(self.db_error("read leases"))? {
+            let (_, value) = row.map_err(self.db_error("read leases"))?;
+            out.push(decode(value.value(), &path, "artifact_leases")?);
+        }
+        Ok(out)
+    }
+
+    /// Every lease.
+    pub fn leases(&self) -> Result<Vec<ArtifactLease>, CatalogError> {
+        self.with_db(|db| self.read_leases(db))
+    }
+
+    /// Every prepared artifact.
+    pub fn artifacts(&self) -> Result<Vec<PreparedArtifact>, CatalogError> {
+        self.with_db(|db| self.read_artifacts(db))
+    }
+
+    /// Every prepare operation in flight (or abandoned by a live process).
+    pub fn operations(&self) -> Result<Vec<PrepareOperation>, CatalogError> {
+        self.with_db(|db| self.read_operations(db))
+    }
+
+    /// Releases the lease of (`domain`, `generation`), returning it; no
+    /// lease is not an error (release is idempotent).
+    pub fn release_lease(
+        &self,
+        domain: DomainId,
+        generation: GenerationId,
+    ) -> Result<Option<ArtifactLease>, CatalogError> {
+        self.with_db(|db| {
+            let path = self.db_path();
+            let txn = db
+                .begin_write()
+                .map_err(self.db_error("begin a transaction"))?;
+            let removed = txn
+                .open_table(tables::LEASES)
+                .map_err(self.db_error("open a table"))?
+                .remove((&domain.0, generation.0))
+                .map_err(self.db_error("remove a lease"))?
+                .map(|v| v.value().to_vec());
+            txn.commit().map_err(self.db_error("commit"))?;
+            removed
+                .map(|bytes| decode::<ArtifactLease>(&bytes, &path, "artifact_leases"))
+                .transpose()
+        })
+    }
+
+    /// Removes every Available artifact that no generation leases,
+    /// returning their ids. Each is first marked Reclaiming (and dropped
+    /// from the digest index) so that an interrupted reclaim is finished by
+    /// the next open.
+    pub fn reclaim_unleased(&self) -> Result<Vec<PreparedArtifactId>, CatalogError> {
+        self.with_db(|db| {
+            let leased: Vec<PreparedArtifactId> = self
+                .read_leases(db)?
+                .iter()
+                .map(|l| l.prepared_artifact_id)
+                .collect();
+            let doomed: Vec<PreparedArtifact> = self
+                .read_artifacts(db)?
+                .into_iter()
+                .filter(|a| {
+                    a.state == ArtifactState::Available && !leased.contains(&a.prepared_artifact_id)
+                })
+                .collect();
+            let txn = db
+                .begin_write()
+                .map_err(self.db_error("begin a transaction"))?;
+            {
+                let mut artifacts = txn
+                    .open_table(tables::ARTIFACTS)
+                    .map_err(self.db_error("open a table"))?;
+                let mut by_digest = txn
+                    .open_table(tables::ARTIFACTS_BY_DIGEST)
+                    .map_err(self.db_error("open a table"))?;
+                for artifact in &doomed {
+                    let mut row = artifact.clone();
+                    row.state = ArtifactState::Reclaiming;
+                    artifacts
+                        .insert(&row.prepared_artifact_id.0, encode(&row)?.as_slice())
+                        .map_err(self.db_error("mark an artifact Reclaiming"))?;
+                    let indexed = by_digest
+                        .get(&row.selected_manifest_digest.0)
+                        .map_err(self.db_error("read the digest index"))?
+                        .map(|v| *v.value());
+                    if indexed == Some(row.prepared_artifact_id.0) {
+                        by_digest
+                            .remove(&row.selected_manifest_digest.0)
+                            .map_err(self.db_error("update the digest index"))?;
+                    }
+                }
+            }
+            txn.commit().map_err(self.db_error("commit"))?;
+            self.finish_reclaims(db)?;
+            Ok(doomed.iter().map(|a| a.prepared_artifact_id).collect())
+        })
+    }
+
+    /// Removes the directories and rows of Reclaiming artifacts no one
+    /// leases.
+    fn finish_reclaims(&self, db: &Database) -> Result<(), CatalogError> {
+        let leased: Vec<PreparedArtifactId> = self
+            .read_leases(db)?
+            .iter()
+            .map(|l| l.prepared_artifact_id)
+            .collect();
+        let doomed: Vec<PreparedArtifactId> = self
+            .read_artifacts(db)?
+            .iter()
+            .filter(|a| {
+                a.state == ArtifactState::Reclaiming && !leased.contains(&a.prepared_artifact_id)
+            })
+            .map(|a| a.prepared_artifact_id)
+            .collect();
+        if doomed.is_empty() {
+            return Ok(());
+        }
+        for id in &doomed {
+            self.remove_artifact_dir(*id)?;
+        }
+        let txn = db
+            .begin_write()
+            .map_err(self.db_error("begin a transaction"))?;
+        {
+            let mut artifacts = txn
+                .open_table(tables::ARTIFACTS)
+                .map_err(self.db_error("open a table"))?;
+            for id in &doomed {
+                artifacts
+                    .remove(&id.0)
+                    .map_err(self.db_error("drop an artifact"))?;
+            }
+        }
+        txn.commit().map_err(self.db_error("commit"))
+    }
+
+    /// Resolves `source` to a manifest digest, leases the Available
+    /// artifact of that digest or unpacks a new one, and records the lease
+    /// of (`domain`, `generation`). Leasing again for a generation that
+    /// holds the same artifact is a no-op; one that holds another is a
+    /// [`CatalogError::LeaseConflict`]. `progress` hears about each phase
+    /// and about every MiB unpacked, on this thread: keep it cheap.
+    pub fn prepare_and_lease(
+        &self,
+        source: &ImageSource,
+        domain: DomainId,
+        generation: GenerationId,
+        progress: &mut dyn FnMut(Progress),
+    ) -> Result<PreparedLower, CatalogError> {
+        let shown = source.to_string();
+        let image_error = |source: ImageError| CatalogError::Image {
+            image: shown.clone(),
+            source,
+        };
+        match source {
+            ImageSource::OciLayout { path, tag } => {
+                let layout = OciLayout::open(path).map_err(image_error)?;
+                let resolved = layout.resolve(tag.as_deref()).map_err(image_error)?;
+                self.announce(&resolved, progress);
+                if let Some(lower) =
+                    self.lease_existing(resolved.manifest_digest, domain, generation)?
+                {
+                    progress(Progress::Reused {
+                        artifact_id: lower.artifact_id,
+                    });
+                    return Ok(lower);
+                }
+                let canonical = std::fs::canonicalize(path).unwrap_or_else(|_| path.clone());
+                let identity = identity_of(
+                    source,
+                    &canonical,
+                    resolved.tag.as_deref().or(tag.as_deref()),
+                );
+                let staging = self.begin(identity)?;
+                self.complete(
+                    staging, &layout, &resolved, domain, generation, &shown, progress,
+                )
+            }
+            ImageSource::OciArchive { path, tag } => {
+                let canonical = std::fs::canonicalize(path)
+                    .map_err(|source| ImageError::Io {
+                        operation: "open the OCI archive",
+                        path: path.display().to_string(),
+                        source,
+                    })
+                    .map_err(image_error)?;
+                let staging = self.begin(identity_of(source, &canonical, None))?;
+                let opened = (|| {
+                    let layout = self.staged_layout(&staging, |dir| {
+                        image::extract_archive(&canonical, dir, progress).map(drop)
+                    })?;
+                    let resolved = layout.resolve(tag.as_deref())?;
+                    Ok::<_, ImageError>((layout, resolved))
+                })();
+                let (layout, resolved) = match opened {
+                    Ok(opened) => opened,
+                    Err(e) => {
+                        self.abandon(staging);
+                        return Err(image_error(e));
+                    }
+                };
+                self.announce(&resolved, progress);
+                self.complete(
+                    staging, &layout, &resolved, domain, generation, &shown, progress,
+                )
+            }
+            ImageSource::Registry { reference } => {
+                progress(Progress::Resolving {
+                    image: shown.clone(),
+                });
+                let digest = image::fetch::resolve_registry(reference).map_err(image_error)?;
+                if let Some(lower) = self.lease_existing(digest, domain, generation)? {
+                    progress(Progress::Reused {
+                        artifact_id: lower.artifact_id,
+                    });
+                    return Ok(lower);
+                }
+                let staging = self.begin(identity_of(source, Path::new(""), None))?;
+                progress(Progress::Fetching {
+                    image: shown.clone(),
+                });
+                let destination = self.staging.label().join(&staging.name).join(STAGED_LAYOUT);
+                let fetched = (|| {
+                    image::fetch::copy_registry(reference, digest, &destination, FETCH_TAG)?;
+                    let dir = open_dir_path(staging.dir.as_fd(), STAGED_LAYOUT).map_err(|e| {
+                        ImageError::Io {
+                            operation: "open",
+                            path: destination.display().to_string(),
+                            source: e.into(),
+                        }
+                    })?;
+                    let layout = OciLayout::from_dir(dir, destination.clone())?;
+                    let resolved = layout.resolve(Some(FETCH_TAG))?;
+                    if resolved.manifest_digest != digest {
+                        return Err(ImageError::RegistryFetch {
+                            reference: shown.clone(),
+                            detail: format!(
+                                "the registry served manifest {} for {}",
+                                resolved.manifest_digest.to_oci_string(),
+                                digest.to_oci_string()
+                            ),
+                        });
+                    }
+                    Ok((layout, resolved))
+                })();
+                let (layout, resolved) = match fetched {
+                    Ok(fetched) => fetched,
+                    Err(e) => {
+                        self.abandon(staging);
+                        return Err(image_error(e));
+                    }
+                };
+                self.announce(&resolved, progress);
+                self.complete(
+                    staging, &layout, &resolved, domain, generation, &shown, progress,
+                )
+            }
+        }
+    }
+
+    fn announce(&self, resolved: &ResolvedImage, progress: &mut dyn FnMut(Progress)) {
+        progress(Progress::Resolved {
+            manifest_digest: resolved.manifest_digest,
+            layers: resolved.layers.len(),
+            bytes_total: resolved.layer_bytes(),
+        });
+    }
+
+    /// Creates `layout/` in the staging directory, fills it with `fill`,
+    /// and opens it as a layout.
+    fn staged_layout(
+        &self,
+        staging: &Staging,
+        fill: impl FnOnce(OwnedFd) -> Result<(), ImageError>,
+    ) -> Result<OciLayout, ImageError> {
+        let label = self.staging.label().join(&staging.name).join(STAGED_LAYOUT);
+        let io = |operation| {
+            let label = label.clone();
+            move |e: Errno| ImageError::Io {
+                operation,
+                path: label.display().to_string(),
+                source: e.into(),
+            }
+        };
+        rustix::fs::mkdirat(&staging.dir, STAGED_LAYOUT, Mode::RWXU).map_err(io("create"))?;
+        fill(open_dir_path(staging.dir.as_fd(), STAGED_LAYOUT).map_err(io("open"))?)?;
+        let dir = open_dir_path(staging.dir.as_fd(), STAGED_LAYOUT).map_err(io("open"))?;
+        OciLayout::from_dir(dir, label)
+    }
+
+    /// Records a prepare operation, then creates and locks its staging
+    /// directory.
+    fn begin(&self, source_identity: ImageSourceIdentity) -> Result<Staging, CatalogError> {
+        let random = |what: &'static str| {
+            random16().map_err(|source| CatalogError::Io {
+                operation: what,
+                path: "/dev/urandom".to_owned(),
+                source,
+            })
+        };
+        let operation_id = OperationId(random("draw an operation id from")?);
+        let expected_artifact_id = PreparedArtifactId(random("draw an artifact id from")?);
+        let name = operation_id.to_hex();
+        let preparer = own_identity().map_err(|source| CatalogError::Io {
+            operation: "read the identity of this process from",
+            path: "/proc/self".to_owned(),
+            source,
+        })?;
+        let operation = PrepareOperation {
+            operation_id,
+            expected_artifact_id,
+            source_identity,
+            staging_dir: HostPath::from(name.as_str()),
+            preparer,
+            started_at: UnixTimeNs::now(),
+        };
+        self.with_db(|db| {
+            let txn = db
+                .begin_write()
+                .map_err(self.db_error("begin a transaction"))?;
+            {
+                let mut ops = txn
+                    .open_table(tables::OPERATIONS)
+                    .map_err(self.db_error("open a table"))?;
+                ops.insert(&operation_id.0, encode(&operation)?.as_slice())
+                    .map_err(self.db_error("record a prepare operation"))?;
+            }
+            txn.commit().map_err(self.db_error("commit"))?;
+            let path = self.staging.label().join(&name);
+            rustix::fs::mkdirat(self.staging.fd(), name.as_str(), Mode::RWXU)
+                .map_err(self.io_error("create", path.clone()))?;
+            let dir = open_dir_read(self.staging.fd(), name.as_str())
+                .map_err(self.io_error("open", path.clone()))?;
+            flock(dir.as_fd(), FlockOperation::NonBlockingLockExclusive)
+                .map_err(self.io_error("lock", path))?;
+            Ok(Staging {
+                operation,
+                name,
+                dir,
+            })
+        })
+    }
+
+    /// Undoes a prepare operation: removes its staging directory and any
+    /// unrecorded artifact directory, then drops the record. Best effort:
+    /// what fails here is finished by the next open.
+    fn abandon(&self, staging: Staging) {
+        let _ = self.with_db(|db| {
+            self.remove_staging(&staging.name)?;
+            let expected = staging.operation.expected_artifact_id;
+            let txn = db
+                .begin_write()
+                .map_err(self.db_error("begin a transaction"))?;
+            {
+                let artifacts = txn
+                    .open_table(tables::ARTIFACTS)
+                    .map_err(self.db_error("open a table"))?;
+                if artifacts
+                    .get(&expected.0)
+                    .map_err(self.db_error("read an artifact"))?
+                    .is_none()
+                {
+                    self.remove_artifact_dir(expected)?;
+                }
+                let mut ops = txn
+                    .open_table(tables::OPERATIONS)
+                    .map_err(self.db_error("open a table"))?;
+                ops.remove(&staging.operation.operation_id.0)
+                    .map_err(self.db_error("drop an operation"))?;
+            }
+            txn.commit().map_err(self.db_error("commit"))
+        });
+    }
+
+    /// Holds the lock of one manifest digest until the descriptor drops.
+    fn lock_digest(&self, digest: ManifestDigest) -> Result<OwnedFd, CatalogError> {
+        let name = format!("{}.lock", digest.to_hex());
+        let path = self.locks.label().join(&name);
+        let fd = open_beneath(
+            self.locks.fd(),
+            name.as_str(),
+            OFlags::RDWR | OFlags::CREATE,
+            Mode::RUSR | Mode::WUSR,
+        )
+        .map_err(self.io_error("open", path.clone()))?;
+        flock(fd.as_fd(), FlockOperation::LockExclusive).map_err(self.io_error("lock", path))?;
+        Ok(fd)
+    }
+
+    /// Under the digest lock: leases an artifact another process finished
+    /// meanwhile, or unpacks, then moves the artifact into place and
+    /// records it. Abandons the operation on any failure.
+    #[allow(clippy::too_many_arguments)]
+    fn complete(
+        &self,
+        staging: Staging,
+        layout: &OciLayout,
+        resolved: &ResolvedImage,
+        domain: DomainId,
+        generation: GenerationId,
+        shown: &str,
+        progress: &mut dyn FnMut(Progress),
+    ) -> Result<PreparedLower, CatalogError> {
+        let result = (|| {
+            let _digest_lock = self.lock_digest(resolved.manifest_digest)?;
+            if let Some(lower) =
+                self.lease_existing(resolved.manifest_digest, domain, generation)?
+            {
+                progress(Progress::Reused {
+                    artifact_id: lower.artifact_id,
+                });
+                return Ok((lower, false));
+            }
+            let stats = self
+                .unpack(&staging, layout, resolved, progress)
+                .map_err(|source| CatalogError::Image {
+                    image: shown.to_owned(),
+                    source,
+                })?;
+            let lower = self.commit(&staging, resolved, stats, domain, generation)?;
+            progress(Progress::Prepared {
+                artifact_id: lower.artifact_id,
+                disk_bytes: stats.disk_bytes,
+            });
+            Ok((lower, true))
+        })();
+        match result {
+            Ok((lower, true)) => {
+                // The operation is dropped; its staging leftovers go too.
+                let _ = self.remove_staging(&staging.name);
+                Ok(lower)
+            }
+            Ok((lower, false)) => {
+                self.abandon(staging);
+                Ok(lower)
+            }
+            Err(e) => {
+                self.abandon(staging);
+                Err(e)
+            }
+        }
+    }
+
+    /// Unpacks into `artifact/rootfs` of the staging directory and writes
+    /// the image configuration beside it, then flushes the filesystem.
+    fn unpack(
+        &self,
+        staging: &Staging,
+        layout: &OciLayout,
+        resolved: &ResolvedImage,
+        progress: &mut dyn FnMut(Progress),
+    ) -> Result<UnpackStats, ImageError> {
+        let base = self
+            .staging
+            .label()
+            .join(&staging.name)
+            .join(STAGED_ARTIFACT);
+        let io = |operation: &'static str, path: &Path| {
+            let path = path.display().to_string();
+            move |e: Errno| ImageError::Io {
+                operation,
+                path,
+                source: e.into(),
+            }
+        };
+        rustix::fs::mkdirat(&staging.dir, STAGED_ARTIFACT, Mode::RWXU)
+            .map_err(io("create", &base))?;
+        let artifact =
+            open_dir_path(staging.dir.as_fd(), STAGED_ARTIFACT).map_err(io("open", &base))?;
+        let rootfs_path = base.join(ROOTFS);
+        rustix::fs::mkdirat(&artifact, ROOTFS, Mode::RWXU).map_err(io("create", &rootfs_path))?;
+        let rootfs = open_dir_path(artifact.as_fd(), ROOTFS).map_err(io("open", &rootfs_path))?;
+        let stats = image::unpack_layers(layout, resolved, rootfs, progress)?;
+        let config_path = base.join(IMAGE_CONFIG);
+        let fd = open_beneath(
+            artifact.as_fd(),
+            IMAGE_CONFIG,
+            OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL,
+            Mode::RUSR | Mode::WUSR,
+        )
+        .map_err(io("create", &config_path))?;
+        File::from(fd)
+            .write_all(&resolved.config_bytes)
+            .map_err(|source| ImageError::Io {
+                operation: "write",
+                path: config_path.display().to_string(),
+                source,
+            })?;
+        rustix::fs::syncfs(&staging.dir).map_err(io("flush", &base))?;
+        Ok(stats)
+    }
+
+    /// Moves the staged artifact into place and, in one transaction,
+    /// records it Available, indexes its digest, records the lease and
+    /// drops the operation.
+    fn commit(
+        &self,
+        staging: &Staging,
+        resolved: &ResolvedImage,
+        stats: UnpackStats,
+        domain: DomainId,
+        generation: GenerationId,
+    ) -> Result<PreparedLower, CatalogError> {
+        let id = staging.operation.expected_artifact_id;
+        let name = id.to_hex();
+        let artifact = PreparedArtifact {
+            prepared_artifact_id: id,
+            source_identity: staging.operation.source_identity.clone(),
+            selected_manifest_digest: resolved.manifest_digest,
+            state: ArtifactState::Available,
+            artifact_dir: HostPath::from(name.as_str()),
+            unpacked_bytes: stats.disk_bytes,
+            prepared_at: UnixTimeNs::now(),
+        };
+        let lease = ArtifactLease {
+            prepared_artifact_id: id,
+            domain_id: domain,
+            generation_id: generation,
+        };
+        self.with_db(|db| {
+            rustix::fs::renameat_with(
+                &staging.dir,
+                STAGED_ARTIFACT,
+                self.artifacts.fd(),
+                name.as_str(),
+                RenameFlags::NOREPLACE,
+            )
+            .map_err(self.io_error(
+                "move the prepared artifact to",
+                self.artifacts.label().join(&name),
+            ))?;
+            let txn = db
+                .begin_write()
+                .map_err(self.db_error("begin a transaction"))?;
+            let conflict = {
+                let mut artifacts = txn
+                    .open_table(tables::ARTIFACTS)
+                    .map_err(self.db_error("open a table"))?;
+                artifacts
+                    .insert(&id.0, encode(&artifact)?.as_slice())
+                    .map_err(self.db_error("record an artifact"))?;
+                let mut by_digest = txn
+                    .open_table(tables::ARTIFACTS_BY_DIGEST)
+                    .map_err(self.db_error("open a table"))?;
+                by_digest
+                    .insert(&resolved.manifest_digest.0, &id.0)
+                    .map_err(self.db_error("index an artifact"))?;
+                let mut ops = txn
+                    .open_table(tables::OPERATIONS)
+                    .map_err(self.db_error("open a table"))?;
+                ops.remove(&staging.operation.operation_id.0)
+                    .map_err(self.db_error("drop an operation"))?;
+                self.insert_lease(&txn, lease)?
+            };
+            txn.commit().map_err(self.db_error("commit"))?;
+            if let Some(held) = conflict {
+                return Err(CatalogError::LeaseConflict {
+                    domain,
+                    generation,
+                    held,
+                    wanted: id,
+                });
+            }
+            let lower = self
+                .open_lower(id, resolved.manifest_digest)
+                .map_err(|reason| CatalogError::ArtifactDamaged {
+                    artifact: id,
+                    path: self.artifacts.label().join(&name).display().to_string(),
+                    reason,
+                    leases: 1,
+                })?;
+            Ok(PreparedLower {
+                reused: false,
+                stats: Some(stats),
+                ..lower
+            })
+        })
+    }
+
+    /// Inserts a lease unless the generation holds another; returns the
+    /// other artifact then.
+    fn insert_lease(
+        &self,
+        txn: &redb::WriteTransaction,
+        lease: ArtifactLease,
+    ) -> Result<Option<PreparedArtifactId>, CatalogError> {
+        let mut leases = txn
+            .open_table(tables::LEASES)
+            .map_err(self.db_error("open a table"))?;
+        let key = (&lease.domain_id.0, lease.generation_id.0);
+        let existing = leases
+            .get(key)
+            .map_err(self.db_error("read a lease"))?
+            .map(|v| v.value().to_vec());
+        if let Some(bytes) = existing {
+            let held: ArtifactLease = decode(&bytes, &self.db_path(), "artifact_leases")?;
+            if held.prepared_artifact_id != lease.prepared_artifact_id {
+                return Ok(Some(held.prepared_artifact_id));
+            }
+        }
+        leases
+            .insert(key, encode(&lease)?.as_slice())
+            .map_err(self.db_error("record a lease"))?;
+        Ok(None)
+    }
+
+    /// Reopens an artifact's directory, root filesystem and configuration.
+    fn open_lower(
+        &self,
+        id: PreparedArtifactId,
+        digest: ManifestDigest,
+    ) -> Result<PreparedLower, String> {
+        let name = id.to_hex();
+        let artifact_dir = self
+            .artifacts
+            .ensure_child(Path::new(&name), self.uid)
+            .map_err(|e| e.to_string())?;
+        let rootfs = artifact_dir
+            .open_child(Path::new(ROOTFS))
+            .map_err(|e| format!("its rootfs cannot be opened: {e}"))?;
+        let config = open_beneath(
+            artifact_dir.fd(),
+            IMAGE_CONFIG,
+            OFlags::RDONLY,
+            Mode::empty(),
+        )
+        .map_err(|e| {
+            format!(
+                "its {IMAGE_CONFIG} cannot be opened: {}",
+                io::Error::from(e)
+            )
+        })?;
+        let mut bytes = Vec::new();
+        File::from(config)
+            .take(4 << 20)
+            .read_to_end(&mut bytes)
+            .map_err(|e| format!("its {IMAGE_CONFIG} cannot be read: {e}"))?;
+        let rootfs_path = artifact_dir.label().join(ROOTFS);
+        let image_config = ImageConfig::parse(
+            &bytes,
+            &artifact_dir
+                .label()
+                .join(IMAGE_CONFIG)
+                .display()
+                .to_string(),
+        )
+        .map_err(|e| e.to_string())?;
+        Ok(PreparedLower {
+            artifact_id: id,
+            manifest_digest: digest,
+            artifact_dir,
+            rootfs,
+            rootfs_path,
+            image_config,
+            reused: true,
+            stats: None,
+        })
+    }
+
+    /// Leases the Available artifact of `digest`, if there is a sound one.
+    /// A damaged artifact that no one leases is forgotten (and `None`
+    /// returned, so that it is prepared again).
+    fn lease_existing(
+        &self,
+        digest: ManifestDigest,
+        domain: DomainId,
+        generation: GenerationId,
+    ) -> Result<Option<PreparedLower>, CatalogError> {
+        self.with_db(|db| {
+            let path = self.db_path();
+            let txn = db
+                .begin_write()
+                .map_err(self.db_error("begin a transaction"))?;
+            let artifact = {
+                let by_digest = txn
+                    .open_table(tables::ARTIFACTS_BY_DIGEST)
+                    .map_err(self.db_error("open a table"))?;
+                let artifacts = txn
+                    .open_table(tables::ARTIFACTS)
+                    .map_err(self.db_error("open a table"))?;
+                let id = by_digest
+                    .get(&digest.0)
+                    .map_err(self.db_error("read the digest index"))?
+                    .map(|v| *v.value());
+                match id {
+                    None => None,
+                    Some(id) => artifacts
+                        .get(&id)
+                        .map_err(self.db_error("read an artifact"))?
+                        .map(|v| decode::<PreparedArtifact>(v.value(), &path, "prepared_artifacts"))
+                        .transpose()?,
+                }
+            };
+            let Some(artifact) = artifact.filter(|a| a.state == ArtifactState::Available) else {
+                return Ok(None);
+            };
+            let id = artifact.prepared_artifact_id;
+            let lower = match self.open_lower(id, digest) {
+                Ok(lower) => lower,
+                Err(reason) => {
+                    let leases = self
+                        .read_leases(db)?
+                        .iter()
+                        .filter(|l| l.prepared_artifact_id == id)
+                        .count();
+                    if leases > 0 {
+                        return Err(CatalogError::ArtifactDamaged {
+                            artifact: id,
+                            path: self
+                                .artifacts
+                                .label()
+                                .join(id.to_hex())
+                                .display()
+                                .to_string(),
+                            reason,
+                            leases,
+                        });
+                    }
+                    {
+                        let mut by_digest = txn
+                            .open_table(tables::ARTIFACTS_BY_DIGEST)
+                            .map_err(self.db_error("open a table"))?;
+                        by_digest
+                            .remove(&digest.0)
+                            .map_err(self.db_error("update the digest index"))?;
+                        let mut artifacts = txn
+                            .open_table(tables::ARTIFACTS)
+                            .map_err(self.db_error("open a table"))?;
+                        artifacts
+                            .remove(&id.0)
+                            .map_err(self.db_error("drop an artifact"))?;
+                    }
+                    txn.commit().map_err(self.db_error("commit"))?;
+                    self.remove_artifact_dir(id)?;
+                    return Ok(None);
+                }
+            };
+            if let Some(held) = self.insert_lease(
+                &txn,
+                ArtifactLease {
+                    prepared_artifact_id: id,
+                    domain_id: domain,
+                    generation_id: generation,
+                },
+            )? {
+                return Err(CatalogError::LeaseConflict {
+                    domain,
+                    generation,
+                    held,
+                    wanted: id,
+                });
+            }
+            txn.commit().map_err(self.db_error("commit"))?;
+            Ok(Some(lower))
+        })
+    }
+}

@@ -1,0 +1,179 @@
+//! Confined filesystem operations beneath a retained directory descriptor:
+//! the only way the image and catalog code touch the files they create.
+//!
+//! Every open is `openat2(2)` with `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS |
+//! RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV` and `O_NOFOLLOW`, so no path
+//! handled here can leave the directory it is resolved beneath, follow a
+//! symbolic link or cross a mount. Removal never follows a symbolic link
+//! either: a link is unlinked, never descended into. These helpers trust
+//! nothing about the trees they walk (they may hold hostile image content),
+//! only the descriptor they are given.
+
+use std::collections::HashSet;
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+
+use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
+use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags, Stat};
+use rustix::io::Errno;
+
+/// The resolution flags of every open beneath a directory descriptor.
+pub(crate) const CONFINED: ResolveFlags = ResolveFlags::BENEATH
+    .union(ResolveFlags::NO_SYMLINKS)
+    .union(ResolveFlags::NO_MAGICLINKS)
+    .union(ResolveFlags::NO_XDEV);
+
+/// `openat2(2)` of `path` beneath `dir` with [`CONFINED`], `O_NOFOLLOW` and
+/// `O_CLOEXEC` (and `O_NOCTTY` unless `O_PATH`).
+pub(crate) fn open_beneath<P: AsRef<OsStr>>(
+    dir: BorrowedFd<'_>,
+    path: P,
+    flags: OFlags,
+    mode: Mode,
+) -> Result<OwnedFd, Errno> {
+    let flags = if flags.contains(OFlags::PATH) {
+        flags
+    } else {
+        flags | OFlags::NOCTTY
+    };
+    rustix::fs::openat2(
+        dir,
+        path.as_ref(),
+        flags | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+        mode,
+        CONFINED,
+    )
+}
+
+/// Opens the directory `path` beneath `dir` as `O_PATH`.
+pub(crate) fn open_dir_path<P: AsRef<OsStr>>(
+    dir: BorrowedFd<'_>,
+    path: P,
+) -> Result<OwnedFd, Errno> {
+    open_beneath(dir, path, OFlags::PATH | OFlags::DIRECTORY, Mode::empty())
+}
+
+/// Opens the directory `path` beneath `dir` for reading its entries.
+pub(crate) fn open_dir_read<P: AsRef<OsStr>>(
+    dir: BorrowedFd<'_>,
+    path: P,
+) -> Result<OwnedFd, Errno> {
+    open_beneath(dir, path, OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty())
+}
+
+/// `fstatat(2)` with `AT_SYMLINK_NOFOLLOW`; `None` when nothing is there.
+pub(crate) fn lstat_at<P: AsRef<OsStr>>(
+    dir: BorrowedFd<'_>,
+    name: P,
+) -> Result<Option<Stat>, Errno> {
+    match rustix::fs::statat(dir, name.as_ref(), AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(stat) => Ok(Some(stat)),
+        Err(Errno::NOENT) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// The type of a `stat` result.
+pub(crate) fn file_type(stat: &Stat) -> FileType {
+    FileType::from_raw_mode(stat.st_mode)
+}
+
+/// `chmod(2)` of exactly the object an `O_PATH` descriptor names, through
+/// its `/proc/self/fd` link (`fchmod(2)` refuses `O_PATH` descriptors).
+pub(crate) fn chmod_fd(fd: BorrowedFd<'_>, mode: Mode) -> Result<(), Errno> {
+    let link = crate::config::confined::proc_self_fd(fd);
+    rustix::fs::chmodat(rustix::fs::CWD, link.as_str(), mode, AtFlags::empty())
+}
+
+/// Opens a directory for reading so that its entries can be removed: a
+/// directory whose mode denies the owner access (as an image may ask for)
+/// is first given mode `0700`.
+fn open_dir_for_removal(dir: BorrowedFd<'_>, name: &OsStr) -> Result<OwnedFd, Errno> {
+    match open_dir_read(dir, name) {
+        Err(Errno::ACCESS) => {
+            let path_fd = open_dir_path(dir, name)?;
+            chmod_fd(path_fd.as_fd(), Mode::RWXU)?;
+            open_dir_read(dir, name)
+        }
+        Ok(fd) => {
+            let mode = rustix::fs::fstat(&fd)?.st_mode;
+            if mode & 0o700 != 0o700 {
+                rustix::fs::fchmod(&fd, Mode::RWXU)?;
+            }
+            Ok(fd)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// The names in a directory opened for reading, without `.` and `..`.
+pub(crate) fn list_dir(dir: BorrowedFd<'_>) -> Result<Vec<Vec<u8>>, Errno> {
+    let mut names = Vec::new();
+    for entry in rustix::fs::Dir::read_from(dir)? {
+        let entry = entry?;
+        let name = entry.file_name().to_bytes();
+        if name != b"." && name != b".." {
+            names.push(name.to_vec());
+        }
+    }
+    Ok(names)
+}
+
+/// Removes whatever is at `name` beneath `dir`: a directory with all its
+/// contents, anything else by `unlinkat(2)`. Nothing there is success.
+pub(crate) fn remove_at(dir: BorrowedFd<'_>, name: &OsStr) -> Result<(), Errno> {
+    let Some(stat) = lstat_at(dir, name)? else {
+        return Ok(());
+    };
+    if file_type(&stat) == FileType::Directory {
+        let child = open_dir_for_removal(dir, name)?;
+        remove_children(child.as_fd(), |_| false)?;
+        match rustix::fs::unlinkat(dir, name, AtFlags::REMOVEDIR) {
+            Ok(()) | Err(Errno::NOENT) => Ok(()),
+            Err(e) => Err(e),
+        }
+    } else {
+        match rustix::fs::unlinkat(dir, name, AtFlags::empty()) {
+            Ok(()) | Err(Errno::NOENT) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// Removes every entry of the directory `dir` (opened for reading) for
+/// which `keep` is false.
+pub(crate) fn remove_children(
+    dir: BorrowedFd<'_>,
+    mut keep: impl FnMut(&[u8]) -> bool,
+) -> Result<(), Errno> {
+    for name in list_dir(dir)? {
+        if !keep(&name) {
+            remove_at(dir, OsStr::from_bytes(&name))?;
+        }
+    }
+    Ok(())
+}
+
+/// The bytes a tree occupies on disk (`st_blocks * 512`), each inode
+/// counted once. `dir` is opened for reading.
+pub(crate) fn disk_usage(dir: BorrowedFd<'_>) -> Result<u64, Errno> {
+    fn walk(dir: BorrowedFd<'_>, seen: &mut HashSet<(u64, u64)>) -> Result<u64, Errno> {
+        let mut total = 0u64;
+        for name in list_dir(dir)? {
+            let name = OsStr::from_bytes(&name);
+            let Some(stat) = lstat_at(dir, name)? else {
+                continue;
+            };
+            if !seen.insert((stat.st_dev, stat.st_ino)) {
+                continue;
+            }
+            total = total.saturating_add(u64::try_from(stat.st_blocks).unwrap_or(0) * 512);
+            if file_type(&stat) == FileType::Directory {
+                let child = open_dir_read(dir, name)?;
+                total = total.saturating_add(walk(child.as_fd(), seen)?);
+            }
+        }
+        Ok(total)
+    }
+    walk(dir, &mut HashSet::new())
+}
