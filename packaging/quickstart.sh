@@ -1,10 +1,9 @@
 #!/usr/bin/env bash
 # Sets up this machine for Lazaret and runs its main job on the built-in
-# default profile (packaging/examples/busybox.toml) for a demo project.
-#
-# In this version the main job is `lazaret config check`: the full load that
-# `lazaret up` will perform, creating Lazaret's Storage and Runtime roots and
-# printing the Domain it would start.
+# default: a small local image built from Debian's busybox-static (no
+# registry is needed), the default profile of packaging/examples/busybox.toml,
+# and a demo project. The main job: `lazaret up`, `lazaret status`, a file
+# written from inside the sandbox, `lazaret down`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -15,12 +14,15 @@ as_root() {
 echo "==> installing system packages"
 export DEBIAN_FRONTEND=noninteractive
 as_root apt-get update -q
-# gcc and libc6-dev link the static escalation client; util-linux provides
-# setpriv for the tests that run as an unprivileged user.
+# runsc is gVisor; busybox-static and umoci build the default image;
+# skopeo fetches registry images; gcc and libc6-dev link the static
+# escalation client; util-linux and procps give nsenter, setpriv and ps.
 as_root apt-get install -y -q --no-install-recommends \
-    ca-certificates gcc libc6-dev util-linux binutils
+    ca-certificates gcc libc6-dev util-linux binutils procps \
+    runsc busybox-static umoci skopeo
 
 packaging/build.sh
+lazaret="$(pwd)/target/release/lazaret"
 
 # Lazaret keeps runtime state under $XDG_RUNTIME_DIR/lazaret. A login session
 # sets XDG_RUNTIME_DIR; a bare root shell or CI does not, so make the usual one.
@@ -31,9 +33,33 @@ if [ -z "${XDG_RUNTIME_DIR:-}" ]; then
     fi
 fi
 
+images="${LAZARET_IMAGES:-$HOME/.local/share/lazaret-images}"
+echo "==> building the default image (busybox) into $images/busybox"
+bash packaging/build-busybox-image.sh "$images/busybox" latest
+
+config="${XDG_CONFIG_HOME:-$HOME/.config}/lazaret/quickstart.toml"
+echo "==> writing the default profile to $config"
+mkdir -p "$(dirname "$config")"
+sed "s|oci:/usr/local/share/lazaret/images/busybox:latest|oci:$images/busybox:latest|" \
+    packaging/examples/busybox.toml > "$config.tmp"
+chmod 600 "$config.tmp"
+mv "$config.tmp" "$config"
+
 demo="${LAZARET_DEMO_WORKSPACE:-$HOME/lazaret-demo}"
 mkdir -p "$demo"
-echo "==> lazaret config check default (workspace $demo)"
-target/release/lazaret config check default \
-    --config "$(pwd)/packaging/examples/busybox.toml" \
-    --workspace "$demo"
+cd "$demo"
+echo "==> lazaret up default (workspace $demo)"
+"$lazaret" --config "$config" up default
+"$lazaret" --config "$config" status default
+
+# `lazaret attach` arrives with client sessions; until then, run one command
+# inside the sandbox through the Domain's namespaces.
+status=$("$lazaret" --config "$config" status default --json)
+field() { python3 -c "import json,sys; print(json.load(sys.stdin)['domains'][0]$1)" <<<"$status"; }
+nsenter -t "$(field "['namespace_holder']['pid']")" -U -m -n -p --preserve-credentials -- \
+    runsc --rootless --ignore-cgroups --network=host --root "$(field "['runsc_root']")" \
+    exec "$(field "['container_id']")" /bin/sh -c 'echo "hello from $(uname -n)" > /workspace/hello.txt'
+echo "==> the sandbox wrote $demo/hello.txt: $(cat "$demo/hello.txt")"
+
+echo "==> lazaret down default"
+"$lazaret" --config "$config" down default

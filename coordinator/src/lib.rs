@@ -7,5 +7,10 @@
 
 #![deny(missing_docs)]
 
+pub mod catalog;
 pub mod cli;
 pub mod config;
+pub mod image;
+pub mod lifecycle;
+pub mod process;
+pub mod store;

@@ -49,6 +49,24 @@ const CMSG_ALIGN: usize = std::mem::align_of::<usize>();
 /// Why a channel operation failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ChannelError {
+    /// A named socket could not be created, bound, accepted or connected.
+    #[error("cannot {operation} the seqpacket socket {path}")]
+    Socket {
+        /// What was attempted.
+        operation: &'static str,
+        /// The socket path.
+        path: String,
+        /// What the kernel reported.
+        #[source]
+        source: Errno,
+    },
+    /// Standard input could not be taken over as the channel.
+    #[error("cannot take the channel from standard input")]
+    Stdin {
+        /// What went wrong.
+        #[source]
+        source: std::io::Error,
+    },
     /// `socketpair(2)` refused to create the pair.
     #[error("cannot create a seqpacket socket pair")]
     SocketPair {
@@ -309,7 +327,83 @@ pub fn pair<A: WireRecord, B: WireRecord>() -> Result<EndpointPair<A, B>, Channe
     Ok((Endpoint::new(left), Endpoint::new(right)))
 }
 
+/// The path by which a socket named `name` in the directory `dir` is bound
+/// or reached: through the directory's `/proc/self/fd` link, so the path is
+/// short (a Unix socket path holds at most 107 bytes) and names the
+/// directory this process opened, not whatever a pathname resolves to now.
+pub fn socket_path_at(dir: BorrowedFd<'_>, name: &str) -> std::path::PathBuf {
+    std::path::PathBuf::from(format!(
+        "/proc/self/fd/{}/{name}",
+        std::os::fd::AsRawFd::as_raw_fd(&dir)
+    ))
+}
+
+/// Creates a listening `SOCK_SEQPACKET` socket bound at `path` (which must
+/// not exist), close-on-exec.
+pub fn listen(path: &std::path::Path) -> Result<OwnedFd, ChannelError> {
+    let fail = |operation, source| ChannelError::Socket {
+        operation,
+        path: path.display().to_string(),
+        source,
+    };
+    let fd = rustix::net::socket_with(
+        AddressFamily::UNIX,
+        SocketType::SEQPACKET,
+        SocketFlags::CLOEXEC,
+        None,
+    )
+    .map_err(|e| fail("create", e))?;
+    let address = rustix::net::SocketAddrUnix::new(path).map_err(|e| fail("name", e))?;
+    rustix::net::bind(&fd, &address).map_err(|e| fail("bind", e))?;
+    rustix::net::listen(&fd, 16).map_err(|e| fail("listen on", e))?;
+    Ok(fd)
+}
+
 impl<S: WireRecord, R: WireRecord> Endpoint<S, R> {
+    /// Accepts one connection on a listener made by [`listen`].
+    pub fn accept(listener: BorrowedFd<'_>) -> Result<Self, ChannelError> {
+        let fd = rustix::net::accept_with(listener, SocketFlags::CLOEXEC).map_err(|source| {
+            ChannelError::Socket {
+                operation: "accept on",
+                path: String::from("(listener)"),
+                source,
+            }
+        })?;
+        Ok(Self::new(fd))
+    }
+
+    /// Connects to the `SOCK_SEQPACKET` socket at `path`.
+    pub fn connect(path: &std::path::Path) -> Result<Self, ChannelError> {
+        let fail = |operation, source| ChannelError::Socket {
+            operation,
+            path: path.display().to_string(),
+            source,
+        };
+        let fd = rustix::net::socket_with(
+            AddressFamily::UNIX,
+            SocketType::SEQPACKET,
+            SocketFlags::CLOEXEC,
+            None,
+        )
+        .map_err(|e| fail("create", e))?;
+        let address = rustix::net::SocketAddrUnix::new(path).map_err(|e| fail("name", e))?;
+        rustix::net::connect(&fd, &address).map_err(|e| fail("connect to", e))?;
+        Ok(Self::new(fd))
+    }
+
+    /// Takes the channel a parent passed as standard input, and puts
+    /// `/dev/null` in its place so no child of this process inherits it.
+    pub fn take_stdin() -> Result<Self, ChannelError> {
+        let fd = std::io::stdin()
+            .as_fd()
+            .try_clone_to_owned()
+            .map_err(|source| ChannelError::Stdin { source })?;
+        let null =
+            std::fs::File::open("/dev/null").map_err(|source| ChannelError::Stdin { source })?;
+        rustix::stdio::dup2_stdin(&null).map_err(|e| ChannelError::Stdin { source: e.into() })?;
+        Self::from_inherited(fd)
+    }
+
     fn new(fd: OwnedFd) -> Self {
         Self {
             fd,

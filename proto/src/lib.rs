@@ -14,6 +14,7 @@ pub mod channel;
 pub mod codec;
 pub mod common;
 pub mod config;
+pub mod control;
 pub mod ids;
 pub mod layout;
 pub mod mailbox;
@@ -21,6 +22,7 @@ pub mod network;
 pub mod ownership;
 pub mod process;
 pub mod store;
+pub mod supervisor;
 pub mod terminal;
 pub mod trust;
 

@@ -1,13 +1,353 @@
-//! The Runtime Supervisor role: in later versions it creates a Domain's user,
-//! mount and network namespaces, mounts the State Anchor and workspace layout,
-//! writes the OCI bundle and runs `runsc`. It trusts only the Host Coordinator
-//! at the other end of its inherited channel.
+//! The Runtime Supervisor of one generation.
 //!
-//! This version has no supervisor behaviour yet; the binary says so.
+//! It runs as two processes of the same binary. The first, started by the
+//! Host Coordinator:
+//! 1. arms `PR_SET_PDEATHSIG` so it dies with the coordinator;
+//! 2. enters a new user namespace mapping the invoking user to root, then
+//!    mount, network, pid, ipc and uts namespaces owned by it;
+//! 3. starts itself again (`--pid1`) as the init of the new pid namespace,
+//!    handing over its channel, and waits for it.
+//!
+//! The second, the Domain's pid 1 and namespace holder:
+//! 4. arms `PR_SET_PDEATHSIG`, takes the channel, receives the
+//!    [`SandboxPlan`] and its descriptors;
+//! 5. mounts a `/proc` of the Domain pid namespace and reopens every
+//!    descriptor inside the Domain mount namespace, checking each is the
+//!    object the coordinator opened;
+//! 6. reports the namespaces and its own pidfd;
+//! 7. stages the filesystem (root overlay, State Anchor overlays, workspace,
+//!    volumes, control area) on a private tmpfs, writes the OCI bundle and
+//!    runs `runsc run -detach`;
+//! 8. reports the pidfds of the runsc sandbox and gofer, which are now its
+//!    children, and reaps every orphan at once from then on;
+//! 9. on `Stop`, or when the coordinator vanishes, exits: the kernel ends
+//!    every process left in the pid namespace, the sandbox included, and
+//!    the mounts end with the mount namespace.
+//!
+//! It holds capabilities only inside the Domain user namespace. It trusts
+//! only the coordinator at the other end of its inherited channel.
 
 #![deny(missing_docs)]
 
-/// What the binary prints when it is started: this version cannot supervise a
-/// sandbox yet.
-pub const UNAVAILABLE: &str = "lazaret-supervisor: not available in this version of Lazaret; \
-     the Runtime Supervisor arrives with `lazaret up`";
+mod bundle;
+mod mounts;
+mod namespaces;
+mod runsc;
+mod sys;
+
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode, Stdio};
+
+use lazaret_proto::channel::{ChannelError, Endpoint, Limits, Received};
+use lazaret_proto::supervisor::{
+    FdIndex, SandboxPlan, SupervisorError, SupervisorReport, SupervisorRequest, SupervisorStep,
+};
+use rustix::process::{Pid, PidfdFlags, Signal, WaitOptions, pidfd_open, waitpid};
+
+type Channel = Endpoint<SupervisorReport, SupervisorRequest>;
+
+/// Runs the supervisor (with `--pid1`, its second stage).
+pub fn run() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match args.as_slice() {
+        [flag] if flag == "--pid1" => pid1(),
+        [] => enter_namespaces(),
+        _ => {
+            eprintln!(
+                "lazaret-supervisor: started with unexpected arguments; it is started by \
+                 lazaret-coordinator, not by hand"
+            );
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn failed(step: SupervisorStep, detail: impl std::fmt::Display) -> SupervisorError {
+    SupervisorError {
+        step,
+        detail: detail.to_string(),
+    }
+}
+
+/// A displayable error with its whole chain on one line.
+fn chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+/// Dies with the parent; false when the parent is already gone.
+fn bind_to_parent() -> bool {
+    rustix::process::set_parent_process_death_signal(Some(Signal::KILL)).is_ok()
+        && rustix::process::getppid().is_none_or(|p| !p.is_init())
+}
+
+/// Stage one: create the namespaces, start pid 1 in them, wait for it.
+fn enter_namespaces() -> ExitCode {
+    if !bind_to_parent() {
+        eprintln!("lazaret-supervisor: its coordinator is gone; exiting");
+        return ExitCode::FAILURE;
+    }
+    let channel = match Channel::take_stdin() {
+        Ok(channel) => channel,
+        Err(e) => {
+            eprintln!("lazaret-supervisor: {}", chain(&e));
+            return ExitCode::FAILURE;
+        }
+    };
+    let uid = rustix::process::getuid().as_raw();
+    let gid = rustix::process::getgid().as_raw();
+    if let Err(e) = namespaces::enter(uid, gid) {
+        let error = failed(SupervisorStep::Namespaces, chain(&e));
+        let _ = channel.send(&SupervisorReport::Failed(error), &[]);
+        return ExitCode::FAILURE;
+    }
+    let child = Command::new("/proc/self/exe")
+        .arg("--pid1")
+        .env_clear()
+        .stdin(Stdio::from(channel.into_fd()))
+        .stdout(Stdio::null())
+        .spawn();
+    match child.and_then(|mut c| c.wait()) {
+        Ok(status) if status.success() => ExitCode::SUCCESS,
+        Ok(_) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("lazaret-supervisor: cannot run the Domain pid 1: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Stage two: the Domain pid namespace's init.
+fn pid1() -> ExitCode {
+    // Stage one's parent-death signal covers the coordinator; this one
+    // covers stage one. Its parent is outside the pid namespace, so
+    // `getppid` reads 0 here and cannot be checked.
+    let _ = rustix::process::set_parent_process_death_signal(Some(Signal::KILL));
+    let channel = match Channel::take_stdin() {
+        Ok(channel) => channel.with_limits(PLAN_LIMITS),
+        Err(e) => {
+            eprintln!("lazaret-supervisor: {}", chain(&e));
+            return ExitCode::FAILURE;
+        }
+    };
+    let Received { message, fds } = match channel.recv() {
+        Ok(received) => received,
+        Err(e) => {
+            eprintln!(
+                "lazaret-supervisor: no plan from the coordinator: {}",
+                chain(&e)
+            );
+            return ExitCode::FAILURE;
+        }
+    };
+    let SupervisorRequest::Start(plan) = message else {
+        eprintln!("lazaret-supervisor: the first request must be Start");
+        return ExitCode::FAILURE;
+    };
+    match start(&channel, &plan, &fds) {
+        Ok(()) => {
+            reap_orphans();
+            serve(&channel)
+        }
+        Err(error) => {
+            eprintln!(
+                "lazaret-supervisor: {:?} failed: {}",
+                error.step, error.detail
+            );
+            let _ = channel.send(&SupervisorReport::Failed(error), &[]);
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Enough descriptors for every State Anchor and volume of one plan.
+const PLAN_LIMITS: Limits = Limits {
+    max_bytes: 64 * 1024,
+    max_fds: 253,
+};
+
+/// As the pid namespace's init, reaps every orphan as soon as it exits
+/// (runsc's `delete` and the kernel's teardown wait on it). Started only
+/// once no `Command` of this process is still waiting for its own child.
+fn reap_orphans() {
+    std::thread::spawn(|| {
+        loop {
+            if waitpid(None, WaitOptions::empty()).is_err() {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+        }
+    });
+}
+
+fn fd_at<'a>(fds: &'a [OwnedFd], index: FdIndex) -> Result<BorrowedFd<'a>, SupervisorError> {
+    fds.get(usize::from(index.0))
+        .map(AsFd::as_fd)
+        .ok_or_else(|| {
+            failed(
+                SupervisorStep::Request,
+                format!("descriptor {} is missing", index.0),
+            )
+        })
+}
+
+fn start(channel: &Channel, plan: &SandboxPlan, fds: &[OwnedFd]) -> Result<(), SupervisorError> {
+    mounts::private_proc().map_err(|e| failed(SupervisorStep::Mounts, chain(&e)))?;
+    // The coordinator's descriptors name host mounts; reopen each one as the
+    // same object inside the Domain mount namespace.
+    let fds = fds
+        .iter()
+        .map(|fd| {
+            mounts::rebase(fd.as_fd(), "a source")
+                .map_err(|e| failed(SupervisorStep::Mounts, chain(&e)))
+        })
+        .collect::<Result<Vec<OwnedFd>, _>>()?;
+    let fds = fds.as_slice();
+    let sources = mounts::Sources {
+        rootfs: fd_at(fds, plan.rootfs)?,
+        workspace: fd_at(fds, plan.workspace)?,
+        anchors: plan
+            .anchors
+            .iter()
+            .map(|a| {
+                Ok(mounts::AnchorSource {
+                    sandbox_path: &a.sandbox_path,
+                    state_dir: fd_at(fds, a.state_dir)?,
+                })
+            })
+            .collect::<Result<_, SupervisorError>>()?,
+        volumes: plan
+            .volumes
+            .iter()
+            .map(|v| {
+                Ok(mounts::VolumeSource {
+                    sandbox_path: &v.sandbox_path,
+                    source: fd_at(fds, v.source)?,
+                    kind: v.kind,
+                    access: v.access,
+                })
+            })
+            .collect::<Result<_, SupervisorError>>()?,
+    };
+    let runtime_dir = Path::new(plan.runtime_dir.as_os_str());
+    let runsc = PathBuf::from(plan.runsc.as_os_str());
+
+    let own_pidfd = pidfd_open(rustix::process::getpid(), PidfdFlags::empty()).map_err(|e| {
+        failed(
+            SupervisorStep::Identities,
+            format!("pidfd of the supervisor: {e}"),
+        )
+    })?;
+    let identity = |file| {
+        namespaces::identity(file).map_err(|e| failed(SupervisorStep::Namespaces, chain(&e)))
+    };
+    let report = SupervisorReport::NamespacesReady {
+        user_namespace: identity("/proc/self/ns/user")?,
+        network_namespace: identity("/proc/self/ns/net")?,
+        holder: FdIndex(0),
+    };
+    send(channel, &report, &[own_pidfd.as_fd()])?;
+
+    let staged = mounts::stage(runtime_dir, &sources)
+        .map_err(|e| failed(SupervisorStep::Mounts, chain(&e)))?;
+    bundle::write(&staged, "lazaret").map_err(|e| failed(SupervisorStep::Bundle, e))?;
+    let container_id = plan.container_id.to_string();
+    let runtime = runsc::Runsc {
+        runsc: &runsc,
+        root: &staged.runsc_root,
+        container_id: &container_id,
+    };
+    runtime
+        .run_detached(&staged.bundle)
+        .map_err(|e| failed(SupervisorStep::Runtime, chain(&e)))?;
+
+    let (sandbox, gofer) = runsc_processes().map_err(|e| failed(SupervisorStep::Identities, e))?;
+    let mut descriptors = vec![sandbox.as_fd()];
+    descriptors.extend(gofer.as_ref().map(AsFd::as_fd));
+    let report = SupervisorReport::SandboxRunning {
+        sandbox: FdIndex(0),
+        gofer: gofer.as_ref().map(|_| FdIndex(1)),
+        runtime_root: staged.runsc_root.as_os_str().as_encoded_bytes().into(),
+        bundle: staged.bundle.as_os_str().as_encoded_bytes().into(),
+    };
+    send(channel, &report, &descriptors)
+}
+
+fn send(
+    channel: &Channel,
+    report: &SupervisorReport,
+    fds: &[BorrowedFd<'_>],
+) -> Result<(), SupervisorError> {
+    channel
+        .send(report, fds)
+        .map_err(|e| failed(SupervisorStep::Identities, chain(&e)))
+}
+
+fn pidfd_of(pid: u32) -> std::io::Result<OwnedFd> {
+    let pid = i32::try_from(pid)
+        .ok()
+        .and_then(Pid::from_raw)
+        .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
+    pidfd_open(pid, PidfdFlags::empty()).map_err(Into::into)
+}
+
+/// The pidfds of the runsc sandbox and gofer: after `run -detach` returns,
+/// they are children of this process, the pid namespace's init.
+fn runsc_processes() -> Result<(OwnedFd, Option<OwnedFd>), String> {
+    let children = std::fs::read_to_string("/proc/self/task/1/children")
+        .map_err(|e| format!("cannot list the supervisor's children: {e}"))?;
+    let mut sandbox = None;
+    let mut gofer = None;
+    for pid in children
+        .split_whitespace()
+        .filter_map(|p| p.parse::<u32>().ok())
+    {
+        // Open the pidfd first, then read its name: the pidfd pins the
+        // process, so the name cannot belong to a successor.
+        let Ok(pidfd) = pidfd_of(pid) else { continue };
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let name = cmdline.split(|b| *b == 0).next().unwrap_or_default();
+        if name.ends_with(b"runsc-sandbox") {
+            sandbox = Some(pidfd);
+        } else if name.ends_with(b"runsc-gofer") {
+            gofer = Some(pidfd);
+        }
+    }
+    let sandbox = sandbox.ok_or("runsc started no sandbox process")?;
+    Ok((sandbox, gofer))
+}
+
+fn serve(channel: &Channel) -> ExitCode {
+    loop {
+        match channel.recv() {
+            Ok(Received {
+                message: SupervisorRequest::Stop,
+                ..
+            }) => {
+                // Exiting as the pid namespace's init makes the kernel kill
+                // every process left in it, the runsc sandbox and gofer
+                // included; the mounts end with the mount namespace.
+                let _ = channel.send(&SupervisorReport::Stopped, &[]);
+                return ExitCode::SUCCESS;
+            }
+            Ok(Received {
+                message: SupervisorRequest::Start(_),
+                ..
+            }) => {
+                let error = failed(SupervisorStep::Request, "the sandbox is already started");
+                let _ = channel.send(&SupervisorReport::Failed(error), &[]);
+            }
+            Err(ChannelError::Disconnected) => return ExitCode::FAILURE,
+            Err(e) => {
+                eprintln!("lazaret-supervisor: channel failed: {}", chain(&e));
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+}

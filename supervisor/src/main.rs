@@ -1,6 +1,8 @@
+//! `lazaret-supervisor`: the Runtime Supervisor, started by the Host
+//! Coordinator with its channel on standard input.
+
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    eprintln!("{}", lazaret_supervisor::UNAVAILABLE);
-    ExitCode::from(69)
+    lazaret_supervisor::run()
 }

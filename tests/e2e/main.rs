@@ -4,11 +4,13 @@
 //! single-threaded when they must.
 
 mod cli;
+mod domain;
 
 use libtest_mimic::{Arguments, Trial};
 
 fn main() {
     let args = Arguments::from_args();
-    let trials: Vec<Trial> = cli::trials();
+    let mut trials: Vec<Trial> = cli::trials();
+    trials.extend(domain::trials());
     libtest_mimic::run(&args, trials).exit();
 }

@@ -5,6 +5,8 @@
 //! Trusts only what it creates: every test runs the binaries with a cleared
 //! environment that names its own scratch directories.
 
+pub mod domain;
+
 use std::ffi::OsStr;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};

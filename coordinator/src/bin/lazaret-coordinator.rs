@@ -1,12 +1,51 @@
-//! `lazaret-coordinator`: the Host Coordinator daemon of one running Domain.
-//! This version has no daemon behaviour yet; the binary says so.
+//! `lazaret-coordinator`: the Host Coordinator of one Domain. It is started
+//! by `lazaret up` (mode `start`) or `lazaret down` (mode `recover`) with its
+//! startup channel on standard input, never by hand.
 
+use std::ffi::OsString;
+use std::path::PathBuf;
 use std::process::ExitCode;
 
+use clap::{Parser, Subcommand};
+use lazaret_coordinator::lifecycle::daemon::{self, Args};
+
+/// The Host Coordinator of one Lazaret Domain (started by `lazaret up`).
+#[derive(Debug, Parser)]
+#[command(name = "lazaret-coordinator", version)]
+struct Cli {
+    #[command(subcommand)]
+    mode: Mode,
+}
+
+#[derive(Debug, Subcommand)]
+enum Mode {
+    /// Bring the Domain up and serve it until `lazaret down`.
+    Start(ModeArgs),
+    /// Finish a stale generation of the Domain, then exit.
+    Recover(ModeArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct ModeArgs {
+    /// The profile.
+    profile: String,
+    /// The workspace directory.
+    #[arg(long)]
+    workspace: PathBuf,
+    /// The configuration file.
+    #[arg(long)]
+    config: Option<OsString>,
+}
+
 fn main() -> ExitCode {
-    eprintln!(
-        "lazaret-coordinator: not available in this version of Lazaret; \
-         the Host Coordinator daemon arrives with `lazaret up`"
-    );
-    ExitCode::from(69)
+    let cli = Cli::parse();
+    let (mode, args) = match cli.mode {
+        Mode::Start(a) => (daemon::start as fn(Args) -> ExitCode, a),
+        Mode::Recover(a) => (daemon::recover as fn(Args) -> ExitCode, a),
+    };
+    mode(Args {
+        profile: args.profile,
+        config: args.config,
+        workspace: args.workspace,
+    })
 }

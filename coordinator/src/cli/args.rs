@@ -54,10 +54,10 @@ pub enum Command {
         #[command(subcommand)]
         command: ConfigCommand,
     },
-    /// Start the Domain of PROFILE for the workspace (not in this version).
+    /// Start the Domain of PROFILE for the workspace.
     #[command(after_help = "Example:\n  lazaret up claude")]
     Up(ProfileArg),
-    /// Stop the Domain of PROFILE; persistent state stays (not in this version).
+    /// Stop the Domain of PROFILE; persistent state stays.
     #[command(after_help = "Example:\n  lazaret down claude")]
     Down(ProfileArg),
     /// Open a shell, or run COMMAND, inside the running sandbox (not in this version).
@@ -71,7 +71,7 @@ pub enum Command {
         #[arg(last = true, value_name = "COMMAND")]
         command: Vec<OsString>,
     },
-    /// Show the Domains of this workspace, or all of them (not in this version).
+    /// Show the running Domains of this workspace, or all of them.
     #[command(after_help = "Examples:\n  lazaret status\n  lazaret status --all --json")]
     Status {
         /// Only this profile's Domain.
@@ -84,7 +84,7 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Show the log of a Domain (not in this version).
+    /// Show the Host Coordinator log of a Domain.
     #[command(after_help = "Example:\n  lazaret logs claude")]
     Logs(ProfileArg),
     /// Inspect, verify and reset persistent sandbox state (not in this version).

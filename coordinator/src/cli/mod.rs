@@ -7,6 +7,7 @@
 //! clap and the configuration loader have checked them.
 
 mod args;
+mod domain;
 
 use std::ffi::OsString;
 use std::io::{self, Write};
@@ -18,6 +19,7 @@ use clap::Parser;
 use serde_json::json;
 
 use crate::config::{self, ConfigError, HostEnvironment, LoadRequest, ResolvedDomainConfiguration};
+use crate::lifecycle::chain;
 use args::{Cli, Command, ConfigCommand, StateCommand};
 
 /// The commented v1 template `lazaret config init` writes.
@@ -44,18 +46,6 @@ impl From<ConfigError> for Failure {
     }
 }
 
-/// An error and its sources on one line.
-fn chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
-}
-
 /// Runs the CLI with the process's arguments.
 pub fn run() -> ExitCode {
     let cli = Cli::parse();
@@ -80,11 +70,13 @@ fn dispatch(cli: Cli) -> Result<(), Failure> {
             }
             ConfigCommand::Init => config_init(&globals),
         },
-        Command::Up { .. } => unavailable("up", "starting a Domain"),
-        Command::Down { .. } => unavailable("down", "stopping a Domain"),
+        Command::Up(profile) => domain::up(&globals, &profile.profile),
+        Command::Down(profile) => domain::down(&globals, &profile.profile),
         Command::Attach { .. } => unavailable("attach", "client sessions"),
-        Command::Status { .. } => unavailable("status", "Domain status"),
-        Command::Logs { .. } => unavailable("logs", "Domain logs"),
+        Command::Status { profile, all, json } => {
+            domain::status(&globals, profile.as_deref(), all, json)
+        }
+        Command::Logs(profile) => domain::logs(&globals, &profile.profile),
         Command::State { command } => {
             let name = match command {
                 StateCommand::List => "state list",
@@ -101,7 +93,7 @@ fn unavailable(command: &str, what: &str) -> Result<(), Failure> {
     Err(Failure {
         message: format!(
             "`lazaret {command}` is not available in this version ({}): {what} is not built yet; \
-             `lazaret config check PROFILE` validates a configuration today",
+             `lazaret up`, `down`, `status` and `config check` work today",
             env!("CARGO_PKG_VERSION")
         ),
         status: EXIT_UNAVAILABLE,
@@ -115,14 +107,23 @@ struct Globals {
 }
 
 impl Globals {
-    fn load(&self, profile: &str) -> Result<ResolvedDomainConfiguration, Failure> {
-        let workspace = match &self.workspace {
-            Some(dir) => dir.clone(),
-            None => std::env::current_dir().map_err(|e| Failure {
+    /// The workspace: `--workspace`, else the current directory; absolute.
+    fn workspace_dir(&self) -> Result<PathBuf, Failure> {
+        let cwd = || {
+            std::env::current_dir().map_err(|e| Failure {
                 message: format!("cannot determine the current directory to use as workspace: {e}"),
                 status: 1,
-            })?,
+            })
         };
+        match &self.workspace {
+            Some(dir) if dir.is_absolute() => Ok(dir.clone()),
+            Some(dir) => Ok(cwd()?.join(dir)),
+            None => cwd(),
+        }
+    }
+
+    fn load(&self, profile: &str) -> Result<ResolvedDomainConfiguration, Failure> {
+        let workspace = self.workspace_dir()?;
         let host = HostEnvironment::capture();
         Ok(config::load(LoadRequest {
             profile,

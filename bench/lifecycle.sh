@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Times `lazaret up` (image already prepared) and `lazaret down` against a
+# bare rootless `runsc run -detach` / `kill` + `delete` of the same image in
+# the same run, and prints medians and ratios.
+#
+# usage: bench/lifecycle.sh [ROUNDS]   (default 15; builds target/release)
+# Run it as the user Lazaret runs as; it uses scratch directories only.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+rounds=${1:-15}
+
+cargo build --release --locked --workspace --bins -q
+lazaret=$(pwd)/target/release/lazaret
+scratch=$(mktemp -d /tmp/lazaret-bench.XXXXXX)
+trap 'HOME=$scratch/home XDG_RUNTIME_DIR=$scratch/run "$lazaret" down bench --workspace "$scratch/project" >/dev/null 2>&1 || true; rm -rf "$scratch"' EXIT
+mkdir -p "$scratch/home/.config/lazaret" "$scratch/run" "$scratch/project"
+chmod 700 "$scratch/run"
+export HOME=$scratch/home XDG_RUNTIME_DIR=$scratch/run
+
+bash packaging/build-busybox-image.sh "$scratch/image" latest >/dev/null
+cat > "$HOME/.config/lazaret/config.toml" <<TOML
+schema = "lazaret-trusted-host-config-v1"
+[profiles.bench]
+image = "oci:$scratch/image:latest"
+persistent_dirs = ["/root"]
+TOML
+chmod 600 "$HOME/.config/lazaret/config.toml"
+
+now() { date +%s%N; }
+ms() { echo $(( ($2 - $1) / 1000000 )); }
+
+# Prepare the image once, outside the measurement.
+"$lazaret" up bench --workspace "$scratch/project" >/dev/null 2>&1
+"$lazaret" down bench --workspace "$scratch/project" >/dev/null
+
+up=() down=()
+for _ in $(seq "$rounds"); do
+    t0=$(now); "$lazaret" up bench --workspace "$scratch/project" >/dev/null 2>&1; t1=$(now)
+    "$lazaret" down bench --workspace "$scratch/project" >/dev/null; t2=$(now)
+    up+=("$(ms "$t0" "$t1")"); down+=("$(ms "$t1" "$t2")")
+done
+
+# The bare baseline: the same unpacked image, rootless runsc in a fresh
+# user, mount and network namespace, no Lazaret.
+rootfs=$(ls -d "$HOME"/.local/share/lazaret/catalog/artifacts/*/rootfs | head -n 1)
+bundle=$scratch/bare
+mkdir -p "$bundle"
+cat > "$bundle/config.json" <<JSON
+{"ociVersion":"1.0.2","process":{"user":{"uid":0,"gid":0},"args":["/bin/sleep","1000"],
+ "env":["PATH=/bin"],"cwd":"/"},"root":{"path":"$rootfs","readonly":true},"hostname":"bare",
+ "mounts":[{"destination":"/proc","type":"proc","source":"proc"}],
+ "linux":{"namespaces":[{"type":"pid"},{"type":"ipc"},{"type":"uts"},{"type":"mount"}]}}
+JSON
+cat > "$scratch/bare.sh" <<'SH'
+set -eu
+r="runsc --rootless --ignore-cgroups --network=host --root $1/state"
+now() { date +%s%N; }
+t0=$(now); $r run -detach --bundle "$1" bare; t1=$(now)
+$r kill bare KILL; $r delete -force bare; t2=$(now)
+echo "$(( (t1 - t0) / 1000000 )) $(( (t2 - t1) / 1000000 ))"
+SH
+bare_up=() bare_down=()
+for _ in $(seq "$rounds"); do
+    read -r u d < <(unshare -Urnm bash "$scratch/bare.sh" "$bundle")
+    bare_up+=("$u"); bare_down+=("$d")
+done
+
+median() { printf '%s\n' "$@" | sort -n | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
+mu=$(median "${up[@]}"); md=$(median "${down[@]}")
+bu=$(median "${bare_up[@]}"); bd=$(median "${bare_down[@]}")
+printf 'rounds: %s\n' "$rounds"
+printf 'lazaret up     median %6s ms   bare runsc run -detach   median %6s ms   ratio %s (target <= 1.5)\n' \
+    "$mu" "$bu" "$(awk -v a="$mu" -v b="$bu" 'BEGIN {printf "%.2f", a / b}')"
+printf 'lazaret down   median %6s ms   bare runsc kill+delete   median %6s ms   (target < 1000 ms)\n' "$md" "$bd"

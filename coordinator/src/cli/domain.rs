@@ -1,0 +1,352 @@
+//! `lazaret up`, `down`, `status` and `logs`: what the user sees of a
+//! Domain's lifecycle. The work happens in the Host Coordinator; this module
+//! starts it, follows it, and prints.
+
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use lazaret_proto::control::{ControlRequest, ControlResponse, DomainStatus, StartupEvent};
+use lazaret_proto::ids::to_hex;
+use serde_json::{Value, json};
+
+use super::{Failure, Globals, print};
+use crate::config::HostEnvironment;
+use crate::lifecycle::client::{self, ClientError, CoordinatorMode};
+use crate::lifecycle::{DomainPaths, chain};
+
+/// How long `down` waits for the coordinator to exit after stopping.
+const EXIT_WAIT: Duration = Duration::from_secs(30);
+
+fn failure(message: impl Into<String>) -> Failure {
+    Failure {
+        message: message.into(),
+        status: 1,
+    }
+}
+
+impl From<ClientError> for Failure {
+    fn from(error: ClientError) -> Self {
+        failure(chain(&error))
+    }
+}
+
+/// Prints startup progress to standard error: one line per step, and a
+/// bar redrawn in place for long steps on a terminal.
+struct Progress {
+    terminal: bool,
+    bar_open: bool,
+}
+
+impl Progress {
+    fn new() -> Self {
+        Self {
+            terminal: std::io::stderr().is_terminal(),
+            bar_open: false,
+        }
+    }
+
+    fn event(&mut self, event: &StartupEvent) {
+        let StartupEvent::Progress {
+            step,
+            detail,
+            fraction,
+        } = event
+        else {
+            return self.close_bar();
+        };
+        let mut err = std::io::stderr().lock();
+        match fraction {
+            Some((done, total)) if self.terminal && *total > 0 => {
+                let width = 30;
+                let filled = usize::try_from(done.saturating_mul(width) / total)
+                    .unwrap_or(0)
+                    .min(30);
+                let _ = write!(
+                    err,
+                    "\r\x1b[K{:>13}  [{}{}] {detail}",
+                    step.as_str(),
+                    "#".repeat(filled),
+                    " ".repeat(30 - filled)
+                );
+                self.bar_open = true;
+            }
+            Some(_) => {}
+            None => {
+                if self.bar_open {
+                    let _ = writeln!(err);
+                    self.bar_open = false;
+                }
+                let _ = writeln!(err, "{:>13}  {detail}", step.as_str());
+            }
+        }
+    }
+
+    fn close_bar(&mut self) {
+        if self.bar_open {
+            eprintln!();
+            self.bar_open = false;
+        }
+    }
+}
+
+fn locate(globals: &Globals, profile: &str) -> Result<(PathBuf, DomainPaths), Failure> {
+    let workspace = globals.workspace_dir()?;
+    let paths = DomainPaths::locate(profile, &workspace, &HostEnvironment::capture())?;
+    Ok((workspace, paths))
+}
+
+/// `lazaret up PROFILE`.
+pub fn up(globals: &Globals, profile: &str) -> Result<(), Failure> {
+    let (workspace, paths) = locate(globals, profile)?;
+    let mut progress = Progress::new();
+    let outcome = client::run_coordinator(
+        CoordinatorMode::Start,
+        profile,
+        globals.config.as_ref(),
+        &workspace,
+        &paths.log_file(),
+        &mut |event| progress.event(event),
+    )?;
+    match outcome {
+        StartupEvent::Ready(status) => print(&format!(
+            "Domain {} is up: profile `{profile}`, generation {}, image {}\n\
+             open a shell inside with: lazaret attach {profile}\n",
+            status.domain_id, status.generation_id, status.configuration.image
+        )),
+        StartupEvent::AlreadyRunning {
+            status,
+            differences,
+        } if differences.is_empty() => print(&format!(
+            "Domain {} is already up with this configuration (generation {})\n",
+            status.domain_id, status.generation_id
+        )),
+        StartupEvent::AlreadyRunning {
+            status,
+            differences,
+        } => Err(failure(format!(
+            "Domain {} is up (generation {}) with another configuration: {} differ{}; \
+             run `lazaret down {profile}` first, then `lazaret up {profile}`",
+            status.domain_id,
+            status.generation_id,
+            differences.join(", "),
+            if differences.len() == 1 { "s" } else { "" }
+        ))),
+        StartupEvent::Failed {
+            step,
+            message,
+            invalid_configuration,
+        } => Err(Failure {
+            message: if invalid_configuration {
+                message
+            } else {
+                format!(
+                    "up failed at {}: {message}; nothing of the generation is left running \
+                     (log: {})",
+                    step.as_str(),
+                    paths.log_file().display()
+                )
+            },
+            status: if invalid_configuration { 2 } else { 1 },
+        }),
+        other => Err(failure(format!(
+            "unexpected report from the coordinator: {other:?}"
+        ))),
+    }
+}
+
+/// `lazaret down PROFILE`.
+pub fn down(globals: &Globals, profile: &str) -> Result<(), Failure> {
+    let (workspace, paths) = locate(globals, profile)?;
+    match client::request(&paths, ControlRequest::Down) {
+        Ok(ControlResponse::Stopped { generation_id }) => {
+            client::wait_released(&paths, EXIT_WAIT)?;
+            print(&format!(
+                "Domain {} stopped (generation {generation_id}); persistent state kept\n",
+                paths.domain_id
+            ))
+        }
+        Ok(ControlResponse::Failed { message }) => Err(failure(message)),
+        Ok(other) => Err(failure(format!(
+            "unexpected answer from the coordinator: {other:?}"
+        ))),
+        Err(_) => {
+            // No coordinator answers: finish whatever a crashed one left.
+            let outcome = client::run_coordinator(
+                CoordinatorMode::Recover,
+                profile,
+                globals.config.as_ref(),
+                &workspace,
+                &paths.log_file(),
+                &mut |_| {},
+            )?;
+            match outcome {
+                StartupEvent::Recovered {
+                    generation_id: Some(id),
+                } => print(&format!(
+                    "Domain {} was not running; cleaned up stale generation {id}\n",
+                    paths.domain_id
+                )),
+                StartupEvent::Recovered {
+                    generation_id: None,
+                } => print(&format!("Domain {} is not running\n", paths.domain_id)),
+                StartupEvent::AlreadyRunning { .. } => Err(failure(
+                    "the Domain started while `down` ran; run `lazaret down` again",
+                )),
+                StartupEvent::Failed {
+                    message,
+                    invalid_configuration,
+                    ..
+                } => Err(Failure {
+                    message,
+                    status: if invalid_configuration { 2 } else { 1 },
+                }),
+                other => Err(failure(format!(
+                    "unexpected report from the coordinator: {other:?}"
+                ))),
+            }
+        }
+    }
+}
+
+/// The running Domains under the Runtime Root.
+fn running_domains() -> Result<Vec<DomainStatus>, Failure> {
+    let root = HostEnvironment::capture().runtime_root()?.join("domains");
+    let Ok(entries) = std::fs::read_dir(&root) else {
+        return Ok(Vec::new());
+    };
+    let mut out = Vec::new();
+    for entry in entries.flatten() {
+        let Some(id) = entry
+            .file_name()
+            .to_str()
+            .and_then(lazaret_proto::ids::DomainId::from_hex)
+        else {
+            continue;
+        };
+        let paths = DomainPaths::new(id, entry.path());
+        if let Ok(ControlResponse::Status(status)) = client::request(&paths, ControlRequest::Status)
+        {
+            out.push(*status);
+        }
+    }
+    out.sort_by(|a, b| (&a.workspace, &a.profile).cmp(&(&b.workspace, &b.profile)));
+    Ok(out)
+}
+
+fn status_json(status: &DomainStatus) -> Value {
+    let process = |p: &lazaret_proto::process::PidfsProcessIdentityV1| json!({"pid": p.host_pid, "start_time_ticks": p.start_time_ticks});
+    let uptime = lazaret_proto::common::UnixTimeNs::now()
+        .as_secs()
+        .saturating_sub(status.started_at.as_secs());
+    json!({
+        "profile": status.profile,
+        "domain_id": status.domain_id.to_hex(),
+        "workspace": String::from_utf8_lossy(&status.workspace.0),
+        "state": format!("{:?}", status.state).to_lowercase(),
+        "generation": status.generation_id.0,
+        "uptime_seconds": uptime,
+        "configuration_fingerprint": status.configuration_fingerprint.to_hex(),
+        "image": status.configuration.image,
+        "manifest_digest": status.manifest_digest.to_oci_string(),
+        "container_id": to_hex(&status.container_id.0),
+        "runsc_root": String::from_utf8_lossy(&status.runtime_root.0),
+        "persistent_dirs": status.configuration.persistent_dirs,
+        "coordinator": process(&status.coordinator),
+        "supervisor": process(&status.supervisor),
+        "namespace_holder": process(&status.namespace_holder),
+        "sandbox": process(&status.sandbox),
+    })
+}
+
+fn status_text(status: &DomainStatus) -> String {
+    let v = status_json(status);
+    format!(
+        "{profile}  {state}  generation {generation}  up {uptime}s  {workspace}\n\
+         \x20 domain id        {domain}\n\
+         \x20 image            {image} ({digest})\n\
+         \x20 sandbox          container {container}, pid {sandbox}\n\
+         \x20 supervisor       pid {supervisor}; coordinator pid {coordinator}\n\
+         \x20 persistent dirs  {dirs}\n",
+        profile = status.profile,
+        state = v["state"].as_str().unwrap_or_default(),
+        generation = status.generation_id,
+        uptime = v["uptime_seconds"],
+        workspace = v["workspace"].as_str().unwrap_or_default(),
+        domain = status.domain_id,
+        image = status.configuration.image,
+        digest = status.manifest_digest.to_oci_string(),
+        container = v["container_id"].as_str().unwrap_or_default(),
+        sandbox = status.sandbox.host_pid,
+        supervisor = status.supervisor.host_pid,
+        coordinator = status.coordinator.host_pid,
+        dirs = if status.configuration.persistent_dirs.is_empty() {
+            "(none)".to_owned()
+        } else {
+            status.configuration.persistent_dirs.join(", ")
+        },
+    )
+}
+
+/// `lazaret status [PROFILE] [--all] [--json]`.
+pub fn status(
+    globals: &Globals,
+    profile: Option<&str>,
+    all: bool,
+    as_json: bool,
+) -> Result<(), Failure> {
+    let statuses: Vec<DomainStatus> = match profile {
+        Some(profile) => {
+            let (_, paths) = locate(globals, profile)?;
+            match client::request(&paths, ControlRequest::Status) {
+                Ok(ControlResponse::Status(status)) => vec![*status],
+                _ => Vec::new(),
+            }
+        }
+        None => {
+            let workspace = crate::config::confined::canonicalize(&globals.workspace_dir()?)
+                .map_err(|e| failure(e.to_string()))?;
+            let here = workspace.as_os_str().as_encoded_bytes().to_vec();
+            running_domains()?
+                .into_iter()
+                .filter(|s| all || s.workspace.0 == here)
+                .collect()
+        }
+    };
+    if as_json {
+        let list: Vec<Value> = statuses.iter().map(status_json).collect();
+        let mut text = serde_json::to_string_pretty(&json!({ "domains": list }))
+            .map_err(|e| failure(e.to_string()))?;
+        text.push('\n');
+        return print(&text);
+    }
+    if statuses.is_empty() {
+        let scope = match (profile, all) {
+            (Some(p), _) => format!("profile `{p}` is not running in this workspace"),
+            (None, true) => "no Domain is running".into(),
+            (None, false) => "no Domain is running in this workspace (try --all)".into(),
+        };
+        return print(&format!("{scope}\n"));
+    }
+    print(
+        &statuses
+            .iter()
+            .map(status_text)
+            .collect::<Vec<_>>()
+            .join("\n"),
+    )
+}
+
+/// `lazaret logs PROFILE`: the Domain's coordinator log.
+pub fn logs(globals: &Globals, profile: &str) -> Result<(), Failure> {
+    let (_, paths) = locate(globals, profile)?;
+    let log = paths.log_file();
+    match std::fs::read(&log) {
+        Ok(bytes) => print(&String::from_utf8_lossy(&bytes)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => print(&format!(
+            "profile `{profile}` has no log in this workspace yet ({})\n",
+            log.display()
+        )),
+        Err(e) => Err(failure(format!("cannot read {}: {e}", log.display()))),
+    }
+}

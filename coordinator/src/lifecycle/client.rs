@@ -1,0 +1,154 @@
+//! The CLI's side of the lifecycle: starting a coordinator and following its
+//! startup, and asking a running one for status or to stop.
+//!
+//! Owns no Domain state. It trusts a control socket's answers only after
+//! checking the peer's uid equals its own, and a coordinator's startup
+//! reports because it started that coordinator itself.
+
+use std::ffi::OsString;
+use std::os::fd::AsFd;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use lazaret_proto::channel::{ChannelError, Endpoint, Received};
+use lazaret_proto::control::{ControlRequest, ControlResponse, StartupEvent};
+use rustix::fs::{FlockOperation, Mode, OFlags};
+
+use super::DomainPaths;
+use super::daemon::role_binary;
+
+/// Why a lifecycle request failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The coordinator binary could not be found or started.
+    #[error("cannot start the Host Coordinator: {0}")]
+    Spawn(String),
+    /// The channel to the coordinator failed.
+    #[error("the Host Coordinator connection failed")]
+    Channel(#[from] ChannelError),
+    /// The coordinator exited without a final report.
+    #[error("the Host Coordinator exited without finishing; see {log}")]
+    Vanished {
+        /// The Domain log.
+        log: String,
+    },
+    /// The coordinator did not release the Domain in time.
+    #[error("the Host Coordinator did not exit within {0:?} after stopping")]
+    Lingering(Duration),
+}
+
+/// Sends one request to the running coordinator of a Domain.
+pub fn request(
+    paths: &DomainPaths,
+    request: ControlRequest,
+) -> Result<ControlResponse, ChannelError> {
+    let dir = rustix::fs::open(
+        &paths.runtime_dir,
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|source| ChannelError::Socket {
+        operation: "open the directory of",
+        path: paths.control_socket().display().to_string(),
+        source,
+    })?;
+    let socket = lazaret_proto::channel::socket_path_at(dir.as_fd(), super::CONTROL_SOCKET);
+    let peer = Endpoint::<ControlRequest, ControlResponse>::connect(&socket)?;
+    peer.require_peer_uid(rustix::process::getuid())?;
+    peer.send(&request, &[])?;
+    Ok(peer.recv()?.message)
+}
+
+/// Which coordinator mode to run.
+#[derive(Debug, Clone, Copy)]
+pub enum CoordinatorMode {
+    /// Bring the Domain up.
+    Start,
+    /// Finish a stale generation.
+    Recover,
+}
+
+/// Starts `lazaret-coordinator MODE` for the Domain and passes every
+/// startup event to `on_event` until a final one (ready, already running,
+/// recovered, failed), which is returned.
+pub fn run_coordinator(
+    mode: CoordinatorMode,
+    profile: &str,
+    config: Option<&OsString>,
+    workspace: &Path,
+    log_hint: &Path,
+    on_event: &mut dyn FnMut(&StartupEvent),
+) -> Result<StartupEvent, ClientError> {
+    let binary = role_binary("lazaret-coordinator").map_err(ClientError::Spawn)?;
+    let (ours, theirs) = lazaret_proto::channel::pair::<ControlRequest, StartupEvent>()?;
+    let mut command = Command::new(&binary);
+    command
+        .arg(match mode {
+            CoordinatorMode::Start => "start",
+            CoordinatorMode::Recover => "recover",
+        })
+        .arg(profile)
+        .arg("--workspace")
+        .arg(workspace)
+        .stdin(Stdio::from(theirs.into_fd()))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .current_dir("/");
+    if let Some(config) = config {
+        command.arg("--config").arg(config);
+    }
+    let mut child = command
+        .spawn()
+        .map_err(|e| ClientError::Spawn(format!("{}: {e}", binary.display())))?;
+    let outcome = loop {
+        match ours.recv() {
+            Ok(Received { message, .. }) => {
+                let last = matches!(
+                    message,
+                    StartupEvent::Ready(_)
+                        | StartupEvent::AlreadyRunning { .. }
+                        | StartupEvent::Recovered { .. }
+                        | StartupEvent::Failed { .. }
+                );
+                on_event(&message);
+                if last {
+                    break Ok(message);
+                }
+            }
+            Err(ChannelError::Disconnected) => {
+                break Err(ClientError::Vanished {
+                    log: log_hint.display().to_string(),
+                });
+            }
+            Err(e) => break Err(e.into()),
+        }
+    };
+    // A coordinator that ends after its final report is reaped here; one
+    // that stays to serve the Domain is left running and is adopted by init
+    // when this CLI exits.
+    if !matches!(outcome, Ok(StartupEvent::Ready(_))) {
+        let _ = child.wait();
+    }
+    outcome
+}
+
+/// Waits until no process holds the Domain's lock: the coordinator has
+/// exited.
+pub fn wait_released(paths: &DomainPaths, timeout: Duration) -> Result<(), ClientError> {
+    let Ok(fd) = rustix::fs::open(
+        paths.lock_file(),
+        OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+        Mode::empty(),
+    ) else {
+        return Ok(());
+    };
+    let deadline = Instant::now() + timeout;
+    loop {
+        match rustix::fs::flock(&fd, FlockOperation::NonBlockingLockShared) {
+            Ok(()) => return Ok(()),
+            Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(10)),
+            Err(_) => return Err(ClientError::Lingering(timeout)),
+        }
+    }
+}

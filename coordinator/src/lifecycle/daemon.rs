@@ -1,0 +1,1134 @@
+//! The Host Coordinator daemon: one per running Domain.
+//!
+//! `start`, in order (docs/roles/coordinator.md):
+//! 1. take the startup channel from standard input and leave the CLI's
+//!    session;
+//! 2. load the configuration (the one load of this generation);
+//! 3. take Domain ownership with a non-blocking `flock`; if another
+//!    coordinator holds it, ask that one for its status and report it;
+//! 4. log to the Domain's log file; open the Domain Store and the Storage
+//!    Catalog; finish a stale generation if the store records one;
+//! 5. record a new generation, then for each participant record intent
+//!    before creating it: the prepared-lower lease, the State Anchor
+//!    directories, the Runtime Supervisor (which builds the namespaces and
+//!    starts runsc), the sandbox, and the control socket;
+//! 6. report the running Domain and serve `status` and `down` until told to
+//!    stop or until the supervisor dies; then release the generation.
+//!
+//! `recover` takes ownership and finishes a stale generation, nothing more.
+//!
+//! It runs as the invoking user with no capabilities and no namespaces of
+//! its own. It trusts the CLI that started it only to name the profile and
+//! workspace, and a control peer only after checking its uid.
+
+use std::ffi::OsString;
+use std::fs::File;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+use lazaret_proto::channel::{ChannelError, Endpoint, Limits, Received};
+use lazaret_proto::common::{HostPath, UnixTimeNs};
+use lazaret_proto::config::ConfigurationFingerprintRecordV1;
+use lazaret_proto::control::{
+    ControlRequest, ControlResponse, DomainStatus, StartupEvent, StartupStep,
+};
+use lazaret_proto::ids::{ContainerId, GenerationId};
+use lazaret_proto::ownership::{
+    HelperOwnership, ParticipantOwnership, PreparedLowerOwnership, PublicationOwnership,
+    SandboxOwnership, StateAnchorOwnership,
+};
+use lazaret_proto::process::PersistedHostProcessOwnership;
+use lazaret_proto::store::{Domain, Generation, GenerationState, Participant, ParticipantState};
+use lazaret_proto::supervisor::{
+    AnchorMount, FdIndex, SandboxPlan, SupervisorReport, SupervisorRequest, VolumeMount,
+};
+use rustix::event::{PollFd, PollFlags, Timespec, poll};
+use rustix::fs::{FlockOperation, Mode, OFlags, ResolveFlags};
+
+use super::recovery::release_generation;
+use super::{DomainPaths, chain};
+use crate::catalog::{PreparedLower, StorageCatalog};
+use crate::config::{self, HostEnvironment, LoadRequest, ResolvedDomainConfiguration, RetainedDir};
+use crate::image::parse_reference;
+use crate::process::{HeldProcess, kill_and_wait, wait_exit};
+use crate::store::{DomainStore, Slot};
+
+type Startup = Endpoint<StartupEvent, ControlRequest>;
+type SupervisorChannel = Endpoint<SupervisorRequest, SupervisorReport>;
+type ControlPeer = Endpoint<ControlResponse, ControlRequest>;
+
+/// Enough descriptors for every State Anchor and volume of one plan.
+const PLAN_LIMITS: Limits = Limits {
+    max_bytes: 64 * 1024,
+    max_fds: 253,
+};
+
+/// How long the supervisor may take to stop the sandbox.
+const STOP_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// How long a second `up` waits for a starting coordinator to publish.
+const PUBLISH_WAIT: Duration = Duration::from_secs(120);
+
+/// The arguments of `lazaret-coordinator start|recover`.
+#[derive(Debug)]
+pub struct Args {
+    /// The profile.
+    pub profile: String,
+    /// `--config`, if given.
+    pub config: Option<OsString>,
+    /// The workspace (absolute).
+    pub workspace: PathBuf,
+}
+
+/// A failed step, reported to the CLI.
+#[derive(Debug)]
+struct Failure {
+    step: StartupStep,
+    message: String,
+    invalid_configuration: bool,
+}
+
+fn failure(step: StartupStep, message: impl Into<String>) -> Failure {
+    Failure {
+        step,
+        message: message.into(),
+        invalid_configuration: false,
+    }
+}
+
+fn at(step: StartupStep) -> impl Fn(&dyn std::error::Error) -> Failure {
+    move |e| failure(step, chain(e))
+}
+
+/// Writes a line to the Domain log (standard error once redirected).
+fn log(message: impl std::fmt::Display) {
+    eprintln!("[{}] {message}", UnixTimeNs::now().as_secs());
+}
+
+struct Reporter {
+    startup: Option<Startup>,
+}
+
+impl Reporter {
+    fn send(&self, event: StartupEvent) {
+        if let Some(startup) = &self.startup {
+            // The CLI may have gone (Ctrl-C); starting goes on regardless.
+            let _ = startup.send(&event, &[]);
+        }
+    }
+
+    fn progress(&self, step: StartupStep, detail: impl Into<String>) {
+        let detail = detail.into();
+        log(format_args!("{}: {detail}", step.as_str()));
+        self.send(StartupEvent::Progress {
+            step,
+            detail,
+            fraction: None,
+        });
+    }
+
+    fn fail(&self, failure: Failure) -> ExitCode {
+        log(format_args!(
+            "{} failed: {}",
+            failure.step.as_str(),
+            failure.message
+        ));
+        self.send(StartupEvent::Failed {
+            step: failure.step,
+            message: failure.message,
+            invalid_configuration: failure.invalid_configuration,
+        });
+        ExitCode::FAILURE
+    }
+}
+
+/// Loads the configuration for `args`.
+fn load(args: &Args) -> Result<ResolvedDomainConfiguration, Failure> {
+    let host = HostEnvironment::capture();
+    config::load(LoadRequest {
+        profile: &args.profile,
+        config: args.config.as_deref(),
+        workspace: &args.workspace,
+        host: &host,
+    })
+    .map_err(|e| Failure {
+        step: StartupStep::Configuration,
+        message: format!("invalid configuration: {}", chain(&e)),
+        invalid_configuration: true,
+    })
+}
+
+/// Opens the Domain's lock file and tries to take it without blocking.
+/// `None` when another process holds it.
+fn try_lock(runtime: &RetainedDir, blocking: bool) -> Result<Option<OwnedFd>, Failure> {
+    let fd = rustix::fs::openat2(
+        runtime.fd(),
+        super::LOCK_FILE,
+        OFlags::RDWR | OFlags::CREATE | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+        Mode::RUSR | Mode::WUSR,
+        ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_XDEV,
+    )
+    .map_err(|e| {
+        failure(
+            StartupStep::Ownership,
+            format!("cannot open the Domain lock: {e}"),
+        )
+    })?;
+    let operation = if blocking {
+        FlockOperation::LockExclusive
+    } else {
+        FlockOperation::NonBlockingLockExclusive
+    };
+    match rustix::fs::flock(&fd, operation) {
+        Ok(()) => Ok(Some(fd)),
+        Err(rustix::io::Errno::WOULDBLOCK) => Ok(None),
+        Err(e) => Err(failure(
+            StartupStep::Ownership,
+            format!("cannot lock the Domain: {e}"),
+        )),
+    }
+}
+
+/// Sends standard output and error to the Domain log.
+fn redirect_to_log(runtime: &RetainedDir) -> Result<(), Failure> {
+    let fd = rustix::fs::openat2(
+        runtime.fd(),
+        super::LOG_FILE,
+        OFlags::WRONLY | OFlags::CREATE | OFlags::APPEND | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+        Mode::RUSR | Mode::WUSR,
+        ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_XDEV,
+    )
+    .map_err(|e| {
+        failure(
+            StartupStep::Ownership,
+            format!("cannot open the Domain log: {e}"),
+        )
+    })?;
+    rustix::stdio::dup2_stdout(&fd)
+        .and_then(|()| rustix::stdio::dup2_stderr(&fd))
+        .map_err(|e| {
+            failure(
+                StartupStep::Ownership,
+                format!("cannot log to the Domain log: {e}"),
+            )
+        })
+}
+
+/// The stores of a Domain whose ownership this process holds.
+struct Owned {
+    store: DomainStore,
+    catalog: StorageCatalog,
+}
+
+fn open_stores(resolved: &ResolvedDomainConfiguration) -> Result<Owned, Failure> {
+    let auth = resolved.authorities();
+    let domain = Domain {
+        domain_id: resolved.domain_id(),
+        profile_name: resolved.profile().as_str().to_owned(),
+        canonical_workspace: label_bytes(auth.workspace.label()),
+    };
+    let store = DomainStore::open(&auth.domain_storage, &domain)
+        .map_err(|e| at(StartupStep::Ownership)(&e))?;
+    let catalog = StorageCatalog::open(&auth.storage_root, rustix::process::getuid().as_raw())
+        .map_err(|e| at(StartupStep::Ownership)(&e))?;
+    Ok(Owned { store, catalog })
+}
+
+fn label_bytes(path: &Path) -> HostPath {
+    HostPath(path.as_os_str().as_encoded_bytes().to_vec())
+}
+
+/// Finishes a stale generation, if the store records one.
+fn recover_stale(
+    owned: &Owned,
+    resolved: &ResolvedDomainConfiguration,
+) -> Result<Option<GenerationId>, Failure> {
+    let Some(stale) = owned
+        .store
+        .open_generation()
+        .map_err(|e| at(StartupStep::Ownership)(&e))?
+    else {
+        return Ok(None);
+    };
+    let id = stale.generation_id;
+    log(format_args!("finishing stale generation {id}"));
+    let killed = release_generation(
+        &owned.store,
+        &owned.catalog,
+        resolved.domain_id(),
+        stale,
+        &resolved.authorities().domain_runtime,
+    )
+    .map_err(|e| at(StartupStep::Ownership)(&e))?;
+    log(format_args!(
+        "stale generation {id} released; {killed} leftover processes stopped"
+    ));
+    Ok(Some(id))
+}
+
+/// `lazaret-coordinator recover`: finish a stale generation, if any.
+pub fn recover(args: Args) -> ExitCode {
+    let reporter = match Startup::take_stdin() {
+        Ok(startup) => Reporter {
+            startup: Some(startup),
+        },
+        Err(e) => {
+            eprintln!("lazaret-coordinator: {}", chain(&e));
+            return ExitCode::FAILURE;
+        }
+    };
+    let outcome = (|| {
+        let resolved = load(&args)?;
+        let auth = resolved.authorities();
+        let Some(_lock) = try_lock(&auth.domain_runtime, false)? else {
+            let paths = DomainPaths::new(
+                resolved.domain_id(),
+                auth.domain_runtime.label().to_path_buf(),
+            );
+            return already_running(&paths, &resolved);
+        };
+        let owned = open_stores(&resolved)?;
+        let generation_id = recover_stale(&owned, &resolved)?;
+        Ok(StartupEvent::Recovered { generation_id })
+    })();
+    match outcome {
+        Ok(event) => {
+            reporter.send(event);
+            ExitCode::SUCCESS
+        }
+        Err(failure) => reporter.fail(failure),
+    }
+}
+
+/// Asks the coordinator that owns the Domain for its status, waiting for a
+/// starting one to publish its control socket.
+fn already_running(
+    paths: &DomainPaths,
+    resolved: &ResolvedDomainConfiguration,
+) -> Result<StartupEvent, Failure> {
+    let deadline = Instant::now() + PUBLISH_WAIT;
+    let status = loop {
+        match super::client::request(paths, ControlRequest::Status) {
+            Ok(ControlResponse::Status(status)) => break status,
+            Ok(other) => {
+                return Err(failure(
+                    StartupStep::Ownership,
+                    format!("the running coordinator answered {other:?}"),
+                ));
+            }
+            Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
+            Err(e) => {
+                return Err(failure(
+                    StartupStep::Ownership,
+                    format!(
+                        "another Lazaret process owns this Domain but does not answer ({}); \
+                         if it is stuck, run `lazaret down {}`",
+                        chain(&e),
+                        resolved.profile()
+                    ),
+                ));
+            }
+        }
+    };
+    let differences = differences(&status.configuration, resolved.record());
+    Ok(StartupEvent::AlreadyRunning {
+        status,
+        differences,
+    })
+}
+
+/// The names of the configuration fields that differ between two records.
+pub fn differences(
+    running: &ConfigurationFingerprintRecordV1,
+    loaded: &ConfigurationFingerprintRecordV1,
+) -> Vec<String> {
+    fn sorted<T: Ord + Clone>(items: &[T]) -> Vec<T> {
+        let mut items = items.to_vec();
+        items.sort();
+        items
+    }
+    let mut out = Vec::new();
+    let mut check = |name: &str, same: bool| {
+        if !same {
+            out.push(name.to_owned());
+        }
+    };
+    check("storage root", running.storage_root == loaded.storage_root);
+    check("runtime root", running.runtime_root == loaded.runtime_root);
+    check("image", running.image == loaded.image);
+    check(
+        "isolate_gitignored",
+        running.isolate_gitignored == loaded.isolate_gitignored,
+    );
+    check(
+        "persistent_dirs",
+        sorted(&running.persistent_dirs) == sorted(&loaded.persistent_dirs),
+    );
+    check(
+        "env",
+        sorted(&running.environment_references) == sorted(&loaded.environment_references),
+    );
+    check(
+        "volumes",
+        sorted(&running.volumes) == sorted(&loaded.volumes),
+    );
+    check(
+        "egress allow",
+        sorted(&running.effective_allow_prefixes) == sorted(&loaded.effective_allow_prefixes),
+    );
+    check(
+        "egress deny",
+        sorted(&running.effective_deny_prefixes) == sorted(&loaded.effective_deny_prefixes),
+    );
+    check(
+        "escalation.enabled",
+        running.escalation_enabled == loaded.escalation_enabled,
+    );
+    check(
+        "escalation.auto_approve",
+        sorted(&running.auto_approval_rules) == sorted(&loaded.auto_approval_rules),
+    );
+    out
+}
+
+/// `lazaret-coordinator start`: bring a generation up and serve it.
+pub fn start(args: Args) -> ExitCode {
+    let reporter = match Startup::take_stdin() {
+        Ok(startup) => Reporter {
+            startup: Some(startup),
+        },
+        Err(e) => {
+            eprintln!("lazaret-coordinator: {}", chain(&e));
+            return ExitCode::FAILURE;
+        }
+    };
+    // Leave the CLI's session so its terminal closing does not end the Domain.
+    let _ = rustix::process::setsid();
+
+    reporter.progress(
+        StartupStep::Configuration,
+        format!("loading profile `{}`", args.profile),
+    );
+    let resolved = match load(&args) {
+        Ok(resolved) => resolved,
+        Err(failure) => return reporter.fail(failure),
+    };
+    let auth = resolved.authorities();
+    let paths = DomainPaths::new(
+        resolved.domain_id(),
+        auth.domain_runtime.label().to_path_buf(),
+    );
+
+    let lock = match try_lock(&auth.domain_runtime, false) {
+        Ok(Some(lock)) => lock,
+        Ok(None) => {
+            return match already_running(&paths, &resolved) {
+                Ok(event) => {
+                    reporter.send(event);
+                    ExitCode::SUCCESS
+                }
+                Err(failure) => reporter.fail(failure),
+            };
+        }
+        Err(failure) => return reporter.fail(failure),
+    };
+    if let Err(failure) = redirect_to_log(&auth.domain_runtime) {
+        return reporter.fail(failure);
+    }
+    log(format_args!(
+        "coordinator for Domain {} (profile `{}`, workspace {})",
+        resolved.domain_id(),
+        resolved.profile(),
+        auth.workspace.label().display()
+    ));
+    let owned = match open_stores(&resolved) {
+        Ok(owned) => owned,
+        Err(failure) => return reporter.fail(failure),
+    };
+    reporter.progress(StartupStep::Ownership, "Domain owned");
+    match recover_stale(&owned, &resolved) {
+        Ok(Some(id)) => reporter.progress(
+            StartupStep::Ownership,
+            format!("finished stale generation {id}"),
+        ),
+        Ok(None) => {}
+        Err(failure) => return reporter.fail(failure),
+    }
+
+    let mut generation = match begin_generation(&owned, &resolved) {
+        Ok(generation) => generation,
+        Err(failure) => return reporter.fail(failure),
+    };
+    let mut supervisor = None;
+    let live = match bring_up(
+        &reporter,
+        &owned,
+        &resolved,
+        &mut generation,
+        &mut supervisor,
+    ) {
+        Ok(live) => live,
+        Err(failure) => {
+            if let Some(supervisor) = supervisor {
+                supervisor.stop();
+            }
+            if let Err(e) = release_generation(
+                &owned.store,
+                &owned.catalog,
+                resolved.domain_id(),
+                generation,
+                &auth.domain_runtime,
+            ) {
+                log(format_args!(
+                    "releasing the failed generation: {}",
+                    chain(&e)
+                ));
+            }
+            return reporter.fail(failure);
+        }
+    };
+    let status = live.status(&resolved, &generation);
+    reporter.send(StartupEvent::Ready(Box::new(status)));
+    drop(reporter);
+    log(format_args!(
+        "generation {} running",
+        generation.generation_id
+    ));
+
+    let code = serve(&owned, &resolved, generation, live);
+    // Close the stores before giving up ownership: the next owner opens them.
+    drop(owned);
+    drop(lock);
+    code
+}
+
+fn begin_generation(
+    owned: &Owned,
+    resolved: &ResolvedDomainConfiguration,
+) -> Result<Generation, Failure> {
+    let store_failure = at(StartupStep::State);
+    let me = HeldProcess::current().map_err(|e| store_failure(&e))?;
+    let generation = Generation {
+        domain_id: resolved.domain_id(),
+        generation_id: owned
+            .store
+            .next_generation_id()
+            .map_err(|e| store_failure(&e))?,
+        configuration_fingerprint: resolved.fingerprint(),
+        state: GenerationState::Starting,
+        host_coordinator: me.committed(),
+        started_at: UnixTimeNs::now(),
+        closed_at: None,
+    };
+    owned
+        .store
+        .put_generation(&generation)
+        .map_err(|e| store_failure(&e))?;
+    Ok(generation)
+}
+
+/// A running supervisor: its process, pidfd and channel.
+struct Supervisor {
+    child: Child,
+    held: HeldProcess,
+    channel: SupervisorChannel,
+}
+
+impl Supervisor {
+    /// Asks the supervisor to stop the sandbox, then makes sure it is gone.
+    fn stop(mut self) {
+        let asked = self.channel.send(&SupervisorRequest::Stop, &[]).is_ok();
+        if asked && readable(self.channel.as_fd(), STOP_TIMEOUT) {
+            if let Ok(Received {
+                message: SupervisorReport::Failed(error),
+                ..
+            }) = self.channel.recv()
+            {
+                log(format_args!(
+                    "the supervisor could not stop cleanly: {}",
+                    error.detail
+                ));
+            }
+        }
+        if !wait_exit(self.held.pidfd.as_fd(), Duration::from_secs(5)).unwrap_or(false) {
+            log("the supervisor did not exit; killing it");
+            let _ = kill_and_wait(self.held.pidfd.as_fd(), Duration::from_secs(5));
+        }
+        let _ = self.child.wait();
+    }
+}
+
+/// Whether `fd` becomes readable within `timeout`.
+fn readable(fd: BorrowedFd<'_>, timeout: Duration) -> bool {
+    let spec = Timespec::try_from(timeout).unwrap_or(Timespec {
+        tv_sec: 1,
+        tv_nsec: 0,
+    });
+    let mut fds = [PollFd::new(&fd, PollFlags::IN)];
+    matches!(poll(&mut fds, Some(&spec)), Ok(n) if n > 0)
+}
+
+/// Everything a running generation holds.
+struct Live {
+    coordinator: HeldProcess,
+    holder: HeldProcess,
+    supervisor: Supervisor,
+    sandbox: HeldProcess,
+    listener: OwnedFd,
+    prepared: PreparedLower,
+    container_id: ContainerId,
+    runtime_root: HostPath,
+}
+
+impl Live {
+    fn status(
+        &self,
+        resolved: &ResolvedDomainConfiguration,
+        generation: &Generation,
+    ) -> DomainStatus {
+        DomainStatus {
+            domain_id: resolved.domain_id(),
+            profile: resolved.profile().as_str().to_owned(),
+            workspace: label_bytes(resolved.authorities().workspace.label()),
+            generation_id: generation.generation_id,
+            state: generation.state,
+            started_at: generation.started_at,
+            configuration_fingerprint: resolved.fingerprint(),
+            configuration: resolved.record().clone(),
+            manifest_digest: self.prepared.manifest_digest,
+            container_id: self.container_id,
+            runtime_root: self.runtime_root.clone(),
+            coordinator: self.coordinator.identity,
+            supervisor: self.supervisor.held.identity,
+            namespace_holder: self.holder.identity,
+            sandbox: self.sandbox.identity,
+        }
+    }
+}
+
+fn participant(
+    generation: &Generation,
+    state: ParticipantState,
+    ownership: ParticipantOwnership,
+) -> Participant {
+    Participant {
+        generation_id: generation.generation_id,
+        role: ownership.role(),
+        state,
+        ownership,
+    }
+}
+
+/// The executable of a sibling role binary: beside this one, or in the
+/// installed libexec directory; never looked up through `PATH`.
+pub fn role_binary(name: &str) -> Result<PathBuf, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("cannot locate this executable: {e}"))?;
+    let dir = exe.parent().unwrap_or(Path::new("/"));
+    let candidates = [dir.join(name), dir.join("../libexec/lazaret").join(name)];
+    candidates
+        .iter()
+        .find(|p| p.is_file())
+        .cloned()
+        .ok_or_else(|| format!("{name} is not installed beside {}", exe.display()))
+}
+
+/// The gVisor runtime.
+fn runsc() -> Result<PathBuf, String> {
+    ["/usr/local/bin/runsc", "/usr/bin/runsc"]
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.is_file())
+        .ok_or_else(|| {
+            "runsc (gVisor) is not installed; install it with `apt-get install runsc`".into()
+        })
+}
+
+/// A random container ID.
+fn random_container_id() -> std::io::Result<ContainerId> {
+    let mut bytes = [0u8; 16];
+    std::io::Read::read_exact(&mut File::open("/dev/urandom")?, &mut bytes)?;
+    Ok(ContainerId(bytes))
+}
+
+fn bring_up(
+    reporter: &Reporter,
+    owned: &Owned,
+    resolved: &ResolvedDomainConfiguration,
+    generation: &mut Generation,
+    slot: &mut Option<Supervisor>,
+) -> Result<Live, Failure> {
+    let auth = resolved.authorities();
+    let uid = rustix::process::getuid().as_raw();
+    let store = &owned.store;
+    let record = |slot: Slot, p: &Participant, step: StartupStep| {
+        store.put_participant(slot, p).map_err(|e| at(step)(&e))
+    };
+
+    // The image, leased for this generation.
+    reporter.progress(
+        StartupStep::Image,
+        format!("resolving {}", resolved.record().image),
+    );
+    let source = parse_reference(&resolved.record().image).map_err(|e| Failure {
+        step: StartupStep::Image,
+        message: chain(&e),
+        invalid_configuration: true,
+    })?;
+    let mut lower = participant(
+        generation,
+        ParticipantState::Intent,
+        ParticipantOwnership::PreparedLower(PreparedLowerOwnership::default()),
+    );
+    record(Slot::PREPARED_LOWER, &lower, StartupStep::Image)?;
+    let startup = reporter.startup.as_ref();
+    let prepared = owned
+        .catalog
+        .prepare_and_lease(
+            &source,
+            resolved.domain_id(),
+            generation.generation_id,
+            &mut |p| {
+                if let Some(startup) = startup {
+                    let _ = startup.send(
+                        &StartupEvent::Progress {
+                            step: StartupStep::Image,
+                            detail: p.to_string(),
+                            fraction: p.fraction(),
+                        },
+                        &[],
+                    );
+                }
+            },
+        )
+        .map_err(|e| at(StartupStep::Image)(&e))?;
+    lower.state = ParticipantState::LeaseHeld;
+    lower.ownership = ParticipantOwnership::PreparedLower(PreparedLowerOwnership {
+        prepared_artifact_id: Some(prepared.artifact_id),
+        selected_manifest_digest: Some(prepared.manifest_digest),
+        rootfs_path: Some(label_bytes(&prepared.rootfs_path)),
+        ..PreparedLowerOwnership::default()
+    });
+    record(Slot::PREPARED_LOWER, &lower, StartupStep::Image)?;
+    reporter.progress(
+        StartupStep::Image,
+        format!("prepared {}", prepared.manifest_digest.to_oci_string()),
+    );
+
+    // The State Anchor: a Domain-owned upper and work dir per persistent dir.
+    reporter.progress(
+        StartupStep::State,
+        format!("generation {}", generation.generation_id),
+    );
+    let mut anchor_dirs = Vec::new();
+    for (i, dir) in resolved.record().persistent_dirs.iter().enumerate() {
+        let name = Path::new("anchors").join(lazaret_proto::ids::to_hex(dir.as_bytes()));
+        let state_dir = auth.domain_storage.label().join(&name);
+        let mut anchor = participant(
+            generation,
+            ParticipantState::Intent,
+            ParticipantOwnership::StateAnchor(StateAnchorOwnership {
+                lower_artifact_id: Some(prepared.artifact_id),
+                upper_path: Some(label_bytes(&state_dir.join("upper"))),
+                work_path: Some(label_bytes(&state_dir.join("work"))),
+                sandbox_path: Some(dir.clone()),
+                ..StateAnchorOwnership::default()
+            }),
+        );
+        record(Slot::state_anchor(i), &anchor, StartupStep::State)?;
+        let retained = auth
+            .domain_storage
+            .ensure_child(&name, uid)
+            .and_then(|d| {
+                d.ensure_child(Path::new("upper"), uid)?;
+                d.ensure_child(Path::new("work"), uid)?;
+                Ok(d)
+            })
+            .map_err(|e| at(StartupStep::State)(&e))?;
+        anchor.state = ParticipantState::Active;
+        record(Slot::state_anchor(i), &anchor, StartupStep::State)?;
+        anchor_dirs.push(retained);
+    }
+    let generation_dir = auth
+        .domain_runtime
+        .ensure_child(
+            Path::new(&DomainPaths::generation_dir_name(generation.generation_id)),
+            uid,
+        )
+        .map_err(|e| at(StartupStep::State)(&e))?;
+
+    // The Runtime Supervisor.
+    reporter.progress(StartupStep::Sandbox, "starting the Runtime Supervisor");
+    let sandbox_failure = |message: String| failure(StartupStep::Sandbox, message);
+    let supervisor_path = role_binary("lazaret-supervisor").map_err(sandbox_failure)?;
+    let runsc = runsc().map_err(sandbox_failure)?;
+    let container_id = random_container_id().map_err(|e| sandbox_failure(e.to_string()))?;
+    let mut helper = participant(
+        generation,
+        ParticipantState::Intent,
+        ParticipantOwnership::Helper(HelperOwnership::default()),
+    );
+    record(Slot::SUPERVISOR, &helper, StartupStep::Sandbox)?;
+    let (ours, theirs) = lazaret_proto::channel::pair::<SupervisorRequest, SupervisorReport>()
+        .map_err(|e| at(StartupStep::Sandbox)(&e))?;
+    let ours = ours.with_limits(PLAN_LIMITS);
+    let child = Command::new(&supervisor_path)
+        .env_clear()
+        .stdin(Stdio::from(theirs.into_fd()))
+        .stdout(Stdio::null())
+        .spawn()
+        .map_err(|e| sandbox_failure(format!("cannot start {}: {e}", supervisor_path.display())))?;
+    let held = pidfd_of_child(&child)
+        .and_then(HeldProcess::from_pidfd)
+        .map_err(|e| sandbox_failure(format!("cannot hold the supervisor: {e}")))?;
+    let supervisor = slot.insert(Supervisor {
+        child,
+        held,
+        channel: ours,
+    });
+    let staged = PersistedHostProcessOwnership::Staged(supervisor.held.record());
+    helper.ownership = ParticipantOwnership::Helper(HelperOwnership {
+        runtime_supervisor: staged,
+        ..HelperOwnership::default()
+    });
+    record(Slot::SUPERVISOR, &helper, StartupStep::Sandbox)?;
+    helper.state = ParticipantState::Active;
+    helper.ownership = ParticipantOwnership::Helper(HelperOwnership {
+        runtime_supervisor: supervisor.held.committed(),
+        ..HelperOwnership::default()
+    });
+    record(Slot::SUPERVISOR, &helper, StartupStep::Sandbox)?;
+
+    // The sandbox.
+    let mut sandbox_record = SandboxOwnership {
+        container_id: Some(container_id),
+        bundle_path: Some(label_bytes(&generation_dir.label().join("mnt/bundle"))),
+        ..SandboxOwnership::default()
+    };
+    let mut sandbox = participant(
+        generation,
+        ParticipantState::Intent,
+        ParticipantOwnership::Sandbox(sandbox_record.clone()),
+    );
+    record(Slot::SANDBOX, &sandbox, StartupStep::Sandbox)?;
+    let started = start_sandbox(
+        supervisor,
+        resolved,
+        &prepared,
+        &anchor_dirs,
+        &generation_dir,
+        &runsc,
+        container_id,
+        generation,
+    );
+    let StartedSandbox {
+        holder,
+        sandbox: sandbox_process,
+        runtime_root,
+        user_namespace,
+    } = started?;
+    let holder_record = participant(
+        generation,
+        ParticipantState::Active,
+        ParticipantOwnership::Helper(HelperOwnership {
+            runtime_supervisor: holder.committed(),
+            ..HelperOwnership::default()
+        }),
+    );
+    record(Slot::NAMESPACE_HOLDER, &holder_record, StartupStep::Sandbox)?;
+    sandbox_record.container_process = sandbox_process.committed();
+    sandbox_record.runtime_root = Some(runtime_root.clone());
+    sandbox_record.user_namespace = Some(user_namespace);
+    sandbox.state = ParticipantState::Active;
+    sandbox.ownership = ParticipantOwnership::Sandbox(sandbox_record);
+    record(Slot::SANDBOX, &sandbox, StartupStep::Sandbox)?;
+
+    // The control socket.
+    let socket = auth.domain_runtime.label().join(super::CONTROL_SOCKET);
+    let mut publication = participant(
+        generation,
+        ParticipantState::Intent,
+        ParticipantOwnership::Publication(PublicationOwnership {
+            socket_path: Some(label_bytes(&socket)),
+            identity_path: None,
+        }),
+    );
+    record(Slot::PUBLICATION, &publication, StartupStep::Sandbox)?;
+    let _ = std::fs::remove_file(&socket);
+    let listener = lazaret_proto::channel::listen(&lazaret_proto::channel::socket_path_at(
+        auth.domain_runtime.fd(),
+        super::CONTROL_SOCKET,
+    ))
+    .map_err(|e| at(StartupStep::Sandbox)(&e))?;
+    publication.state = ParticipantState::Active;
+    record(Slot::PUBLICATION, &publication, StartupStep::Sandbox)?;
+
+    generation.state = GenerationState::Running;
+    store
+        .put_generation(generation)
+        .map_err(|e| at(StartupStep::Sandbox)(&e))?;
+    let coordinator = HeldProcess::current().map_err(|e| at(StartupStep::Sandbox)(&e))?;
+    let supervisor = slot.take().expect("the supervisor was started above");
+    Ok(Live {
+        coordinator,
+        holder,
+        supervisor,
+        sandbox: sandbox_process,
+        listener,
+        prepared,
+        container_id,
+        runtime_root,
+    })
+}
+
+fn pidfd_of_child(child: &Child) -> std::io::Result<OwnedFd> {
+    let pid = i32::try_from(child.id())
+        .ok()
+        .and_then(rustix::process::Pid::from_raw)
+        .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
+    // The child is not yet reaped, so its pid cannot name another process.
+    rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()).map_err(Into::into)
+}
+
+/// What the supervisor reported once the sandbox ran.
+struct StartedSandbox {
+    holder: HeldProcess,
+    sandbox: HeldProcess,
+    runtime_root: HostPath,
+    user_namespace: lazaret_proto::ownership::NamespaceIdentity,
+}
+
+/// Sends the plan and waits for the sandbox to run.
+#[allow(clippy::too_many_arguments)]
+fn start_sandbox(
+    supervisor: &mut Supervisor,
+    resolved: &ResolvedDomainConfiguration,
+    prepared: &PreparedLower,
+    anchor_dirs: &[RetainedDir],
+    generation_dir: &RetainedDir,
+    runsc: &Path,
+    container_id: ContainerId,
+    generation: &Generation,
+) -> Result<StartedSandbox, Failure> {
+    let auth = resolved.authorities();
+    let mut fds: Vec<BorrowedFd<'_>> = vec![prepared.rootfs.fd(), auth.workspace.fd()];
+    let next =
+        |fds: &mut Vec<BorrowedFd<'_>>| FdIndex(u16::try_from(fds.len()).unwrap_or(u16::MAX));
+    let anchors = resolved
+        .record()
+        .persistent_dirs
+        .iter()
+        .zip(anchor_dirs)
+        .map(|(path, dir)| {
+            let index = next(&mut fds);
+            fds.push(dir.fd());
+            AnchorMount {
+                sandbox_path: path.clone(),
+                state_dir: index,
+            }
+        })
+        .collect();
+    let volumes = auth
+        .volumes
+        .iter()
+        .map(|v| {
+            let index = next(&mut fds);
+            fds.push(v.opened.fd.as_fd());
+            VolumeMount {
+                sandbox_path: v.volume.container_path.clone(),
+                source: index,
+                kind: v.volume.kind,
+                access: v.volume.access,
+            }
+        })
+        .collect();
+    let plan = SandboxPlan {
+        domain_id: resolved.domain_id(),
+        generation_id: generation.generation_id,
+        container_id,
+        runtime_dir: label_bytes(generation_dir.label()),
+        runsc: label_bytes(runsc),
+        rootfs: FdIndex(0),
+        workspace: FdIndex(1),
+        anchors,
+        volumes,
+    };
+    let sandbox_step = at(StartupStep::Sandbox);
+    supervisor
+        .channel
+        .send(&SupervisorRequest::Start(plan), &fds)
+        .map_err(|e| sandbox_step(&e))?;
+
+    let mut namespaces = None;
+    loop {
+        if !readable(supervisor.channel.as_fd(), Duration::from_secs(60)) {
+            return Err(failure(
+                StartupStep::Sandbox,
+                "the supervisor did not answer within 60 s",
+            ));
+        }
+        let Received { message, fds } = supervisor.channel.recv().map_err(|e| match e {
+            ChannelError::Disconnected => failure(
+                StartupStep::Sandbox,
+                "the supervisor exited before the sandbox ran; see the Domain log",
+            ),
+            e => sandbox_step(&e),
+        })?;
+        match message {
+            SupervisorReport::NamespacesReady {
+                user_namespace,
+                holder,
+                ..
+            } => {
+                let pidfd = fds.into_iter().nth(usize::from(holder.0)).ok_or_else(|| {
+                    failure(StartupStep::Sandbox, "the supervisor sent no holder pidfd")
+                })?;
+                let holder = HeldProcess::from_pidfd(pidfd).map_err(|e| sandbox_step(&e))?;
+                namespaces = Some((user_namespace, holder));
+            }
+            SupervisorReport::SandboxRunning {
+                sandbox,
+                runtime_root,
+                ..
+            } => {
+                let pidfd = fds.into_iter().nth(usize::from(sandbox.0)).ok_or_else(|| {
+                    failure(StartupStep::Sandbox, "the supervisor sent no sandbox pidfd")
+                })?;
+                let sandbox = HeldProcess::from_pidfd(pidfd).map_err(|e| sandbox_step(&e))?;
+                let (user_namespace, holder) = namespaces.ok_or_else(|| {
+                    failure(
+                        StartupStep::Sandbox,
+                        "the supervisor reported no namespaces",
+                    )
+                })?;
+                return Ok(StartedSandbox {
+                    holder,
+                    sandbox,
+                    runtime_root,
+                    user_namespace,
+                });
+            }
+            SupervisorReport::Failed(error) => {
+                return Err(failure(
+                    StartupStep::Sandbox,
+                    format!(
+                        "the Runtime Supervisor failed ({:?}): {}",
+                        error.step, error.detail
+                    ),
+                ));
+            }
+            SupervisorReport::Stopped => {
+                return Err(failure(
+                    StartupStep::Sandbox,
+                    "the supervisor stopped unasked",
+                ));
+            }
+        }
+    }
+}
+
+/// Serves `status` and `down` until stopped or the supervisor dies, then
+/// releases the generation.
+fn serve(
+    owned: &Owned,
+    resolved: &ResolvedDomainConfiguration,
+    mut generation: Generation,
+    live: Live,
+) -> ExitCode {
+    let uid = rustix::process::getuid();
+    let mut pending_down: Option<ControlPeer> = None;
+    loop {
+        let mut fds = [
+            PollFd::new(&live.listener, PollFlags::IN),
+            PollFd::new(&live.supervisor.held.pidfd, PollFlags::IN),
+            PollFd::new(&live.supervisor.channel, PollFlags::IN),
+        ];
+        match poll(&mut fds, None) {
+            Ok(_) => {}
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => {
+                log(format_args!("poll failed: {e}"));
+                break;
+            }
+        }
+        let [listener, pidfd, channel] = fds.map(|f| f.revents());
+        if !pidfd.is_empty() || !channel.is_empty() {
+            log("the Runtime Supervisor exited unexpectedly; releasing the generation");
+            break;
+        }
+        if listener.is_empty() {
+            continue;
+        }
+        let peer: ControlPeer = match Endpoint::accept(live.listener.as_fd()) {
+            Ok(peer) => peer,
+            Err(e) => {
+                log(format_args!("accept failed: {}", chain(&e)));
+                continue;
+            }
+        };
+        if let Err(e) = peer.require_peer_uid(uid) {
+            log(format_args!("refused a control connection: {}", chain(&e)));
+            continue;
+        }
+        if !readable(peer.as_fd(), Duration::from_secs(5)) {
+            continue;
+        }
+        match peer.recv() {
+            Ok(Received {
+                message: ControlRequest::Status,
+                ..
+            }) => {
+                let status = live.status(resolved, &generation);
+                let _ = peer.send(&ControlResponse::Status(Box::new(status)), &[]);
+            }
+            Ok(Received {
+                message: ControlRequest::Down,
+                ..
+            }) => {
+                log("down requested");
+                pending_down = Some(peer);
+                break;
+            }
+            Err(e) => log(format_args!("bad control request: {}", chain(&e))),
+        }
+    }
+
+    generation.state = GenerationState::Stopping;
+    let _ = owned.store.put_generation(&generation);
+    live.supervisor.stop();
+    // The sandbox ends with the Domain pid namespace; wait for it, and kill
+    // it through its pidfd if it lingers.
+    if !wait_exit(live.sandbox.pidfd.as_fd(), Duration::from_secs(2)).unwrap_or(false) {
+        log("the sandbox outlived its namespace holder; killing it");
+        let _ = kill_and_wait(live.sandbox.pidfd.as_fd(), Duration::from_secs(5));
+    }
+    let id = generation.generation_id;
+    let result = release_generation(
+        &owned.store,
+        &owned.catalog,
+        resolved.domain_id(),
+        generation,
+        &resolved.authorities().domain_runtime,
+    );
+    let response = match &result {
+        Ok(_) => {
+            log(format_args!("generation {id} stopped"));
+            ControlResponse::Stopped { generation_id: id }
+        }
+        Err(e) => {
+            log(format_args!("releasing generation {id}: {}", chain(e)));
+            ControlResponse::Failed {
+                message: format!("generation {id} did not release cleanly: {}", chain(e)),
+            }
+        }
+    };
+    if let Some(peer) = pending_down {
+        let _ = peer.send(&response, &[]);
+    }
+    if result.is_ok() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}

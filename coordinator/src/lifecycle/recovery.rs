@@ -1,0 +1,180 @@
+//! Releasing a generation from its records: the one path by which a
+//! generation ends, whether its coordinator stops it in order or a later CLI
+//! invocation finds it stale after a crash.
+//!
+//! Owns the release order (publication, sandbox, supervisor, State Anchor,
+//! prepared-lower lease) and the rule that a recorded process is signalled
+//! only after its pidfs identity is proven again. Trusts the Domain Store's
+//! rows for what to look for, and the kernel for what is really there.
+
+use std::time::Duration;
+
+use lazaret_proto::common::UnixTimeNs;
+use lazaret_proto::ids::DomainId;
+use lazaret_proto::ownership::ParticipantOwnership;
+use lazaret_proto::process::{HostProcessIdentity, PersistedHostProcessOwnership};
+use lazaret_proto::store::{Generation, GenerationState, Participant, ParticipantState};
+
+use crate::catalog::StorageCatalog;
+use crate::config::RetainedDir;
+use crate::process::{Proof, kill_and_wait, prove};
+use crate::store::{DomainStore, StoreError};
+
+use super::DomainPaths;
+
+/// Why releasing a generation failed; its records stay for the next try.
+#[derive(Debug, thiserror::Error)]
+pub enum RecoveryError {
+    /// The Domain Store failed.
+    #[error("cannot update the Domain Store")]
+    Store(#[from] StoreError),
+    /// A recorded process could not be proven or stopped.
+    #[error("cannot stop the {what} of generation {generation} (pid {pid})")]
+    Process {
+        /// Which process.
+        what: &'static str,
+        /// The generation.
+        generation: u64,
+        /// Its recorded pid.
+        pid: u32,
+        /// What failed.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The prepared-lower lease could not be released.
+    #[error("cannot release the image lease of generation {generation}")]
+    Lease {
+        /// The generation.
+        generation: u64,
+        /// What the catalog said.
+        #[source]
+        source: crate::catalog::CatalogError,
+    },
+}
+
+/// How long a killed process may take to exit.
+const EXIT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Proves and, if alive, kills a recorded process.
+fn stop_recorded(
+    what: &'static str,
+    generation: u64,
+    ownership: &PersistedHostProcessOwnership,
+) -> Result<bool, RecoveryError> {
+    let record = match ownership {
+        PersistedHostProcessOwnership::Unassigned => return Ok(false),
+        PersistedHostProcessOwnership::Staged(r) | PersistedHostProcessOwnership::Committed(r) => r,
+    };
+    let pid = match record {
+        HostProcessIdentity::PidfsV1 { identity, .. } => identity.host_pid,
+        HostProcessIdentity::LegacyUnverifiedV1(identity) => identity.host_pid,
+    };
+    let fail = |source| RecoveryError::Process {
+        what,
+        generation,
+        pid,
+        source,
+    };
+    match prove(record).map_err(fail)? {
+        Proof::Alive(pidfd) => {
+            let exited =
+                kill_and_wait(std::os::fd::AsFd::as_fd(&pidfd), EXIT_TIMEOUT).map_err(fail)?;
+            if !exited {
+                return Err(fail(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "it did not exit after SIGKILL",
+                )));
+            }
+            Ok(true)
+        }
+        // A legacy identity is never acted on; it is only refused.
+        Proof::Gone | Proof::Unprovable => Ok(false),
+    }
+}
+
+/// Releases every participant of `generation` and records it closed. Safe to
+/// run again on a half-released generation: each step checks what is left.
+/// Returns how many live processes had to be killed.
+pub fn release_generation(
+    store: &DomainStore,
+    catalog: &StorageCatalog,
+    domain_id: DomainId,
+    mut generation: Generation,
+    runtime_dir: &RetainedDir,
+) -> Result<usize, RecoveryError> {
+    let n = generation.generation_id.0;
+    if generation.state != GenerationState::Stopping {
+        generation.state = GenerationState::Stopping;
+        store.put_generation(&generation)?;
+    }
+    let mut participants = store.participants(generation.generation_id)?;
+    // Release in the reverse order of creation.
+    participants.sort_by_key(|(_, p)| std::cmp::Reverse(creation_rank(&p.ownership)));
+    let mut killed = 0;
+    for (slot, participant) in participants {
+        if matches!(
+            participant.state,
+            ParticipantState::Released | ParticipantState::Retained
+        ) {
+            continue;
+        }
+        let mut next = Participant {
+            state: ParticipantState::Released,
+            ..participant.clone()
+        };
+        match &participant.ownership {
+            ParticipantOwnership::Publication(publication) => {
+                if let Some(path) = &publication.socket_path {
+                    let _ = std::fs::remove_file(path.as_os_str());
+                }
+            }
+            ParticipantOwnership::Sandbox(sandbox) => {
+                killed += usize::from(stop_recorded("sandbox", n, &sandbox.container_process)?);
+            }
+            ParticipantOwnership::Helper(helper) => {
+                killed += usize::from(stop_recorded("supervisor", n, &helper.runtime_supervisor)?);
+                killed += usize::from(stop_recorded(
+                    "connectivity helper",
+                    n,
+                    &helper.connectivity_helper,
+                )?);
+            }
+            ParticipantOwnership::StateAnchor(_) => {
+                // Its mounts lived in the Domain mount namespace and ended
+                // with it; its upper is the Domain's persistent state.
+                next.state = ParticipantState::Retained;
+            }
+            ParticipantOwnership::PreparedLower(_) => {
+                catalog
+                    .release_lease(domain_id, generation.generation_id)
+                    .map_err(|source| RecoveryError::Lease {
+                        generation: n,
+                        source,
+                    })?;
+            }
+            ParticipantOwnership::GitRouting(_) | ParticipantOwnership::Network(_) => {}
+        }
+        store.put_participant(slot, &next)?;
+    }
+    let generation_dir = runtime_dir
+        .label()
+        .join(DomainPaths::generation_dir_name(generation.generation_id));
+    let _ = std::fs::remove_dir_all(generation_dir);
+    generation.state = GenerationState::Closed;
+    generation.closed_at = Some(UnixTimeNs::now());
+    store.put_generation(&generation)?;
+    Ok(killed)
+}
+
+/// The order participants are created in; they are released in reverse.
+fn creation_rank(ownership: &ParticipantOwnership) -> u8 {
+    match ownership {
+        ParticipantOwnership::PreparedLower(_) => 0,
+        ParticipantOwnership::StateAnchor(_) => 1,
+        ParticipantOwnership::GitRouting(_) => 2,
+        ParticipantOwnership::Network(_) => 3,
+        ParticipantOwnership::Helper(_) => 4,
+        ParticipantOwnership::Sandbox(_) => 5,
+        ParticipantOwnership::Publication(_) => 6,
+    }
+}

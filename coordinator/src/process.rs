@@ -1,0 +1,186 @@
+//! Process identity: naming a process by its pidfd, and proving a recorded
+//! identity again before acting on it.
+//!
+//! Owns the translation between a live pidfd and the durable
+//! `PidfsProcessAuthorityV1` / `PidfsProcessIdentityV1` records. On this
+//! kernel pidfds live on pidfs, where the inode of a pidfd names its process
+//! for the life of the boot; a recorded identity is proven by opening a new
+//! pidfd for the recorded pid and requiring the same boot, device and inode.
+//! Nothing here signals a bare pid: a signal goes only to a proven pidfd.
+//! Trusts the kernel's `/proc` and pidfs answers, nothing recorded.
+
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::time::{Duration, Instant};
+
+use lazaret_proto::process::{
+    BootId, HostProcessIdentity, PersistedHostProcessOwnership, PidfsProcessAuthorityV1,
+    PidfsProcessIdentityV1,
+};
+use rustix::event::{PollFd, PollFlags, Timespec, poll};
+use rustix::process::{Pid, PidfdFlags, Signal, pidfd_open, pidfd_send_signal};
+
+/// The magic number of pidfs (`fstatfs(2)` `f_type`).
+const PIDFS_MAGIC: u64 = 0x5049_4446;
+
+/// A process held by its pidfd, with its durable identity.
+#[derive(Debug)]
+pub struct HeldProcess {
+    /// The pidfd.
+    pub pidfd: OwnedFd,
+    /// Under which boot and pidfs inode it is named.
+    pub authority: PidfsProcessAuthorityV1,
+    /// Its pid and start time.
+    pub identity: PidfsProcessIdentityV1,
+}
+
+impl HeldProcess {
+    /// Names the process behind `pidfd`.
+    pub fn from_pidfd(pidfd: OwnedFd) -> io::Result<Self> {
+        let statfs = rustix::fs::fstatfs(&pidfd)?;
+        if statfs.f_type as u64 != PIDFS_MAGIC {
+            return Err(io::Error::other("the descriptor is not a pidfd on pidfs"));
+        }
+        let stat = rustix::fs::fstat(&pidfd)?;
+        let host_pid = fdinfo_pid(pidfd.as_fd())?;
+        let start_time_ticks = start_time(host_pid)?;
+        Ok(Self {
+            authority: PidfsProcessAuthorityV1 {
+                boot_id: boot_id()?,
+                pidfs_st_dev: stat.st_dev,
+                pidfs_st_ino: stat.st_ino,
+            },
+            identity: PidfsProcessIdentityV1 {
+                host_pid,
+                start_time_ticks,
+            },
+            pidfd,
+        })
+    }
+
+    /// Names this process.
+    pub fn current() -> io::Result<Self> {
+        let pidfd = pidfd_open(rustix::process::getpid(), PidfdFlags::empty())?;
+        Self::from_pidfd(pidfd)
+    }
+
+    /// The durable record of this process, committed.
+    pub fn committed(&self) -> PersistedHostProcessOwnership {
+        PersistedHostProcessOwnership::Committed(self.record())
+    }
+
+    /// The durable identity of this process.
+    pub fn record(&self) -> HostProcessIdentity {
+        HostProcessIdentity::PidfsV1 {
+            authority: self.authority,
+            identity: self.identity,
+        }
+    }
+}
+
+/// The current boot's id.
+pub fn boot_id() -> io::Result<BootId> {
+    let text = std::fs::read_to_string("/proc/sys/kernel/random/boot_id")?;
+    BootId::parse_kernel_text(text.trim()).ok_or_else(|| io::Error::other("unreadable boot id"))
+}
+
+/// The pid (in this process's pid namespace) of the process behind a pidfd,
+/// from `/proc/self/fdinfo`. Zero or less means it has exited.
+fn fdinfo_pid(pidfd: BorrowedFd<'_>) -> io::Result<u32> {
+    let text = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", pidfd.as_raw_fd()))?;
+    text.lines()
+        .find_map(|line| line.strip_prefix("Pid:"))
+        .and_then(|pid| pid.trim().parse::<i64>().ok())
+        .and_then(|pid| u32::try_from(pid).ok().filter(|p| *p > 0))
+        .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "the process has exited"))
+}
+
+/// Field 22 of `/proc/PID/stat`: start time in clock ticks since boot.
+fn start_time(pid: u32) -> io::Result<u64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // The command name may hold spaces and parentheses; fields resume after
+    // the last `)`.
+    let rest = text
+        .rsplit_once(')')
+        .map(|(_, rest)| rest)
+        .unwrap_or_default();
+    rest.split_whitespace()
+        .nth(19)
+        .and_then(|t| t.parse().ok())
+        .ok_or_else(|| io::Error::other(format!("unreadable /proc/{pid}/stat")))
+}
+
+/// What proving a recorded identity found.
+#[derive(Debug)]
+pub enum Proof {
+    /// The recorded process is alive (or not yet reaped); here is a fresh
+    /// pidfd for it.
+    Alive(OwnedFd),
+    /// No process with the recorded identity exists any more.
+    Gone,
+    /// The record is of another boot, or unverifiable; nothing may be done
+    /// with it.
+    Unprovable,
+}
+
+/// Proves a recorded identity against the live system.
+pub fn prove(record: &HostProcessIdentity) -> io::Result<Proof> {
+    let HostProcessIdentity::PidfsV1 {
+        authority,
+        identity,
+    } = record
+    else {
+        return Ok(Proof::Unprovable);
+    };
+    if authority.boot_id != boot_id()? {
+        // Every process of an earlier boot is gone.
+        return Ok(Proof::Gone);
+    }
+    let Some(pid) = i32::try_from(identity.host_pid)
+        .ok()
+        .and_then(Pid::from_raw)
+    else {
+        return Ok(Proof::Unprovable);
+    };
+    let pidfd = match pidfd_open(pid, PidfdFlags::empty()) {
+        Ok(fd) => fd,
+        Err(rustix::io::Errno::SRCH) => return Ok(Proof::Gone),
+        Err(e) => return Err(e.into()),
+    };
+    let stat = rustix::fs::fstat(&pidfd)?;
+    if stat.st_dev == authority.pidfs_st_dev && stat.st_ino == authority.pidfs_st_ino {
+        Ok(Proof::Alive(pidfd))
+    } else {
+        // The pid now names a different process.
+        Ok(Proof::Gone)
+    }
+}
+
+/// Waits until the process behind `pidfd` exits, up to `timeout`. Returns
+/// whether it exited.
+pub fn wait_exit(pidfd: BorrowedFd<'_>, timeout: Duration) -> io::Result<bool> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let spec = Timespec::try_from(left).unwrap_or(Timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        });
+        let mut fds = [PollFd::new(&pidfd, PollFlags::IN)];
+        match poll(&mut fds, Some(&spec)) {
+            Ok(0) => return Ok(false),
+            Ok(_) => return Ok(true),
+            Err(rustix::io::Errno::INTR) if !left.is_zero() => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// Sends SIGKILL to a proven pidfd and waits for the process to exit.
+pub fn kill_and_wait(pidfd: BorrowedFd<'_>, timeout: Duration) -> io::Result<bool> {
+    match pidfd_send_signal(pidfd, Signal::KILL) {
+        Ok(()) | Err(rustix::io::Errno::SRCH) => {}
+        Err(e) => return Err(e.into()),
+    }
+    wait_exit(pidfd, timeout)
+}

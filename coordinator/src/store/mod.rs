@@ -1,0 +1,251 @@
+//! The Domain Store: one redb database per Domain, `store.redb` in the
+//! Domain's storage directory, holding the Domain, its generations and their
+//! participants.
+//!
+//! Owns durable intent: every participant is written before the resource it
+//! names exists, and every state change is committed before the next step.
+//! Only the holder of the Domain flock opens the store (redb also locks the
+//! file). Rows decode through the versioned `proto` codec; a row that does
+//! not decode stops the operation rather than being skipped. Trusts the
+//! flock holder — itself — and nothing read from disk beyond its shape.
+
+mod tables;
+
+use std::fs::File;
+
+use lazaret_proto::codec::{self, DecodeError, EncodeError, WireRecord};
+use lazaret_proto::ids::GenerationId;
+use lazaret_proto::store::{Domain, Generation, GenerationState, Participant, StoreMetadata};
+use redb::{Database, ReadableDatabase, ReadableTable};
+use rustix::fs::{Mode, OFlags, ResolveFlags};
+
+use crate::config::RetainedDir;
+
+/// The file name of the Domain Store beneath the Domain's storage directory.
+pub const STORE_FILE: &str = "store.redb";
+
+/// Why the Domain Store failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The database file could not be opened.
+    #[error("cannot open the Domain Store {path}")]
+    Open {
+        /// The file.
+        path: String,
+        /// What went wrong.
+        #[source]
+        source: std::io::Error,
+    },
+    /// redb refused the database.
+    #[error("the Domain Store {path} cannot be used; another Lazaret process may hold it")]
+    Database {
+        /// The file.
+        path: String,
+        /// What redb said.
+        #[source]
+        source: redb::DatabaseError,
+    },
+    /// A transaction failed.
+    #[error("a Domain Store transaction failed")]
+    Transaction(#[source] redb::Error),
+    /// A row did not decode.
+    #[error("a Domain Store row is unreadable; the store may be from another version")]
+    Decode(#[source] DecodeError),
+    /// A record did not encode.
+    #[error("a Domain Store record could not be encoded")]
+    Encode(#[source] EncodeError),
+    /// The store belongs to another schema or Domain.
+    #[error("the Domain Store {path} {reason}")]
+    Mismatch {
+        /// The file.
+        path: String,
+        /// What does not match.
+        reason: String,
+    },
+}
+
+macro_rules! redb_error {
+    ($($t:ty),*) => {
+        $(impl From<$t> for StoreError {
+            fn from(e: $t) -> Self {
+                StoreError::Transaction(e.into())
+            }
+        })*
+    };
+}
+redb_error!(
+    redb::TransactionError,
+    redb::TableError,
+    redb::StorageError,
+    redb::CommitError
+);
+
+fn encode<T: WireRecord>(record: &T) -> Result<Vec<u8>, StoreError> {
+    codec::encode(record).map_err(StoreError::Encode)
+}
+
+fn decode<T: WireRecord>(bytes: &[u8]) -> Result<T, StoreError> {
+    codec::decode(bytes).map_err(StoreError::Decode)
+}
+
+/// Where a participant sits in its generation's rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Slot(pub u32);
+
+impl Slot {
+    /// The prepared-lower lease.
+    pub const PREPARED_LOWER: Slot = Slot(0);
+    /// The Runtime Supervisor (helper processes).
+    pub const SUPERVISOR: Slot = Slot(1);
+    /// The sandbox container.
+    pub const SANDBOX: Slot = Slot(2);
+    /// The published control socket.
+    pub const PUBLICATION: Slot = Slot(3);
+    /// The holder of the Domain namespaces (the supervisor's pid 1).
+    pub const NAMESPACE_HOLDER: Slot = Slot(4);
+
+    /// The State Anchor of persistent dir `index`.
+    pub fn state_anchor(index: usize) -> Slot {
+        Slot(100 + u32::try_from(index).unwrap_or(u32::MAX - 100))
+    }
+}
+
+/// An open Domain Store.
+#[derive(Debug)]
+pub struct DomainStore {
+    db: Database,
+}
+
+impl DomainStore {
+    /// Opens (creating if missing) the store of `domain` in `dir`.
+    pub fn open(dir: &RetainedDir, domain: &Domain) -> Result<Self, StoreError> {
+        let path = dir.label().join(STORE_FILE).display().to_string();
+        let file: File = rustix::fs::openat2(
+            dir.fd(),
+            STORE_FILE,
+            OFlags::RDWR | OFlags::CREATE | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+            Mode::RUSR | Mode::WUSR,
+            ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_XDEV,
+        )
+        .map_err(|e| StoreError::Open {
+            path: path.clone(),
+            source: e.into(),
+        })?
+        .into();
+        let database_error = |source| StoreError::Database {
+            path: path.clone(),
+            source,
+        };
+        let backend = redb::backends::FileBackend::new(file).map_err(database_error)?;
+        let db = redb::Builder::new()
+            .create_with_backend(backend)
+            .map_err(database_error)?;
+        let store = Self { db };
+        store.check_identity(&path, domain)?;
+        Ok(store)
+    }
+
+    /// Writes the metadata and Domain rows of a new store, or checks them.
+    fn check_identity(&self, path: &str, domain: &Domain) -> Result<(), StoreError> {
+        let txn = self.db.begin_write()?;
+        {
+            let mut metadata = txn.open_table(tables::METADATA)?;
+            let existing = metadata
+                .get(tables::METADATA_KEY)?
+                .map(|v| v.value().to_vec());
+            match existing {
+                None => {
+                    metadata.insert(
+                        tables::METADATA_KEY,
+                        encode(&StoreMetadata::CURRENT)?.as_slice(),
+                    )?;
+                }
+                Some(bytes) => {
+                    decode::<StoreMetadata>(&bytes).map_err(|_| StoreError::Mismatch {
+                        path: path.to_owned(),
+                        reason: "has another schema; it was written by another version of Lazaret"
+                            .into(),
+                    })?;
+                }
+            }
+            let mut table = txn.open_table(tables::DOMAIN)?;
+            let existing = table.get(tables::DOMAIN_KEY)?.map(|v| v.value().to_vec());
+            match existing {
+                None => {
+                    table.insert(tables::DOMAIN_KEY, encode(domain)?.as_slice())?;
+                }
+                Some(bytes) => {
+                    let stored: Domain = decode(&bytes)?;
+                    if stored.domain_id != domain.domain_id {
+                        return Err(StoreError::Mismatch {
+                            path: path.to_owned(),
+                            reason: format!("belongs to Domain {}", stored.domain_id),
+                        });
+                    }
+                }
+            }
+            txn.open_table(tables::GENERATIONS)?;
+            txn.open_table(tables::PARTICIPANTS)?;
+        }
+        txn.commit()?;
+        Ok(())
+    }
+
+    /// The newest generation, if any.
+    pub fn latest_generation(&self) -> Result<Option<Generation>, StoreError> {
+        let txn = self.db.begin_read()?;
+        let table = txn.open_table(tables::GENERATIONS)?;
+        let last = table.last()?;
+        last.map(|(_, v)| decode(v.value())).transpose()
+    }
+
+    /// The newest generation that is not closed: a running or stale one.
+    pub fn open_generation(&self) -> Result<Option<Generation>, StoreError> {
+        Ok(self
+            .latest_generation()?
+            .filter(|g| g.state != GenerationState::Closed))
+    }
+
+    /// The number the next generation gets.
+    pub fn next_generation_id(&self) -> Result<GenerationId, StoreError> {
+        Ok(GenerationId(
+            self.latest_generation()?
+                .map_or(1, |g| g.generation_id.0 + 1),
+        ))
+    }
+
+    /// Writes a generation row.
+    pub fn put_generation(&self, generation: &Generation) -> Result<(), StoreError> {
+        let txn = self.db.begin_write()?;
+        txn.open_table(tables::GENERATIONS)?
+            .insert(generation.generation_id.0, encode(generation)?.as_slice())?;
+        txn.commit()?;
+        Ok(())
+    }
+
+    /// Writes a participant row.
+    pub fn put_participant(&self, slot: Slot, participant: &Participant) -> Result<(), StoreError> {
+        let txn = self.db.begin_write()?;
+        txn.open_table(tables::PARTICIPANTS)?.insert(
+            (participant.generation_id.0, slot.0),
+            encode(participant)?.as_slice(),
+        )?;
+        txn.commit()?;
+        Ok(())
+    }
+
+    /// The participants of a generation, by slot.
+    pub fn participants(
+        &self,
+        generation: GenerationId,
+    ) -> Result<Vec<(Slot, Participant)>, StoreError> {
+        let txn = self.db.begin_read()?;
+        let table = txn.open_table(tables::PARTICIPANTS)?;
+        let mut out = Vec::new();
+        for row in table.range((generation.0, 0)..=(generation.0, u32::MAX))? {
+            let (key, value) = row?;
+            out.push((Slot(key.value().1), decode(value.value())?));
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,22 @@
+//! Every table of the Domain Store. Table names are on-disk format: they
+//! never change. Values are `proto` records in their versioned codec.
+
+use redb::TableDefinition;
+
+/// `schema` → the encoded `StoreMetadata`.
+pub const METADATA: TableDefinition<&str, &[u8]> = TableDefinition::new("metadata");
+
+/// The key of the metadata row.
+pub const METADATA_KEY: &str = "schema";
+
+/// `domain` → the encoded `Domain`.
+pub const DOMAIN: TableDefinition<&str, &[u8]> = TableDefinition::new("domain");
+
+/// The key of the Domain row.
+pub const DOMAIN_KEY: &str = "domain";
+
+/// Generation number → the encoded `Generation`.
+pub const GENERATIONS: TableDefinition<u64, &[u8]> = TableDefinition::new("generations");
+
+/// (generation number, participant slot) → the encoded `Participant`.
+pub const PARTICIPANTS: TableDefinition<(u64, u32), &[u8]> = TableDefinition::new("participants");

@@ -1,0 +1,159 @@
+//! The lifecycle links between the `lazaret` CLI and a Domain's Host
+//! Coordinator: the startup channel a starting coordinator reports on, and
+//! the control socket a running one answers `status` and `down` on.
+//!
+//! This module owns those messages only; sessions have their own TLS link.
+//! The coordinator trusts a control peer only after checking its uid equals
+//! its own; the CLI trusts what the coordinator reports as the view of the
+//! Domain's owner, and shows it.
+
+use serde::{Deserialize, Serialize};
+
+use crate::codec::WireRecord;
+use crate::common::{HostPath, UnixTimeNs};
+use crate::config::ConfigurationFingerprintRecordV1;
+use crate::ids::{ConfigurationFingerprint, ContainerId, DomainId, GenerationId, ManifestDigest};
+use crate::process::PidfsProcessIdentityV1;
+use crate::store::GenerationState;
+
+/// A step of `lazaret up`, in the order the coordinator takes them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum StartupStep {
+    /// Loading the configuration.
+    Configuration,
+    /// Taking Domain ownership and recovering a stale generation.
+    Ownership,
+    /// Resolving and preparing the image.
+    Image,
+    /// Recording the generation and preparing the State Anchor.
+    State,
+    /// Starting the sandbox.
+    Sandbox,
+}
+
+impl StartupStep {
+    /// The step's name as the CLI prints it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StartupStep::Configuration => "configuration",
+            StartupStep::Ownership => "ownership",
+            StartupStep::Image => "image",
+            StartupStep::State => "state",
+            StartupStep::Sandbox => "sandbox",
+        }
+    }
+}
+
+/// What a starting coordinator reports to the CLI that started it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum StartupEvent {
+    /// A step began or made progress.
+    Progress {
+        /// The step.
+        step: StartupStep,
+        /// What is happening, for the user.
+        detail: String,
+        /// Done and total units (bytes, layers) when the step can tell.
+        fraction: Option<(u64, u64)>,
+    },
+    /// The sandbox runs.
+    Ready(Box<DomainStatus>),
+    /// Another coordinator runs the Domain already.
+    AlreadyRunning {
+        /// What it reports.
+        status: Box<DomainStatus>,
+        /// The configuration fields that differ from the one just loaded;
+        /// empty when the fingerprints are equal.
+        differences: Vec<String>,
+    },
+    /// The Domain was not running; a stale generation, if one was found,
+    /// has been finished.
+    Recovered {
+        /// The stale generation that was cleaned up.
+        generation_id: Option<GenerationId>,
+    },
+    /// Starting failed at `step`; nothing of the generation is left running.
+    Failed {
+        /// The step that failed.
+        step: StartupStep,
+        /// What failed and what to do, for the user.
+        message: String,
+        /// Whether the failure is an invalid configuration (CLI exit 2).
+        invalid_configuration: bool,
+    },
+}
+
+impl WireRecord for StartupEvent {
+    const NAME: &'static str = "StartupEvent";
+}
+
+/// What the CLI asks a running coordinator.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ControlRequest {
+    /// Describe the Domain.
+    Status,
+    /// Stop the generation and exit.
+    Down,
+}
+
+impl WireRecord for ControlRequest {
+    const NAME: &'static str = "ControlRequest";
+}
+
+/// A running coordinator's answer.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ControlResponse {
+    /// The Domain as it is now.
+    Status(Box<DomainStatus>),
+    /// The generation is stopped and recorded closed; the coordinator exits.
+    Stopped {
+        /// The generation that ended.
+        generation_id: GenerationId,
+    },
+    /// The request failed.
+    Failed {
+        /// What failed, for the user.
+        message: String,
+    },
+}
+
+impl WireRecord for ControlResponse {
+    const NAME: &'static str = "ControlResponse";
+}
+
+/// One running Domain as `lazaret status` shows it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DomainStatus {
+    /// The Domain.
+    pub domain_id: DomainId,
+    /// Its profile.
+    pub profile: String,
+    /// Its canonical workspace.
+    pub workspace: HostPath,
+    /// The running generation.
+    pub generation_id: GenerationId,
+    /// Its state.
+    pub state: GenerationState,
+    /// When it started.
+    pub started_at: UnixTimeNs,
+    /// The configuration it runs with.
+    pub configuration_fingerprint: ConfigurationFingerprint,
+    /// The resolved configuration behind that fingerprint (names only, no
+    /// environment values), so a mismatch can be named field by field.
+    pub configuration: ConfigurationFingerprintRecordV1,
+    /// The manifest digest the reference resolved to.
+    pub manifest_digest: ManifestDigest,
+    /// The runsc container.
+    pub container_id: ContainerId,
+    /// The runsc state directory.
+    pub runtime_root: HostPath,
+    /// The coordinator's identity.
+    pub coordinator: PidfsProcessIdentityV1,
+    /// The Runtime Supervisor's identity.
+    pub supervisor: PidfsProcessIdentityV1,
+    /// The identity of the Domain namespaces' holder: the init of the Domain
+    /// pid namespace, and the process to enter the namespaces through.
+    pub namespace_holder: PidfsProcessIdentityV1,
+    /// The runsc sandbox process's identity.
+    pub sandbox: PidfsProcessIdentityV1,
+}

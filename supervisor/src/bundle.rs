@@ -1,0 +1,106 @@
+//! The OCI bundle runsc runs: `config.json` for the sandbox's init.
+//!
+//! Owns the runtime specification: which namespaces runsc creates (pid, ipc,
+//! uts, mount — never network: the sandbox uses the Domain network namespace
+//! it is started in), which capabilities sandbox processes get (never
+//! CAP_NET_ADMIN or CAP_NET_RAW), and the mounts that place the staged
+//! filesystem at its sandbox paths. No secret enters the bundle: the init's
+//! environment holds only `PATH`. Trusts the staged paths it is given.
+
+use std::io;
+use std::path::Path;
+
+use lazaret_proto::config::VolumeAccess;
+use lazaret_proto::layout::{CONTROL_AREA, WORKSPACE};
+use serde_json::{Value, json};
+
+use crate::mounts::Staged;
+
+/// The capabilities of sandbox processes: what a package manager needs as
+/// root, and nothing that touches the network configuration or raw sockets.
+pub const CAPABILITIES: [&str; 13] = [
+    "CAP_CHOWN",
+    "CAP_DAC_OVERRIDE",
+    "CAP_FOWNER",
+    "CAP_FSETID",
+    "CAP_KILL",
+    "CAP_SETGID",
+    "CAP_SETUID",
+    "CAP_SETPCAP",
+    "CAP_SETFCAP",
+    "CAP_NET_BIND_SERVICE",
+    "CAP_SYS_CHROOT",
+    "CAP_AUDIT_WRITE",
+    "CAP_MKNOD",
+];
+
+/// The `PATH` of sandbox processes.
+pub const SANDBOX_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+fn bind(destination: &str, source: &Path, read_only: bool) -> Value {
+    let mut options = vec!["rbind", "nosuid", "nodev"];
+    options.push(if read_only { "ro" } else { "rw" });
+    json!({
+        "destination": destination,
+        "type": "bind",
+        "source": source,
+        "options": options,
+    })
+}
+
+/// The runtime specification of the sandbox.
+pub fn spec(staged: &Staged, hostname: &str) -> Value {
+    let mut mounts = vec![
+        json!({"destination": "/proc", "type": "proc", "source": "proc"}),
+        json!({"destination": "/dev", "type": "tmpfs", "source": "tmpfs",
+               "options": ["nosuid", "strictatime", "mode=755", "size=65536k"]}),
+        json!({"destination": "/dev/pts", "type": "devpts", "source": "devpts",
+               "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"]}),
+        json!({"destination": "/dev/shm", "type": "tmpfs", "source": "shm",
+               "options": ["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"]}),
+        json!({"destination": "/sys", "type": "sysfs", "source": "sysfs",
+               "options": ["nosuid", "noexec", "nodev", "ro"]}),
+    ];
+    for (sandbox_path, source) in &staged.anchors {
+        mounts.push(bind(sandbox_path, source, false));
+    }
+    mounts.push(bind(WORKSPACE, &staged.workspace, false));
+    for (sandbox_path, source, access) in &staged.volumes {
+        mounts.push(bind(
+            sandbox_path,
+            source,
+            *access == VolumeAccess::ReadOnly,
+        ));
+    }
+    mounts.push(bind(CONTROL_AREA, &staged.control, true));
+
+    json!({
+        "ociVersion": "1.0.2",
+        "process": {
+            "terminal": false,
+            "user": {"uid": 0, "gid": 0},
+            "args": [format!("{CONTROL_AREA}/bin/lazaret-init")],
+            "env": [format!("PATH={SANDBOX_PATH}")],
+            "cwd": "/",
+            "capabilities": {
+                "bounding": CAPABILITIES,
+                "effective": CAPABILITIES,
+                "permitted": CAPABILITIES,
+            },
+            "rlimits": [{"type": "RLIMIT_NOFILE", "hard": 1024, "soft": 1024}],
+            "noNewPrivileges": true,
+        },
+        "root": {"path": staged.rootfs, "readonly": false},
+        "hostname": hostname,
+        "mounts": mounts,
+        "linux": {
+            "namespaces": [{"type": "pid"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"}],
+        },
+    })
+}
+
+/// Writes `config.json` into the staged bundle directory.
+pub fn write(staged: &Staged, hostname: &str) -> io::Result<()> {
+    let text = serde_json::to_vec_pretty(&spec(staged, hostname))?;
+    std::fs::write(staged.bundle.join("config.json"), text)
+}

@@ -1,0 +1,327 @@
+//! The sandbox's filesystem, staged in the supervisor's private mount
+//! namespace: the root filesystem overlay, the State Anchor overlays, the
+//! workspace and volume binds, and the control area.
+//!
+//! Owns every mount a generation makes. All of them live in the Domain
+//! mount namespace, on a private tmpfs beneath the generation's runtime
+//! directory, so the host sees none of them and they vanish with the
+//! namespace. Sources arrive as descriptors opened by the Host Coordinator
+//! and are reached through `/proc/self/fd/N`, never by a path the
+//! supervisor could be tricked into following. Trusts those descriptors and
+//! the plan that names them.
+
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+use lazaret_proto::config::{VolumeAccess, VolumeKind};
+use rustix::fs::{Mode, OFlags, ResolveFlags};
+use rustix::mount::{MountFlags, MountPropagationFlags};
+
+/// The static `lazaret-init` executable (built from `sandbox-init/init.rs`).
+const SANDBOX_INIT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/lazaret-init"));
+
+/// Why staging the filesystem failed.
+#[derive(Debug, thiserror::Error)]
+pub enum MountError {
+    /// A mount failed.
+    #[error("cannot mount {what} at {target}")]
+    Mount {
+        /// What was being mounted.
+        what: String,
+        /// Where.
+        target: String,
+        /// What the kernel said.
+        #[source]
+        source: io::Error,
+    },
+    /// A staging directory or file could not be made.
+    #[error("cannot create {path}")]
+    Create {
+        /// The path.
+        path: String,
+        /// What the kernel said.
+        #[source]
+        source: io::Error,
+    },
+    /// A persistent directory is not a directory in the image.
+    #[error("{path} in the image is not a directory")]
+    NotADirectory {
+        /// The sandbox path.
+        path: String,
+    },
+}
+
+/// The `/proc/self/fd/N` path of a descriptor.
+fn fd_path(fd: BorrowedFd<'_>) -> String {
+    format!("/proc/self/fd/{}", fd.as_raw_fd())
+}
+
+fn create_dir(path: &Path) -> Result<(), MountError> {
+    std::fs::create_dir_all(path).map_err(|source| MountError::Create {
+        path: path.display().to_string(),
+        source,
+    })
+}
+
+fn mount(
+    what: &str,
+    target: &Path,
+    fstype: &str,
+    flags: MountFlags,
+    data: &str,
+) -> Result<(), MountError> {
+    let data = std::ffi::CString::new(data).map_err(|_| MountError::Mount {
+        what: format!("{fstype} ({what})"),
+        target: target.display().to_string(),
+        source: io::Error::from(io::ErrorKind::InvalidInput),
+    })?;
+    rustix::mount::mount(what, target, fstype, flags, Some(data.as_c_str())).map_err(|e| {
+        MountError::Mount {
+            what: format!("{fstype} ({what})"),
+            target: target.display().to_string(),
+            source: e.into(),
+        }
+    })
+}
+
+fn bind(source: BorrowedFd<'_>, target: &Path, what: &str) -> Result<(), MountError> {
+    rustix::mount::mount_bind(fd_path(source).as_str(), target).map_err(|e| MountError::Mount {
+        what: what.to_owned(),
+        target: target.display().to_string(),
+        source: e.into(),
+    })
+}
+
+/// One persistent directory to stage.
+#[derive(Debug)]
+pub struct AnchorSource<'a> {
+    /// The sandbox path, e.g. `/root`.
+    pub sandbox_path: &'a str,
+    /// The Domain-owned directory holding `upper/` and `work/`.
+    pub state_dir: BorrowedFd<'a>,
+}
+
+/// One volume to stage.
+#[derive(Debug)]
+pub struct VolumeSource<'a> {
+    /// The sandbox path.
+    pub sandbox_path: &'a str,
+    /// The opened source.
+    pub source: BorrowedFd<'a>,
+    /// File or directory.
+    pub kind: VolumeKind,
+    /// Read-only or read-write.
+    pub access: VolumeAccess,
+}
+
+/// What the bundle needs to know about the staged filesystem.
+#[derive(Debug)]
+pub struct Staged {
+    /// The merged root filesystem.
+    pub rootfs: PathBuf,
+    /// (sandbox path, staged source) of each persistent directory.
+    pub anchors: Vec<(String, PathBuf)>,
+    /// The staged workspace.
+    pub workspace: PathBuf,
+    /// (sandbox path, staged source, access) of each volume.
+    pub volumes: Vec<(String, PathBuf, VolumeAccess)>,
+    /// The staged control area.
+    pub control: PathBuf,
+    /// Where the bundle is written.
+    pub bundle: PathBuf,
+    /// The runsc state directory.
+    pub runsc_root: PathBuf,
+}
+
+/// The descriptors the filesystem is built from.
+#[derive(Debug)]
+pub struct Sources<'a> {
+    /// The prepared lower's root filesystem.
+    pub rootfs: BorrowedFd<'a>,
+    /// The workspace.
+    pub workspace: BorrowedFd<'a>,
+    /// The persistent directories.
+    pub anchors: Vec<AnchorSource<'a>>,
+    /// The volumes.
+    pub volumes: Vec<VolumeSource<'a>>,
+}
+
+/// Reopens a descriptor from the Host Coordinator inside the Domain mount
+/// namespace.
+///
+/// A descriptor opened before `unshare(CLONE_NEWNS)` names a mount of the
+/// host namespace, which overlayfs and bind mounts refuse as a source. Its
+/// path is resolved again here, without following any symbolic link, and
+/// the object found must be the same one (device and inode) the
+/// coordinator opened; anything else is refused.
+pub fn rebase(fd: BorrowedFd<'_>, what: &str) -> Result<OwnedFd, MountError> {
+    let refuse = |reason: String| MountError::Mount {
+        what: what.to_owned(),
+        target: fd_path(fd),
+        source: io::Error::other(reason),
+    };
+    let path = std::fs::read_link(fd_path(fd))
+        .map_err(|e| refuse(format!("cannot read its path: {e}")))?;
+    let again = rustix::fs::openat2(
+        rustix::fs::CWD,
+        &path,
+        OFlags::PATH | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+        Mode::empty(),
+        ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
+    )
+    .map_err(|e| refuse(format!("cannot reopen {}: {e}", path.display())))?;
+    let before = rustix::fs::fstat(fd).map_err(|e| refuse(e.to_string()))?;
+    let after = rustix::fs::fstat(&again).map_err(|e| refuse(e.to_string()))?;
+    if (before.st_dev, before.st_ino) != (after.st_dev, after.st_ino) {
+        return Err(refuse(format!("{} was replaced", path.display())));
+    }
+    Ok(again)
+}
+
+/// Opens `sandbox_path` inside the image, resolving its symbolic links as
+/// the sandbox would (`RESOLVE_IN_ROOT`); `None` when the image lacks it.
+fn image_dir(rootfs: BorrowedFd<'_>, sandbox_path: &str) -> Result<Option<OwnedFd>, MountError> {
+    match rustix::fs::openat2(
+        rootfs,
+        sandbox_path.trim_start_matches('/'),
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+        ResolveFlags::IN_ROOT | ResolveFlags::NO_MAGICLINKS | ResolveFlags::NO_XDEV,
+    ) {
+        Ok(fd) => Ok(Some(fd)),
+        Err(rustix::io::Errno::NOENT) => Ok(None),
+        Err(rustix::io::Errno::NOTDIR) => Err(MountError::NotADirectory {
+            path: sandbox_path.to_owned(),
+        }),
+        Err(e) => Err(MountError::Mount {
+            what: format!("image directory {sandbox_path}"),
+            target: sandbox_path.to_owned(),
+            source: e.into(),
+        }),
+    }
+}
+
+/// Makes every mount of the Domain mount namespace private, so nothing
+/// mounted here propagates to the host, and mounts a `/proc` that shows the
+/// Domain pid namespace (runsc reads its own processes there). Must run as
+/// the Domain pid namespace's init.
+pub fn private_proc() -> Result<(), MountError> {
+    rustix::mount::mount_change(
+        "/",
+        MountPropagationFlags::REC | MountPropagationFlags::PRIVATE,
+    )
+    .map_err(|e| MountError::Mount {
+        what: "private propagation".into(),
+        target: "/".into(),
+        source: e.into(),
+    })?;
+    mount(
+        "proc",
+        Path::new("/proc"),
+        "proc",
+        MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC,
+        "",
+    )
+}
+
+/// Stages the whole filesystem beneath `runtime_dir/mnt`. Must run inside
+/// the Domain mount namespace.
+pub fn stage(runtime_dir: &Path, sources: &Sources<'_>) -> Result<Staged, MountError> {
+    let scratch = runtime_dir.join("mnt");
+    create_dir(&scratch)?;
+    mount(
+        "lazaret",
+        &scratch,
+        "tmpfs",
+        MountFlags::NOSUID | MountFlags::NODEV,
+        "mode=0700",
+    )?;
+    let empty = scratch.join("empty");
+    for dir in [
+        "empty",
+        "root/upper",
+        "root/work",
+        "root/merged",
+        "bundle",
+        "runsc",
+        "control/bin",
+    ] {
+        create_dir(&scratch.join(dir))?;
+    }
+
+    // The root filesystem: the prepared lower under an ephemeral upper.
+    let rootfs = scratch.join("root/merged");
+    let root_options = format!(
+        "lowerdir={},upperdir={},workdir={},userxattr",
+        fd_path(sources.rootfs),
+        scratch.join("root/upper").display(),
+        scratch.join("root/work").display()
+    );
+    mount(
+        "overlay",
+        &rootfs,
+        "overlay",
+        MountFlags::empty(),
+        &root_options,
+    )?;
+
+    // The State Anchor: each persistent dir is the image's directory under
+    // the Domain's own upper.
+    let mut anchors = Vec::with_capacity(sources.anchors.len());
+    for (i, anchor) in sources.anchors.iter().enumerate() {
+        let lower_fd = image_dir(sources.rootfs, anchor.sandbox_path)?;
+        let lower = match &lower_fd {
+            Some(fd) => fd_path(fd.as_fd()),
+            None => empty.display().to_string(),
+        };
+        let state = fd_path(anchor.state_dir);
+        let target = scratch.join(format!("anchor/{i}"));
+        create_dir(&target)?;
+        let options =
+            format!("lowerdir={lower},upperdir={state}/upper,workdir={state}/work,userxattr");
+        mount("overlay", &target, "overlay", MountFlags::empty(), &options)?;
+        anchors.push((anchor.sandbox_path.to_owned(), target));
+    }
+
+    let workspace = scratch.join("workspace");
+    create_dir(&workspace)?;
+    bind(sources.workspace, &workspace, "the workspace")?;
+
+    let mut volumes = Vec::with_capacity(sources.volumes.len());
+    for (i, volume) in sources.volumes.iter().enumerate() {
+        let target = scratch.join(format!("volume/{i}"));
+        match volume.kind {
+            VolumeKind::Directory => create_dir(&target)?,
+            VolumeKind::File => {
+                create_dir(&scratch.join("volume"))?;
+                std::fs::File::create(&target).map_err(|source| MountError::Create {
+                    path: target.display().to_string(),
+                    source,
+                })?;
+            }
+        }
+        bind(volume.source, &target, volume.sandbox_path)?;
+        volumes.push((volume.sandbox_path.to_owned(), target, volume.access));
+    }
+
+    let control = scratch.join("control");
+    let init = control.join("bin/lazaret-init");
+    std::fs::write(&init, SANDBOX_INIT)
+        .and_then(|()| std::fs::set_permissions(&init, std::fs::Permissions::from_mode(0o555)))
+        .map_err(|source| MountError::Create {
+            path: init.display().to_string(),
+            source,
+        })?;
+
+    Ok(Staged {
+        rootfs,
+        anchors,
+        workspace,
+        volumes,
+        control,
+        bundle: scratch.join("bundle"),
+        runsc_root: scratch.join("runsc"),
+    })
+}

@@ -1,0 +1,31 @@
+//! The supervisor's only unsafe code: `unshare(2)`.
+//!
+//! rustix marks `unshare` unsafe because unsharing the descriptor table
+//! (`CLONE_FILES`) can invalidate descriptors other threads hold. The
+//! supervisor never unshares `CLONE_FILES`, and calls this only while it is
+//! single-threaded (before it spawns anything), which `CLONE_NEWUSER`
+//! requires anyway.
+
+#![allow(unsafe_code)]
+
+use rustix::thread::UnshareFlags;
+
+/// `unshare(2)` of namespaces only.
+///
+/// Refuses `CLONE_FILES`, `CLONE_FS` and `CLONE_SYSVSEM`: only namespace
+/// flags are accepted.
+pub fn unshare_namespaces(flags: UnshareFlags) -> std::io::Result<()> {
+    let namespaces = UnshareFlags::NEWUSER
+        | UnshareFlags::NEWNS
+        | UnshareFlags::NEWNET
+        | UnshareFlags::NEWPID
+        | UnshareFlags::NEWIPC
+        | UnshareFlags::NEWUTS;
+    if !namespaces.contains(flags) {
+        return Err(std::io::Error::from(std::io::ErrorKind::InvalidInput));
+    }
+    // SAFETY: only namespace flags are passed (checked above), so no
+    // descriptor table or filesystem context is unshared; descriptors held
+    // anywhere in this process stay valid.
+    unsafe { rustix::thread::unshare_unsafe(flags) }.map_err(Into::into)
+}

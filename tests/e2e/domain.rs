@@ -1,0 +1,276 @@
+//! The Domain lifecycle end to end, as an unprivileged user with real runsc:
+//! `up`, `status`, files inside the sandbox, `down`, `up` again; a second
+//! `up`; a changed configuration; two Domains on one image; recovery after
+//! the coordinator is killed. Needs root (to create the test user and switch
+//! to it) and runsc; CI provides both.
+
+use std::path::Path;
+use std::sync::Mutex;
+
+use lazaret_tests::domain::{UserHost, busybox_image, lazaret_processes, pid_exists};
+use libtest_mimic::{Failed, Trial};
+use serde_json::Value;
+
+/// Domain tests run one at a time: each starts real sandboxes.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+pub fn trials() -> Vec<Trial> {
+    let runnable = runnable();
+    [
+        Trial::test(
+            "domain::state_survives_down_and_up",
+            state_survives_down_and_up,
+        ),
+        Trial::test(
+            "domain::a_second_up_joins_or_refuses",
+            a_second_up_joins_or_refuses,
+        ),
+        Trial::test(
+            "domain::two_domains_share_one_prepared_lower",
+            two_domains_share_one_lower,
+        ),
+        Trial::test(
+            "domain::a_killed_coordinator_is_recovered",
+            a_killed_coordinator_is_recovered,
+        ),
+        Trial::test(
+            "domain::down_when_not_running_says_so",
+            down_when_not_running,
+        ),
+        Trial::test(
+            "domain::a_bad_image_fails_cleanly",
+            a_bad_image_fails_cleanly,
+        ),
+    ]
+    .into_iter()
+    .map(|t| t.with_ignored_flag(!runnable))
+    .collect()
+}
+
+/// Whether this machine can run the Domain tests; in CI it must.
+fn runnable() -> bool {
+    let root = rustix::process::getuid().is_root();
+    let runsc = Path::new("/usr/bin/runsc").exists();
+    if std::env::var_os("CI").is_some() {
+        assert!(
+            root && runsc,
+            "CI must run the Domain tests as root with runsc installed"
+        );
+    }
+    root && runsc
+}
+
+type Result = std::result::Result<(), Failed>;
+
+fn config(image: &str, persistent: &str) -> String {
+    format!(
+        "schema = \"lazaret-trusted-host-config-v1\"\n\
+         [profiles.p]\nimage = \"{image}\"\npersistent_dirs = [{persistent}]\n"
+    )
+}
+
+fn text(output: &std::process::Output) -> String {
+    format!(
+        "exit {:?}\nstdout: {}\nstderr: {}",
+        output.status.code(),
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
+fn up(host: &UserHost, cwd: &Path) -> std::result::Result<Value, Failed> {
+    let out = host.lazaret(cwd, &["up", "p"]);
+    if !out.status.success() {
+        return Err(format!("up failed: {}", text(&out)).into());
+    }
+    host.status(cwd, "p")
+        .ok_or_else(|| "status shows no running Domain after up".into())
+}
+
+fn down(host: &UserHost, cwd: &Path) -> Result {
+    let out = host.lazaret(cwd, &["down", "p"]);
+    if !out.status.success() {
+        return Err(format!("down failed: {}", text(&out)).into());
+    }
+    Ok(())
+}
+
+fn state_survives_down_and_up() -> Result {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let host = UserHost::new();
+    host.write_config(&config(&busybox_image(), "\"/root\""));
+    let ws = host.workspace.clone();
+
+    let status = up(&host, &ws)?;
+    assert_eq!(status["state"], "running", "{status}");
+    assert_eq!(status["generation"], 1);
+    assert_eq!(status["persistent_dirs"], serde_json::json!(["/root"]));
+    let out = host.exec(
+        &status,
+        "echo kept > /root/persist.txt && echo gone > /tmp/ephemeral.txt && \
+         echo shared > /workspace/from-sandbox.txt && id -u",
+    );
+    assert!(out.status.success(), "exec: {}", text(&out));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "0",
+        "root inside the sandbox"
+    );
+
+    down(&host, &ws)?;
+    for process in ["coordinator", "supervisor", "sandbox"] {
+        let pid = status[process]["pid"].as_u64().unwrap();
+        assert!(!pid_exists(pid), "the {process} (pid {pid}) outlived down");
+    }
+    let host_file = ws.join("from-sandbox.txt");
+    assert_eq!(std::fs::read_to_string(&host_file)?, "shared\n");
+    let owner = std::os::unix::fs::MetadataExt::uid(&std::fs::metadata(&host_file)?);
+    assert_eq!(
+        owner,
+        host.uid(),
+        "workspace files belong to the invoking user"
+    );
+
+    let status = up(&host, &ws)?;
+    assert_eq!(status["generation"], 2);
+    let out = host.exec(
+        &status,
+        "cat /root/persist.txt; test -e /tmp/ephemeral.txt && echo tmp-kept || echo tmp-gone",
+    );
+    assert!(out.status.success(), "exec: {}", text(&out));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "kept\ntmp-gone\n");
+    down(&host, &ws)?;
+    assert!(
+        lazaret_processes(host.uid()).is_empty(),
+        "{:?}",
+        lazaret_processes(host.uid())
+    );
+    Ok(())
+}
+
+fn a_second_up_joins_or_refuses() -> Result {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let host = UserHost::new();
+    let image = busybox_image();
+    host.write_config(&config(&image, "\"/root\""));
+    let ws = host.workspace.clone();
+    let first = up(&host, &ws)?;
+
+    let again = host.lazaret(&ws, &["up", "p"]);
+    assert!(again.status.success(), "{}", text(&again));
+    assert!(
+        String::from_utf8_lossy(&again.stdout).contains("already up"),
+        "{}",
+        text(&again)
+    );
+    let status = host.status(&ws, "p").ok_or("not running")?;
+    assert_eq!(status["generation"], first["generation"]);
+
+    host.write_config(&config(&image, "\"/root\", \"/opt\""));
+    let changed = host.lazaret(&ws, &["up", "p"]);
+    assert_eq!(changed.status.code(), Some(1), "{}", text(&changed));
+    let err = String::from_utf8_lossy(&changed.stderr);
+    assert!(
+        err.contains("persistent_dirs"),
+        "the difference is named: {err}"
+    );
+    assert!(err.contains("lazaret down p"), "{err}");
+    down(&host, &ws)?;
+    Ok(())
+}
+
+fn two_domains_share_one_lower() -> Result {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let host = UserHost::new();
+    host.write_config(&config(&busybox_image(), "\"/root\""));
+    let first_ws = host.workspace.clone();
+    let second_ws = host.user_dir("second-project");
+    let first = up(&host, &first_ws)?;
+    let second = up(&host, &second_ws)?;
+    assert_ne!(first["domain_id"], second["domain_id"]);
+    assert_eq!(first["manifest_digest"], second["manifest_digest"]);
+    let artifacts = host.home.join(".local/share/lazaret/catalog/artifacts");
+    let count = std::fs::read_dir(&artifacts)?.count();
+    assert_eq!(count, 1, "one prepared lower in {}", artifacts.display());
+    let all = host.lazaret(&first_ws, &["status", "--all", "--json"]);
+    let listed: Value = serde_json::from_slice(&all.stdout)?;
+    assert_eq!(
+        listed["domains"].as_array().map(Vec::len),
+        Some(2),
+        "{listed}"
+    );
+    down(&host, &first_ws)?;
+    down(&host, &second_ws)?;
+    Ok(())
+}
+
+fn a_killed_coordinator_is_recovered() -> Result {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let host = UserHost::new();
+    host.write_config(&config(&busybox_image(), "\"/root\""));
+    let ws = host.workspace.clone();
+    let status = up(&host, &ws)?;
+    let coordinator = status["coordinator"]["pid"].as_u64().unwrap();
+    let killed = std::process::Command::new("kill")
+        .args(["-KILL", &coordinator.to_string()])
+        .status()?;
+    assert!(killed.success());
+    let out = host.lazaret(&ws, &["down", "p"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("cleaned up stale generation 1"),
+        "{}",
+        text(&out)
+    );
+    for process in ["coordinator", "supervisor", "sandbox"] {
+        let pid = status[process]["pid"].as_u64().unwrap();
+        assert!(
+            !pid_exists(pid),
+            "the {process} (pid {pid}) survived recovery"
+        );
+    }
+    assert!(
+        lazaret_processes(host.uid()).is_empty(),
+        "{:?}",
+        lazaret_processes(host.uid())
+    );
+    let again = up(&host, &ws)?;
+    assert_eq!(again["generation"], 2);
+    down(&host, &ws)?;
+    Ok(())
+}
+
+fn down_when_not_running() -> Result {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let host = UserHost::new();
+    host.write_config(&config(&busybox_image(), "\"/root\""));
+    let out = host.lazaret(&host.workspace, &["down", "p"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("is not running"),
+        "{}",
+        text(&out)
+    );
+    Ok(())
+}
+
+fn a_bad_image_fails_cleanly() -> Result {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let host = UserHost::new();
+    let missing = host.base().join("no-such-layout");
+    host.write_config(&config(
+        &format!("oci:{}:latest", missing.display()),
+        "\"/root\"",
+    ));
+    let out = host.lazaret(&host.workspace, &["up", "p"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("up failed at image"), "{err}");
+    assert!(host.status(&host.workspace, "p").is_none(), "nothing runs");
+    assert!(
+        lazaret_processes(host.uid()).is_empty(),
+        "{:?}",
+        lazaret_processes(host.uid())
+    );
+    Ok(())
+}

@@ -1,0 +1,276 @@
+//! Helpers for end-to-end Domain tests: an unprivileged test user, a local
+//! busybox image, a scratch host owned by that user, and commands run as it.
+//!
+//! Needs root to create the user and to switch to it; CI runs as root.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+
+use serde_json::Value;
+
+use crate::bin;
+
+/// The unprivileged user the Domain tests run Lazaret as.
+pub const TEST_USER: &str = "lazaret-e2e";
+
+/// The repository root (for packaging scripts).
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the tests crate is inside the workspace")
+        .to_path_buf()
+}
+
+/// The uid and gid of the test user, creating it if needed.
+pub fn test_user() -> (u32, u32) {
+    static USER: OnceLock<(u32, u32)> = OnceLock::new();
+    *USER.get_or_init(|| {
+        let id = |flag: &str| -> Option<u32> {
+            let out = Command::new("id").args([flag, TEST_USER]).output().ok()?;
+            String::from_utf8_lossy(&out.stdout).trim().parse().ok()
+        };
+        if id("-u").is_none() {
+            let status = Command::new("useradd")
+                .args([
+                    "--system",
+                    "--no-create-home",
+                    "--shell",
+                    "/usr/sbin/nologin",
+                    TEST_USER,
+                ])
+                .status()
+                .expect("run useradd");
+            assert!(status.success(), "useradd {TEST_USER} failed");
+        }
+        (
+            id("-u").expect("test user uid"),
+            id("-g").expect("test user gid"),
+        )
+    })
+}
+
+/// The local busybox OCI image, built once per test run:
+/// `oci:<dir>:latest`, readable by the test user.
+pub fn busybox_image() -> String {
+    static IMAGE: OnceLock<String> = OnceLock::new();
+    IMAGE
+        .get_or_init(|| {
+            let dir =
+                std::env::temp_dir().join(format!("lazaret-e2e-image-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&dir);
+            let output = Command::new("bash")
+                .arg(repo_root().join("packaging/build-busybox-image.sh"))
+                .arg(&dir)
+                .arg("latest")
+                .output()
+                .expect("run build-busybox-image.sh");
+            assert!(
+                output.status.success(),
+                "building the busybox image failed: {}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+            make_readable(&dir);
+            format!("oci:{}:latest", dir.display())
+        })
+        .clone()
+}
+
+fn make_readable(dir: &Path) {
+    let _ = Command::new("chmod").args(["-R", "a+rX"]).arg(dir).status();
+}
+
+/// A scratch host owned by the test user: home, runtime dir, workspace.
+#[derive(Debug)]
+pub struct UserHost {
+    dir: tempfile::TempDir,
+    /// `$HOME`.
+    pub home: PathBuf,
+    /// `$XDG_RUNTIME_DIR`.
+    pub runtime: PathBuf,
+    /// The default project.
+    pub workspace: PathBuf,
+    uid: u32,
+    gid: u32,
+    profiles: std::cell::RefCell<Vec<(String, PathBuf)>>,
+}
+
+impl UserHost {
+    /// Creates the scratch tree and hands it to the test user.
+    pub fn new() -> Self {
+        let (uid, gid) = test_user();
+        let dir = tempfile::Builder::new()
+            .prefix("lazaret-e2e-host-")
+            .tempdir()
+            .expect("scratch dir");
+        let base = std::fs::canonicalize(dir.path()).expect("canonical scratch");
+        std::fs::set_permissions(&base, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let home = base.join("home");
+        let runtime = base.join("run");
+        let workspace = base.join("project");
+        for d in [&home, &runtime, &workspace] {
+            std::fs::create_dir_all(d).unwrap();
+            std::os::unix::fs::chown(d, Some(uid), Some(gid)).unwrap();
+        }
+        std::fs::set_permissions(&runtime, std::fs::Permissions::from_mode(0o700)).unwrap();
+        Self {
+            dir,
+            home,
+            runtime,
+            workspace,
+            uid,
+            gid,
+            profiles: Default::default(),
+        }
+    }
+
+    /// The scratch root.
+    pub fn base(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// The test user's uid.
+    pub fn uid(&self) -> u32 {
+        self.uid
+    }
+
+    /// A new directory owned by the test user.
+    pub fn user_dir(&self, name: &str) -> PathBuf {
+        let dir = self.base().join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::os::unix::fs::chown(&dir, Some(self.uid), Some(self.gid)).unwrap();
+        dir
+    }
+
+    /// Writes the test user's configuration.
+    pub fn write_config(&self, text: &str) {
+        let dir = self.home.join(".config/lazaret");
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("config.toml");
+        std::fs::write(&path, text).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        for p in [self.home.join(".config"), dir, path] {
+            std::os::unix::fs::chown(&p, Some(self.uid), Some(self.gid)).unwrap();
+        }
+    }
+
+    /// A command run as the test user, in `cwd`, with this host's
+    /// environment.
+    pub fn command(&self, program: &Path, cwd: &Path) -> Command {
+        let mut command = Command::new("setpriv");
+        command
+            .arg(format!("--reuid={}", self.uid))
+            .arg(format!("--regid={}", self.gid))
+            .args(["--clear-groups", "--"])
+            .arg(program)
+            .current_dir(cwd)
+            .env_clear()
+            .env("HOME", &self.home)
+            .env("XDG_RUNTIME_DIR", &self.runtime)
+            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin");
+        command
+    }
+
+    /// `lazaret ARGS` as the test user in `cwd`; remembers `up`s so the
+    /// host is brought down when dropped.
+    pub fn lazaret(&self, cwd: &Path, args: &[&str]) -> Output {
+        if let ["up", profile, ..] = args {
+            self.profiles
+                .borrow_mut()
+                .push(((*profile).to_owned(), cwd.to_path_buf()));
+        }
+        self.command(&bin("lazaret"), cwd)
+            .args(args)
+            .output()
+            .expect("run lazaret")
+    }
+
+    /// `lazaret status PROFILE --json` of one Domain.
+    pub fn status(&self, cwd: &Path, profile: &str) -> Option<Value> {
+        let out = self.lazaret(cwd, &["status", profile, "--json"]);
+        assert!(
+            out.status.success(),
+            "status failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let value: Value = serde_json::from_slice(&out.stdout).expect("status --json");
+        value["domains"].as_array().and_then(|d| d.first().cloned())
+    }
+
+    /// Runs `sh -c SCRIPT` inside the Domain's sandbox through `runsc exec`
+    /// in the Domain's namespaces, as the test user.
+    pub fn exec(&self, status: &Value, script: &str) -> Output {
+        let holder = status["namespace_holder"]["pid"]
+            .as_u64()
+            .expect("holder pid");
+        let mut command = self.command(Path::new("/usr/bin/nsenter"), &self.workspace);
+        command
+            .arg("-t")
+            .arg(holder.to_string())
+            .args(["-U", "-m", "-n", "-p", "--preserve-credentials", "--"])
+            .args([
+                "runsc",
+                "--rootless",
+                "--ignore-cgroups",
+                "--network=host",
+                "--root",
+            ])
+            .arg(status["runsc_root"].as_str().expect("runsc root"))
+            .args([
+                "exec",
+                status["container_id"].as_str().expect("container id"),
+            ])
+            .args(["/bin/sh", "-c", script]);
+        command.output().expect("run nsenter")
+    }
+}
+
+impl Default for UserHost {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Drop for UserHost {
+    fn drop(&mut self) {
+        for (profile, cwd) in self.profiles.borrow().iter() {
+            let _ = self
+                .command(&bin("lazaret"), cwd)
+                .args(["down", profile])
+                .output();
+        }
+    }
+}
+
+/// Whether a live process with this pid exists (a zombie waiting for its
+/// reaper does not count).
+pub fn pid_exists(pid: u64) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit_once(')')
+                .map(|(_, rest)| rest.trim_start().starts_with('Z'))
+        })
+        .is_some_and(|zombie| !zombie)
+}
+
+/// The live processes owned by `uid` whose command line mentions Lazaret or
+/// gVisor (zombies waiting for their reaper are not counted).
+pub fn lazaret_processes(uid: u32) -> Vec<String> {
+    let output = Command::new("ps")
+        .args(["-o", "pid=,stat=,args=", "-u"])
+        .arg(uid.to_string())
+        .output()
+        .expect("run ps");
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter(|l| {
+            l.split_whitespace()
+                .nth(1)
+                .is_some_and(|stat| !stat.starts_with('Z'))
+        })
+        .filter(|l| l.contains("runsc") || l.contains("lazaret"))
+        .map(str::to_owned)
+        .collect()
+}
