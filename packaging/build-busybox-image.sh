@@ -15,7 +15,8 @@
 # Needs: busybox-static (apt-get install -y busybox-static) and umoci
 # (apt-get install -y umoci). Works as root and as an unprivileged user
 # (umoci runs rootless either way). Set BUSYBOX to use another static
-# busybox binary.
+# busybox binary, and LAZARET_IMAGE_EXTRA to a directory to copy over the
+# root filesystem.
 set -eu
 
 usage() {
@@ -97,6 +98,12 @@ cat >"$rootfs/etc/group" <<'GROUP'
 root:x:0:
 GROUP
 chmod 0644 "$rootfs/etc/passwd" "$rootfs/etc/group"
+
+# LAZARET_IMAGE_EXTRA: a directory whose contents are copied over the root
+# filesystem (tests use it to make images that differ).
+if [ -n "${LAZARET_IMAGE_EXTRA:-}" ]; then
+    cp -a "$LAZARET_IMAGE_EXTRA/." "$rootfs/"
+fi
 
 umoci repack --image "$dest:$tag" "$work/bundle"
 umoci config --image "$dest:$tag" \

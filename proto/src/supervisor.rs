@@ -61,6 +61,10 @@ pub struct SandboxPlan {
     pub rootfs: FdIndex,
     /// The Agent Workspace directory.
     pub workspace: FdIndex,
+    /// A sealed memfd holding the sandbox environment the configuration
+    /// resolved, as `NAME=value` entries each ended by a NUL byte. Values
+    /// never travel in a message or a file.
+    pub environment: FdIndex,
     /// The persistent directories.
     pub anchors: Vec<AnchorMount>,
     /// The volumes.

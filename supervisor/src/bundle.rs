@@ -4,14 +4,18 @@
 //! uts, mount — never network: the sandbox uses the Domain network namespace
 //! it is started in), which capabilities sandbox processes get (never
 //! CAP_NET_ADMIN or CAP_NET_RAW), and the mounts that place the staged
-//! filesystem at its sandbox paths. No secret enters the bundle: the init's
-//! environment holds only `PATH`. Trusts the staged paths it is given.
+//! filesystem at its sandbox paths. The init's environment is `PATH` and the
+//! profile's resolved variables, which reach the supervisor in a sealed
+//! memfd; the bundle holding them is on the Domain mount namespace's private
+//! tmpfs, in memory only. Trusts the staged paths it is given.
 
 use std::io;
+use std::os::fd::BorrowedFd;
 use std::path::Path;
 
 use lazaret_proto::config::VolumeAccess;
 use lazaret_proto::layout::{CONTROL_AREA, WORKSPACE};
+use rustix::fs::SealFlags;
 use serde_json::{Value, json};
 
 use crate::mounts::Staged;
@@ -48,8 +52,44 @@ fn bind(destination: &str, source: &Path, read_only: bool) -> Value {
     })
 }
 
+/// Reads the sandbox environment from the coordinator's sealed memfd:
+/// `NAME=value` entries, each ended by a NUL byte. Refuses a memfd that is
+/// not sealed against writes, or an entry without a name.
+pub fn read_environment(fd: BorrowedFd<'_>) -> Result<Vec<String>, String> {
+    let seals = rustix::fs::fcntl_get_seals(fd)
+        .map_err(|e| format!("the environment is not a memfd: {e}"))?;
+    let needed = SealFlags::WRITE | SealFlags::GROW | SealFlags::SHRINK;
+    if !seals.contains(needed) {
+        return Err("the environment memfd is not sealed".into());
+    }
+    let mut bytes = Vec::new();
+    let mut offset = 0u64;
+    let mut buf = [0u8; 4096];
+    loop {
+        let n = rustix::io::pread(fd, &mut buf, offset)
+            .map_err(|e| format!("cannot read the environment: {e}"))?;
+        if n == 0 {
+            break;
+        }
+        bytes.extend_from_slice(&buf[..n]);
+        offset += n as u64;
+    }
+    let mut entries = Vec::new();
+    for entry in bytes.split(|b| *b == 0).filter(|e| !e.is_empty()) {
+        let entry = String::from_utf8(entry.to_vec())
+            .map_err(|_| "an environment entry is not UTF-8".to_owned())?;
+        match entry.split_once('=') {
+            Some((name, _)) if !name.is_empty() && name != "PATH" => entries.push(entry),
+            _ => return Err("an environment entry has no name".into()),
+        }
+    }
+    Ok(entries)
+}
+
 /// The runtime specification of the sandbox.
-pub fn spec(staged: &Staged, hostname: &str) -> Value {
+pub fn spec(staged: &Staged, hostname: &str, environment: &[String]) -> Value {
+    let mut env = vec![format!("PATH={SANDBOX_PATH}")];
+    env.extend(environment.iter().cloned());
     let mut mounts = vec![
         json!({"destination": "/proc", "type": "proc", "source": "proc"}),
         json!({"destination": "/dev", "type": "tmpfs", "source": "tmpfs",
@@ -80,7 +120,7 @@ pub fn spec(staged: &Staged, hostname: &str) -> Value {
             "terminal": false,
             "user": {"uid": 0, "gid": 0},
             "args": [format!("{CONTROL_AREA}/bin/lazaret-init")],
-            "env": [format!("PATH={SANDBOX_PATH}")],
+            "env": env,
             "cwd": "/",
             "capabilities": {
                 "bounding": CAPABILITIES,
@@ -99,8 +139,10 @@ pub fn spec(staged: &Staged, hostname: &str) -> Value {
     })
 }
 
-/// Writes `config.json` into the staged bundle directory.
-pub fn write(staged: &Staged, hostname: &str) -> io::Result<()> {
-    let text = serde_json::to_vec_pretty(&spec(staged, hostname))?;
+/// Writes `config.json` into the staged bundle directory. It lives on the
+/// Domain mount namespace's private tmpfs: in memory, never on disk, and
+/// out of the host's view.
+pub fn write(staged: &Staged, hostname: &str, environment: &[String]) -> io::Result<()> {
+    let text = serde_json::to_vec_pretty(&spec(staged, hostname, environment))?;
     std::fs::write(staged.bundle.join("config.json"), text)
 }

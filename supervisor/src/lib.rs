@@ -199,42 +199,50 @@ fn fd_at<'a>(fds: &'a [OwnedFd], index: FdIndex) -> Result<BorrowedFd<'a>, Super
 
 fn start(channel: &Channel, plan: &SandboxPlan, fds: &[OwnedFd]) -> Result<(), SupervisorError> {
     mounts::private_proc().map_err(|e| failed(SupervisorStep::Mounts, chain(&e)))?;
-    // The coordinator's descriptors name host mounts; reopen each one as the
-    // same object inside the Domain mount namespace.
-    let fds = fds
+    // The coordinator's descriptors name host mounts; reopen each mount
+    // source as the same object inside the Domain mount namespace.
+    let rebased = |index: FdIndex| {
+        mounts::rebase(fd_at(fds, index)?, "a mount source")
+            .map_err(|e| failed(SupervisorStep::Mounts, chain(&e)))
+    };
+    let rootfs = rebased(plan.rootfs)?;
+    let workspace = rebased(plan.workspace)?;
+    let anchor_dirs = plan
+        .anchors
         .iter()
-        .map(|fd| {
-            mounts::rebase(fd.as_fd(), "a source")
-                .map_err(|e| failed(SupervisorStep::Mounts, chain(&e)))
-        })
-        .collect::<Result<Vec<OwnedFd>, _>>()?;
-    let fds = fds.as_slice();
+        .map(|a| rebased(a.state_dir))
+        .collect::<Result<Vec<_>, _>>()?;
+    let volume_sources = plan
+        .volumes
+        .iter()
+        .map(|v| rebased(v.source))
+        .collect::<Result<Vec<_>, _>>()?;
     let sources = mounts::Sources {
-        rootfs: fd_at(fds, plan.rootfs)?,
-        workspace: fd_at(fds, plan.workspace)?,
+        rootfs: rootfs.as_fd(),
+        workspace: workspace.as_fd(),
         anchors: plan
             .anchors
             .iter()
-            .map(|a| {
-                Ok(mounts::AnchorSource {
-                    sandbox_path: &a.sandbox_path,
-                    state_dir: fd_at(fds, a.state_dir)?,
-                })
+            .zip(&anchor_dirs)
+            .map(|(a, fd)| mounts::AnchorSource {
+                sandbox_path: &a.sandbox_path,
+                state_dir: fd.as_fd(),
             })
-            .collect::<Result<_, SupervisorError>>()?,
+            .collect(),
         volumes: plan
             .volumes
             .iter()
-            .map(|v| {
-                Ok(mounts::VolumeSource {
-                    sandbox_path: &v.sandbox_path,
-                    source: fd_at(fds, v.source)?,
-                    kind: v.kind,
-                    access: v.access,
-                })
+            .zip(&volume_sources)
+            .map(|(v, fd)| mounts::VolumeSource {
+                sandbox_path: &v.sandbox_path,
+                source: fd.as_fd(),
+                kind: v.kind,
+                access: v.access,
             })
-            .collect::<Result<_, SupervisorError>>()?,
+            .collect(),
     };
+    let environment = bundle::read_environment(fd_at(fds, plan.environment)?)
+        .map_err(|e| failed(SupervisorStep::Bundle, e))?;
     let runtime_dir = Path::new(plan.runtime_dir.as_os_str());
     let runsc = PathBuf::from(plan.runsc.as_os_str());
 
@@ -256,7 +264,8 @@ fn start(channel: &Channel, plan: &SandboxPlan, fds: &[OwnedFd]) -> Result<(), S
 
     let staged = mounts::stage(runtime_dir, &sources)
         .map_err(|e| failed(SupervisorStep::Mounts, chain(&e)))?;
-    bundle::write(&staged, "lazaret").map_err(|e| failed(SupervisorStep::Bundle, e))?;
+    bundle::write(&staged, "lazaret", &environment)
+        .map_err(|e| failed(SupervisorStep::Bundle, e))?;
     let container_id = plan.container_id.to_string();
     let runtime = runsc::Runsc {
         runsc: &runsc,

@@ -41,6 +41,22 @@ pub fn trials() -> Vec<Trial> {
             "domain::a_bad_image_fails_cleanly",
             a_bad_image_fails_cleanly,
         ),
+        Trial::test(
+            "domain::concurrent_ups_start_one_generation",
+            concurrent_ups,
+        ),
+        Trial::test(
+            "domain::environment_reaches_the_sandbox_not_the_disk",
+            environment,
+        ),
+        Trial::test(
+            "domain::a_killed_supervisor_ends_the_generation",
+            a_killed_supervisor,
+        ),
+        Trial::test(
+            "domain::unmodified_image_content_follows_the_image",
+            image_content_follows,
+        ),
     ]
     .into_iter()
     .map(|t| t.with_ignored_flag(!runnable))
@@ -272,5 +288,160 @@ fn a_bad_image_fails_cleanly() -> Result {
         "{:?}",
         lazaret_processes(host.uid())
     );
+    Ok(())
+}
+
+fn concurrent_ups() -> Result {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let host = UserHost::new();
+    host.write_config(&config(&busybox_image(), "\"/root\""));
+    let ws = host.workspace.clone();
+    let outputs: Vec<std::process::Output> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..3)
+            .map(|_| scope.spawn(|| host.lazaret(&ws, &["up", "p"])))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("up thread"))
+            .collect()
+    });
+    for out in &outputs {
+        assert!(out.status.success(), "{}", text(out));
+    }
+    let started = outputs
+        .iter()
+        .filter(|o| String::from_utf8_lossy(&o.stdout).contains("is up:"))
+        .count();
+    assert_eq!(started, 1, "exactly one up starts a generation");
+    let status = host.status(&ws, "p").ok_or("not running")?;
+    assert_eq!(status["generation"], 1);
+    down(&host, &ws)?;
+    Ok(())
+}
+
+fn a_killed_supervisor() -> Result {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let host = UserHost::new();
+    host.write_config(&config(&busybox_image(), "\"/root\""));
+    let ws = host.workspace.clone();
+    let status = up(&host, &ws)?;
+    let supervisor = status["supervisor"]["pid"].as_u64().unwrap();
+    let killed = std::process::Command::new("kill")
+        .args(["-KILL", &supervisor.to_string()])
+        .status()?;
+    assert!(killed.success());
+    // The coordinator sees its supervisor die, releases the generation and
+    // exits; nothing of the Domain remains.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while ["coordinator", "namespace_holder", "sandbox"]
+        .iter()
+        .any(|p| pid_exists(status[*p]["pid"].as_u64().unwrap()))
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the Domain outlived its supervisor"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(host.status(&ws, "p").is_none());
+    assert!(
+        lazaret_processes(host.uid()).is_empty(),
+        "{:?}",
+        lazaret_processes(host.uid())
+    );
+    let again = up(&host, &ws)?;
+    assert_eq!(again["generation"], 2);
+    down(&host, &ws)?;
+    Ok(())
+}
+
+fn image_content_follows() -> Result {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let host = UserHost::new();
+    // Two images that differ in /root: the Domain's own file under /root
+    // stays, and the image's file follows the image.
+    let image_dir = host.base().join("images");
+    let build = |tag: &str, marker: &str| -> Result {
+        let rootfs_extra = host.base().join(format!("extra-{tag}"));
+        std::fs::create_dir_all(rootfs_extra.join("root"))?;
+        std::fs::write(rootfs_extra.join("root/image-marker"), marker)?;
+        let out = std::process::Command::new("bash")
+            .arg(lazaret_tests::domain::repo_root().join("packaging/build-busybox-image.sh"))
+            .arg(&image_dir)
+            .arg(tag)
+            .env("LAZARET_IMAGE_EXTRA", &rootfs_extra)
+            .output()?;
+        if !out.status.success() {
+            return Err(format!("image build: {}", text(&out)).into());
+        }
+        Ok(())
+    };
+    build("one", "first")?;
+    build("two", "second")?;
+    let _ = std::process::Command::new("chmod")
+        .args(["-R", "a+rX"])
+        .arg(&image_dir)
+        .status();
+    let ws = host.workspace.clone();
+    let image = |tag: &str| format!("oci:{}:{tag}", image_dir.display());
+
+    host.write_config(&config(&image("one"), "\"/root\""));
+    let status = up(&host, &ws)?;
+    let out = host.exec(&status, "cat /root/image-marker; echo mine > /root/own");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "first",
+        "{}",
+        text(&out)
+    );
+    down(&host, &ws)?;
+
+    host.write_config(&config(&image("two"), "\"/root\""));
+    let status = up(&host, &ws)?;
+    let out = host.exec(&status, "cat /root/image-marker; echo; cat /root/own");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "second\nmine\n",
+        "{}",
+        text(&out)
+    );
+    down(&host, &ws)?;
+    Ok(())
+}
+
+fn environment() -> Result {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let host = UserHost::new();
+    let secret = "sk-e2e-secret-7f3a9c";
+    host.write_config(&format!(
+        "{}env = {{ API_TOKEN = \"env:LAZARET_E2E_TOKEN\" }}\n",
+        config(&busybox_image(), "\"/root\"")
+    ));
+    let ws = host.workspace.clone();
+    let out = host.lazaret_with_env(&ws, &["up", "p"], &[("LAZARET_E2E_TOKEN", secret)]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(!text(&out).contains(secret), "up printed the value");
+    let status = host.status(&ws, "p").ok_or("not running")?;
+    let inside = host.exec(&status, "tr '\\0' '\\n' < /proc/1/environ");
+    let environ = String::from_utf8_lossy(&inside.stdout).into_owned();
+    assert!(
+        environ.lines().any(|l| l == format!("API_TOKEN={secret}")),
+        "{}",
+        text(&inside)
+    );
+    // Nothing the host can read on disk holds the value: not the stores,
+    // not the logs, not the runtime directory.
+    for tree in [&host.home, &host.runtime] {
+        let grep = std::process::Command::new("grep")
+            .args(["-r", "-l", "-a", secret])
+            .arg(tree)
+            .output()?;
+        assert!(
+            grep.stdout.is_empty(),
+            "the value is in {}",
+            String::from_utf8_lossy(&grep.stdout)
+        );
+    }
+    down(&host, &ws)?;
     Ok(())
 }

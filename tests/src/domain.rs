@@ -93,7 +93,7 @@ pub struct UserHost {
     pub workspace: PathBuf,
     uid: u32,
     gid: u32,
-    profiles: std::cell::RefCell<Vec<(String, PathBuf)>>,
+    profiles: std::sync::Mutex<Vec<(String, PathBuf)>>,
 }
 
 impl UserHost {
@@ -175,13 +175,20 @@ impl UserHost {
     /// `lazaret ARGS` as the test user in `cwd`; remembers `up`s so the
     /// host is brought down when dropped.
     pub fn lazaret(&self, cwd: &Path, args: &[&str]) -> Output {
+        self.lazaret_with_env(cwd, args, &[])
+    }
+
+    /// `lazaret ARGS` as the test user with extra environment variables.
+    pub fn lazaret_with_env(&self, cwd: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
         if let ["up", profile, ..] = args {
             self.profiles
-                .borrow_mut()
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
                 .push(((*profile).to_owned(), cwd.to_path_buf()));
         }
         self.command(&bin("lazaret"), cwd)
             .args(args)
+            .envs(env.iter().copied())
             .output()
             .expect("run lazaret")
     }
@@ -234,7 +241,8 @@ impl Default for UserHost {
 
 impl Drop for UserHost {
     fn drop(&mut self) {
-        for (profile, cwd) in self.profiles.borrow().iter() {
+        let profiles = self.profiles.lock().unwrap_or_else(|e| e.into_inner());
+        for (profile, cwd) in profiles.iter() {
             let _ = self
                 .command(&bin("lazaret"), cwd)
                 .args(["down", profile])

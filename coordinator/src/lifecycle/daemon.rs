@@ -891,6 +891,28 @@ fn pidfd_of_child(child: &Child) -> std::io::Result<OwnedFd> {
     rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()).map_err(Into::into)
 }
 
+/// The resolved sandbox environment in a sealed memfd: `NAME=value\0`
+/// entries. The values exist only in this process's memory and the memfd.
+fn environment_memfd(resolved: &ResolvedDomainConfiguration) -> std::io::Result<OwnedFd> {
+    use rustix::fs::{MemfdFlags, SealFlags};
+    let fd = rustix::fs::memfd_create(
+        "lazaret-environment",
+        MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING,
+    )?;
+    let mut file = File::from(fd);
+    for (name, value) in resolved.environment() {
+        std::io::Write::write_all(&mut file, name.as_str().as_bytes())?;
+        std::io::Write::write_all(&mut file, b"=")?;
+        std::io::Write::write_all(&mut file, value.expose().as_bytes())?;
+        std::io::Write::write_all(&mut file, b"\0")?;
+    }
+    rustix::fs::fcntl_add_seals(
+        &file,
+        SealFlags::SHRINK | SealFlags::GROW | SealFlags::WRITE | SealFlags::SEAL,
+    )?;
+    Ok(OwnedFd::from(file))
+}
+
 /// What the supervisor reported once the sandbox ran.
 struct StartedSandbox {
     holder: HeldProcess,
@@ -912,7 +934,17 @@ fn start_sandbox(
     generation: &Generation,
 ) -> Result<StartedSandbox, Failure> {
     let auth = resolved.authorities();
-    let mut fds: Vec<BorrowedFd<'_>> = vec![prepared.rootfs.fd(), auth.workspace.fd()];
+    let environment = environment_memfd(resolved).map_err(|e| {
+        failure(
+            StartupStep::Sandbox,
+            format!("cannot pass the sandbox environment: {e}"),
+        )
+    })?;
+    let mut fds: Vec<BorrowedFd<'_>> = vec![
+        prepared.rootfs.fd(),
+        auth.workspace.fd(),
+        environment.as_fd(),
+    ];
     let next =
         |fds: &mut Vec<BorrowedFd<'_>>| FdIndex(u16::try_from(fds.len()).unwrap_or(u16::MAX));
     let anchors = resolved
@@ -951,6 +983,7 @@ fn start_sandbox(
         runsc: label_bytes(runsc),
         rootfs: FdIndex(0),
         workspace: FdIndex(1),
+        environment: FdIndex(2),
         anchors,
         volumes,
     };
