@@ -45,6 +45,7 @@ pub fn trials() -> Vec<Trial> {
             "domain::concurrent_ups_start_one_generation",
             concurrent_ups,
         ),
+        Trial::test("domain::volumes_mount_with_their_access", volumes),
         Trial::test(
             "domain::environment_reaches_the_sandbox_not_the_disk",
             environment,
@@ -442,6 +443,39 @@ fn environment() -> Result {
             String::from_utf8_lossy(&grep.stdout)
         );
     }
+    down(&host, &ws)?;
+    Ok(())
+}
+
+fn volumes() -> Result {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let host = UserHost::new();
+    let shared = host.user_dir("shared");
+    let notes = shared.join("notes.txt");
+    std::fs::write(&notes, "read me\n")?;
+    host.write_config(&format!(
+        "{}volumes = [\n\
+         {{ host = \"{{profile_dir}}/state\", container = \"/root/state\", kind = \"directory\", create = true }},\n\
+         {{ host = \"{}\", container = \"/root/notes.txt\", kind = \"file\", access = \"read-only\" }},\n]\n",
+        config(&busybox_image(), "\"/root\""),
+        notes.display()
+    ));
+    let ws = host.workspace.clone();
+    let status = up(&host, &ws)?;
+    let out = host.exec(
+        &status,
+        "echo kept > /root/state/file && cat /root/notes.txt && \
+         (echo no >> /root/notes.txt 2>/dev/null && echo WRITABLE || echo read-only)",
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "read me\nread-only\n",
+        "{}",
+        text(&out)
+    );
+    let state = host.home.join(".local/share/lazaret/profiles/p/state/file");
+    assert_eq!(std::fs::read_to_string(&state)?, "kept\n");
+    assert_eq!(std::fs::read_to_string(&notes)?, "read me\n");
     down(&host, &ws)?;
     Ok(())
 }
