@@ -107,16 +107,24 @@ fn log(message: impl std::fmt::Display) {
     eprintln!("[{}] {message}", UnixTimeNs::now().as_secs());
 }
 
+/// The startup channel to the CLI that started this coordinator.
 struct Reporter {
-    startup: Option<Startup>,
+    startup: Startup,
 }
 
 impl Reporter {
+    fn take_stdin() -> Result<Self, ExitCode> {
+        Startup::take_stdin()
+            .map(|startup| Reporter { startup })
+            .map_err(|e| {
+                eprintln!("lazaret-coordinator: {}", chain(&e));
+                ExitCode::FAILURE
+            })
+    }
+
     fn send(&self, event: StartupEvent) {
-        if let Some(startup) = &self.startup {
-            // The CLI may have gone (Ctrl-C); starting goes on regardless.
-            let _ = startup.send(&event, &[]);
-        }
+        // The CLI may have gone (Ctrl-C); the coordinator goes on regardless.
+        let _ = self.startup.send(&event, &[]);
     }
 
     fn progress(&self, step: StartupStep, detail: impl Into<String>) {
@@ -270,14 +278,9 @@ fn recover_stale(
 
 /// `lazaret-coordinator recover`: finish a stale generation, if any.
 pub fn recover(args: Args) -> ExitCode {
-    let reporter = match Startup::take_stdin() {
-        Ok(startup) => Reporter {
-            startup: Some(startup),
-        },
-        Err(e) => {
-            eprintln!("lazaret-coordinator: {}", chain(&e));
-            return ExitCode::FAILURE;
-        }
+    let reporter = match Reporter::take_stdin() {
+        Ok(reporter) => reporter,
+        Err(code) => return code,
     };
     let outcome = (|| {
         let resolved = load(&args)?;
@@ -395,14 +398,9 @@ pub fn differences(
 
 /// `lazaret-coordinator start`: bring a generation up and serve it.
 pub fn start(args: Args) -> ExitCode {
-    let reporter = match Startup::take_stdin() {
-        Ok(startup) => Reporter {
-            startup: Some(startup),
-        },
-        Err(e) => {
-            eprintln!("lazaret-coordinator: {}", chain(&e));
-            return ExitCode::FAILURE;
-        }
+    let reporter = match Reporter::take_stdin() {
+        Ok(reporter) => reporter,
+        Err(code) => return code,
     };
     // Leave the CLI's session so its terminal closing does not end the Domain.
     let _ = rustix::process::setsid();
@@ -682,7 +680,6 @@ fn bring_up(
         ParticipantOwnership::PreparedLower(PreparedLowerOwnership::default()),
     );
     record(Slot::PREPARED_LOWER, &lower, StartupStep::Image)?;
-    let startup = reporter.startup.as_ref();
     let prepared = owned
         .catalog
         .prepare_and_lease(
@@ -690,16 +687,11 @@ fn bring_up(
             resolved.domain_id(),
             generation.generation_id,
             &mut |p| {
-                if let Some(startup) = startup {
-                    let _ = startup.send(
-                        &StartupEvent::Progress {
-                            step: StartupStep::Image,
-                            detail: p.to_string(),
-                            fraction: p.fraction(),
-                        },
-                        &[],
-                    );
-                }
+                reporter.send(StartupEvent::Progress {
+                    step: StartupStep::Image,
+                    detail: p.to_string(),
+                    fraction: p.fraction(),
+                })
             },
         )
         .map_err(|e| at(StartupStep::Image)(&e))?;
