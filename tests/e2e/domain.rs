@@ -46,6 +46,7 @@ pub fn trials() -> Vec<Trial> {
             concurrent_ups,
         ),
         Trial::test("domain::volumes_mount_with_their_access", volumes),
+        Trial::test("domain::a_git_workspace_is_refused", git_workspace),
         Trial::test(
             "domain::environment_reaches_the_sandbox_not_the_disk",
             environment,
@@ -477,5 +478,21 @@ fn volumes() -> Result {
     assert_eq!(std::fs::read_to_string(&state)?, "kept\n");
     assert_eq!(std::fs::read_to_string(&notes)?, "read me\n");
     down(&host, &ws)?;
+    Ok(())
+}
+
+fn git_workspace() -> Result {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let host = UserHost::new();
+    host.write_config(&config(&busybox_image(), "\"/root\""));
+    let ws = host.workspace.clone();
+    let git = host.user_dir("project/.git");
+    let out = host.lazaret(&ws, &["up", "p"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("is a git repository"), "{err}");
+    assert!(err.contains(".git/hooks"), "{err}");
+    assert!(host.status(&ws, "p").is_none(), "nothing runs");
+    std::fs::remove_dir(&git)?;
     Ok(())
 }

@@ -413,6 +413,9 @@ pub fn start(args: Args) -> ExitCode {
         Ok(resolved) => resolved,
         Err(failure) => return reporter.fail(failure),
     };
+    if let Err(failure) = refuse_git_workspace(&resolved) {
+        return reporter.fail(failure);
+    }
     let auth = resolved.authorities();
     let paths = DomainPaths::new(
         resolved.domain_id(),
@@ -525,6 +528,31 @@ fn begin_generation(
         .put_generation(&generation)
         .map_err(|e| store_failure(&e))?;
     Ok(generation)
+}
+
+/// Refuses a workspace that is a git repository: this version cannot yet
+/// keep its git-ignored files (`.env`, build outputs) out of the sandbox, nor
+/// keep `.git/config` and `.git/hooks` read-only — and a hook the sandbox
+/// wrote would run on the host at the next commit.
+fn refuse_git_workspace(resolved: &ResolvedDomainConfiguration) -> Result<(), Failure> {
+    let workspace = &resolved.authorities().workspace;
+    match rustix::fs::statat(
+        workspace.fd(),
+        ".git",
+        rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+    ) {
+        Err(rustix::io::Errno::NOENT) => Ok(()),
+        _ => Err(failure(
+            StartupStep::Configuration,
+            format!(
+                "{} is a git repository; this version of Lazaret cannot yet protect one \
+                 (keep git-ignored files such as .env out of the sandbox, and keep .git/config \
+                 and .git/hooks read-only, so that no hook written inside runs on the host); \
+                 run it on a directory without .git until that protection arrives",
+                workspace.label().display()
+            ),
+        )),
+    }
 }
 
 /// A running supervisor: its process, pidfd and channel.
