@@ -13,4 +13,5 @@ pub mod config;
 pub mod image;
 pub mod lifecycle;
 pub mod process;
+pub mod session;
 pub mod store;

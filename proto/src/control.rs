@@ -12,7 +12,9 @@ use serde::{Deserialize, Serialize};
 use crate::codec::WireRecord;
 use crate::common::{HostPath, UnixTimeNs};
 use crate::config::ConfigurationFingerprintRecordV1;
-use crate::ids::{ConfigurationFingerprint, ContainerId, DomainId, GenerationId, ManifestDigest};
+use crate::ids::{
+    ConfigurationFingerprint, ContainerId, DomainId, GenerationId, ManifestDigest, SessionId,
+};
 use crate::process::PidfsProcessIdentityV1;
 use crate::store::GenerationState;
 
@@ -156,4 +158,19 @@ pub struct DomainStatus {
     pub namespace_holder: PidfsProcessIdentityV1,
     /// The runsc sandbox process's identity.
     pub sandbox: PidfsProcessIdentityV1,
+    /// The client sessions attached now.
+    pub sessions: Vec<SessionSummary>,
+}
+
+/// One attached client session, as `lazaret status` lists it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionSummary {
+    /// The session.
+    pub session_id: SessionId,
+    /// Its command; empty for the login shell.
+    pub command: Vec<String>,
+    /// Whether it runs on a terminal.
+    pub terminal: bool,
+    /// When it opened.
+    pub opened_at: UnixTimeNs,
 }

@@ -21,6 +21,7 @@ pub mod mailbox;
 pub mod network;
 pub mod ownership;
 pub mod process;
+pub mod session;
 pub mod store;
 pub mod supervisor;
 pub mod terminal;

@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use crate::codec::WireRecord;
 use crate::common::HostPath;
 use crate::config::{VolumeAccess, VolumeKind};
-use crate::ids::{ContainerId, DomainId, GenerationId};
+use crate::ids::{ContainerId, DomainId, GenerationId, SessionId};
 use crate::ownership::NamespaceIdentity;
 
 /// The index of a descriptor in the packet that carries a message.
@@ -71,11 +71,53 @@ pub struct SandboxPlan {
     pub volumes: Vec<VolumeMount>,
 }
 
+/// How a session process's standard streams are connected.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ExecStdio {
+    /// One host PTY slave as stdin, stdout and stderr; it becomes the
+    /// process's controlling terminal.
+    Terminal {
+        /// The PTY slave.
+        slave: FdIndex,
+        /// The window's rows.
+        rows: u16,
+        /// The window's columns.
+        columns: u16,
+    },
+    /// A pipe for standard input and one pipe for standard output and
+    /// standard error together, in the order written.
+    Pipes {
+        /// The read end of the input pipe.
+        input: FdIndex,
+        /// The write end of the output pipe.
+        output: FdIndex,
+    },
+}
+
+/// One client session's process, run in the sandbox with `runsc exec`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExecRequest {
+    /// The session the process belongs to.
+    pub session_id: SessionId,
+    /// The command and its arguments.
+    pub args: Vec<String>,
+    /// The working directory inside the sandbox.
+    pub cwd: String,
+    /// `TERM` for terminal sessions.
+    pub term: Option<String>,
+    /// A sealed memfd with the profile's environment (`NAME=value\0`).
+    pub environment: FdIndex,
+    /// The process's standard streams.
+    pub stdio: ExecStdio,
+}
+
 /// What the coordinator asks of the supervisor.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum SupervisorRequest {
     /// Build the namespaces, mounts and bundle, and start the sandbox.
     Start(SandboxPlan),
+    /// Start a session process in the running sandbox.
+    Exec(ExecRequest),
     /// Stop the sandbox and exit, releasing every mount with the namespace.
     Stop,
 }
@@ -137,6 +179,30 @@ pub enum SupervisorReport {
     },
     /// Starting failed; the supervisor exits after sending this.
     Failed(SupervisorError),
+    /// A session process started; the packet carries the pidfd of its
+    /// `runsc exec`.
+    ExecStarted {
+        /// The session.
+        session_id: SessionId,
+        /// The pidfd of `runsc exec`.
+        process: FdIndex,
+    },
+    /// A session process could not start.
+    ExecFailed {
+        /// The session.
+        session_id: SessionId,
+        /// What failed, for the user.
+        detail: String,
+    },
+    /// A session process ended.
+    ExecExited {
+        /// The session.
+        session_id: SessionId,
+        /// Its exit code; `128 + N` when signal N ended it.
+        exit_code: u8,
+        /// Whether a signal ended it.
+        signaled: bool,
+    },
     /// The sandbox is stopped; the supervisor exits after sending this.
     Stopped,
 }

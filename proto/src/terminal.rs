@@ -175,6 +175,8 @@ pub enum SessionExitOutcome {
     /// The process's end was not observed (the runtime went away, or its
     /// identity could not be proven); the session is over regardless.
     Lost,
+    /// The Domain was taken down (`lazaret down`) while the session ran.
+    DomainDown,
 }
 
 /// Everything the Host Coordinator may send about a session's terminal.

@@ -155,6 +155,26 @@ impl WireRecord for TrustManifest {
     const MAX_ENCODED_LEN: usize = 1024;
 }
 
+/// What a host CLI keeps beside its `ClientCLI` certificate: the
+/// generation's [`TrustManifest`] and the CA certificate it pins.
+///
+/// Not in the seed: the manifest holds only the CA's digest, and a client
+/// needs the certificate itself to verify the server. Whoever loads it
+/// checks that SHA-256 of `ca_certificate_der` equals
+/// `manifest.tls_ca_sha256` before trusting the certificate.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClientTrustBundle {
+    /// The generation's pins.
+    pub manifest: TrustManifest,
+    /// The generation's TLS CA certificate, DER.
+    pub ca_certificate_der: Vec<u8>,
+}
+
+impl WireRecord for ClientTrustBundle {
+    const NAME: &'static str = "ClientTrustBundle";
+    const MAX_ENCODED_LEN: usize = 8 * 1024;
+}
+
 /// A TLS certificate and key for one end of the Session Coordinator link,
 /// issued by the generation's CA. Stored mode 0600.
 ///

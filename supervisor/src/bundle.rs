@@ -79,7 +79,8 @@ pub fn read_environment(fd: BorrowedFd<'_>) -> Result<Vec<String>, String> {
         let entry = String::from_utf8(entry.to_vec())
             .map_err(|_| "an environment entry is not UTF-8".to_owned())?;
         match entry.split_once('=') {
-            Some((name, _)) if !name.is_empty() && name != "PATH" => entries.push(entry),
+            Some(("PATH", _)) => return Err("the environment may not set PATH".into()),
+            Some((name, _)) if !name.is_empty() => entries.push(entry),
             _ => return Err("an environment entry has no name".into()),
         }
     }

@@ -30,6 +30,7 @@
 #![deny(missing_docs)]
 
 mod bundle;
+mod exec;
 mod mounts;
 mod namespaces;
 mod runsc;
@@ -38,12 +39,14 @@ mod sys;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
+use std::sync::Arc;
 
 use lazaret_proto::channel::{ChannelError, Endpoint, Limits, Received};
 use lazaret_proto::supervisor::{
-    FdIndex, SandboxPlan, SupervisorError, SupervisorReport, SupervisorRequest, SupervisorStep,
+    ExecRequest, ExecStdio, FdIndex, SandboxPlan, SupervisorError, SupervisorReport,
+    SupervisorRequest, SupervisorStep,
 };
-use rustix::process::{Pid, PidfdFlags, Signal, WaitOptions, pidfd_open, waitpid};
+use rustix::process::{Pid, PidfdFlags, Signal, pidfd_open};
 
 type Channel = Endpoint<SupervisorReport, SupervisorRequest>;
 
@@ -152,10 +155,7 @@ fn pid1() -> ExitCode {
         return ExitCode::FAILURE;
     };
     match start(&channel, &plan, &fds) {
-        Ok(()) => {
-            reap_orphans();
-            serve(&channel)
-        }
+        Ok(running) => serve(Arc::new(channel), &running, exec::Reaper::start()),
         Err(error) => {
             eprintln!(
                 "lazaret-supervisor: {:?} failed: {}",
@@ -173,19 +173,6 @@ const PLAN_LIMITS: Limits = Limits {
     max_fds: 253,
 };
 
-/// As the pid namespace's init, reaps every orphan as soon as it exits
-/// (runsc's `delete` and the kernel's teardown wait on it). Started only
-/// once no `Command` of this process is still waiting for its own child.
-fn reap_orphans() {
-    std::thread::spawn(|| {
-        loop {
-            if waitpid(None, WaitOptions::empty()).is_err() {
-                std::thread::sleep(std::time::Duration::from_millis(20));
-            }
-        }
-    });
-}
-
 fn fd_at<'a>(fds: &'a [OwnedFd], index: FdIndex) -> Result<BorrowedFd<'a>, SupervisorError> {
     fds.get(usize::from(index.0))
         .map(AsFd::as_fd)
@@ -197,7 +184,18 @@ fn fd_at<'a>(fds: &'a [OwnedFd], index: FdIndex) -> Result<BorrowedFd<'a>, Super
         })
 }
 
-fn start(channel: &Channel, plan: &SandboxPlan, fds: &[OwnedFd]) -> Result<(), SupervisorError> {
+/// What serving a running sandbox needs.
+struct Running {
+    runsc: PathBuf,
+    runsc_root: PathBuf,
+    container_id: String,
+}
+
+fn start(
+    channel: &Channel,
+    plan: &SandboxPlan,
+    fds: &[OwnedFd],
+) -> Result<Running, SupervisorError> {
     mounts::private_proc().map_err(|e| failed(SupervisorStep::Mounts, chain(&e)))?;
     // The coordinator's descriptors name host mounts; reopen each mount
     // source as the same object inside the Domain mount namespace.
@@ -285,7 +283,12 @@ fn start(channel: &Channel, plan: &SandboxPlan, fds: &[OwnedFd]) -> Result<(), S
         runtime_root: staged.runsc_root.as_os_str().as_encoded_bytes().into(),
         bundle: staged.bundle.as_os_str().as_encoded_bytes().into(),
     };
-    send(channel, &report, &descriptors)
+    send(channel, &report, &descriptors)?;
+    Ok(Running {
+        runsc,
+        runsc_root: staged.runsc_root,
+        container_id,
+    })
 }
 
 fn send(
@@ -332,7 +335,8 @@ fn runsc_processes() -> Result<(OwnedFd, Option<OwnedFd>), String> {
     Ok((sandbox, gofer))
 }
 
-fn serve(channel: &Channel) -> ExitCode {
+/// Serves the running sandbox: session processes until `Stop`.
+fn serve(channel: Arc<Channel>, running: &Running, reaper: Arc<exec::Reaper>) -> ExitCode {
     loop {
         match channel.recv() {
             Ok(Received {
@@ -344,6 +348,36 @@ fn serve(channel: &Channel) -> ExitCode {
                 // included; the mounts end with the mount namespace.
                 let _ = channel.send(&SupervisorReport::Stopped, &[]);
                 return ExitCode::SUCCESS;
+            }
+            Ok(Received {
+                message: SupervisorRequest::Exec(request),
+                fds,
+            }) => {
+                let session_id = request.session_id;
+                let started = start_exec(running, &reaper, &request, &fds);
+                match started {
+                    Ok(started) => {
+                        let report = SupervisorReport::ExecStarted {
+                            session_id,
+                            process: FdIndex(0),
+                        };
+                        let _ = channel.send(&report, &[started.pidfd.as_fd()]);
+                        let (channel, reaper) = (Arc::clone(&channel), Arc::clone(&reaper));
+                        std::thread::spawn(move || {
+                            let exit = exec::wait(&reaper, started);
+                            let report = SupervisorReport::ExecExited {
+                                session_id,
+                                exit_code: exit.code,
+                                signaled: exit.signaled,
+                            };
+                            let _ = channel.send(&report, &[]);
+                        });
+                    }
+                    Err(detail) => {
+                        let _ =
+                            channel.send(&SupervisorReport::ExecFailed { session_id, detail }, &[]);
+                    }
+                }
             }
             Ok(Received {
                 message: SupervisorRequest::Start(_),
@@ -359,4 +393,25 @@ fn serve(channel: &Channel) -> ExitCode {
             }
         }
     }
+}
+
+/// Starts one session process from an `Exec` request and its descriptors.
+fn start_exec(
+    running: &Running,
+    reaper: &exec::Reaper,
+    request: &ExecRequest,
+    fds: &[OwnedFd],
+) -> Result<exec::Started, String> {
+    let at = |index: FdIndex| fd_at(fds, index).map_err(|e| e.detail);
+    let environment = bundle::read_environment(at(request.environment)?)?;
+    let stdio = match request.stdio {
+        ExecStdio::Terminal { slave, .. } => (at(slave)?, at(slave)?),
+        ExecStdio::Pipes { input, output } => (at(input)?, at(output)?),
+    };
+    let runtime = exec::Runtime {
+        runsc: &running.runsc,
+        root: &running.runsc_root,
+        container_id: &running.container_id,
+    };
+    exec::spawn(reaper, &runtime, request, &environment, stdio)
 }

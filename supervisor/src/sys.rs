@@ -29,3 +29,22 @@ pub fn unshare_namespaces(flags: UnshareFlags) -> std::io::Result<()> {
     // anywhere in this process stay valid.
     unsafe { rustix::thread::unshare_unsafe(flags) }.map_err(Into::into)
 }
+
+/// Makes a spawned child the leader of a new session whose controlling
+/// terminal is its standard input (the PTY slave), as an interactive
+/// process needs: `setsid(2)` then `ioctl(0, TIOCSCTTY)` between fork and
+/// exec.
+pub fn with_controlling_terminal(command: &mut std::process::Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the closure runs in the child between fork and exec, where
+    // only async-signal-safe work is allowed. It makes two raw system calls
+    // through rustix (no allocation, no locks, no shared state) and returns
+    // their errors by value.
+    unsafe {
+        command.pre_exec(|| {
+            rustix::process::setsid()?;
+            rustix::process::ioctl_tiocsctty(rustix::stdio::stdin())?;
+            Ok(())
+        });
+    }
+}

@@ -60,7 +60,7 @@ pub enum Command {
     /// Stop the Domain of PROFILE; persistent state stays.
     #[command(after_help = "Example:\n  lazaret down claude")]
     Down(ProfileArg),
-    /// Open a shell, or run COMMAND, inside the running sandbox (not in this version).
+    /// Open a shell, or run COMMAND, inside the running sandbox.
     #[command(
         after_help = "Examples:\n  lazaret attach claude\n  lazaret attach claude -- make test"
     )]

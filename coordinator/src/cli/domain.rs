@@ -256,6 +256,12 @@ fn status_json(status: &DomainStatus) -> Value {
         "supervisor": process(&status.supervisor),
         "namespace_holder": process(&status.namespace_holder),
         "sandbox": process(&status.sandbox),
+        "sessions": status.sessions.iter().map(|s| json!({
+            "session_id": s.session_id.to_hex(),
+            "command": s.command,
+            "terminal": s.terminal,
+            "opened_at_unix": s.opened_at.as_secs(),
+        })).collect::<Vec<_>>(),
     })
 }
 
@@ -267,7 +273,8 @@ fn status_text(status: &DomainStatus) -> String {
          \x20 image            {image} ({digest})\n\
          \x20 sandbox          container {container}, pid {sandbox}\n\
          \x20 supervisor       pid {supervisor}; coordinator pid {coordinator}\n\
-         \x20 persistent dirs  {dirs}\n",
+         \x20 persistent dirs  {dirs}\n\
+         \x20 sessions         {sessions}\n",
         profile = status.profile,
         state = v["state"].as_str().unwrap_or_default(),
         generation = status.generation_id,
@@ -280,6 +287,22 @@ fn status_text(status: &DomainStatus) -> String {
         sandbox = status.sandbox.host_pid,
         supervisor = status.supervisor.host_pid,
         coordinator = status.coordinator.host_pid,
+        sessions = if status.sessions.is_empty() {
+            "(none)".to_owned()
+        } else {
+            status
+                .sessions
+                .iter()
+                .map(|s| {
+                    if s.command.is_empty() {
+                        "shell".to_owned()
+                    } else {
+                        s.command.join(" ")
+                    }
+                })
+                .collect::<Vec<_>>()
+                .join("; ")
+        },
         dirs = if status.configuration.persistent_dirs.is_empty() {
             "(none)".to_owned()
         } else {

@@ -7,6 +7,7 @@
 //! clap and the configuration loader have checked them.
 
 mod args;
+mod attach;
 mod domain;
 
 use std::ffi::OsString;
@@ -50,7 +51,7 @@ impl From<ConfigError> for Failure {
 pub fn run() -> ExitCode {
     let cli = Cli::parse();
     match dispatch(cli) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => ExitCode::from(code),
         Err(failure) => {
             eprintln!("lazaret: {}", failure.message);
             ExitCode::from(failure.status)
@@ -58,12 +59,13 @@ pub fn run() -> ExitCode {
     }
 }
 
-fn dispatch(cli: Cli) -> Result<(), Failure> {
+/// Runs one command; its exit code on success.
+fn dispatch(cli: Cli) -> Result<u8, Failure> {
     let globals = Globals {
         config: cli.config,
         workspace: cli.workspace,
     };
-    match cli.command {
+    let done = match cli.command {
         Command::Config { command } => match command {
             ConfigCommand::Check { profile, json } => {
                 config_check(&globals, &profile.profile, json)
@@ -72,7 +74,18 @@ fn dispatch(cli: Cli) -> Result<(), Failure> {
         },
         Command::Up(profile) => domain::up(&globals, &profile.profile),
         Command::Down(profile) => domain::down(&globals, &profile.profile),
-        Command::Attach { .. } => unavailable("attach", "client sessions"),
+        Command::Attach { profile, command } => {
+            let command = command
+                .into_iter()
+                .map(|arg| {
+                    arg.into_string().map_err(|arg| Failure {
+                        message: format!("the command argument {arg:?} is not valid UTF-8"),
+                        status: EXIT_INVALID,
+                    })
+                })
+                .collect::<Result<Vec<String>, Failure>>()?;
+            return attach::attach(&globals, &profile.profile, command);
+        }
         Command::Status { profile, all, json } => {
             domain::status(&globals, profile.as_deref(), all, json)
         }
@@ -86,14 +99,15 @@ fn dispatch(cli: Cli) -> Result<(), Failure> {
             };
             unavailable(name, "State Anchor inspection and reset")
         }
-    }
+    };
+    done.map(|()| 0)
 }
 
 fn unavailable(command: &str, what: &str) -> Result<(), Failure> {
     Err(Failure {
         message: format!(
-            "`lazaret {command}` is not available in this version ({}): {what} is not built yet; \
-             `lazaret up`, `down`, `status` and `config check` work today",
+            "`lazaret {command}` is not available in this version ({}): {what} are not built yet; \
+             `lazaret up`, `down`, `status`, `logs` and `config` work today",
             env!("CARGO_PKG_VERSION")
         ),
         status: EXIT_UNAVAILABLE,

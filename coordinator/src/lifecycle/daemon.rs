@@ -24,8 +24,10 @@
 use std::ffi::OsString;
 use std::fs::File;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lazaret_proto::channel::{ChannelError, Endpoint, Limits, Received};
@@ -34,7 +36,7 @@ use lazaret_proto::config::ConfigurationFingerprintRecordV1;
 use lazaret_proto::control::{
     ControlRequest, ControlResponse, DomainStatus, StartupEvent, StartupStep,
 };
-use lazaret_proto::ids::{ContainerId, GenerationId};
+use lazaret_proto::ids::{ContainerId, GenerationId, GenerationNonce};
 use lazaret_proto::ownership::{
     HelperOwnership, ParticipantOwnership, PreparedLowerOwnership, PublicationOwnership,
     SandboxOwnership, StateAnchorOwnership,
@@ -44,6 +46,7 @@ use lazaret_proto::store::{Domain, Generation, GenerationState, Participant, Par
 use lazaret_proto::supervisor::{
     AnchorMount, FdIndex, SandboxPlan, SupervisorReport, SupervisorRequest, VolumeMount,
 };
+use lazaret_proto::trust::GenerationIdentity;
 use rustix::event::{PollFd, PollFlags, Timespec, poll};
 use rustix::fs::{FlockOperation, Mode, OFlags, ResolveFlags};
 
@@ -53,6 +56,9 @@ use crate::catalog::{PreparedLower, StorageCatalog};
 use crate::config::{self, HostEnvironment, LoadRequest, ResolvedDomainConfiguration, RetainedDir};
 use crate::image::parse_reference;
 use crate::process::{HeldProcess, kill_and_wait, wait_exit};
+use crate::session;
+use crate::session::hub::Hub;
+use crate::session::tls::{GenerationCredentials, remove_client_credential};
 use crate::store::{DomainStore, Slot};
 
 type Startup = Endpoint<StartupEvent, ControlRequest>;
@@ -226,7 +232,7 @@ fn redirect_to_log(runtime: &RetainedDir) -> Result<(), Failure> {
 
 /// The stores of a Domain whose ownership this process holds.
 struct Owned {
-    store: DomainStore,
+    store: Arc<DomainStore>,
     catalog: StorageCatalog,
 }
 
@@ -241,7 +247,10 @@ fn open_stores(resolved: &ResolvedDomainConfiguration) -> Result<Owned, Failure>
         .map_err(|e| at(StartupStep::Ownership)(&e))?;
     let catalog = StorageCatalog::open(&auth.storage_root, rustix::process::getuid().as_raw())
         .map_err(|e| at(StartupStep::Ownership)(&e))?;
-    Ok(Owned { store, catalog })
+    Ok(Owned {
+        store: Arc::new(store),
+        catalog,
+    })
 }
 
 fn label_bytes(path: &Path) -> HostPath {
@@ -292,6 +301,7 @@ pub fn recover(args: Args) -> ExitCode {
             );
             return already_running(&paths, &resolved);
         };
+        redirect_to_log(&auth.domain_runtime)?;
         let owned = open_stores(&resolved)?;
         let generation_id = recover_stale(&owned, &resolved)?;
         Ok(StartupEvent::Recovered { generation_id })
@@ -559,7 +569,7 @@ fn refuse_git_workspace(resolved: &ResolvedDomainConfiguration) -> Result<(), Fa
 struct Supervisor {
     child: Child,
     held: HeldProcess,
-    channel: SupervisorChannel,
+    channel: Arc<SupervisorChannel>,
 }
 
 impl Supervisor {
@@ -603,6 +613,8 @@ struct Live {
     supervisor: Supervisor,
     sandbox: HeldProcess,
     listener: OwnedFd,
+    sessions: UnixListener,
+    hub: Arc<Hub>,
     prepared: PreparedLower,
     container_id: ContainerId,
     runtime_root: HostPath,
@@ -630,6 +642,7 @@ impl Live {
             supervisor: self.supervisor.held.identity,
             namespace_holder: self.holder.identity,
             sandbox: self.sandbox.identity,
+            sessions: self.hub.sessions(),
         }
     }
 }
@@ -669,13 +682,6 @@ fn runsc() -> Result<PathBuf, String> {
         .ok_or_else(|| {
             "runsc (gVisor) is not installed; install it with `apt-get install runsc`".into()
         })
-}
-
-/// A random container ID.
-fn random_container_id() -> std::io::Result<ContainerId> {
-    let mut bytes = [0u8; 16];
-    std::io::Read::read_exact(&mut File::open("/dev/urandom")?, &mut bytes)?;
-    Ok(ContainerId(bytes))
 }
 
 fn bring_up(
@@ -783,7 +789,7 @@ fn bring_up(
     let sandbox_failure = |message: String| failure(StartupStep::Sandbox, message);
     let supervisor_path = role_binary("lazaret-supervisor").map_err(sandbox_failure)?;
     let runsc = runsc().map_err(sandbox_failure)?;
-    let container_id = random_container_id().map_err(|e| sandbox_failure(e.to_string()))?;
+    let container_id = ContainerId(random_bytes());
     let mut helper = participant(
         generation,
         ParticipantState::Intent,
@@ -805,7 +811,7 @@ fn bring_up(
     let supervisor = slot.insert(Supervisor {
         child,
         held,
-        channel: ours,
+        channel: Arc::new(ours),
     });
     let staged = PersistedHostProcessOwnership::Staged(supervisor.held.record());
     helper.ownership = ParticipantOwnership::Helper(HelperOwnership {
@@ -884,6 +890,16 @@ fn bring_up(
     publication.state = ParticipantState::Active;
     record(Slot::PUBLICATION, &publication, StartupStep::Sandbox)?;
 
+    // The Session Coordinator: this generation's TLS credentials, the client
+    // credential for the invoking user, and the session socket.
+    let supervisor_link = Arc::clone(
+        &slot
+            .as_ref()
+            .expect("the supervisor was started above")
+            .channel,
+    );
+    let (sessions, hub) = publish_sessions(resolved, generation, store, supervisor_link)?;
+
     generation.state = GenerationState::Running;
     store
         .put_generation(generation)
@@ -896,10 +912,94 @@ fn bring_up(
         supervisor,
         sandbox: sandbox_process,
         listener,
+        sessions,
+        hub,
         prepared,
         container_id,
         runtime_root,
     })
+}
+
+/// Creates the generation's session credentials, writes the client
+/// credential, and binds the session socket, recording the publication
+/// first.
+fn publish_sessions(
+    resolved: &ResolvedDomainConfiguration,
+    generation: &Generation,
+    store: &Arc<DomainStore>,
+    supervisor: Arc<SupervisorChannel>,
+) -> Result<(UnixListener, Arc<Hub>), Failure> {
+    let auth = resolved.authorities();
+    let step = at(StartupStep::Sandbox);
+    let uid = rustix::process::getuid().as_raw();
+    let identity = GenerationIdentity {
+        agent_profile: resolved.profile().as_str().to_owned(),
+        domain_id: resolved.domain_id(),
+        generation_id: generation.generation_id,
+        configuration_fingerprint: resolved.fingerprint(),
+        generation_nonce: GenerationNonce(random_bytes()),
+        created_at: UnixTimeNs::now(),
+    };
+    let protocol = session::coordinator_protocol_credential(&identity);
+    let credentials = GenerationCredentials::create(identity, &protocol).map_err(|e| step(&e))?;
+    let credential_dir = auth
+        .domain_runtime
+        .ensure_child(Path::new(session::CREDENTIAL_DIR), uid)
+        .map_err(|e| step(&e))?;
+    let socket = auth.domain_runtime.label().join(session::SESSION_SOCKET);
+    let publication = participant(
+        generation,
+        ParticipantState::Intent,
+        ParticipantOwnership::Publication(PublicationOwnership {
+            socket_path: Some(label_bytes(&socket)),
+            identity_path: Some(label_bytes(credential_dir.label())),
+        }),
+    );
+    store
+        .put_participant(Slot::SESSION_PUBLICATION, &publication)
+        .map_err(|e| step(&e))?;
+    // A stale credential of an earlier generation is replaced.
+    let _ = remove_client_credential(&credential_dir);
+    credentials
+        .write_client_credential(&credential_dir)
+        .map_err(|e| step(&e))?;
+    let _ = std::fs::remove_file(&socket);
+    let listener = UnixListener::bind(lazaret_proto::channel::socket_path_at(
+        auth.domain_runtime.fd(),
+        session::SESSION_SOCKET,
+    ))
+    .map_err(|e| {
+        failure(
+            StartupStep::Sandbox,
+            format!("cannot bind {}: {e}", socket.display()),
+        )
+    })?;
+    store
+        .put_participant(
+            Slot::SESSION_PUBLICATION,
+            &Participant {
+                state: ParticipantState::Active,
+                ..publication
+            },
+        )
+        .map_err(|e| step(&e))?;
+    let environment = environment_memfd(resolved).map_err(|e| step(&e))?;
+    let hub = Hub::new(
+        supervisor,
+        environment,
+        Arc::clone(store),
+        generation.generation_id,
+        credentials.server_config(),
+    );
+    Ok((listener, hub))
+}
+
+fn random_bytes<const N: usize>() -> [u8; N] {
+    let mut bytes = [0u8; N];
+    if let Ok(mut urandom) = File::open("/dev/urandom") {
+        let _ = std::io::Read::read_exact(&mut urandom, &mut bytes);
+    }
+    bytes
 }
 
 fn pidfd_of_child(child: &Child) -> std::io::Result<OwnedFd> {
@@ -1077,6 +1177,14 @@ fn start_sandbox(
                     "the supervisor stopped unasked",
                 ));
             }
+            SupervisorReport::ExecStarted { .. }
+            | SupervisorReport::ExecFailed { .. }
+            | SupervisorReport::ExecExited { .. } => {
+                return Err(failure(
+                    StartupStep::Sandbox,
+                    "the supervisor reported a session before the sandbox ran",
+                ));
+            }
         }
     }
 }
@@ -1095,7 +1203,8 @@ fn serve(
         let mut fds = [
             PollFd::new(&live.listener, PollFlags::IN),
             PollFd::new(&live.supervisor.held.pidfd, PollFlags::IN),
-            PollFd::new(&live.supervisor.channel, PollFlags::IN),
+            PollFd::new(&*live.supervisor.channel, PollFlags::IN),
+            PollFd::new(&live.sessions, PollFlags::IN),
         ];
         match poll(&mut fds, None) {
             Ok(_) => {}
@@ -1105,10 +1214,32 @@ fn serve(
                 break;
             }
         }
-        let [listener, pidfd, channel] = fds.map(|f| f.revents());
-        if !pidfd.is_empty() || !channel.is_empty() {
+        let [listener, pidfd, channel, sessions] = fds.map(|f| f.revents());
+        if !pidfd.is_empty() {
             log("the Runtime Supervisor exited unexpectedly; releasing the generation");
             break;
+        }
+        if !channel.is_empty() {
+            match live.supervisor.channel.recv() {
+                Ok(report) => {
+                    if let Some(other) = live.hub.dispatch(report) {
+                        log(format_args!("unexpected supervisor report: {other:?}"));
+                    }
+                }
+                Err(e) => {
+                    log(format_args!(
+                        "the Runtime Supervisor link failed ({}); releasing the generation",
+                        chain(&e)
+                    ));
+                    break;
+                }
+            }
+        }
+        if !sessions.is_empty() {
+            match live.sessions.accept() {
+                Ok((stream, _)) => live.hub.spawn_session(stream),
+                Err(e) => log(format_args!("session accept failed: {e}")),
+            }
         }
         if listener.is_empty() {
             continue;
@@ -1149,6 +1280,8 @@ fn serve(
 
     generation.state = GenerationState::Stopping;
     let _ = owned.store.put_generation(&generation);
+    // Attached clients hear that the Domain goes down before it does.
+    live.hub.domain_down();
     live.supervisor.stop();
     // The sandbox ends with the Domain pid namespace; wait for it, and kill
     // it through its pidfd if it lingers.

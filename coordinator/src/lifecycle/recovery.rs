@@ -127,6 +127,11 @@ pub fn release_generation(
                 if let Some(path) = &publication.socket_path {
                     let _ = std::fs::remove_file(path.as_os_str());
                 }
+                // The client credential's keys never outlive their
+                // generation.
+                if let Some(dir) = &publication.identity_path {
+                    let _ = std::fs::remove_dir_all(dir.as_os_str());
+                }
             }
             ParticipantOwnership::Sandbox(sandbox) => {
                 killed += usize::from(stop_recorded("sandbox", n, &sandbox.container_process)?);

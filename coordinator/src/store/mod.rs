@@ -15,7 +15,9 @@ use std::fs::File;
 
 use lazaret_proto::codec::{self, DecodeError, EncodeError, WireRecord};
 use lazaret_proto::ids::GenerationId;
-use lazaret_proto::store::{Domain, Generation, GenerationState, Participant, StoreMetadata};
+use lazaret_proto::store::{
+    Domain, Generation, GenerationState, Participant, Session, SessionTerminal, StoreMetadata,
+};
 use redb::{Database, ReadableDatabase, ReadableTable};
 use rustix::fs::{Mode, OFlags, ResolveFlags};
 
@@ -103,6 +105,8 @@ impl Slot {
     pub const PUBLICATION: Slot = Slot(3);
     /// The holder of the Domain namespaces (the supervisor's pid 1).
     pub const NAMESPACE_HOLDER: Slot = Slot(4);
+    /// The Session Coordinator's socket and client credential.
+    pub const SESSION_PUBLICATION: Slot = Slot(5);
 
     /// The State Anchor of persistent dir `index`.
     pub fn state_anchor(index: usize) -> Slot {
@@ -186,6 +190,8 @@ impl DomainStore {
             }
             txn.open_table(tables::GENERATIONS)?;
             txn.open_table(tables::PARTICIPANTS)?;
+            txn.open_table(tables::SESSIONS)?;
+            txn.open_table(tables::SESSION_TERMINALS)?;
         }
         txn.commit()?;
         Ok(())
@@ -232,6 +238,49 @@ impl DomainStore {
         )?;
         txn.commit()?;
         Ok(())
+    }
+
+    /// Writes a session row.
+    pub fn put_session(&self, session: &Session) -> Result<(), StoreError> {
+        let txn = self.db.begin_write()?;
+        txn.open_table(tables::SESSIONS)?.insert(
+            (
+                session.generation_id.0,
+                u128::from_be_bytes(session.session_id.0),
+            ),
+            encode(session)?.as_slice(),
+        )?;
+        txn.commit()?;
+        Ok(())
+    }
+
+    /// Writes a session terminal row.
+    pub fn put_session_terminal(&self, terminal: &SessionTerminal) -> Result<(), StoreError> {
+        let txn = self.db.begin_write()?;
+        txn.open_table(tables::SESSION_TERMINALS)?.insert(
+            (
+                terminal.generation_id.0,
+                u128::from_be_bytes(terminal.session_id.0),
+            ),
+            encode(terminal)?.as_slice(),
+        )?;
+        txn.commit()?;
+        Ok(())
+    }
+
+    /// The session terminals of a generation.
+    pub fn session_terminals(
+        &self,
+        generation: GenerationId,
+    ) -> Result<Vec<SessionTerminal>, StoreError> {
+        let txn = self.db.begin_read()?;
+        let table = txn.open_table(tables::SESSION_TERMINALS)?;
+        let mut out = Vec::new();
+        for row in table.range((generation.0, 0)..=(generation.0, u128::MAX))? {
+            let (_, value) = row?;
+            out.push(decode(value.value())?);
+        }
+        Ok(out)
     }
 
     /// The participants of a generation, by slot.

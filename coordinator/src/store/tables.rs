@@ -20,3 +20,10 @@ pub const GENERATIONS: TableDefinition<u64, &[u8]> = TableDefinition::new("gener
 
 /// (generation number, participant slot) → the encoded `Participant`.
 pub const PARTICIPANTS: TableDefinition<(u64, u32), &[u8]> = TableDefinition::new("participants");
+
+/// (generation number, session id) → the encoded `Session`.
+pub const SESSIONS: TableDefinition<(u64, u128), &[u8]> = TableDefinition::new("sessions");
+
+/// (generation number, session id) → the encoded `SessionTerminal`.
+pub const SESSION_TERMINALS: TableDefinition<(u64, u128), &[u8]> =
+    TableDefinition::new("session_terminals");

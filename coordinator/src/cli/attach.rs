@@ -1,0 +1,280 @@
+//! `lazaret attach PROFILE [-- COMMAND...]`: a Client Session.
+//!
+//! Connects to the Domain's Session Coordinator socket, proves itself with
+//! the generation's client certificate and checks the coordinator against
+//! the trust manifest, then moves bytes: the local terminal (raw, restored
+//! on every exit path) or plain standard input and output, window-size
+//! changes, and the exit code of the process inside. Trusts the coordinator
+//! only through the TLS handshake pinned to the generation's CA.
+
+use std::io::{IsTerminal, Write};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::time::Duration;
+
+use lazaret_proto::session::{OpenSession, SessionOpened};
+use lazaret_proto::terminal::{
+    MAX_TERMINAL_CHUNK, SessionClose, SessionExitOutcome, SessionTerminalEvent,
+    SessionTerminalMessage, TerminalInput, TerminalResize, TerminalSignal, TerminalSignalKind,
+};
+use rustix::event::{PollFd, PollFlags, poll};
+use rustix::termios::{OptionalActions, Termios};
+
+use super::{Failure, Globals};
+use crate::config::HostEnvironment;
+use crate::lifecycle::{DomainPaths, chain};
+use crate::session::link::TlsLink;
+use crate::session::tls::{ClientCredential, SERVER_NAME};
+use crate::session::{CREDENTIAL_DIR, SESSION_SOCKET};
+
+fn failure(message: impl Into<String>) -> Failure {
+    Failure {
+        message: message.into(),
+        status: 1,
+    }
+}
+
+/// Puts the terminal back as it was, whatever ends the session.
+struct RawMode {
+    fd: OwnedFd,
+    saved: Termios,
+}
+
+impl RawMode {
+    fn enter(fd: BorrowedFd<'_>) -> std::io::Result<Self> {
+        let saved = rustix::termios::tcgetattr(fd)?;
+        let mut raw = saved.clone();
+        raw.make_raw();
+        rustix::termios::tcsetattr(fd, OptionalActions::Flush, &raw)?;
+        Ok(Self {
+            fd: fd.try_clone_to_owned()?,
+            saved,
+        })
+    }
+}
+
+impl Drop for RawMode {
+    fn drop(&mut self) {
+        let _ = rustix::termios::tcsetattr(&self.fd, OptionalActions::Flush, &self.saved);
+    }
+}
+
+fn window_size() -> (u16, u16) {
+    rustix::termios::tcgetwinsize(std::io::stdout())
+        .or_else(|_| rustix::termios::tcgetwinsize(std::io::stdin()))
+        .map(|w| (w.ws_row, w.ws_col))
+        .unwrap_or((24, 80))
+}
+
+/// `lazaret attach PROFILE [-- COMMAND...]`: returns the exit code.
+pub fn attach(globals: &Globals, profile: &str, command: Vec<String>) -> Result<u8, Failure> {
+    let workspace = globals.workspace_dir()?;
+    let paths = DomainPaths::locate(profile, &workspace, &HostEnvironment::capture())?;
+    let dir = rustix::fs::open(
+        &paths.runtime_dir,
+        rustix::fs::OFlags::PATH | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )
+    .map_err(|_| not_running(profile))?;
+    let socket = lazaret_proto::channel::socket_path_at(dir.as_fd(), SESSION_SOCKET);
+    let stream = UnixStream::connect(&socket).map_err(|_| not_running(profile))?;
+    let credential_dir =
+        crate::config::RetainedDir::open_ambient(&paths.runtime_dir.join(CREDENTIAL_DIR))
+            .map_err(|_| not_running(profile))?;
+    let credential = ClientCredential::load(&credential_dir)
+        .map_err(|e| failure(format!("cannot load the session credential: {}", chain(&e))))?;
+    let server_name =
+        rustls::pki_types::ServerName::try_from(SERVER_NAME).map_err(|e| failure(e.to_string()))?;
+    let conn = rustls::ClientConnection::new(credential.client_config(), server_name)
+        .map_err(|e| failure(format!("cannot start TLS: {e}")))?;
+    let mut link = TlsLink::handshake(conn, stream, Duration::from_secs(10)).map_err(|e| {
+        failure(format!(
+            "the Domain's Session Coordinator was refused: {}",
+            chain(&e)
+        ))
+    })?;
+
+    let terminal = std::io::stdin().is_terminal();
+    let (rows, columns) = window_size();
+    let open = OpenSession {
+        command: (!command.is_empty()).then_some(command),
+        terminal,
+        rows,
+        columns,
+        term: terminal.then(|| std::env::var("TERM").ok()).flatten(),
+    };
+    let lost =
+        |e: &dyn std::error::Error| failure(format!("the session connection failed: {}", chain(e)));
+    link.send(&open).map_err(|e| lost(&e))?;
+    let session_id = match link.recv::<SessionOpened>().map_err(|e| lost(&e))? {
+        SessionOpened::Opened { session_id } => session_id,
+        SessionOpened::Refused { reason } => {
+            return Err(failure(format!("the session was refused: {reason}")));
+        }
+    };
+
+    // Signals arrive through pipes the poll loop watches: a window change
+    // becomes a resize, the others are passed to the process inside. Raw
+    // mode is undone by `RawMode`'s drop on every path out.
+    let mut registered = Vec::new();
+    let mut signal_pipes = Vec::new();
+    for (signals, kind) in [
+        (&[signal_hook::consts::SIGWINCH][..], None),
+        (
+            &[signal_hook::consts::SIGINT][..],
+            Some(TerminalSignalKind::Interrupt),
+        ),
+        (
+            &[signal_hook::consts::SIGQUIT][..],
+            Some(TerminalSignalKind::Quit),
+        ),
+        (
+            &[signal_hook::consts::SIGTERM, signal_hook::consts::SIGHUP][..],
+            Some(TerminalSignalKind::Terminate),
+        ),
+    ] {
+        let (read, write) = rustix::pipe::pipe_with(
+            rustix::pipe::PipeFlags::CLOEXEC | rustix::pipe::PipeFlags::NONBLOCK,
+        )
+        .map_err(|e| failure(e.to_string()))?;
+        let write = UnixStream::from(write);
+        for &signal in signals {
+            let writer = write.try_clone().map_err(|e| failure(e.to_string()))?;
+            registered.push(
+                signal_hook::low_level::pipe::register(signal, writer)
+                    .map_err(|e| failure(e.to_string()))?,
+            );
+        }
+        signal_pipes.push((read, kind));
+    }
+    let raw = if terminal {
+        Some(
+            RawMode::enter(std::io::stdin().as_fd())
+                .map_err(|e| failure(format!("cannot set the terminal raw: {e}")))?,
+        )
+    } else {
+        None
+    };
+    let result = relay(&mut link, session_id, &signal_pipes);
+    drop(raw);
+    for id in registered {
+        signal_hook::low_level::unregister(id);
+    }
+    link.close();
+    match result {
+        Ok((SessionExitOutcome::Exited | SessionExitOutcome::Terminated, code)) => Ok(code),
+        Ok((SessionExitOutcome::DomainDown, _)) => Err(failure(format!(
+            "the Domain went down (`lazaret down {profile}`); the session ended"
+        ))),
+        Ok((SessionExitOutcome::Lost, _)) => Err(failure("the session's process was lost")),
+        Err(message) => Err(failure(message)),
+    }
+}
+
+fn not_running(profile: &str) -> Failure {
+    failure(format!(
+        "profile `{profile}` is not running in this workspace; start it with `lazaret up {profile}`"
+    ))
+}
+
+/// Moves bytes and signals until the coordinator reports the session's end:
+/// its outcome and exit code.
+fn relay(
+    link: &mut TlsLink,
+    session_id: lazaret_proto::ids::SessionId,
+    signal_pipes: &[(OwnedFd, Option<TerminalSignalKind>)],
+) -> Result<(SessionExitOutcome, u8), String> {
+    let stdin = std::io::stdin();
+    let stdin = stdin.as_fd();
+    let mut stdout = std::io::stdout().lock();
+    let mut stdin_open = true;
+    let mut buf = vec![0u8; MAX_TERMINAL_CHUNK];
+    let lost =
+        |e: &dyn std::error::Error| format!("the connection to the Domain was lost: {}", chain(e));
+    let link_fd = link.fd().try_clone_to_owned().map_err(|e| e.to_string())?;
+    loop {
+        let mut fds = vec![PollFd::new(&link_fd, PollFlags::IN)];
+        fds.extend(
+            signal_pipes
+                .iter()
+                .map(|(fd, _)| PollFd::new(fd, PollFlags::IN)),
+        );
+        if stdin_open {
+            fds.push(PollFd::new(&stdin, PollFlags::IN));
+        }
+        match poll(&mut fds, None) {
+            Ok(_) => {}
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(e.to_string()),
+        }
+        let ready: Vec<bool> = fds.iter().map(|f| !f.revents().is_empty()).collect();
+        drop(fds);
+        let link_ready = ready[0];
+        let stdin_ready = stdin_open && ready[1 + signal_pipes.len()];
+
+        for ((fd, kind), _) in signal_pipes.iter().zip(&ready[1..]).filter(|(_, r)| **r) {
+            let mut raised = [0u8; 16];
+            while matches!(rustix::io::read(fd, &mut raised), Ok(n) if n > 0) {}
+            let event = match kind {
+                None => {
+                    let (rows, columns) = window_size();
+                    SessionTerminalEvent::Resize(TerminalResize {
+                        session_id,
+                        rows,
+                        columns,
+                        width_pixels: 0,
+                        height_pixels: 0,
+                    })
+                }
+                Some(signal) => SessionTerminalEvent::Signal(TerminalSignal {
+                    session_id,
+                    signal: *signal,
+                }),
+            };
+            link.send(&event).map_err(|e| lost(&e))?;
+        }
+        if stdin_ready {
+            match rustix::io::read(stdin, &mut buf) {
+                Ok(0) => {
+                    stdin_open = false;
+                    link.send(&SessionTerminalEvent::Close(SessionClose { session_id }))
+                        .map_err(|e| lost(&e))?;
+                }
+                Ok(n) => link
+                    .send(&SessionTerminalEvent::Input(TerminalInput {
+                        session_id,
+                        bytes: buf[..n].to_vec(),
+                    }))
+                    .map_err(|e| lost(&e))?,
+                Err(rustix::io::Errno::INTR | rustix::io::Errno::AGAIN) => {}
+                Err(_) => stdin_open = false,
+            }
+        }
+        if link_ready {
+            link.fill().map_err(|e| lost(&e))?;
+            while let Some(message) = link
+                .next_frame::<SessionTerminalMessage>()
+                .map_err(|e| lost(&e))?
+            {
+                match message {
+                    SessionTerminalMessage::Output(output) => {
+                        if stdout
+                            .write_all(&output.bytes)
+                            .and_then(|()| stdout.flush())
+                            .is_err()
+                        {
+                            // A closed standard output ends the session.
+                            let _ = link.send(&SessionTerminalEvent::Signal(TerminalSignal {
+                                session_id,
+                                signal: TerminalSignalKind::Terminate,
+                            }));
+                        }
+                    }
+                    SessionTerminalMessage::Exit(exit) => {
+                        return Ok((exit.outcome, exit.exit_code));
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,144 @@
+//! One TLS link of the Session Coordinator, either end: a rustls connection
+//! over a Unix stream socket, carrying length-prefixed postcard frames.
+//!
+//! Owns the driving of rustls for a poll-based loop: the socket stays
+//! blocking, [`TlsLink::on_readable`] is called only when `poll(2)` says the
+//! socket has bytes, and every send flushes what rustls has to write.
+//! Trusts nothing it decodes: frames go through the versioned codec with
+//! their size limits.
+
+use std::io::{self, Read};
+use std::os::fd::{AsFd, BorrowedFd};
+use std::os::unix::net::UnixStream;
+use std::time::Duration;
+
+use lazaret_proto::codec::WireRecord;
+
+use super::tls::{FRAME_PREFIX_LEN, FrameError, read_frame, write_frame};
+
+/// Why a link failed.
+#[derive(Debug, thiserror::Error)]
+pub enum LinkError {
+    /// The socket failed.
+    #[error("the session connection failed")]
+    Io(#[from] io::Error),
+    /// TLS refused the peer or a record.
+    #[error("TLS refused the session connection")]
+    Tls(#[from] rustls::Error),
+    /// A frame was malformed.
+    #[error("a session frame was malformed")]
+    Frame(#[from] FrameError),
+    /// The peer closed the connection.
+    #[error("the other end closed the session connection")]
+    Closed,
+}
+
+/// A TLS session link.
+#[derive(Debug)]
+pub struct TlsLink {
+    conn: rustls::Connection,
+    stream: UnixStream,
+    /// Plaintext received and not yet taken as frames.
+    pending: Vec<u8>,
+}
+
+impl TlsLink {
+    /// Completes the TLS handshake on `stream` within `timeout`.
+    pub fn handshake(
+        conn: impl Into<rustls::Connection>,
+        stream: UnixStream,
+        timeout: Duration,
+    ) -> Result<Self, LinkError> {
+        let mut link = Self {
+            conn: conn.into(),
+            stream,
+            pending: Vec::new(),
+        };
+        link.stream.set_read_timeout(Some(timeout))?;
+        link.stream.set_write_timeout(Some(timeout))?;
+        while link.conn.is_handshaking() {
+            link.conn.complete_io(&mut link.stream)?;
+        }
+        link.stream.set_read_timeout(None)?;
+        Ok(link)
+    }
+
+    /// The socket, for `poll(2)`.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.stream.as_fd()
+    }
+
+    /// The peer's certificate chain, as presented in the handshake.
+    pub fn peer_certificates(&self) -> Option<&[rustls::pki_types::CertificateDer<'static>]> {
+        self.conn.peer_certificates()
+    }
+
+    /// The underlying socket.
+    pub fn stream(&self) -> &UnixStream {
+        &self.stream
+    }
+
+    /// Sends one frame and flushes it to the socket.
+    pub fn send<T: WireRecord>(&mut self, record: &T) -> Result<(), LinkError> {
+        write_frame(&mut self.conn.writer(), record)?;
+        self.flush()
+    }
+
+    fn flush(&mut self) -> Result<(), LinkError> {
+        while self.conn.wants_write() {
+            self.conn.write_tls(&mut self.stream)?;
+        }
+        Ok(())
+    }
+
+    /// Reads what the socket holds into the frame buffer; call it when
+    /// `poll(2)` says the socket is readable. `Err(Closed)` at end of
+    /// stream.
+    pub fn fill(&mut self) -> Result<(), LinkError> {
+        let n = self.conn.read_tls(&mut self.stream)?;
+        let state = self.conn.process_new_packets()?;
+        let mut buf = vec![0u8; state.plaintext_bytes_to_read()];
+        if !buf.is_empty() {
+            self.conn.reader().read_exact(&mut buf)?;
+            self.pending.extend_from_slice(&buf);
+        }
+        // Answer whatever TLS needs (key updates, alerts).
+        self.flush()?;
+        if buf.is_empty() && (n == 0 || state.peer_has_closed()) {
+            return Err(LinkError::Closed);
+        }
+        Ok(())
+    }
+
+    /// The next complete frame already read, if any.
+    pub fn next_frame<T: WireRecord>(&mut self) -> Result<Option<T>, LinkError> {
+        let Some(prefix) = self.pending.first_chunk::<FRAME_PREFIX_LEN>() else {
+            return Ok(None);
+        };
+        let end = FRAME_PREFIX_LEN.saturating_add(u32::from_be_bytes(*prefix) as usize);
+        if self.pending.len() < end {
+            // An oversize prefix is refused now rather than waited for.
+            read_frame::<_, T>(&mut &prefix[..])?;
+            return Ok(None);
+        }
+        let record = read_frame::<_, T>(&mut &self.pending[..end])?;
+        self.pending.drain(..end);
+        Ok(record)
+    }
+
+    /// Reads until one frame arrives (blocking).
+    pub fn recv<T: WireRecord>(&mut self) -> Result<T, LinkError> {
+        loop {
+            if let Some(record) = self.next_frame::<T>()? {
+                return Ok(record);
+            }
+            self.fill()?;
+        }
+    }
+
+    /// Says goodbye: a TLS close_notify, flushed.
+    pub fn close(&mut self) {
+        self.conn.send_close_notify();
+        let _ = self.flush();
+    }
+}

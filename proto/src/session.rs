@@ -1,0 +1,51 @@
+//! The opening of a Client Session on the Session Coordinator's TLS link:
+//! what the CLI asks for before the terminal events and messages of
+//! [`crate::terminal`] flow.
+//!
+//! This module owns those two messages. The Host Coordinator trusts a
+//! request only from a peer whose client certificate its generation's CA
+//! signed, on a socket whose peer uid is its own.
+
+use serde::{Deserialize, Serialize};
+
+use crate::codec::WireRecord;
+use crate::ids::SessionId;
+
+/// What the CLI asks for.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OpenSession {
+    /// The command to run; `None` for the sandbox's login shell.
+    pub command: Option<Vec<String>>,
+    /// Whether the CLI's standard input is a terminal: a PTY session, or a
+    /// session over pipes with input forwarded until end of file.
+    pub terminal: bool,
+    /// The window's rows (terminal sessions).
+    pub rows: u16,
+    /// The window's columns (terminal sessions).
+    pub columns: u16,
+    /// The CLI's `TERM`, passed into terminal sessions.
+    pub term: Option<String>,
+}
+
+impl WireRecord for OpenSession {
+    const NAME: &'static str = "OpenSession";
+}
+
+/// The coordinator's answer.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SessionOpened {
+    /// The session runs; events and messages name this id.
+    Opened {
+        /// The session.
+        session_id: SessionId,
+    },
+    /// The session could not start.
+    Refused {
+        /// Why, for the user.
+        reason: String,
+    },
+}
+
+impl WireRecord for SessionOpened {
+    const NAME: &'static str = "SessionOpened";
+}

@@ -1,0 +1,234 @@
+//! Session processes: `runsc exec` of one client session's command, and the
+//! reaping of every child of the Domain's pid 1.
+//!
+//! Owns the process specification of a session (command, working
+//! directory `/workspace`, environment, terminal, capabilities) and its
+//! delivery: the spec lives in a sealed memfd that `runsc exec` reads
+//! through `/proc/1/fd/N` (this process is pid 1 of the Domain pid
+//! namespace), so it is never a file. Owns the only `waitpid` of this
+//! process: the reaper records the status of each session process for the
+//! thread waiting on it and discards the rest. Trusts the coordinator's
+//! request and descriptors.
+
+use std::collections::{HashMap, HashSet};
+use std::io::Write;
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Condvar, Mutex};
+
+use lazaret_proto::supervisor::{ExecRequest, ExecStdio};
+use rustix::fs::{MemfdFlags, SealFlags};
+use rustix::process::{Pid, PidfdFlags, WaitOptions, WaitStatus, pidfd_open};
+use serde_json::json;
+
+use crate::bundle::{CAPABILITIES, SANDBOX_PATH};
+
+#[derive(Debug, Default)]
+struct Children {
+    /// Session processes whose status someone waits for.
+    watched: HashSet<i32>,
+    /// Statuses of watched processes that have exited.
+    exited: HashMap<i32, WaitStatus>,
+}
+
+/// The Domain pid 1's reaper: reaps every child at once and keeps the
+/// statuses of watched session processes.
+#[derive(Debug, Default)]
+pub struct Reaper {
+    children: Mutex<Children>,
+    changed: Condvar,
+}
+
+impl Reaper {
+    /// Starts reaping in a background thread.
+    pub fn start() -> Arc<Self> {
+        let reaper = Arc::new(Self::default());
+        let background = Arc::clone(&reaper);
+        std::thread::spawn(move || background.reap());
+        reaper
+    }
+
+    fn reap(&self) {
+        loop {
+            // `wait` is `wait4(-1)`: any child, in any process group.
+            match rustix::process::wait(WaitOptions::empty()) {
+                Ok(Some((pid, status))) => {
+                    let mut children = self.children.lock().unwrap_or_else(|e| e.into_inner());
+                    if children.watched.remove(&pid.as_raw_nonzero().get()) {
+                        children.exited.insert(pid.as_raw_nonzero().get(), status);
+                        self.changed.notify_all();
+                    }
+                }
+                // No children right now: look again shortly.
+                Ok(None) | Err(_) => std::thread::sleep(std::time::Duration::from_millis(10)),
+            }
+        }
+    }
+
+    /// Spawns `command` and watches it. The lock is held across the spawn,
+    /// so the reaper cannot take a status before the pid is watched.
+    fn spawn(&self, command: &mut Command) -> std::io::Result<i32> {
+        let mut children = self.children.lock().unwrap_or_else(|e| e.into_inner());
+        let child = command.spawn()?;
+        let pid =
+            i32::try_from(child.id()).map_err(|_| std::io::Error::other("pid out of range"))?;
+        children.watched.insert(pid);
+        Ok(pid)
+    }
+
+    /// Waits for a watched process to exit and returns its status.
+    fn wait(&self, pid: i32) -> WaitStatus {
+        let mut children = self.children.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            if let Some(status) = children.exited.remove(&pid) {
+                return status;
+            }
+            children = self
+                .changed
+                .wait(children)
+                .unwrap_or_else(|e| e.into_inner());
+        }
+    }
+}
+
+/// The OCI process specification of a session.
+fn process_spec(request: &ExecRequest, environment: &[String]) -> serde_json::Value {
+    let mut env = vec![format!("PATH={SANDBOX_PATH}"), "HOME=/root".to_owned()];
+    if let Some(term) = &request.term {
+        env.push(format!("TERM={term}"));
+    }
+    env.extend(environment.iter().cloned());
+    let (terminal, size) = match request.stdio {
+        ExecStdio::Terminal { rows, columns, .. } => {
+            (true, json!({"height": rows, "width": columns}))
+        }
+        ExecStdio::Pipes { .. } => (false, json!({"height": 0, "width": 0})),
+    };
+    json!({
+        "terminal": terminal,
+        "consoleSize": size,
+        "user": {"uid": 0, "gid": 0},
+        "args": request.args,
+        "env": env,
+        "cwd": request.cwd,
+        "capabilities": {
+            "bounding": CAPABILITIES,
+            "effective": CAPABILITIES,
+            "permitted": CAPABILITIES,
+        },
+        "noNewPrivileges": true,
+    })
+}
+
+/// A sealed memfd holding `bytes`.
+fn sealed(name: &str, bytes: &[u8]) -> std::io::Result<OwnedFd> {
+    let fd = rustix::fs::memfd_create(name, MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)?;
+    let mut file = std::fs::File::from(fd);
+    file.write_all(bytes)?;
+    rustix::fs::fcntl_add_seals(
+        &file,
+        SealFlags::SHRINK | SealFlags::GROW | SealFlags::WRITE | SealFlags::SEAL,
+    )?;
+    Ok(OwnedFd::from(file))
+}
+
+/// A session process that started.
+#[derive(Debug)]
+pub struct Started {
+    /// The pidfd of its `runsc exec`.
+    pub pidfd: OwnedFd,
+    pid: i32,
+    /// Kept open until the process ends: `runsc exec` reads it.
+    _spec: OwnedFd,
+}
+
+/// The exit of a session process.
+#[derive(Debug, Clone, Copy)]
+pub struct Exit {
+    /// The exit code; `128 + N` for signal N.
+    pub code: u8,
+    /// Whether a signal ended it.
+    pub signaled: bool,
+}
+
+/// Where `runsc exec` runs against.
+#[derive(Debug)]
+pub struct Runtime<'a> {
+    /// The runsc executable.
+    pub runsc: &'a Path,
+    /// Its state directory.
+    pub root: &'a Path,
+    /// The container.
+    pub container_id: &'a str,
+}
+
+/// Starts a session's `runsc exec`; `stdio` are the descriptors named by
+/// the request (the PTY slave, or the input and output pipes).
+pub fn spawn(
+    reaper: &Reaper,
+    runtime: &Runtime<'_>,
+    request: &ExecRequest,
+    environment: &[String],
+    stdio: (BorrowedFd<'_>, BorrowedFd<'_>),
+) -> Result<Started, String> {
+    let spec =
+        serde_json::to_vec(&process_spec(request, environment)).map_err(|e| e.to_string())?;
+    let spec = sealed("lazaret-process", &spec)
+        .map_err(|e| format!("cannot hold the process spec: {e}"))?;
+    let (input, output) = stdio;
+    let dup = |fd: BorrowedFd<'_>| {
+        fd.try_clone_to_owned()
+            .map(Stdio::from)
+            .map_err(|e| format!("cannot pass the session's streams: {e}"))
+    };
+    let mut command = Command::new(runtime.runsc);
+    command
+        .args(["--rootless", "--ignore-cgroups", "--network=host", "--root"])
+        .arg(runtime.root)
+        .arg("exec")
+        .arg("--process")
+        .arg(format!("/proc/1/fd/{}", spec.as_raw_fd()))
+        .arg(runtime.container_id)
+        .env_clear()
+        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+        .stdin(dup(input)?)
+        .stdout(dup(output)?)
+        .stderr(dup(output)?);
+    if matches!(request.stdio, ExecStdio::Terminal { .. }) {
+        crate::sys::with_controlling_terminal(&mut command);
+    }
+    let pid = reaper
+        .spawn(&mut command)
+        .map_err(|e| format!("cannot start runsc exec: {e}"))?;
+    let pidfd = Pid::from_raw(pid)
+        .ok_or("runsc exec has no pid")
+        .map_err(str::to_owned)
+        .and_then(|p| {
+            pidfd_open(p, PidfdFlags::empty()).map_err(|e| format!("pidfd of runsc exec: {e}"))
+        })?;
+    Ok(Started {
+        pidfd,
+        pid,
+        _spec: spec,
+    })
+}
+
+/// Waits for a started session process to exit.
+pub fn wait(reaper: &Reaper, started: Started) -> Exit {
+    let status = reaper.wait(started.pid);
+    match (status.exit_status(), status.terminating_signal()) {
+        (Some(code), _) => Exit {
+            code: u8::try_from(code).unwrap_or(u8::MAX),
+            signaled: code > 128,
+        },
+        (None, Some(signal)) => Exit {
+            code: u8::try_from(128 + signal).unwrap_or(u8::MAX),
+            signaled: true,
+        },
+        (None, None) => Exit {
+            code: u8::MAX,
+            signaled: false,
+        },
+    }
+}
