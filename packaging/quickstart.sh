@@ -2,8 +2,9 @@
 # Sets up this machine for Lazaret and runs its main job on the built-in
 # default: a small local image built from Debian's busybox-static (no
 # registry is needed), the default profile of packaging/examples/busybox.toml,
-# and a demo project. The main job: `lazaret up`, `lazaret status`, a file
-# written from inside the sandbox, `lazaret down`.
+# and a demo project. The main job: `lazaret up`, `lazaret status`, a command
+# run inside the sandbox with `lazaret attach` that writes into the project,
+# `lazaret down`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -52,13 +53,8 @@ echo "==> lazaret up default (workspace $demo)"
 "$lazaret" --config "$config" up default
 "$lazaret" --config "$config" status default
 
-# `lazaret attach` arrives with client sessions; until then, run one command
-# inside the sandbox through the Domain's namespaces.
-status=$("$lazaret" --config "$config" status default --json)
-field() { python3 -c "import json,sys; print(json.load(sys.stdin)['domains'][0]$1)" <<<"$status"; }
-nsenter -t "$(field "['namespace_holder']['pid']")" -U -m -n -p --preserve-credentials -- \
-    runsc --rootless --ignore-cgroups --network=host --root "$(field "['runsc_root']")" \
-    exec "$(field "['container_id']")" /bin/sh -c 'echo "hello from $(uname -n)" > /workspace/hello.txt'
+echo "==> lazaret attach default -- sh -c '...'"
+"$lazaret" --config "$config" attach default -- sh -c 'echo "hello from $(uname -n)" > /workspace/hello.txt; uname -a'
 echo "==> the sandbox wrote $demo/hello.txt: $(cat "$demo/hello.txt")"
 
 echo "==> lazaret down default"

@@ -87,7 +87,7 @@ pub fn attach(globals: &Globals, profile: &str, command: Vec<String>) -> Result<
         rustls::pki_types::ServerName::try_from(SERVER_NAME).map_err(|e| failure(e.to_string()))?;
     let conn = rustls::ClientConnection::new(credential.client_config(), server_name)
         .map_err(|e| failure(format!("cannot start TLS: {e}")))?;
-    let mut link = TlsLink::handshake(conn, stream, Duration::from_secs(10)).map_err(|e| {
+    let mut link = TlsLink::handshake(conn, stream, Duration::from_secs(60)).map_err(|e| {
         failure(format!(
             "the Domain's Session Coordinator was refused: {}",
             chain(&e)
@@ -106,7 +106,9 @@ pub fn attach(globals: &Globals, profile: &str, command: Vec<String>) -> Result<
     let lost =
         |e: &dyn std::error::Error| failure(format!("the session connection failed: {}", chain(e)));
     link.send(&open).map_err(|e| lost(&e))?;
-    let session_id = match link.recv::<SessionOpened>().map_err(|e| lost(&e))? {
+    let opened = link.recv::<SessionOpened>().map_err(|e| lost(&e))?;
+    link.without_timeouts().map_err(|e| lost(&e))?;
+    let session_id = match opened {
         SessionOpened::Opened { session_id } => session_id,
         SessionOpened::Refused { reason } => {
             return Err(failure(format!("the session was refused: {reason}")));

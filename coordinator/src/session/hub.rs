@@ -202,6 +202,7 @@ impl Hub {
         let conn = rustls::ServerConnection::new(Arc::clone(&self.server))?;
         let mut link = TlsLink::handshake(conn, stream, Duration::from_secs(10))?;
         let open: OpenSession = link.recv()?;
+        link.without_timeouts()?;
         let session_id = SessionId(random_bytes());
         let (events, inbox) = mpsc::channel();
         let (wake_read, wake_write) = rustix::pipe::pipe_with(

@@ -43,7 +43,8 @@ pub struct TlsLink {
 }
 
 impl TlsLink {
-    /// Completes the TLS handshake on `stream` within `timeout`.
+    /// Completes the TLS handshake on `stream` within `timeout`; reads and
+    /// writes keep that timeout until [`TlsLink::without_timeouts`].
     pub fn handshake(
         conn: impl Into<rustls::Connection>,
         stream: UnixStream,
@@ -59,8 +60,15 @@ impl TlsLink {
         while link.conn.is_handshaking() {
             link.conn.complete_io(&mut link.stream)?;
         }
-        link.stream.set_read_timeout(None)?;
         Ok(link)
+    }
+
+    /// Lifts the handshake's timeouts: from now on the link is read only
+    /// when `poll(2)` says it is readable.
+    pub fn without_timeouts(&self) -> Result<(), LinkError> {
+        self.stream.set_read_timeout(None)?;
+        self.stream.set_write_timeout(None)?;
+        Ok(())
     }
 
     /// The socket, for `poll(2)`.
