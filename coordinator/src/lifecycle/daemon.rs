@@ -789,7 +789,7 @@ fn bring_up(
     let sandbox_failure = |message: String| failure(StartupStep::Sandbox, message);
     let supervisor_path = role_binary("lazaret-supervisor").map_err(sandbox_failure)?;
     let runsc = runsc().map_err(sandbox_failure)?;
-    let container_id = ContainerId(random_bytes());
+    let container_id = ContainerId(session::random_bytes());
     let mut helper = participant(
         generation,
         ParticipantState::Intent,
@@ -937,7 +937,7 @@ fn publish_sessions(
         domain_id: resolved.domain_id(),
         generation_id: generation.generation_id,
         configuration_fingerprint: resolved.fingerprint(),
-        generation_nonce: GenerationNonce(random_bytes()),
+        generation_nonce: GenerationNonce(session::random_bytes()),
         created_at: UnixTimeNs::now(),
     };
     let protocol = session::coordinator_protocol_credential(&identity);
@@ -992,14 +992,6 @@ fn publish_sessions(
         credentials.server_config(),
     );
     Ok((listener, hub))
-}
-
-fn random_bytes<const N: usize>() -> [u8; N] {
-    let mut bytes = [0u8; N];
-    if let Ok(mut urandom) = File::open("/dev/urandom") {
-        let _ = std::io::Read::read_exact(&mut urandom, &mut bytes);
-    }
-    bytes
 }
 
 fn pidfd_of_child(child: &Child) -> std::io::Result<OwnedFd> {

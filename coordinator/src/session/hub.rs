@@ -9,7 +9,6 @@
 //! `session_id` an event carries must be the connection's own.
 
 use std::collections::HashMap;
-use std::io::Read;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::sync::mpsc::{self, Receiver, Sender};
@@ -79,14 +78,6 @@ pub struct Hub {
     threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
 }
 
-fn random_bytes<const N: usize>() -> [u8; N] {
-    let mut bytes = [0u8; N];
-    if let Ok(mut urandom) = std::fs::File::open("/dev/urandom") {
-        let _ = urandom.read_exact(&mut bytes);
-    }
-    bytes
-}
-
 impl Hub {
     /// A hub for one generation.
     pub fn new(
@@ -146,26 +137,23 @@ impl Hub {
             ),
             other => return Some(other),
         };
-        if let Some(route) = self.routes.lock().ok().and_then(|r| {
-            r.get(&session_id)
-                .map(|r| (r.events.clone(), r.wake.try_clone()))
-        }) {
-            let (events, wake) = route;
-            let _ = events.send(event);
-            if let Ok(wake) = wake {
-                let _ = rustix::io::write(&wake, &[1]);
-            }
+        let routes = self.routes.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(route) = routes.get(&session_id) {
+            route.send(event);
         }
         None
     }
 
-    /// Tells every session the Domain is going down, and waits (briefly) for
-    /// their threads to end.
+    /// Tells every session the Domain is going down, and waits for their
+    /// threads to end.
     pub fn domain_down(&self) {
-        if let Ok(routes) = self.routes.lock() {
-            for route in routes.values() {
-                route.send(HubEvent::DomainDown);
-            }
+        for route in self
+            .routes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+        {
+            route.send(HubEvent::DomainDown);
         }
         let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|e| e.into_inner()));
         for thread in threads {
@@ -203,7 +191,7 @@ impl Hub {
         let mut link = TlsLink::handshake(conn, stream, Duration::from_secs(10))?;
         let open: OpenSession = link.recv()?;
         link.without_timeouts()?;
-        let session_id = SessionId(random_bytes());
+        let session_id = SessionId(super::random_bytes());
         let (events, inbox) = mpsc::channel();
         let (wake_read, wake_write) = rustix::pipe::pipe_with(
             rustix::pipe::PipeFlags::CLOEXEC | rustix::pipe::PipeFlags::NONBLOCK,

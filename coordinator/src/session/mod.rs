@@ -24,7 +24,9 @@ pub const CREDENTIAL_DIR: &str = "session";
 /// The Session Coordinator's socket in the Domain's runtime directory.
 pub const SESSION_SOCKET: &str = "session.sock";
 
-fn random<const N: usize>() -> [u8; N] {
+/// `N` bytes from the system's secure random generator, for identifiers and
+/// keys.
+pub fn random_bytes<const N: usize>() -> [u8; N] {
     let mut bytes = [0u8; N];
     ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut bytes)
         .expect("the system random generator works");
@@ -34,7 +36,7 @@ fn random<const N: usize>() -> [u8; N] {
 /// The Session Coordinator's protocol signing credential of a generation:
 /// a fresh Ed25519 key, held in memory only.
 pub fn coordinator_protocol_credential(identity: &GenerationIdentity) -> ProtocolCredential {
-    let seed: [u8; 32] = random();
+    let seed: [u8; 32] = random_bytes();
     let pair = ring::signature::Ed25519KeyPair::from_seed_unchecked(&seed)
         .expect("every 32-byte seed is an Ed25519 key");
     let public: [u8; 32] = ring::signature::KeyPair::public_key(&pair)
@@ -43,7 +45,7 @@ pub fn coordinator_protocol_credential(identity: &GenerationIdentity) -> Protoco
         .expect("Ed25519 public keys are 32 bytes");
     ProtocolCredential {
         protocol_version: ProtocolVersion::V1,
-        credential_id: CredentialId(random()),
+        credential_id: CredentialId(random_bytes()),
         generation_identity: identity.clone(),
         role: ProtocolCredentialRole::SessionCoordinator,
         public_key: ProtocolPublicKey(public),
