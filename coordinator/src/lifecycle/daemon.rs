@@ -838,6 +838,14 @@ fn bring_up(
         ParticipantOwnership::Sandbox(sandbox_record.clone()),
     );
     record(Slot::SANDBOX, &sandbox, StartupStep::Sandbox)?;
+    // The supervisor's pid 1 holds the Domain namespaces; it is recorded
+    // before the supervisor starts it.
+    let mut holder_record = participant(
+        generation,
+        ParticipantState::Intent,
+        ParticipantOwnership::Helper(HelperOwnership::default()),
+    );
+    record(Slot::NAMESPACE_HOLDER, &holder_record, StartupStep::Sandbox)?;
     let started = start_sandbox(
         supervisor,
         resolved,
@@ -854,14 +862,11 @@ fn bring_up(
         runtime_root,
         user_namespace,
     } = started?;
-    let holder_record = participant(
-        generation,
-        ParticipantState::Active,
-        ParticipantOwnership::Helper(HelperOwnership {
-            runtime_supervisor: holder.committed(),
-            ..HelperOwnership::default()
-        }),
-    );
+    holder_record.state = ParticipantState::Active;
+    holder_record.ownership = ParticipantOwnership::Helper(HelperOwnership {
+        runtime_supervisor: holder.committed(),
+        ..HelperOwnership::default()
+    });
     record(Slot::NAMESPACE_HOLDER, &holder_record, StartupStep::Sandbox)?;
     sandbox_record.container_process = sandbox_process.committed();
     sandbox_record.runtime_root = Some(runtime_root.clone());

@@ -25,7 +25,7 @@ use lazaret_proto::supervisor::{
     ExecRequest, ExecStdio, FdIndex, SupervisorReport, SupervisorRequest,
 };
 use lazaret_proto::terminal::{
-    MAX_TERMINAL_CHUNK, SessionExit, SessionExitOutcome, SessionTerminalEvent,
+    MAX_TERMINAL_CHUNK, PtyIdentity, SessionExit, SessionExitOutcome, SessionTerminalEvent,
     SessionTerminalMessage, TerminalOutput, TerminalSignalKind,
 };
 use rustix::event::{PollFd, PollFlags, poll};
@@ -223,6 +223,16 @@ impl Hub {
     }
 
     fn record(&self, session_id: SessionId, state: SessionTerminalState, closed: bool) {
+        self.record_with_pty(session_id, state, closed, None);
+    }
+
+    fn record_with_pty(
+        &self,
+        session_id: SessionId,
+        state: SessionTerminalState,
+        closed: bool,
+        pty: Option<PtyIdentity>,
+    ) {
         let now = UnixTimeNs::now();
         let _ = self.store.put_session(&Session {
             generation_id: self.generation,
@@ -235,7 +245,7 @@ impl Hub {
             generation_id: self.generation,
             session_id,
             state,
-            pty: None,
+            pty,
             guest_process: None,
         });
     }
@@ -307,7 +317,12 @@ impl Hub {
             }
         };
         link.send(&SessionOpened::Opened { session_id })?;
-        self.record(session_id, SessionTerminalState::Running, false);
+        self.record_with_pty(
+            session_id,
+            SessionTerminalState::Running,
+            false,
+            io.pty_identity(),
+        );
 
         let outcome = pump(link, &mut io, session_id, inbox, wake, process.as_fd());
         let (state, exit) = match outcome {
@@ -422,6 +437,19 @@ impl SessionIo {
                     .collect(),
             ),
         }
+    }
+
+    /// The identity of the PTY master, for the session's record.
+    fn pty_identity(&self) -> Option<PtyIdentity> {
+        let Self::Terminal { master, .. } = self else {
+            return None;
+        };
+        let stat = rustix::fs::fstat(master).ok()?;
+        Some(PtyIdentity {
+            master_fd: u32::try_from(std::os::fd::AsRawFd::as_raw_fd(master)).ok()?,
+            device: stat.st_rdev,
+            inode: stat.st_ino,
+        })
     }
 
     /// What to read output from.
