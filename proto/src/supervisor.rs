@@ -111,6 +111,31 @@ pub struct ExecRequest {
     pub stdio: ExecStdio,
 }
 
+/// A signal for a session's process inside the sandbox.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ExecSignal {
+    /// SIGINT.
+    Interrupt,
+    /// SIGQUIT.
+    Quit,
+    /// SIGTERM.
+    Terminate,
+    /// SIGKILL: the session's client is gone.
+    Kill,
+}
+
+impl ExecSignal {
+    /// The signal's name as `runsc kill` takes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            ExecSignal::Interrupt => "INT",
+            ExecSignal::Quit => "QUIT",
+            ExecSignal::Terminate => "TERM",
+            ExecSignal::Kill => "KILL",
+        }
+    }
+}
+
 /// What the coordinator asks of the supervisor.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum SupervisorRequest {
@@ -118,6 +143,13 @@ pub enum SupervisorRequest {
     Start(SandboxPlan),
     /// Start a session process in the running sandbox.
     Exec(ExecRequest),
+    /// Send a signal to a session's process inside the sandbox.
+    SignalExec {
+        /// The session.
+        session_id: SessionId,
+        /// The signal.
+        signal: ExecSignal,
+    },
     /// Stop the sandbox and exit, releasing every mount with the namespace.
     Stop,
 }

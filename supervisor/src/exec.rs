@@ -13,11 +13,12 @@
 use std::collections::{HashMap, HashSet};
 use std::io::Write;
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Condvar, Mutex};
 
-use lazaret_proto::supervisor::{ExecRequest, ExecStdio};
+use lazaret_proto::ids::SessionId;
+use lazaret_proto::supervisor::{ExecRequest, ExecSignal, ExecStdio};
 use rustix::fs::{MemfdFlags, SealFlags};
 use rustix::process::{Pid, PidfdFlags, WaitOptions, WaitStatus, pidfd_open};
 use serde_json::json;
@@ -143,6 +144,47 @@ pub struct Started {
     _spec: OwnedFd,
 }
 
+/// Where `runsc exec` writes the sandbox-internal pid of a session's
+/// process, so signals can reach it (`runsc exec` of this runsc release
+/// does not pass signals on).
+pub fn internal_pid_file(runtime: &Runtime<'_>, session_id: SessionId) -> PathBuf {
+    runtime
+        .root
+        .join(format!("session-{}.pid", session_id.to_hex()))
+}
+
+/// Sends `signal` to a session's process inside the sandbox with
+/// `runsc kill --pid`.
+pub fn signal(
+    reaper: &Reaper,
+    runtime: &Runtime<'_>,
+    session_id: SessionId,
+    signal: ExecSignal,
+) -> Result<(), String> {
+    let file = internal_pid_file(runtime, session_id);
+    let pid = std::fs::read_to_string(&file)
+        .map_err(|e| format!("the session's process is not known (yet): {e}"))?;
+    let pid = pid.trim();
+    let mut command = Command::new(runtime.runsc);
+    command
+        .args(["--rootless", "--ignore-cgroups", "--network=host", "--root"])
+        .arg(runtime.root)
+        .args(["kill", "--pid", pid, runtime.container_id, signal.name()])
+        .env_clear()
+        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    // The reaper owns every wait of this process: spawn and wait through it.
+    let child = reaper
+        .spawn(&mut command)
+        .map_err(|e| format!("cannot run runsc kill: {e}"))?;
+    match reaper.wait(child).exit_status() {
+        Some(0) => Ok(()),
+        other => Err(format!("runsc kill --pid {pid} failed ({other:?})")),
+    }
+}
+
 /// The exit of a session process.
 #[derive(Debug, Clone, Copy)]
 pub struct Exit {
@@ -187,6 +229,8 @@ pub fn spawn(
         .args(["--rootless", "--ignore-cgroups", "--network=host", "--root"])
         .arg(runtime.root)
         .arg("exec")
+        .arg("--internal-pid-file")
+        .arg(internal_pid_file(runtime, request.session_id))
         .arg("--process")
         .arg(format!("/proc/1/fd/{}", spec.as_raw_fd()))
         .arg(runtime.container_id)

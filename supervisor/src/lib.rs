@@ -380,6 +380,19 @@ fn serve(channel: Arc<Channel>, running: &Running, reaper: Arc<exec::Reaper>) ->
                 }
             }
             Ok(Received {
+                message: SupervisorRequest::SignalExec { session_id, signal },
+                ..
+            }) => {
+                let runtime = exec::Runtime {
+                    runsc: &running.runsc,
+                    root: &running.runsc_root,
+                    container_id: &running.container_id,
+                };
+                if let Err(e) = exec::signal(&reaper, &runtime, session_id, signal) {
+                    eprintln!("lazaret-supervisor: signal for session {session_id}: {e}");
+                }
+            }
+            Ok(Received {
                 message: SupervisorRequest::Start(_),
                 ..
             }) => {

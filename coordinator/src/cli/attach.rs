@@ -106,6 +106,14 @@ pub fn attach(globals: &Globals, profile: &str, command: Vec<String>) -> Result<
     let lost =
         |e: &dyn std::error::Error| failure(format!("the session connection failed: {}", chain(e)));
     link.send(&open).map_err(|e| lost(&e))?;
+    let manifest = credential.manifest();
+    if manifest.generation_identity.domain_id != paths.domain_id {
+        return Err(failure(format!(
+            "the session credential in {} belongs to another Domain; run `lazaret down {profile}` \
+             and `lazaret up {profile}` to renew it",
+            paths.runtime_dir.display()
+        )));
+    }
     let opened = link.recv::<SessionOpened>().map_err(|e| lost(&e))?;
     link.without_timeouts().map_err(|e| lost(&e))?;
     let session_id = match opened {

@@ -22,7 +22,7 @@ use lazaret_proto::ids::{CliId, GenerationId, SessionId};
 use lazaret_proto::session::{OpenSession, SessionOpened};
 use lazaret_proto::store::{Session, SessionTerminal, SessionTerminalState};
 use lazaret_proto::supervisor::{
-    ExecRequest, ExecStdio, FdIndex, SupervisorReport, SupervisorRequest,
+    ExecRequest, ExecSignal, ExecStdio, FdIndex, SupervisorReport, SupervisorRequest,
 };
 use lazaret_proto::terminal::{
     MAX_TERMINAL_CHUNK, PtyIdentity, SessionExit, SessionExitOutcome, SessionTerminalEvent,
@@ -138,8 +138,14 @@ impl Hub {
             other => return Some(other),
         };
         let routes = self.routes.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(route) = routes.get(&session_id) {
-            route.send(event);
+        match (routes.get(&session_id), event) {
+            (Some(route), event) => route.send(event),
+            // A process whose session already gave up waiting has no owner:
+            // it must not run on.
+            (None, HubEvent::Started(pidfd)) => {
+                let _ = pidfd_send_signal(&pidfd, Signal::KILL);
+            }
+            (None, _) => {}
         }
         None
     }
@@ -234,11 +240,17 @@ impl Hub {
         pty: Option<PtyIdentity>,
     ) {
         let now = UnixTimeNs::now();
+        let opened_at = self
+            .routes
+            .lock()
+            .ok()
+            .and_then(|r| r.get(&session_id).map(|r| r.summary.opened_at))
+            .unwrap_or(now);
         let _ = self.store.put_session(&Session {
             generation_id: self.generation,
             session_id,
             cli_id: CliId(session_id.0),
-            opened_at: now,
+            opened_at,
             closed_at: closed.then_some(now),
         });
         let _ = self.store.put_session_terminal(&SessionTerminal {
@@ -324,21 +336,61 @@ impl Hub {
             io.pty_identity(),
         );
 
-        let outcome = pump(link, &mut io, session_id, inbox, wake, process.as_fd());
-        let (state, exit) = match outcome {
-            Ok(exit) => (SessionTerminalState::Exited, exit),
-            Err(SessionError::Link(LinkError::Closed)) | Err(SessionError::Link(_)) => {
-                // The CLI is gone: its process must not outlive it.
-                let _ = pidfd_send_signal(&process, Signal::KILL);
-                let _ = wait_exited(inbox, wake);
-                self.record(session_id, SessionTerminalState::Closed, true);
-                return Ok(());
+        let outcome = pump(
+            link,
+            &mut io,
+            session_id,
+            inbox,
+            wake,
+            &Signaller {
+                supervisor: &self.supervisor,
+                session_id,
+            },
+        );
+        match outcome {
+            Ok(exit) => {
+                let _ = link.send(&SessionTerminalMessage::Exit(exit));
+                self.record(session_id, SessionTerminalState::Exited, true);
+                Ok(())
             }
-            Err(e) => return Err(e),
-        };
-        let _ = link.send(&SessionTerminalMessage::Exit(exit));
-        self.record(session_id, state, true);
-        Ok(())
+            Err(error) => {
+                // The CLI is gone, or the session broke: its process must
+                // not outlive it. Kill it inside the sandbox, then its
+                // `runsc exec`.
+                Signaller {
+                    supervisor: &self.supervisor,
+                    session_id,
+                }
+                .send(ExecSignal::Kill);
+                if !wait_exited(inbox, wake) {
+                    let _ = pidfd_send_signal(&process, Signal::KILL);
+                }
+                self.record(session_id, SessionTerminalState::Closed, true);
+                match error {
+                    SessionError::Link(LinkError::Closed) => Ok(()),
+                    other => Err(other),
+                }
+            }
+        }
+    }
+}
+
+/// Sends signals to one session's process inside the sandbox, through the
+/// supervisor (`runsc kill --pid`).
+struct Signaller<'a> {
+    supervisor: &'a SupervisorLink,
+    session_id: SessionId,
+}
+
+impl Signaller<'_> {
+    fn send(&self, signal: ExecSignal) {
+        let _ = self.supervisor.send(
+            &SupervisorRequest::SignalExec {
+                session_id: self.session_id,
+                signal,
+            },
+            &[],
+        );
     }
 }
 
@@ -511,7 +563,7 @@ fn pump(
     session_id: SessionId,
     inbox: &Receiver<HubEvent>,
     wake: BorrowedFd<'_>,
-    process: BorrowedFd<'_>,
+    signaller: &Signaller<'_>,
 ) -> Result<SessionExit, SessionError> {
     let mut input_open = true;
     let mut output_open = true;
@@ -572,7 +624,7 @@ fn pump(
                         exited = Some(exit_of(outcome, code));
                     }
                     HubEvent::DomainDown => {
-                        let _ = pidfd_send_signal(process, Signal::KILL);
+                        // The whole sandbox stops next; nothing to kill here.
                         return Ok(exit_of(SessionExitOutcome::DomainDown, 255));
                     }
                     HubEvent::Started(_) | HubEvent::Failed(_) => {}
@@ -604,13 +656,11 @@ fn pump(
                         }
                     }
                     SessionTerminalEvent::Signal(signal) => {
-                        let signal = match signal.signal {
-                            TerminalSignalKind::Interrupt => Signal::INT,
-                            TerminalSignalKind::Quit => Signal::QUIT,
-                            TerminalSignalKind::Terminate => Signal::TERM,
-                        };
-                        // runsc exec passes the signal on to the process.
-                        let _ = pidfd_send_signal(process, signal);
+                        signaller.send(match signal.signal {
+                            TerminalSignalKind::Interrupt => ExecSignal::Interrupt,
+                            TerminalSignalKind::Quit => ExecSignal::Quit,
+                            TerminalSignalKind::Terminate => ExecSignal::Terminate,
+                        });
                     }
                     SessionTerminalEvent::Close(_) => {
                         // End of input: closing our end of the input pipe

@@ -12,9 +12,12 @@ use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
-use lazaret_proto::codec::WireRecord;
+use lazaret_proto::codec::{MAX_RECORD_LEN, WireRecord};
 
 use super::tls::{FRAME_PREFIX_LEN, FrameError, read_frame, write_frame};
+
+/// How long a write may wait for the peer to read.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Why a link failed.
 #[derive(Debug, thiserror::Error)]
@@ -60,14 +63,20 @@ impl TlsLink {
         while link.conn.is_handshaking() {
             link.conn.complete_io(&mut link.stream)?;
         }
+        // Records that came in one read with the peer's last handshake
+        // flight are already decrypted inside rustls, and the socket will
+        // not signal them again: take them now.
+        link.take_plaintext()?;
         Ok(link)
     }
 
-    /// Lifts the handshake's timeouts: from now on the link is read only
-    /// when `poll(2)` says it is readable.
+    /// Lifts the handshake's read timeout: from now on the link is read
+    /// only when `poll(2)` says it is readable. Writes keep a timeout, so a
+    /// peer that stops reading (a stopped CLI) ends its session instead of
+    /// holding it, and `down`, forever.
     pub fn without_timeouts(&self) -> Result<(), LinkError> {
         self.stream.set_read_timeout(None)?;
-        self.stream.set_write_timeout(None)?;
+        self.stream.set_write_timeout(Some(WRITE_TIMEOUT))?;
         Ok(())
     }
 
@@ -104,18 +113,25 @@ impl TlsLink {
     /// stream.
     pub fn fill(&mut self) -> Result<(), LinkError> {
         let n = self.conn.read_tls(&mut self.stream)?;
+        let (state, taken) = self.take_plaintext()?;
+        // Answer whatever TLS needs (key updates, alerts).
+        self.flush()?;
+        if taken == 0 && (n == 0 || state.peer_has_closed()) {
+            return Err(LinkError::Closed);
+        }
+        Ok(())
+    }
+
+    /// Processes the TLS records read so far and moves their plaintext into
+    /// the frame buffer: the connection's state, and how many bytes moved.
+    fn take_plaintext(&mut self) -> Result<(rustls::IoState, usize), LinkError> {
         let state = self.conn.process_new_packets()?;
         let mut buf = vec![0u8; state.plaintext_bytes_to_read()];
         if !buf.is_empty() {
             self.conn.reader().read_exact(&mut buf)?;
             self.pending.extend_from_slice(&buf);
         }
-        // Answer whatever TLS needs (key updates, alerts).
-        self.flush()?;
-        if buf.is_empty() && (n == 0 || state.peer_has_closed()) {
-            return Err(LinkError::Closed);
-        }
-        Ok(())
+        Ok((state, buf.len()))
     }
 
     /// The next complete frame already read, if any.
@@ -123,10 +139,19 @@ impl TlsLink {
         let Some(prefix) = self.pending.first_chunk::<FRAME_PREFIX_LEN>() else {
             return Ok(None);
         };
-        let end = FRAME_PREFIX_LEN.saturating_add(u32::from_be_bytes(*prefix) as usize);
+        let len = u32::from_be_bytes(*prefix) as usize;
+        let max = T::MAX_ENCODED_LEN.min(MAX_RECORD_LEN);
+        if len > max {
+            // An oversize frame is refused as soon as its length is known.
+            return Err(FrameError::Oversize {
+                record: T::NAME,
+                len,
+                max,
+            }
+            .into());
+        }
+        let end = FRAME_PREFIX_LEN + len;
         if self.pending.len() < end {
-            // An oversize prefix is refused now rather than waited for.
-            read_frame::<_, T>(&mut &prefix[..])?;
             return Ok(None);
         }
         let record = read_frame::<_, T>(&mut &self.pending[..end])?;
