@@ -5,14 +5,10 @@
 //! to it) and runsc; CI provides both.
 
 use std::path::Path;
-use std::sync::Mutex;
 
-use lazaret_tests::domain::{UserHost, busybox_image, lazaret_processes, pid_exists};
+use lazaret_tests::domain::{SERIAL, UserHost, busybox_image, lazaret_processes, pid_exists};
 use libtest_mimic::{Failed, Trial};
 use serde_json::Value;
-
-/// Domain tests run one at a time: each starts real sandboxes.
-static SERIAL: Mutex<()> = Mutex::new(());
 
 pub fn trials() -> Vec<Trial> {
     let runnable = runnable();
@@ -66,7 +62,7 @@ pub fn trials() -> Vec<Trial> {
 }
 
 /// Whether this machine can run the Domain tests; in CI it must.
-fn runnable() -> bool {
+pub(crate) fn runnable() -> bool {
     let root = rustix::process::getuid().is_root();
     let runsc = Path::new("/usr/bin/runsc").exists();
     if std::env::var_os("CI").is_some() {
@@ -78,16 +74,16 @@ fn runnable() -> bool {
     root && runsc
 }
 
-type Result = std::result::Result<(), Failed>;
+pub(crate) type Result = std::result::Result<(), Failed>;
 
-fn config(image: &str, persistent: &str) -> String {
+pub(crate) fn config(image: &str, persistent: &str) -> String {
     format!(
         "schema = \"lazaret-trusted-host-config-v1\"\n\
          [profiles.p]\nimage = \"{image}\"\npersistent_dirs = [{persistent}]\n"
     )
 }
 
-fn text(output: &std::process::Output) -> String {
+pub(crate) fn text(output: &std::process::Output) -> String {
     format!(
         "exit {:?}\nstdout: {}\nstderr: {}",
         output.status.code(),
@@ -96,7 +92,7 @@ fn text(output: &std::process::Output) -> String {
     )
 }
 
-fn up(host: &UserHost, cwd: &Path) -> std::result::Result<Value, Failed> {
+pub(crate) fn up(host: &UserHost, cwd: &Path) -> std::result::Result<Value, Failed> {
     let out = host.lazaret(cwd, &["up", "p"]);
     if !out.status.success() {
         return Err(format!("up failed: {}", text(&out)).into());
@@ -105,7 +101,7 @@ fn up(host: &UserHost, cwd: &Path) -> std::result::Result<Value, Failed> {
         .ok_or_else(|| "status shows no running Domain after up".into())
 }
 
-fn down(host: &UserHost, cwd: &Path) -> Result {
+pub(crate) fn down(host: &UserHost, cwd: &Path) -> Result {
     let out = host.lazaret(cwd, &["down", "p"]);
     if !out.status.success() {
         return Err(format!("down failed: {}", text(&out)).into());

@@ -3,6 +3,7 @@
 //! plain harness, so tests that need root or fork can declare it and run
 //! single-threaded when they must.
 
+mod attach;
 mod cli;
 mod domain;
 
@@ -12,5 +13,6 @@ fn main() {
     let args = Arguments::from_args();
     let mut trials: Vec<Trial> = cli::trials();
     trials.extend(domain::trials());
+    trials.extend(attach::trials());
     libtest_mimic::run(&args, trials).exit();
 }

@@ -6,11 +6,15 @@
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 
 use serde_json::Value;
 
 use crate::bin;
+
+/// End-to-end tests that start real sandboxes run one at a time: every
+/// module holding such tests locks this for the whole test.
+pub static SERIAL: Mutex<()> = Mutex::new(());
 
 /// The unprivileged user the Domain tests run Lazaret as.
 pub const TEST_USER: &str = "lazaret-e2e";

@@ -203,6 +203,29 @@ fn relay(
         |e: &dyn std::error::Error| format!("the connection to the Domain was lost: {}", chain(e));
     let link_fd = link.fd().try_clone_to_owned().map_err(|e| e.to_string())?;
     loop {
+        // Frames already read (some may have come with the previous ones)
+        // are handled before waiting for more.
+        while let Some(message) = link
+            .next_frame::<SessionTerminalMessage>()
+            .map_err(|e| lost(&e))?
+        {
+            match message {
+                SessionTerminalMessage::Output(output) => {
+                    if stdout
+                        .write_all(&output.bytes)
+                        .and_then(|()| stdout.flush())
+                        .is_err()
+                    {
+                        // A closed standard output ends the session.
+                        let _ = link.send(&SessionTerminalEvent::Signal(TerminalSignal {
+                            session_id,
+                            signal: TerminalSignalKind::Terminate,
+                        }));
+                    }
+                }
+                SessionTerminalMessage::Exit(exit) => return Ok((exit.outcome, exit.exit_code)),
+            }
+        }
         let mut fds = vec![PollFd::new(&link_fd, PollFlags::IN)];
         fds.extend(
             signal_pipes
@@ -262,29 +285,6 @@ fn relay(
         }
         if link_ready {
             link.fill().map_err(|e| lost(&e))?;
-            while let Some(message) = link
-                .next_frame::<SessionTerminalMessage>()
-                .map_err(|e| lost(&e))?
-            {
-                match message {
-                    SessionTerminalMessage::Output(output) => {
-                        if stdout
-                            .write_all(&output.bytes)
-                            .and_then(|()| stdout.flush())
-                            .is_err()
-                        {
-                            // A closed standard output ends the session.
-                            let _ = link.send(&SessionTerminalEvent::Signal(TerminalSignal {
-                                session_id,
-                                signal: TerminalSignalKind::Terminate,
-                            }));
-                        }
-                    }
-                    SessionTerminalMessage::Exit(exit) => {
-                        return Ok((exit.outcome, exit.exit_code));
-                    }
-                }
-            }
         }
     }
 }

@@ -590,7 +590,13 @@ fn pump(
         if output_open {
             fds.push(PollFd::new(&output, PollFlags::IN));
         }
-        match poll(&mut fds, None) {
+        // Frames already buffered (some arrive with the session's opening)
+        // are handled without waiting.
+        let timeout = link.has_frame().then_some(rustix::event::Timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        });
+        match poll(&mut fds, timeout.as_ref()) {
             Ok(_) => {}
             Err(rustix::io::Errno::INTR) => continue,
             Err(e) => return Err(SessionError::Io(e.into())),
@@ -631,8 +637,10 @@ fn pump(
                 }
             }
         }
-        if link_ready && exited.is_none() {
-            link.fill()?;
+        if exited.is_none() {
+            if link_ready {
+                link.fill()?;
+            }
             while let Some(event) = link.next_frame::<SessionTerminalEvent>()? {
                 if event.session_id() != session_id {
                     return Err(SessionError::Peer("an event named another session".into()));

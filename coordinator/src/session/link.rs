@@ -103,9 +103,30 @@ impl TlsLink {
 
     fn flush(&mut self) -> Result<(), LinkError> {
         while self.conn.wants_write() {
-            self.conn.write_tls(&mut self.stream)?;
+            if let Err(error) = self.conn.write_tls(&mut self.stream) {
+                return Err(self.alert_instead_of(error));
+            }
         }
         Ok(())
+    }
+
+    /// A peer that refuses us (a TLS 1.3 server refusing our client
+    /// certificate after our handshake ended) sends an alert and closes, so
+    /// our next write fails: the alert, which says why, rather than the
+    /// write's broken pipe. Reads only when the peer has closed, so the read
+    /// cannot block.
+    fn alert_instead_of(&mut self, error: io::Error) -> LinkError {
+        let closed = matches!(
+            error.kind(),
+            io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset
+        );
+        if !closed || self.conn.read_tls(&mut self.stream).is_err() {
+            return LinkError::Io(error);
+        }
+        match self.conn.process_new_packets() {
+            Err(alert) => LinkError::Tls(alert),
+            Ok(_) => LinkError::Io(error),
+        }
     }
 
     /// Reads what the socket holds into the frame buffer; call it when
@@ -157,6 +178,15 @@ impl TlsLink {
         let record = read_frame::<_, T>(&mut &self.pending[..end])?;
         self.pending.drain(..end);
         Ok(record)
+    }
+
+    /// Whether a whole frame is already buffered, so `poll(2)` must not wait.
+    pub fn has_frame(&self) -> bool {
+        self.pending
+            .first_chunk::<FRAME_PREFIX_LEN>()
+            .is_some_and(|prefix| {
+                self.pending.len() - FRAME_PREFIX_LEN >= u32::from_be_bytes(*prefix) as usize
+            })
     }
 
     /// Reads until one frame arrives (blocking).

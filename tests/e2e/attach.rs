@@ -1,0 +1,839 @@
+//! `lazaret attach` end to end, as the unprivileged test user with real
+//! runsc: commands through pipes (input, exit codes, merged output, a
+//! signal's exit code), ten sessions at once, an interactive shell in a real
+//! terminal (driven through tmux), `down` with a session attached, a CLI
+//! killed outright, and the connections the Session Coordinator refuses.
+//! Needs root (to create the test user and switch to it), runsc and tmux;
+//! CI provides them. Every wait is bounded.
+
+use std::io::{Read, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use lazaret_tests::bin;
+use lazaret_tests::domain::{SERIAL, UserHost, busybox_image, lazaret_processes, test_user};
+use libtest_mimic::{Failed, Trial};
+use serde_json::Value;
+
+use crate::domain::{Result, config, down, runnable, text, up};
+
+/// How long one attached command may run.
+const COMMAND_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// How long to wait for one expected change: a session listed, a screen
+/// drawn, a process gone.
+const WAIT: Duration = Duration::from_secs(10);
+
+pub fn trials() -> Vec<Trial> {
+    let runnable = runnable();
+    [
+        Trial::test("attach::commands_run_through_pipes", commands_through_pipes),
+        Trial::test(
+            "attach::ten_sessions_at_once_keep_their_output",
+            ten_sessions_at_once,
+        ),
+        Trial::test(
+            "attach::an_interactive_shell_in_a_terminal",
+            interactive_terminal,
+        ),
+        Trial::test("attach::down_ends_an_attached_session", down_with_a_session),
+        Trial::test("attach::a_killed_cli_leaves_no_runsc_exec", a_killed_cli),
+        Trial::test(
+            "attach::a_killed_cli_leaves_no_process_in_the_sandbox",
+            a_killed_cli_leaves_no_sandbox_process,
+        ),
+        Trial::test(
+            "attach::foreign_connections_and_old_credentials_are_refused",
+            refusals,
+        ),
+    ]
+    .into_iter()
+    .map(|t| t.with_ignored_flag(!runnable))
+    .collect()
+}
+
+/// A started command whose output is collected as it arrives; killed (and
+/// reaped) when dropped unfinished.
+struct Running {
+    child: Option<Child>,
+    stdout: Arc<Mutex<Vec<u8>>>,
+    stderr: Arc<Mutex<Vec<u8>>>,
+    readers: Vec<JoinHandle<()>>,
+}
+
+fn collect(mut from: impl Read + Send + 'static, into: Arc<Mutex<Vec<u8>>>) -> JoinHandle<()> {
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = from.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            into.lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .extend_from_slice(&buf[..n]);
+        }
+    })
+}
+
+impl Running {
+    /// Starts `command` with `input` on a pipe as its standard input (closed
+    /// once written), or with no standard input at all.
+    fn start(mut command: Command, input: Option<&[u8]>) -> std::io::Result<Self> {
+        command
+            .stdin(if input.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = command.spawn()?;
+        if let (Some(input), Some(mut stdin)) = (input, child.stdin.take()) {
+            let input = input.to_vec();
+            // From a thread, so a full pipe cannot block the test; the end
+            // of the thread closes the pipe.
+            std::thread::spawn(move || {
+                let _ = stdin.write_all(&input);
+            });
+        }
+        let stdout = Arc::new(Mutex::new(Vec::new()));
+        let stderr = Arc::new(Mutex::new(Vec::new()));
+        let mut readers = Vec::new();
+        if let Some(pipe) = child.stdout.take() {
+            readers.push(collect(pipe, Arc::clone(&stdout)));
+        }
+        if let Some(pipe) = child.stderr.take() {
+            readers.push(collect(pipe, Arc::clone(&stderr)));
+        }
+        Ok(Self {
+            child: Some(child),
+            stdout,
+            stderr,
+            readers,
+        })
+    }
+
+    /// Sends SIGKILL.
+    fn kill(&mut self) -> std::io::Result<()> {
+        match self.child.as_mut() {
+            Some(child) => child.kill(),
+            None => Ok(()),
+        }
+    }
+
+    /// Waits up to `timeout` for the command to end and returns its output;
+    /// past the timeout, kills it and fails.
+    fn finish(mut self, timeout: Duration) -> std::result::Result<Output, Failed> {
+        let mut child = self.child.take().expect("not finished yet");
+        let deadline = Instant::now() + timeout;
+        let mut timed_out = false;
+        let status = loop {
+            if let Some(status) = child.try_wait()? {
+                break status;
+            }
+            if Instant::now() >= deadline {
+                timed_out = true;
+                let _ = child.kill();
+                break child.wait()?;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        // The readers end when the pipes close; do not wait forever for a
+        // descendant that holds them.
+        let readers_deadline = Instant::now() + WAIT;
+        for reader in std::mem::take(&mut self.readers) {
+            while !reader.is_finished() && Instant::now() < readers_deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            if reader.is_finished() {
+                let _ = reader.join();
+            }
+        }
+        let output = Output {
+            status,
+            stdout: self
+                .stdout
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone(),
+            stderr: self
+                .stderr
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone(),
+        };
+        if timed_out {
+            return Err(format!("timed out after {timeout:?}; {}", text(&output)).into());
+        }
+        Ok(output)
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(child) = self.child.as_mut() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Runs `command` to its end, within [`COMMAND_TIMEOUT`].
+fn run(command: Command, input: Option<&[u8]>) -> std::result::Result<Output, Failed> {
+    Running::start(command, input)?.finish(COMMAND_TIMEOUT)
+}
+
+/// `lazaret attach p [-- COMMAND...]` as the test user in `cwd`.
+fn attach(host: &UserHost, cwd: &Path, command: &[&str]) -> Command {
+    let mut attach = host.command(&bin("lazaret"), cwd);
+    attach.args(["attach", "p"]);
+    if !command.is_empty() {
+        attach.arg("--").args(command);
+    }
+    attach
+}
+
+/// Polls `probe` every 100 ms until it answers, for at most `timeout`.
+fn wait_until<T>(
+    timeout: Duration,
+    what: &str,
+    mut probe: impl FnMut() -> Option<T>,
+) -> std::result::Result<T, Failed> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(value) = probe() {
+            return Ok(value);
+        }
+        if Instant::now() >= deadline {
+            return Err(format!("timed out after {timeout:?} waiting for {what}").into());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The sessions `lazaret status p --json` lists.
+fn sessions(host: &UserHost, cwd: &Path) -> Vec<Value> {
+    host.status(cwd, "p")
+        .and_then(|s| s["sessions"].as_array().cloned())
+        .unwrap_or_default()
+}
+
+/// The live `runsc exec` processes of `uid` (zombies are not counted).
+fn runsc_execs(uid: u32) -> Vec<String> {
+    lazaret_processes(uid)
+        .into_iter()
+        .filter(|line| {
+            let args: Vec<&str> = line.split_whitespace().skip(2).collect();
+            args.iter().any(|a| a.contains("runsc")) && args.contains(&"exec")
+        })
+        .collect()
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+/// A host with the test user's configuration of profile `p`.
+fn host() -> UserHost {
+    let host = UserHost::new();
+    host.write_config(&config(&busybox_image(), "\"/root\""));
+    host
+}
+
+fn commands_through_pipes() -> Result {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let host = host();
+    let ws = host.workspace.clone();
+    up(&host, &ws)?;
+
+    let sorted = run(attach(&host, &ws, &["sort", "-r"]), Some(b"a\nb\n"))?;
+    assert!(sorted.status.success(), "{}", text(&sorted));
+    assert_eq!(stdout(&sorted), "b\na\n", "{}", text(&sorted));
+
+    let seven = run(attach(&host, &ws, &["sh", "-c", "exit 7"]), None)?;
+    assert_eq!(seven.status.code(), Some(7), "{}", text(&seven));
+
+    let both = run(
+        attach(
+            &host,
+            &ws,
+            &["sh", "-c", "echo to-stdout; echo to-stderr >&2; pwd"],
+        ),
+        None,
+    )?;
+    assert!(both.status.success(), "{}", text(&both));
+    assert_eq!(
+        stdout(&both),
+        "to-stdout\nto-stderr\n/workspace\n",
+        "both streams arrive, merged, on standard output: {}",
+        text(&both)
+    );
+    assert!(!stderr(&both).contains("to-std"), "{}", text(&both));
+
+    let killed = run(attach(&host, &ws, &["sh", "-c", "kill -TERM $$"]), None)?;
+    assert_eq!(
+        killed.status.code(),
+        Some(128 + 15),
+        "a process killed by SIGTERM: {}",
+        text(&killed)
+    );
+
+    down(&host, &ws)?;
+    Ok(())
+}
+
+fn ten_sessions_at_once() -> Result {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let host = host();
+    let ws = host.workspace.clone();
+    up(&host, &ws)?;
+
+    let (outputs, listed) = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..10)
+            .map(|n| {
+                let (host, ws) = (&host, &ws);
+                scope.spawn(move || {
+                    let script = format!("echo start-{n}; sleep 1; echo end-{n}");
+                    run(attach(host, ws, &["sh", "-c", &script]), None)
+                })
+            })
+            .collect();
+        // While they run, status lists them.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut listed = 0;
+        while listed == 0 && Instant::now() < deadline && !handles.iter().all(|h| h.is_finished()) {
+            listed = sessions(&host, &ws).len();
+            if listed == 0 {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        let outputs: Vec<_> = handles
+            .into_iter()
+            .map(|h| h.join().expect("attach thread"))
+            .collect();
+        (outputs, listed)
+    });
+    let mut wrong = Vec::new();
+    for (n, output) in outputs.into_iter().enumerate() {
+        let output = output?;
+        if !output.status.success() || stdout(&output) != format!("start-{n}\nend-{n}\n") {
+            wrong.push(format!("session {n}: {}", text(&output)));
+        }
+    }
+    if !wrong.is_empty() {
+        let logs = host.lazaret(&ws, &["logs", "p"]);
+        return Err(format!(
+            "not every session saw exactly its own output:\n{}\nthe Domain log:\n{}",
+            wrong.join("\n"),
+            stdout(&logs)
+        )
+        .into());
+    }
+    assert!(listed >= 1, "status listed no session while ten ran");
+    wait_until(WAIT, "status to list no session", || {
+        sessions(&host, &ws).is_empty().then_some(())
+    })?;
+
+    down(&host, &ws)?;
+    Ok(())
+}
+
+/// A tmux server of the test user, with its sockets under its own
+/// directory; killed when dropped, whatever ends the test.
+struct Tmux<'a> {
+    host: &'a UserHost,
+    dir: PathBuf,
+    cwd: PathBuf,
+}
+
+impl Tmux<'_> {
+    fn command(&self, args: &[&str]) -> Command {
+        let mut command = self.host.command(Path::new("/usr/bin/tmux"), &self.cwd);
+        command
+            .env("TMUX_TMPDIR", &self.dir)
+            // The pane's command runs under it; the test user's login shell
+            // is nologin.
+            .env("SHELL", "/bin/sh")
+            .args(["-f", "/dev/null"])
+            .args(args);
+        command
+    }
+
+    /// Runs a tmux command that must succeed; its standard output.
+    fn ok(&self, args: &[&str]) -> std::result::Result<String, Failed> {
+        let output = Running::start(self.command(args), None)?.finish(WAIT)?;
+        if !output.status.success() {
+            return Err(format!("tmux {args:?} failed: {}", text(&output)).into());
+        }
+        Ok(stdout(&output))
+    }
+
+    /// Types `line` and Enter into the pane.
+    fn type_line(&self, line: &str) -> Result {
+        self.ok(&["send-keys", "-t", "t", "-l", line])?;
+        self.ok(&["send-keys", "-t", "t", "Enter"])?;
+        Ok(())
+    }
+
+    /// Polls the pane for up to `timeout` until `shows` holds: `Ok(screen)`
+    /// then, `Err(last screen)` when it never did.
+    fn poll(
+        &self,
+        timeout: Duration,
+        shows: impl Fn(&str) -> bool,
+    ) -> std::result::Result<std::result::Result<String, String>, Failed> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let screen = self.ok(&["capture-pane", "-p", "-t", "t"])?;
+            if shows(&screen) {
+                return Ok(Ok(screen));
+            }
+            if Instant::now() >= deadline {
+                return Ok(Err(screen));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Waits (up to [`WAIT`]) until the pane shows a line equal to `line`.
+    fn wait_for_line(&self, line: &str) -> Result {
+        match self.poll(WAIT, |s| has_line(s, line))? {
+            Ok(_) => Ok(()),
+            Err(screen) => Err(format!(
+                "timed out after {WAIT:?} waiting for the line `{line}`; the pane shows:\n{screen}"
+            )
+            .into()),
+        }
+    }
+
+    /// Types `line` until the pane shows `expected`, for up to `timeout`:
+    /// for what may take effect only after a first try.
+    fn type_until(&self, line: &str, expected: &str, timeout: Duration) -> Result {
+        let deadline = Instant::now() + timeout;
+        loop {
+            self.type_line(line)?;
+            match self.poll(Duration::from_secs(1), |s| has_line(s, expected))? {
+                Ok(_) => return Ok(()),
+                Err(screen) if Instant::now() >= deadline => {
+                    return Err(format!(
+                        "`{line}` never showed `{expected}` within {timeout:?}; the pane shows:\n{screen}"
+                    )
+                    .into());
+                }
+                Err(_) => {}
+            }
+        }
+    }
+}
+
+impl Drop for Tmux<'_> {
+    fn drop(&mut self) {
+        if let Ok(running) = Running::start(self.command(&["kill-server"]), None) {
+            let _ = running.finish(WAIT);
+        }
+    }
+}
+
+fn has_line(screen: &str, line: &str) -> bool {
+    screen.lines().any(|l| l.trim_end() == line)
+}
+
+fn interactive_terminal() -> Result {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let host = host();
+    let ws = host.workspace.clone();
+    up(&host, &ws)?;
+
+    let dir = host.user_dir("tmux");
+    let exit_file = dir.join("attach-exit");
+    let tmux = Tmux {
+        host: &host,
+        dir: dir.clone(),
+        cwd: ws.clone(),
+    };
+    let pane = format!(
+        "{} attach p; echo EXIT=$? > {}; sleep 60",
+        bin("lazaret").display(),
+        exit_file.display()
+    );
+    let ws_arg = ws.to_str().ok_or("workspace path is not UTF-8")?;
+    tmux.ok(&[
+        "new-session",
+        "-d",
+        "-s",
+        "t",
+        "-x",
+        "100",
+        "-y",
+        "30",
+        "-c",
+        ws_arg,
+        &pane,
+    ])?;
+
+    // Keys typed before the CLI puts its terminal in raw mode are flushed
+    // away, so ask until the shell inside answers.
+    tmux.type_until("echo ready-$((20+22))", "ready-42", Duration::from_secs(30))?;
+
+    tmux.type_line("stty size")?;
+    tmux.wait_for_line("30 100")?;
+
+    // The new size travels from the CLI's SIGWINCH to the host PTY; ask
+    // until the shell sees it.
+    tmux.ok(&["resize-window", "-t", "t", "-x", "120", "-y", "40"])?;
+    tmux.type_until("stty size", "40 120", WAIT)?;
+
+    // ^C interrupts the foreground command, not the shell.
+    tmux.type_line("echo sleeping-$((3*3)); sleep 100")?;
+    tmux.wait_for_line("sleeping-9")?;
+    // Let the shell start sleep after its echo.
+    std::thread::sleep(Duration::from_millis(500));
+    tmux.ok(&["send-keys", "-t", "t", "C-c"])?;
+    tmux.type_line("echo alive $?")?;
+    tmux.wait_for_line("alive 130")?;
+
+    // A full-screen program draws.
+    tmux.type_line("vi /tmp/x")?;
+    match tmux.poll(WAIT, |s| {
+        s.lines().filter(|l| l.trim_end() == "~").count() >= 10
+    })? {
+        Ok(_) => {}
+        Err(screen) => {
+            return Err(
+                format!("vi drew no `~` lines within {WAIT:?}; the pane shows:\n{screen}").into(),
+            );
+        }
+    }
+    tmux.ok(&["send-keys", "-t", "t", "Escape"])?;
+    // vi reads a lone Escape only when nothing follows it at once: it
+    // shows nothing to wait for, so give it a moment.
+    std::thread::sleep(Duration::from_millis(300));
+    tmux.ok(&["send-keys", "-t", "t", "-l", ":q!"])?;
+    match tmux.poll(WAIT, |s| s.lines().any(|l| l.starts_with(":q!")))? {
+        Ok(_) => {}
+        Err(screen) => {
+            return Err(
+                format!("vi shows no `:q!` within {WAIT:?}; the pane shows:\n{screen}").into(),
+            );
+        }
+    }
+    tmux.ok(&["send-keys", "-t", "t", "Enter"])?;
+    tmux.type_until("echo back-$((4+4))", "back-8", WAIT)?;
+
+    // The shell's exit code is the CLI's.
+    tmux.type_line("exit 3")?;
+    let exit = wait_until(WAIT, "the CLI's exit code in the pane", || {
+        std::fs::read_to_string(&exit_file)
+            .ok()
+            .filter(|s| s.ends_with('\n'))
+    })?;
+    assert_eq!(exit.trim(), "EXIT=3");
+    wait_until(WAIT, "status to list no session", || {
+        sessions(&host, &ws).is_empty().then_some(())
+    })?;
+
+    drop(tmux);
+    down(&host, &ws)?;
+    Ok(())
+}
+
+fn down_with_a_session() -> Result {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let host = host();
+    let ws = host.workspace.clone();
+    up(&host, &ws)?;
+
+    let attached = Running::start(attach(&host, &ws, &["sleep", "100"]), None)?;
+    wait_until(WAIT, "status to list the session", || {
+        (!sessions(&host, &ws).is_empty()).then_some(())
+    })?;
+    // The session's process runs (not only its request).
+    wait_until(WAIT, "the session's runsc exec", || {
+        (!runsc_execs(host.uid()).is_empty()).then_some(())
+    })?;
+
+    down(&host, &ws)?;
+    let ended = attached.finish(WAIT)?;
+    assert!(!ended.status.success(), "{}", text(&ended));
+    assert!(
+        stderr(&ended).contains("the Domain went down"),
+        "the CLI says why the session ended: {}",
+        text(&ended)
+    );
+    assert!(
+        lazaret_processes(host.uid()).is_empty(),
+        "{:?}",
+        lazaret_processes(host.uid())
+    );
+    Ok(())
+}
+
+fn a_killed_cli() -> Result {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let host = host();
+    let ws = host.workspace.clone();
+    up(&host, &ws)?;
+
+    let mut attached = Running::start(attach(&host, &ws, &["sleep", "100"]), None)?;
+    wait_until(WAIT, "status to list the session", || {
+        (!sessions(&host, &ws).is_empty()).then_some(())
+    })?;
+    wait_until(WAIT, "the session's runsc exec", || {
+        (!runsc_execs(host.uid()).is_empty()).then_some(())
+    })?;
+
+    attached.kill()?;
+    let killed = attached.finish(WAIT)?;
+    assert_eq!(killed.status.signal(), Some(9), "{}", text(&killed));
+    wait_until(
+        Duration::from_secs(20),
+        "the session to end and its runsc exec to go",
+        || (sessions(&host, &ws).is_empty() && runsc_execs(host.uid()).is_empty()).then_some(()),
+    )
+    .map_err(|e| {
+        format!(
+            "{}; sessions {:?}; runsc exec {:?}",
+            e.message().unwrap_or_default(),
+            sessions(&host, &ws),
+            runsc_execs(host.uid())
+        )
+    })?;
+    // The Domain still serves.
+    let after = run(attach(&host, &ws, &["true"]), None)?;
+    assert!(after.status.success(), "{}", text(&after));
+
+    down(&host, &ws)?;
+    Ok(())
+}
+
+/// The processes inside the sandbox whose command line is exactly `args`.
+fn sandbox_processes(host: &UserHost, status: &Value, args: &str) -> Vec<String> {
+    let out = host.exec(status, "ps -o pid,args");
+    stdout(&out)
+        .lines()
+        .filter(|l| {
+            l.trim_start()
+                .split_once(char::is_whitespace)
+                .is_some_and(|(_, rest)| rest.trim() == args)
+        })
+        .map(str::to_owned)
+        .collect()
+}
+
+/// A CLI killed outright takes its process inside the sandbox with it, not
+/// only the host's `runsc exec` (which cannot pass SIGKILL on).
+fn a_killed_cli_leaves_no_sandbox_process() -> Result {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let host = host();
+    let ws = host.workspace.clone();
+    let status = up(&host, &ws)?;
+
+    let mut attached = Running::start(attach(&host, &ws, &["sleep", "1234"]), None)?;
+    wait_until(WAIT, "the session's process in the sandbox", || {
+        (!sandbox_processes(&host, &status, "sleep 1234").is_empty()).then_some(())
+    })?;
+    attached.kill()?;
+    attached.finish(WAIT)?;
+    wait_until(WAIT, "status to list no session", || {
+        sessions(&host, &ws).is_empty().then_some(())
+    })?;
+    let left = wait_until(WAIT, "the session's process in the sandbox to end", || {
+        sandbox_processes(&host, &status, "sleep 1234")
+            .is_empty()
+            .then_some(())
+    });
+    let remaining = sandbox_processes(&host, &status, "sleep 1234");
+    down(&host, &ws)?;
+    left.map_err(|e| {
+        format!(
+            "{}; still in the sandbox: {remaining:?}",
+            e.message().unwrap_or_default()
+        )
+    })?;
+    Ok(())
+}
+
+/// Connects to the session socket in `domain_dir`, writes what is not TLS,
+/// and reports whether the server closed the connection within [`WAIT`].
+fn garbage_is_closed(domain_dir: &Path) -> std::result::Result<bool, String> {
+    // Through the directory's descriptor: the full path is longer than a
+    // Unix socket path may be. `thread-self`, since the calling thread may
+    // have credentials of its own.
+    let dir = std::fs::File::open(domain_dir).map_err(|e| format!("open: {e}"))?;
+    let socket = format!(
+        "/proc/thread-self/fd/{}/session.sock",
+        std::os::fd::AsRawFd::as_raw_fd(&dir)
+    );
+    let mut stream = UnixStream::connect(&socket).map_err(|e| format!("connect: {e}"))?;
+    stream
+        .set_read_timeout(Some(WAIT))
+        .map_err(|e| e.to_string())?;
+    // The server may close before or while this is written.
+    let _ = stream.write_all(b"GET / HTTP/1.0\r\nthis is not TLS\r\n\r\n");
+    let deadline = Instant::now() + WAIT;
+    let mut buf = [0u8; 1024];
+    loop {
+        match stream.read(&mut buf) {
+            // An alert, perhaps; the close follows.
+            Ok(n) if n > 0 && Instant::now() < deadline => {}
+            Ok(0) => return Ok(true),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return Ok(true),
+            Ok(_) | Err(_) => return Ok(false),
+        }
+    }
+}
+
+/// Whether a CLI error names a refusal by TLS: a certificate refused, or
+/// the peer's alert.
+fn names_tls_refusal(message: &str) -> bool {
+    message.contains("refused")
+        && ["certificate", "alert", "TLS"]
+            .iter()
+            .any(|word| message.contains(word))
+}
+
+const CREDENTIAL_FILES: [&str; 3] = ["client.pem", "client.key", "trust.bin"];
+
+fn read_credential(dir: &Path) -> std::result::Result<Vec<Vec<u8>>, Failed> {
+    CREDENTIAL_FILES
+        .iter()
+        .map(|name| std::fs::read(dir.join(name)).map_err(|e| format!("{name}: {e}").into()))
+        .collect()
+}
+
+/// Puts credential files in place, as the test user's with mode 0600.
+fn put_credential(dir: &Path, files: &[(&str, &[u8])]) -> Result {
+    let (uid, gid) = test_user();
+    for (name, bytes) in files {
+        let path = dir.join(name);
+        std::fs::write(&path, bytes)?;
+        std::os::unix::fs::chown(&path, Some(uid), Some(gid))?;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
+    }
+    Ok(())
+}
+
+fn refusals() -> Result {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let host = host();
+    let ws = host.workspace.clone();
+    let status = up(&host, &ws)?;
+    let domain_id = status["domain_id"].as_str().ok_or("domain id")?.to_owned();
+    let domain_dir = host.runtime.join("lazaret/domains").join(&domain_id);
+    assert!(domain_dir.join("session.sock").exists());
+
+    // Root is not the Domain's owner: the peer-uid check refuses it.
+    assert!(
+        garbage_is_closed(&domain_dir)?,
+        "a connection from root stayed open"
+    );
+    // The owner speaking something that is not TLS: the handshake refuses
+    // it. A thread of its own takes the test user's credentials (on Linux
+    // they are per thread) and ends with them.
+    let (uid, gid) = test_user();
+    let as_user = domain_dir.clone();
+    let closed = std::thread::spawn(move || -> std::result::Result<bool, String> {
+        let gid = rustix::process::Gid::from_raw(gid);
+        let uid = rustix::process::Uid::from_raw(uid);
+        rustix::thread::set_thread_groups(&[]).map_err(|e| format!("setgroups: {e}"))?;
+        rustix::thread::set_thread_res_gid(gid, gid, gid).map_err(|e| format!("setgid: {e}"))?;
+        rustix::thread::set_thread_res_uid(uid, uid, uid).map_err(|e| format!("setuid: {e}"))?;
+        garbage_is_closed(&as_user)
+    })
+    .join()
+    .map_err(|_| "the test user's connection thread panicked")??;
+    assert!(closed, "a non-TLS connection from the owner stayed open");
+    // The coordinator keeps serving.
+    let works = run(attach(&host, &ws, &["true"]), None)?;
+    assert!(works.status.success(), "{}", text(&works));
+
+    // A credential of an earlier generation.
+    let credential_dir = domain_dir.join("session");
+    let old = read_credential(&credential_dir)?;
+    down(&host, &ws)?;
+    let second = up(&host, &ws)?;
+    assert_eq!(second["generation"], 2);
+    let new = read_credential(&credential_dir)?;
+    for (i, name) in CREDENTIAL_FILES.iter().enumerate() {
+        assert_ne!(old[i], new[i], "{name} is the same in generation 2");
+    }
+
+    // All three old files: the CLI trusts only the old CA, so it refuses
+    // the coordinator of generation 2.
+    let all_old: Vec<(&str, &[u8])> = CREDENTIAL_FILES
+        .iter()
+        .zip(&old)
+        .map(|(n, b)| (*n, b.as_slice()))
+        .collect();
+    put_credential(&credential_dir, &all_old)?;
+    let refused = run(attach(&host, &ws, &["true"]), None)?;
+    assert!(!refused.status.success(), "{}", text(&refused));
+    assert!(
+        names_tls_refusal(&stderr(&refused)),
+        "the CLI names the TLS refusal: {}",
+        text(&refused)
+    );
+
+    // The old client certificate with the current trust: the coordinator
+    // refuses a certificate its generation's CA did not sign.
+    put_credential(
+        &credential_dir,
+        &[
+            (CREDENTIAL_FILES[0], &old[0]),
+            (CREDENTIAL_FILES[1], &old[1]),
+            (CREDENTIAL_FILES[2], &new[2]),
+        ],
+    )?;
+    let refused = run(attach(&host, &ws, &["true"]), None)?;
+    assert!(!refused.status.success(), "{}", text(&refused));
+    assert!(
+        names_tls_refusal(&stderr(&refused)),
+        "the CLI names the TLS refusal: {}",
+        text(&refused)
+    );
+    assert!(
+        sessions(&host, &ws).is_empty(),
+        "a refused connection is no session"
+    );
+
+    // The current credential works again.
+    let all_new: Vec<(&str, &[u8])> = CREDENTIAL_FILES
+        .iter()
+        .zip(&new)
+        .map(|(n, b)| (*n, b.as_slice()))
+        .collect();
+    put_credential(&credential_dir, &all_new)?;
+    let works = run(attach(&host, &ws, &["true"]), None)?;
+    assert!(works.status.success(), "{}", text(&works));
+
+    let logs = host.lazaret(&ws, &["logs", "p"]);
+    assert!(logs.status.success(), "{}", text(&logs));
+    let log = stdout(&logs);
+    // Root's connection, the owner's non-TLS bytes, and the certificate of
+    // generation 1 (both ways) were refused, each in its own line.
+    assert!(
+        log.matches("session refused or failed").count() >= 4,
+        "the Domain log records each refused session:\n{log}"
+    );
+    assert!(
+        log.contains("uid 0 is not this Domain's owner"),
+        "the Domain log names the refused peer:\n{log}"
+    );
+    assert!(
+        log.contains("invalid peer certificate"),
+        "the Domain log names the refused certificate:\n{log}"
+    );
+
+    down(&host, &ws)?;
+    Ok(())
+}
