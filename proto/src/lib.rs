@@ -29,3 +29,16 @@ pub mod trust;
 
 #[cfg(test)]
 mod test_support;
+
+/// An error and its sources on one line, `: `-separated, as every role
+/// prints and reports failures.
+pub fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}

@@ -42,6 +42,7 @@ use std::process::{Command, ExitCode, Stdio};
 use std::sync::Arc;
 
 use lazaret_proto::channel::{ChannelError, Endpoint, Limits, Received};
+use lazaret_proto::error_chain as chain;
 use lazaret_proto::supervisor::{
     ExecRequest, ExecStdio, FdIndex, SandboxPlan, SupervisorError, SupervisorReport,
     SupervisorRequest, SupervisorStep,
@@ -71,18 +72,6 @@ fn failed(step: SupervisorStep, detail: impl std::fmt::Display) -> SupervisorErr
         step,
         detail: detail.to_string(),
     }
-}
-
-/// A displayable error with its whole chain on one line.
-fn chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 /// Dies with the parent; false when the parent is already gone.

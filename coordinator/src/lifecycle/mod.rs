@@ -95,14 +95,4 @@ impl DomainPaths {
     }
 }
 
-/// An error and its sources on one line.
-pub fn chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
-}
+pub use lazaret_proto::error_chain as chain;
