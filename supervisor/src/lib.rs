@@ -186,6 +186,12 @@ fn start(
     fds: &[OwnedFd],
 ) -> Result<Running, SupervisorError> {
     mounts::private_proc().map_err(|e| failed(SupervisorStep::Mounts, chain(&e)))?;
+    namespaces::loopback_up().map_err(|e| {
+        failed(
+            SupervisorStep::Namespaces,
+            format!("cannot bring up the loopback interface: {e}"),
+        )
+    })?;
     // The coordinator's descriptors name host mounts; reopen each mount
     // source as the same object inside the Domain mount namespace.
     let rebased = |index: FdIndex| {

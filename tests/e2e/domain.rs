@@ -43,6 +43,7 @@ pub fn trials() -> Vec<Trial> {
         ),
         Trial::test("domain::volumes_mount_with_their_access", volumes),
         Trial::test("domain::a_git_workspace_is_refused", git_workspace),
+        Trial::test("domain::loopback_works_and_nothing_else", loopback_only),
         Trial::test(
             "domain::environment_reaches_the_sandbox_not_the_disk",
             environment,
@@ -490,5 +491,29 @@ fn git_workspace() -> Result {
     assert!(err.contains(".git/hooks"), "{err}");
     assert!(host.status(&ws, "p").is_none(), "nothing runs");
     std::fs::remove_dir(&git)?;
+    Ok(())
+}
+
+fn loopback_only() -> Result {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let host = UserHost::new();
+    host.write_config(&config(&busybox_image(), "\"/root\""));
+    let ws = host.workspace.clone();
+    let status = up(&host, &ws)?;
+    // A server on loopback answers; the namespace has no other interface.
+    let out = host.exec(
+        &status,
+        "(nc -l -p 4444 -e echo pong &) ; sleep 0.5; echo ping | nc 127.0.0.1 4444; \
+         ls /sys/class/net 2>/dev/null || ip -o link | cut -d: -f2",
+    );
+    let text_out = String::from_utf8_lossy(&out.stdout);
+    assert!(text_out.starts_with("pong\n"), "{}", text(&out));
+    assert_eq!(
+        text_out.lines().skip(1).map(str::trim).collect::<Vec<_>>(),
+        ["lo"],
+        "{}",
+        text(&out)
+    );
+    down(&host, &ws)?;
     Ok(())
 }
