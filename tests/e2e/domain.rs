@@ -44,6 +44,7 @@ pub fn trials() -> Vec<Trial> {
         Trial::test("domain::volumes_mount_with_their_access", volumes),
         Trial::test("domain::a_git_workspace_is_refused", git_workspace),
         Trial::test("domain::loopback_works_and_nothing_else", loopback_only),
+        Trial::test("domain::the_coordinator_logs_to_the_journal", journal),
         Trial::test(
             "domain::environment_reaches_the_sandbox_not_the_disk",
             environment,
@@ -515,5 +516,50 @@ fn loopback_only() -> Result {
         text(&out)
     );
     down(&host, &ws)?;
+    Ok(())
+}
+
+fn journal() -> Result {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let host = UserHost::new();
+    host.write_config(&config(&busybox_image(), "\"/root\""));
+    let ws = host.workspace.clone();
+    // A journal socket this test owns stands in for systemd's.
+    let socket_path = host.base().join("journal.socket");
+    let journal = std::os::unix::net::UnixDatagram::bind(&socket_path)?;
+    std::os::unix::fs::chown(&socket_path, Some(host.uid()), None)?;
+    journal.set_read_timeout(Some(std::time::Duration::from_secs(10)))?;
+    let env = [("LAZARET_JOURNAL_SOCKET", socket_path.to_str().unwrap())];
+    let out = host.lazaret_with_env(&ws, &["up", "p"], &env);
+    assert!(out.status.success(), "{}", text(&out));
+    let status = host.status(&ws, "p").ok_or("not running")?;
+    let domain = status["domain_id"].as_str().unwrap().to_owned();
+    let mut entries = Vec::new();
+    let mut buf = vec![0u8; 4096];
+    while !entries.iter().any(|e: &String| e.contains("running")) {
+        let n = journal.recv(&mut buf)?;
+        entries.push(String::from_utf8_lossy(&buf[..n]).into_owned());
+    }
+    let running = entries.iter().find(|e| e.contains("running")).unwrap();
+    assert!(
+        running.contains("MESSAGE=generation 1 running\n"),
+        "{running}"
+    );
+    assert!(
+        running.contains("SYSLOG_IDENTIFIER=lazaret-coordinator\n"),
+        "{running}"
+    );
+    assert!(
+        running.contains(&format!("LAZARET_DOMAIN={domain}\n")),
+        "{running}"
+    );
+    let logs = host.lazaret_with_env(&ws, &["logs", "p"], &env);
+    assert!(
+        String::from_utf8_lossy(&logs.stdout).contains("journalctl LAZARET_DOMAIN="),
+        "{}",
+        text(&logs)
+    );
+    let out = host.lazaret_with_env(&ws, &["down", "p"], &env);
+    assert!(out.status.success(), "{}", text(&out));
     Ok(())
 }

@@ -363,6 +363,14 @@ pub fn status(
 /// `lazaret logs PROFILE`: the Domain's coordinator log.
 pub fn logs(globals: &Globals, profile: &str) -> Result<(), Failure> {
     let (_, paths) = locate(globals, profile)?;
+    if crate::lifecycle::journal::socket_path().is_some() {
+        print(&format!(
+            "the coordinator logs to the journal; see: journalctl LAZARET_DOMAIN={}\n\
+             (the supervisor's own messages are in {})\n",
+            paths.domain_id,
+            paths.log_file().display()
+        ))?;
+    }
     let log = paths.log_file();
     match std::fs::read(&log) {
         Ok(bytes) => print(&String::from_utf8_lossy(&bytes)),

@@ -110,7 +110,7 @@ fn at(step: StartupStep) -> impl Fn(&dyn std::error::Error) -> Failure {
 
 /// Writes a line to the Domain log (standard error once redirected).
 fn log(message: impl std::fmt::Display) {
-    eprintln!("[{}] {message}", UnixTimeNs::now().as_secs());
+    super::journal::log(message);
 }
 
 /// The startup channel to the CLI that started this coordinator.
@@ -302,6 +302,7 @@ pub fn recover(args: Args) -> ExitCode {
             return already_running(&paths, &resolved);
         };
         redirect_to_log(&auth.domain_runtime)?;
+        super::journal::init(&resolved.domain_id().to_hex());
         let owned = open_stores(&resolved)?;
         let generation_id = recover_stale(&owned, &resolved)?;
         Ok(StartupEvent::Recovered { generation_id })
@@ -445,9 +446,12 @@ pub fn start(args: Args) -> ExitCode {
         }
         Err(failure) => return reporter.fail(failure),
     };
+    // The log goes to the journal when there is one; the log file takes
+    // standard error either way (the supervisor writes there too).
     if let Err(failure) = redirect_to_log(&auth.domain_runtime) {
         return reporter.fail(failure);
     }
+    super::journal::init(&resolved.domain_id().to_hex());
     log(format_args!(
         "coordinator for Domain {} (profile `{}`, workspace {})",
         resolved.domain_id(),

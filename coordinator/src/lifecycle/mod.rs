@@ -11,6 +11,7 @@
 
 pub mod client;
 pub mod daemon;
+pub mod journal;
 pub mod recovery;
 
 use std::path::{Path, PathBuf};

@@ -172,11 +172,10 @@ impl Hub {
         let hub = Arc::clone(self);
         let thread = std::thread::spawn(move || {
             if let Err(e) = hub.serve(stream) {
-                eprintln!(
-                    "[{}] session refused or failed: {}",
-                    UnixTimeNs::now().as_secs(),
+                crate::lifecycle::journal::log(format_args!(
+                    "session refused or failed: {}",
                     crate::lifecycle::chain(&e)
-                );
+                ));
             }
         });
         let mut threads = self.threads.lock().unwrap_or_else(|e| e.into_inner());
