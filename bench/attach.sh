@@ -49,18 +49,22 @@ for _ in $(seq "$rounds"); do
     attach_true+=("$(ms "$t0" "$t1")"); bare_true+=("$(ms "$t1" "$t2")")
 done
 
-attach_cat=() bare_cat=()
+rate() { local t=$(ms "$1" "$2"); echo $(( mib * 1000 / (t > 0 ? t : 1) )); }
+attach_cat=() bare_cat=() bare_pipe=()
 for _ in $(seq 3); do
     t0=$(now); "$lazaret" attach bench -- cat /workspace/big </dev/null >/dev/null; t1=$(now)
     "${bare[@]}" /bin/cat /workspace/big </dev/null >/dev/null; t2=$(now)
-    attach_cat+=("$(( mib * 1000 / ( ($(ms "$t0" "$t1") > 0 ? $(ms "$t0" "$t1") : 1) ) ))")
-    bare_cat+=("$(( mib * 1000 / ( ($(ms "$t1" "$t2") > 0 ? $(ms "$t1" "$t2") : 1) ) ))")
+    # The same through a pipe: what any relay of the output starts from.
+    "${bare[@]}" /bin/cat /workspace/big </dev/null | cat >/dev/null; t3=$(now)
+    attach_cat+=("$(rate "$t0" "$t1")"); bare_cat+=("$(rate "$t1" "$t2")"); bare_pipe+=("$(rate "$t2" "$t3")")
 done
 
 at=$(median "${attach_true[@]}"); bt=$(median "${bare_true[@]}")
-ac=$(median "${attach_cat[@]}"); bc=$(median "${bare_cat[@]}")
+ac=$(median "${attach_cat[@]}"); bc=$(median "${bare_cat[@]}"); bp=$(median "${bare_pipe[@]}")
 printf 'rounds: %s (throughput: 3 rounds of %s MiB)\n' "$rounds" "$mib"
 printf 'attach -- true      median %6s ms    bare runsc exec  median %6s ms    ratio %s (target <= 1.3)\n' \
     "$at" "$bt" "$(awk -v a="$at" -v b="$bt" 'BEGIN {printf "%.2f", a / b}')"
 printf 'attach -- cat big   median %6s MiB/s bare runsc exec  median %6s MiB/s ratio %s (target >= 0.8)\n' \
     "$ac" "$bc" "$(awk -v a="$ac" -v b="$bc" 'BEGIN {printf "%.2f", a / b}')"
+printf '                                       bare into a pipe median %6s MiB/s ratio %s\n' \
+    "$bp" "$(awk -v a="$ac" -v b="$bp" 'BEGIN {printf "%.2f", a / b}')"

@@ -451,6 +451,10 @@ impl SessionIo {
             let flags = rustix::pipe::PipeFlags::CLOEXEC;
             let (child_input, input) = rustix::pipe::pipe_with(flags)?;
             let (output, child_output) = rustix::pipe::pipe_with(flags)?;
+            // A large output pipe, read without blocking, lets the process
+            // write on while the coordinator relays.
+            let _ = rustix::pipe::fcntl_setpipe_size(&output, OUTPUT_PIPE_SIZE);
+            rustix::fs::fcntl_setfl(&output, rustix::fs::OFlags::NONBLOCK)?;
             Ok(Self::Pipes {
                 input: Some(input),
                 output,
@@ -553,6 +557,12 @@ pub enum SessionError {
     Io(#[from] std::io::Error),
 }
 
+/// The output pipe's capacity for sessions without a terminal.
+const OUTPUT_PIPE_SIZE: usize = 1 << 20;
+
+/// How many output chunks one wakeup relays at most.
+const READS_PER_WAKEUP: usize = 16;
+
 /// Moves bytes between the link and the session's streams until the
 /// process exits (`Ok`), the Domain goes down (`Ok` with `DomainDown`), or
 /// the link ends (`Err`).
@@ -606,14 +616,25 @@ fn pump(
         drop(fds);
 
         if output_ready {
-            match rustix::io::read(&output, &mut buf) {
-                Ok(0) | Err(rustix::io::Errno::IO) => output_open = false,
-                Ok(n) => link.send(&SessionTerminalMessage::Output(TerminalOutput {
-                    session_id,
-                    bytes: buf[..n].to_vec(),
-                }))?,
-                Err(rustix::io::Errno::INTR | rustix::io::Errno::AGAIN) => {}
-                Err(e) => return Err(SessionError::Io(e.into())),
+            // Relay what is there now, a few chunks per wakeup.
+            for _ in 0..READS_PER_WAKEUP {
+                match rustix::io::read(&output, &mut buf) {
+                    Ok(0) | Err(rustix::io::Errno::IO) => {
+                        output_open = false;
+                        break;
+                    }
+                    Ok(n) => link.send(&SessionTerminalMessage::Output(TerminalOutput {
+                        session_id,
+                        bytes: buf[..n].to_vec(),
+                    }))?,
+                    Err(rustix::io::Errno::INTR) => {}
+                    Err(rustix::io::Errno::AGAIN) => break,
+                    Err(e) => return Err(SessionError::Io(e.into())),
+                }
+                if !matches!(io, SessionIo::Pipes { .. }) {
+                    // A PTY master reads one chunk per wakeup: it blocks.
+                    break;
+                }
             }
         }
         if wake_ready {

@@ -16,6 +16,22 @@ use lazaret_proto::codec::{MAX_RECORD_LEN, WireRecord};
 
 use super::tls::{FRAME_PREFIX_LEN, FrameError, read_frame, write_frame};
 
+/// How many socket reads one [`TlsLink::fill`] makes at most.
+const READS_PER_FILL: usize = 16;
+
+/// Whether `fd` has bytes to read right now.
+fn readable_now(fd: BorrowedFd<'_>) -> bool {
+    let mut fds = [rustix::event::PollFd::new(
+        &fd,
+        rustix::event::PollFlags::IN,
+    )];
+    let zero = rustix::event::Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    matches!(rustix::event::poll(&mut fds, Some(&zero)), Ok(n) if n > 0)
+}
+
 /// How long a write may wait for the peer to read.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -133,14 +149,22 @@ impl TlsLink {
     /// `poll(2)` says the socket is readable. `Err(Closed)` at end of
     /// stream.
     pub fn fill(&mut self) -> Result<(), LinkError> {
-        let n = self.conn.read_tls(&mut self.stream)?;
-        let (state, taken) = self.take_plaintext()?;
-        // Answer whatever TLS needs (key updates, alerts).
-        self.flush()?;
-        if taken == 0 && (n == 0 || state.peer_has_closed()) {
-            return Err(LinkError::Closed);
+        let mut taken_total = 0;
+        // Read what the socket holds now, a few TLS records at a time, so a
+        // fast stream is not paced by one poll(2) per record.
+        for _ in 0..READS_PER_FILL {
+            let n = self.conn.read_tls(&mut self.stream)?;
+            let (state, taken) = self.take_plaintext()?;
+            taken_total += taken;
+            if taken_total == 0 && (n == 0 || state.peer_has_closed()) {
+                return Err(LinkError::Closed);
+            }
+            if n == 0 || state.peer_has_closed() || !readable_now(self.stream.as_fd()) {
+                break;
+            }
         }
-        Ok(())
+        // Answer whatever TLS needs (key updates, alerts).
+        self.flush()
     }
 
     /// Processes the TLS records read so far and moves their plaintext into
