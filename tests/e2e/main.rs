@@ -14,5 +14,8 @@ fn main() {
     let mut trials: Vec<Trial> = cli::trials();
     trials.extend(domain::trials());
     trials.extend(attach::trials());
-    libtest_mimic::run(&args, trials).exit();
+    let conclusion = libtest_mimic::run(&args, trials);
+    // The test user and image this run made go, whatever the outcome.
+    lazaret_tests::domain::cleanup();
+    conclusion.exit();
 }

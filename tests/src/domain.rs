@@ -27,6 +27,25 @@ pub fn repo_root() -> PathBuf {
         .to_path_buf()
 }
 
+/// Whether this run created the test user (and so must remove it).
+static CREATED_USER: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Removes the test user if this run created it, and the image it built.
+/// Called once when every test has run.
+pub fn cleanup() {
+    if let Some(image) = IMAGE.get() {
+        if let Some(dir) = image
+            .strip_prefix("oci:")
+            .and_then(|i| i.strip_suffix(":latest"))
+        {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+    if CREATED_USER.load(std::sync::atomic::Ordering::SeqCst) {
+        let _ = Command::new("userdel").arg(TEST_USER).status();
+    }
+}
+
 /// The uid and gid of the test user, creating it if needed.
 pub fn test_user() -> (u32, u32) {
     static USER: OnceLock<(u32, u32)> = OnceLock::new();
@@ -36,6 +55,7 @@ pub fn test_user() -> (u32, u32) {
             String::from_utf8_lossy(&out.stdout).trim().parse().ok()
         };
         if id("-u").is_none() {
+            CREATED_USER.store(true, std::sync::atomic::Ordering::SeqCst);
             let status = Command::new("useradd")
                 .args([
                     "--system",
@@ -55,10 +75,12 @@ pub fn test_user() -> (u32, u32) {
     })
 }
 
+/// The image reference of this run's busybox image, once built.
+static IMAGE: OnceLock<String> = OnceLock::new();
+
 /// The local busybox OCI image, built once per test run:
 /// `oci:<dir>:latest`, readable by the test user.
 pub fn busybox_image() -> String {
-    static IMAGE: OnceLock<String> = OnceLock::new();
     IMAGE
         .get_or_init(|| {
             let dir =
