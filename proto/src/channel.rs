@@ -338,9 +338,10 @@ pub fn socket_path_at(dir: BorrowedFd<'_>, name: &str) -> std::path::PathBuf {
     ))
 }
 
-/// Creates a listening `SOCK_SEQPACKET` socket bound at `path` (which must
-/// not exist), close-on-exec.
-pub fn listen(path: &std::path::Path) -> Result<OwnedFd, ChannelError> {
+/// A close-on-exec `SOCK_SEQPACKET` socket and the address of `path`.
+fn named_socket(
+    path: &std::path::Path,
+) -> Result<(OwnedFd, rustix::net::SocketAddrUnix), ChannelError> {
     let fail = |operation, source| ChannelError::Socket {
         operation,
         path: path.display().to_string(),
@@ -354,6 +355,18 @@ pub fn listen(path: &std::path::Path) -> Result<OwnedFd, ChannelError> {
     )
     .map_err(|e| fail("create", e))?;
     let address = rustix::net::SocketAddrUnix::new(path).map_err(|e| fail("name", e))?;
+    Ok((fd, address))
+}
+
+/// Creates a listening `SOCK_SEQPACKET` socket bound at `path` (which must
+/// not exist), close-on-exec.
+pub fn listen(path: &std::path::Path) -> Result<OwnedFd, ChannelError> {
+    let fail = |operation, source| ChannelError::Socket {
+        operation,
+        path: path.display().to_string(),
+        source,
+    };
+    let (fd, address) = named_socket(path)?;
     rustix::net::bind(&fd, &address).map_err(|e| fail("bind", e))?;
     rustix::net::listen(&fd, 16).map_err(|e| fail("listen on", e))?;
     Ok(fd)
@@ -374,20 +387,12 @@ impl<S: WireRecord, R: WireRecord> Endpoint<S, R> {
 
     /// Connects to the `SOCK_SEQPACKET` socket at `path`.
     pub fn connect(path: &std::path::Path) -> Result<Self, ChannelError> {
-        let fail = |operation, source| ChannelError::Socket {
-            operation,
+        let (fd, address) = named_socket(path)?;
+        rustix::net::connect(&fd, &address).map_err(|source| ChannelError::Socket {
+            operation: "connect to",
             path: path.display().to_string(),
             source,
-        };
-        let fd = rustix::net::socket_with(
-            AddressFamily::UNIX,
-            SocketType::SEQPACKET,
-            SocketFlags::CLOEXEC,
-            None,
-        )
-        .map_err(|e| fail("create", e))?;
-        let address = rustix::net::SocketAddrUnix::new(path).map_err(|e| fail("name", e))?;
-        rustix::net::connect(&fd, &address).map_err(|e| fail("connect to", e))?;
+        })?;
         Ok(Self::new(fd))
     }
 

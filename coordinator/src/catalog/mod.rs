@@ -591,52 +591,38 @@ impl StorageCatalog {
             .map_err(self.io_error("remove", self.artifacts.label().join(name)))
     }
 
-    fn read_operations(&self, db: &Database) -> Result<Vec<PrepareOperation>, CatalogError> {
+    /// Every row of a table of records, decoded.
+    fn read_all<K: redb::Key + 'static, T: WireRecord>(
+        &self,
+        db: &Database,
+        table: redb::TableDefinition<K, &'static [u8]>,
+        name: &'static str,
+    ) -> Result<Vec<T>, CatalogError> {
         let path = self.db_path();
         let txn = db
             .begin_read()
             .map_err(self.db_error("begin a transaction"))?;
         let table = txn
-            .open_table(tables::OPERATIONS)
+            .open_table(table)
             .map_err(self.db_error("open a table"))?;
         let mut out = Vec::new();
-        for row in table.iter().map_err(self.db_error("read operations"))? {
-            let (_, value) = row.map_err(self.db_error("read operations"))?;
-            out.push(decode(value.value(), &path, "prepare_operations")?);
+        for row in table.iter().map_err(self.db_error("read a table"))? {
+            let (_, value) = row.map_err(self.db_error("read a table"))?;
+            out.push(decode(value.value(), &path, name)?);
         }
         Ok(out)
+    }
+
+    fn read_operations(&self, db: &Database) -> Result<Vec<PrepareOperation>, CatalogError> {
+        self.read_all(db, tables::OPERATIONS, "prepare_operations")
     }
 
     fn read_artifacts(&self, db: &Database) -> Result<Vec<PreparedArtifact>, CatalogError> {
-        let path = self.db_path();
-        let txn = db
-            .begin_read()
-            .map_err(self.db_error("begin a transaction"))?;
-        let table = txn
-            .open_table(tables::ARTIFACTS)
-            .map_err(self.db_error("open a table"))?;
-        let mut out = Vec::new();
-        for row in table.iter().map_err(self.db_error("read artifacts"))? {
-            let (_, value) = row.map_err(self.db_error("read artifacts"))?;
-            out.push(decode(value.value(), &path, "prepared_artifacts")?);
-        }
-        Ok(out)
+        self.read_all(db, tables::ARTIFACTS, "prepared_artifacts")
     }
 
     fn read_leases(&self, db: &Database) -> Result<Vec<ArtifactLease>, CatalogError> {
-        let path = self.db_path();
-        let txn = db
-            .begin_read()
-            .map_err(self.db_error("begin a transaction"))?;
-        let table = txn
-            .open_table(tables::LEASES)
-            .map_err(self.db_error("open a table"))?;
-        let mut out = Vec::new();
-        for row in table.iter().map_err(self.db_error("read leases"))? {
-            let (_, value) = row.map_err(self.db_error("read leases"))?;
-            out.push(decode(value.value(), &path, "artifact_leases")?);
-        }
-        Ok(out)
+        self.read_all(db, tables::LEASES, "artifact_leases")
     }
 
     /// Every lease.
