@@ -21,7 +21,7 @@ use lazaret_tests::domain::{SERIAL, UserHost, busybox_image, lazaret_processes, 
 use libtest_mimic::{Failed, Trial};
 use serde_json::Value;
 
-use crate::domain::{Result, config, down, runnable, text, up};
+use crate::domain::{Result, assert_nothing_left, config, down, runnable, text, up};
 
 /// How long one attached command may run.
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(60);
@@ -570,11 +570,7 @@ fn down_with_a_session() -> Result {
         "the CLI says why the session ended: {}",
         text(&ended)
     );
-    assert!(
-        lazaret_processes(host.uid()).is_empty(),
-        "{:?}",
-        lazaret_processes(host.uid())
-    );
+    assert_nothing_left(&host);
     Ok(())
 }
 

@@ -78,6 +78,21 @@ pub(crate) fn runnable() -> bool {
 
 pub(crate) type Result = std::result::Result<(), Failed>;
 
+/// The serial lock and a test host with the default one-profile
+/// configuration (profile `p`, the busybox image, `/root` persistent).
+pub(crate) fn default_host() -> (std::sync::MutexGuard<'static, ()>, UserHost) {
+    let serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let host = UserHost::new();
+    host.write_config(&config(&busybox_image(), "\"/root\""));
+    (serial, host)
+}
+
+/// Fails when a live process of the test user still runs Lazaret or runsc.
+pub(crate) fn assert_nothing_left(host: &UserHost) {
+    let left = lazaret_processes(host.uid());
+    assert!(left.is_empty(), "left running: {left:?}");
+}
+
 pub(crate) fn config(image: &str, persistent: &str) -> String {
     format!(
         "schema = \"lazaret-trusted-host-config-v1\"\n\
@@ -112,9 +127,7 @@ pub(crate) fn down(host: &UserHost, cwd: &Path) -> Result {
 }
 
 fn state_survives_down_and_up() -> Result {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let host = UserHost::new();
-    host.write_config(&config(&busybox_image(), "\"/root\""));
+    let (_serial, host) = default_host();
     let ws = host.workspace.clone();
 
     let status = up(&host, &ws)?;
@@ -156,11 +169,7 @@ fn state_survives_down_and_up() -> Result {
     assert!(out.status.success(), "exec: {}", text(&out));
     assert_eq!(String::from_utf8_lossy(&out.stdout), "kept\ntmp-gone\n");
     down(&host, &ws)?;
-    assert!(
-        lazaret_processes(host.uid()).is_empty(),
-        "{:?}",
-        lazaret_processes(host.uid())
-    );
+    assert_nothing_left(&host);
     Ok(())
 }
 
@@ -196,9 +205,7 @@ fn a_second_up_joins_or_refuses() -> Result {
 }
 
 fn two_domains_share_one_lower() -> Result {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let host = UserHost::new();
-    host.write_config(&config(&busybox_image(), "\"/root\""));
+    let (_serial, host) = default_host();
     let first_ws = host.workspace.clone();
     let second_ws = host.user_dir("second-project");
     let first = up(&host, &first_ws)?;
@@ -221,9 +228,7 @@ fn two_domains_share_one_lower() -> Result {
 }
 
 fn a_killed_coordinator_is_recovered() -> Result {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let host = UserHost::new();
-    host.write_config(&config(&busybox_image(), "\"/root\""));
+    let (_serial, host) = default_host();
     let ws = host.workspace.clone();
     let status = up(&host, &ws)?;
     let coordinator = status["coordinator"]["pid"].as_u64().unwrap();
@@ -245,11 +250,7 @@ fn a_killed_coordinator_is_recovered() -> Result {
             "the {process} (pid {pid}) survived recovery"
         );
     }
-    assert!(
-        lazaret_processes(host.uid()).is_empty(),
-        "{:?}",
-        lazaret_processes(host.uid())
-    );
+    assert_nothing_left(&host);
     let again = up(&host, &ws)?;
     assert_eq!(again["generation"], 2);
     down(&host, &ws)?;
@@ -257,9 +258,7 @@ fn a_killed_coordinator_is_recovered() -> Result {
 }
 
 fn down_when_not_running() -> Result {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let host = UserHost::new();
-    host.write_config(&config(&busybox_image(), "\"/root\""));
+    let (_serial, host) = default_host();
     let out = host.lazaret(&host.workspace, &["down", "p"]);
     assert!(out.status.success(), "{}", text(&out));
     assert!(
@@ -283,18 +282,12 @@ fn a_bad_image_fails_cleanly() -> Result {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("up failed at image"), "{err}");
     assert!(host.status(&host.workspace, "p").is_none(), "nothing runs");
-    assert!(
-        lazaret_processes(host.uid()).is_empty(),
-        "{:?}",
-        lazaret_processes(host.uid())
-    );
+    assert_nothing_left(&host);
     Ok(())
 }
 
 fn concurrent_ups() -> Result {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let host = UserHost::new();
-    host.write_config(&config(&busybox_image(), "\"/root\""));
+    let (_serial, host) = default_host();
     let ws = host.workspace.clone();
     let outputs: Vec<std::process::Output> = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..3)
@@ -320,9 +313,7 @@ fn concurrent_ups() -> Result {
 }
 
 fn a_killed_supervisor() -> Result {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let host = UserHost::new();
-    host.write_config(&config(&busybox_image(), "\"/root\""));
+    let (_serial, host) = default_host();
     let ws = host.workspace.clone();
     let status = up(&host, &ws)?;
     let supervisor = status["supervisor"]["pid"].as_u64().unwrap();
@@ -344,11 +335,7 @@ fn a_killed_supervisor() -> Result {
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
     assert!(host.status(&ws, "p").is_none());
-    assert!(
-        lazaret_processes(host.uid()).is_empty(),
-        "{:?}",
-        lazaret_processes(host.uid())
-    );
+    assert_nothing_left(&host);
     let again = up(&host, &ws)?;
     assert_eq!(again["generation"], 2);
     down(&host, &ws)?;
@@ -480,9 +467,7 @@ fn volumes() -> Result {
 }
 
 fn git_workspace() -> Result {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let host = UserHost::new();
-    host.write_config(&config(&busybox_image(), "\"/root\""));
+    let (_serial, host) = default_host();
     let ws = host.workspace.clone();
     let git = host.user_dir("project/.git");
     let out = host.lazaret(&ws, &["up", "p"]);
@@ -496,9 +481,7 @@ fn git_workspace() -> Result {
 }
 
 fn loopback_only() -> Result {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let host = UserHost::new();
-    host.write_config(&config(&busybox_image(), "\"/root\""));
+    let (_serial, host) = default_host();
     let ws = host.workspace.clone();
     let status = up(&host, &ws)?;
     // A server on loopback answers; the namespace has no other interface.
@@ -520,9 +503,7 @@ fn loopback_only() -> Result {
 }
 
 fn journal() -> Result {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let host = UserHost::new();
-    host.write_config(&config(&busybox_image(), "\"/root\""));
+    let (_serial, host) = default_host();
     let ws = host.workspace.clone();
     // A journal socket this test owns stands in for systemd's.
     let socket_path = host.base().join("journal.socket");
