@@ -25,6 +25,11 @@ pub struct OpenSession {
     pub columns: u16,
     /// The CLI's `TERM`, passed into terminal sessions.
     pub term: Option<String>,
+    /// For a session without a terminal: the CLI attached its standard input
+    /// and output to this request (`SCM_RIGHTS`), and the process uses them
+    /// directly, its standard error merged into the output. No output then
+    /// flows over the link; the exit still does.
+    pub direct_stdio: bool,
 }
 
 impl WireRecord for OpenSession {

@@ -59,6 +59,13 @@ impl Drop for RawMode {
     }
 }
 
+/// Whether `fd` is a regular file.
+fn regular_file(fd: BorrowedFd<'_>) -> bool {
+    rustix::fs::fstat(fd).is_ok_and(|st| {
+        rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::RegularFile
+    })
+}
+
 fn window_size() -> (u16, u16) {
     rustix::termios::tcgetwinsize(std::io::stdout())
         .or_else(|_| rustix::termios::tcgetwinsize(std::io::stdin()))
@@ -102,10 +109,13 @@ pub fn attach(globals: &Globals, profile: &str, command: Vec<String>) -> Result<
         rows,
         columns,
         term: terminal.then(|| std::env::var("TERM").ok()).flatten(),
+        // Without a terminal, the process reads and writes this CLI's own
+        // standard input and output when neither is a regular file (the
+        // sandbox would use its own file offsets there): nothing is relayed.
+        direct_stdio: !terminal
+            && !regular_file(rustix::stdio::stdin())
+            && !regular_file(rustix::stdio::stdout()),
     };
-    let lost =
-        |e: &dyn std::error::Error| failure(format!("the session connection failed: {}", chain(e)));
-    link.send(&open).map_err(|e| lost(&e))?;
     let manifest = credential.manifest();
     if manifest.generation_identity.domain_id != paths.domain_id {
         return Err(failure(format!(
@@ -113,6 +123,14 @@ pub fn attach(globals: &Globals, profile: &str, command: Vec<String>) -> Result<
              and `lazaret up {profile}` to renew it",
             paths.runtime_dir.display()
         )));
+    }
+    let lost =
+        |e: &dyn std::error::Error| failure(format!("the session connection failed: {}", chain(e)));
+    if open.direct_stdio {
+        let stdio = [rustix::stdio::stdin(), rustix::stdio::stdout()];
+        link.send_with_fds(&open, &stdio).map_err(|e| lost(&e))?;
+    } else {
+        link.send(&open).map_err(|e| lost(&e))?;
     }
     let opened = link.recv::<SessionOpened>().map_err(|e| lost(&e))?;
     link.without_timeouts().map_err(|e| lost(&e))?;
@@ -165,7 +183,7 @@ pub fn attach(globals: &Globals, profile: &str, command: Vec<String>) -> Result<
     } else {
         None
     };
-    let result = relay(&mut link, session_id, &signal_pipes);
+    let result = relay(&mut link, session_id, &signal_pipes, !open.direct_stdio);
     drop(raw);
     for id in registered {
         signal_hook::low_level::unregister(id);
@@ -193,11 +211,12 @@ fn relay(
     link: &mut TlsLink,
     session_id: lazaret_proto::ids::SessionId,
     signal_pipes: &[(OwnedFd, Option<TerminalSignalKind>)],
+    forward_stdin: bool,
 ) -> Result<(SessionExitOutcome, u8), String> {
     let stdin = std::io::stdin();
     let stdin = stdin.as_fd();
     let mut stdout = std::io::stdout().lock();
-    let mut stdin_open = true;
+    let mut stdin_open = forward_stdin;
     let mut buf = vec![0u8; MAX_TERMINAL_CHUNK];
     let lost =
         |e: &dyn std::error::Error| format!("the connection to the Domain was lost: {}", chain(e));

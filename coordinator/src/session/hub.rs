@@ -270,7 +270,7 @@ impl Hub {
         wake: BorrowedFd<'_>,
     ) -> Result<(), SessionError> {
         self.record(session_id, SessionTerminalState::Intent, false);
-        let mut io = match SessionIo::open(open) {
+        let mut io = match SessionIo::open(open, link.take_received_fds()) {
             Ok(io) => io,
             Err(e) => {
                 link.send(&SessionOpened::Refused {
@@ -417,17 +417,36 @@ enum SessionIo {
         slave: Option<OwnedFd>,
     },
     /// Pipes: we write `input` and read `output`; the other ends go to the
-    /// process.
+    /// process. A direct session has only the process's ends: the CLI's own
+    /// descriptors.
     Pipes {
         input: Option<OwnedFd>,
-        output: OwnedFd,
+        output: Option<OwnedFd>,
         child_input: Option<OwnedFd>,
         child_output: Option<OwnedFd>,
     },
 }
 
 impl SessionIo {
-    fn open(open: &OpenSession) -> std::io::Result<Self> {
+    fn open(open: &OpenSession, passed: Vec<OwnedFd>) -> std::io::Result<Self> {
+        if open.direct_stdio {
+            // The CLI's own standard input and output go to the process; the
+            // coordinator keeps none of them.
+            let [input, output]: [OwnedFd; 2] = passed.try_into().map_err(|_| {
+                std::io::Error::other("a direct session must pass standard input and output")
+            })?;
+            return Ok(Self::Pipes {
+                input: None,
+                output: None,
+                child_input: Some(input),
+                child_output: Some(output),
+            });
+        }
+        if !passed.is_empty() {
+            return Err(std::io::Error::other(
+                "descriptors were passed with a session that takes none",
+            ));
+        }
         if open.terminal {
             let master = rustix::pty::openpt(
                 rustix::pty::OpenptFlags::RDWR
@@ -457,7 +476,7 @@ impl SessionIo {
             rustix::fs::fcntl_setfl(&output, rustix::fs::OFlags::NONBLOCK)?;
             Ok(Self::Pipes {
                 input: Some(input),
-                output,
+                output: Some(output),
                 child_input: Some(child_input),
                 child_output: Some(child_output),
             })
@@ -507,11 +526,12 @@ impl SessionIo {
         })
     }
 
-    /// What to read output from.
-    fn output(&self) -> BorrowedFd<'_> {
+    /// What to read output from; `None` when the process writes to the
+    /// CLI directly.
+    fn output(&self) -> Option<BorrowedFd<'_>> {
         match self {
-            Self::Terminal { master, .. } => master.as_fd(),
-            Self::Pipes { output, .. } => output.as_fd(),
+            Self::Terminal { master, .. } => Some(master.as_fd()),
+            Self::Pipes { output, .. } => output.as_ref().map(AsFd::as_fd),
         }
     }
 }
@@ -575,7 +595,7 @@ fn pump(
     signaller: &Signaller<'_>,
 ) -> Result<SessionExit, SessionError> {
     let mut input_open = true;
-    let mut output_open = true;
+    let mut output_open = io.output().is_some();
     let mut exited: Option<SessionExit> = None;
     let mut buf = vec![0u8; MAX_TERMINAL_CHUNK];
     let link_fd = link.fd().try_clone_to_owned()?;
@@ -587,7 +607,10 @@ fn pump(
     loop {
         // Once the process exited, wait only for its remaining output.
         if let Some(exit) = exited {
-            if !output_open || !readable(io.output(), Some(Duration::from_millis(200))) {
+            let more = io
+                .output()
+                .is_some_and(|fd| readable(fd, Some(Duration::from_millis(200))));
+            if !output_open || !more {
                 return Ok(exit);
             }
         }
@@ -595,9 +618,9 @@ fn pump(
             PollFd::new(&link_fd, PollFlags::IN),
             PollFd::new(&wake, PollFlags::IN),
         ];
-        let output = io.output().try_clone_to_owned()?;
-        if output_open {
-            fds.push(PollFd::new(&output, PollFlags::IN));
+        let output = io.output().map(|fd| fd.try_clone_to_owned()).transpose()?;
+        if let Some(output) = output.as_ref().filter(|_| output_open) {
+            fds.push(PollFd::new(output, PollFlags::IN));
         }
         // Frames already buffered (some arrive with the session's opening)
         // are handled without waiting.
@@ -615,10 +638,10 @@ fn pump(
         let output_ready = fds.get(2).is_some_and(|f| !f.revents().is_empty());
         drop(fds);
 
-        if output_ready {
+        if let Some(output) = output.as_ref().filter(|_| output_ready) {
             // Relay what is there now, a few chunks per wakeup.
             for _ in 0..READS_PER_WAKEUP {
-                match rustix::io::read(&output, &mut buf) {
+                match rustix::io::read(output, &mut buf) {
                     Ok(0) | Err(rustix::io::Errno::IO) => {
                         output_open = false;
                         break;

@@ -7,12 +7,16 @@
 //! Trusts nothing it decodes: frames go through the versioned codec with
 //! their size limits.
 
-use std::io::{self, Read};
-use std::os::fd::{AsFd, BorrowedFd};
+use std::io::{self, Read, Write};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
 use lazaret_proto::codec::{MAX_RECORD_LEN, WireRecord};
+use rustix::net::{
+    RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags, SendAncillaryBuffer,
+    SendAncillaryMessage, SendFlags,
+};
 
 use super::tls::{FRAME_PREFIX_LEN, FrameError, read_frame, write_frame};
 
@@ -57,6 +61,8 @@ pub enum LinkError {
 pub struct TlsLink {
     conn: rustls::Connection,
     stream: UnixStream,
+    /// Descriptors the peer attached to the bytes read so far.
+    received_fds: Vec<OwnedFd>,
     /// Plaintext received and not yet taken as frames.
     pending: Vec<u8>,
 }
@@ -73,17 +79,68 @@ impl TlsLink {
             conn: conn.into(),
             stream,
             pending: Vec::new(),
+            received_fds: Vec::new(),
         };
         link.stream.set_read_timeout(Some(timeout))?;
         link.stream.set_write_timeout(Some(timeout))?;
+        // Every read goes through `recvmsg(2)`: bytes that carry descriptors
+        // may arrive in the same read as the handshake's last flight.
         while link.conn.is_handshaking() {
-            link.conn.complete_io(&mut link.stream)?;
+            if link.conn.wants_write() {
+                link.conn.write_tls(&mut link.stream)?;
+            } else if link.conn.wants_read() {
+                let n = link.read_tls()?;
+                if let Err(error) = link.conn.process_new_packets() {
+                    // Tell the peer why (the alert rustls queued) before
+                    // giving up.
+                    let _ = link.flush();
+                    return Err(error.into());
+                }
+                if n == 0 {
+                    return Err(LinkError::Closed);
+                }
+            }
         }
         // Records that came in one read with the peer's last handshake
         // flight are already decrypted inside rustls, and the socket will
         // not signal them again: take them now.
         link.take_plaintext()?;
         Ok(link)
+    }
+
+    /// Reads TLS bytes from the socket with `recvmsg(2)`, keeping any
+    /// descriptors attached to them.
+    fn read_tls(&mut self) -> io::Result<usize> {
+        let mut reader = FdReader {
+            stream: &self.stream,
+            fds: &mut self.received_fds,
+        };
+        self.conn.read_tls(&mut reader)
+    }
+
+    /// Takes the descriptors the peer has attached so far.
+    pub fn take_received_fds(&mut self) -> Vec<OwnedFd> {
+        std::mem::take(&mut self.received_fds)
+    }
+
+    /// Sends one frame with descriptors attached to its first bytes on the
+    /// socket (`SCM_RIGHTS`).
+    pub fn send_with_fds<T: WireRecord>(
+        &mut self,
+        record: &T,
+        fds: &[BorrowedFd<'_>],
+    ) -> Result<(), LinkError> {
+        write_frame(&mut self.conn.writer(), record)?;
+        let mut writer = FdWriter {
+            stream: &self.stream,
+            fds: Some(fds),
+        };
+        while self.conn.wants_write() {
+            if let Err(error) = self.conn.write_tls(&mut writer) {
+                return Err(self.alert_instead_of(error));
+            }
+        }
+        Ok(())
     }
 
     /// Lifts the handshake's read timeout: from now on the link is read
@@ -136,7 +193,7 @@ impl TlsLink {
             error.kind(),
             io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset
         );
-        if !closed || self.conn.read_tls(&mut self.stream).is_err() {
+        if !closed || self.read_tls().is_err() {
             return LinkError::Io(error);
         }
         match self.conn.process_new_packets() {
@@ -153,7 +210,7 @@ impl TlsLink {
         // Read what the socket holds now, a few TLS records at a time, so a
         // fast stream is not paced by one poll(2) per record.
         for _ in 0..READS_PER_FILL {
-            let n = self.conn.read_tls(&mut self.stream)?;
+            let n = self.read_tls()?;
             let (state, taken) = self.take_plaintext()?;
             taken_total += taken;
             if taken_total == 0 && (n == 0 || state.peer_has_closed()) {
@@ -227,5 +284,84 @@ impl TlsLink {
     pub fn close(&mut self) {
         self.conn.send_close_notify();
         let _ = self.flush();
+    }
+}
+
+/// The most descriptors one read accepts; more are closed and refused.
+const MAX_PASSED_FDS: usize = 3;
+
+fn control_buffer(len: usize) -> Vec<std::mem::MaybeUninit<u8>> {
+    // `cmsghdr` alignment: an extra word lets the buffer start aligned.
+    vec![std::mem::MaybeUninit::new(0); len + std::mem::align_of::<usize>()]
+}
+
+fn aligned(
+    storage: &mut [std::mem::MaybeUninit<u8>],
+    len: usize,
+) -> &mut [std::mem::MaybeUninit<u8>] {
+    let offset = storage.as_ptr().align_offset(std::mem::align_of::<usize>());
+    &mut storage[offset..offset + len]
+}
+
+/// Reads bytes with `recvmsg(2)` and keeps the descriptors they carry.
+struct FdReader<'a> {
+    stream: &'a UnixStream,
+    fds: &'a mut Vec<OwnedFd>,
+}
+
+impl Read for FdReader<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let space = rustix::cmsg_space!(ScmRights(MAX_PASSED_FDS));
+        let mut storage = control_buffer(space);
+        let mut control = RecvAncillaryBuffer::new(aligned(&mut storage, space));
+        let received = rustix::net::recvmsg(
+            self.stream,
+            &mut [io::IoSliceMut::new(buf)],
+            &mut control,
+            RecvFlags::CMSG_CLOEXEC,
+        )?;
+        for message in control.drain() {
+            if let RecvAncillaryMessage::ScmRights(rights) = message {
+                self.fds.extend(rights);
+            }
+        }
+        if received.flags.contains(ReturnFlags::CTRUNC) || self.fds.len() > MAX_PASSED_FDS {
+            self.fds.clear();
+            return Err(io::Error::other(
+                "the peer passed more descriptors than a session takes",
+            ));
+        }
+        Ok(received.bytes)
+    }
+}
+
+/// Writes bytes, attaching descriptors to the first `sendmsg(2)`.
+struct FdWriter<'a, 'b> {
+    stream: &'a UnixStream,
+    fds: Option<&'a [BorrowedFd<'b>]>,
+}
+
+impl Write for FdWriter<'_, '_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let Some(fds) = self.fds.take().filter(|f| !f.is_empty()) else {
+            return (&*self.stream).write(buf);
+        };
+        let rights = SendAncillaryMessage::ScmRights(fds);
+        let mut storage = control_buffer(rights.size());
+        let len = rights.size();
+        let mut control = SendAncillaryBuffer::new(aligned(&mut storage, len));
+        if !control.push(rights) {
+            return Err(io::Error::other("too many descriptors to pass"));
+        }
+        Ok(rustix::net::sendmsg(
+            self.stream,
+            &[io::IoSlice::new(buf)],
+            &mut control,
+            SendFlags::NOSIGNAL,
+        )?)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
     }
 }
