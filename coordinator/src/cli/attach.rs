@@ -24,7 +24,7 @@ use super::{Failure, Globals};
 use crate::config::HostEnvironment;
 use crate::lifecycle::{DomainPaths, chain};
 use crate::session::link::TlsLink;
-use crate::session::tls::{ClientCredential, SERVER_NAME};
+use crate::session::tls::{ClientCredential, SERVER_NAME, read_publication};
 use crate::session::{CREDENTIAL_DIR, SESSION_SOCKET};
 
 fn failure(message: impl Into<String>) -> Failure {
@@ -117,7 +117,16 @@ pub fn attach(globals: &Globals, profile: &str, command: Vec<String>) -> Result<
             && !regular_file(rustix::stdio::stdout()),
     };
     let manifest = credential.manifest();
-    if manifest.generation_identity.domain_id != paths.domain_id {
+    // The publication beside the credential must name the same generation.
+    let publication = read_publication(&credential_dir).map_err(|e| {
+        failure(format!(
+            "cannot read the session publication: {}",
+            chain(&e)
+        ))
+    })?;
+    if publication.generation_identity != manifest.generation_identity
+        || manifest.generation_identity.domain_id != paths.domain_id
+    {
         return Err(failure(format!(
             "the session credential in {} belongs to another Domain; run `lazaret down {profile}` \
              and `lazaret up {profile}` to renew it",

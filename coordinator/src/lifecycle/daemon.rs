@@ -971,6 +971,7 @@ fn publish_sessions(
     let _ = remove_client_credential(&credential_dir);
     credentials
         .write_client_credential(&credential_dir)
+        .and_then(|()| credentials.write_publication(&credential_dir, &socket))
         .map_err(|e| step(&e))?;
     let _ = std::fs::remove_file(&socket);
     let listener = UnixListener::bind(lazaret_proto::channel::socket_path_at(

@@ -25,15 +25,15 @@
 use std::fmt;
 use std::io::{self, Read, Write};
 use std::marker::PhantomData;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use lazaret_proto::codec::{self, DecodeError, EncodeError, MAX_RECORD_LEN, WireRecord};
-use lazaret_proto::common::ProtocolVersion;
+use lazaret_proto::common::{HostPath, ProtocolVersion};
 use lazaret_proto::ids::Sha256Digest;
 use lazaret_proto::trust::{
     ClientTrustBundle, GenerationIdentity, ProtocolCredential, ProtocolCredentialRole,
-    TrustManifest,
+    ProtocolPublicationIdentity, TrustManifest,
 };
 use rcgen::{
     BasicConstraints, CertificateParams, CertifiedIssuer, DistinguishedName, DnType,
@@ -69,6 +69,10 @@ pub const FRAME_PREFIX_LEN: usize = 4;
 /// The three credential files, in the order they are written: the trust
 /// bundle last, so its presence means the other two are complete.
 const CLIENT_FILES: [&str; 3] = [CLIENT_CERTIFICATE_FILE, CLIENT_KEY_FILE, CLIENT_TRUST_FILE];
+
+/// The file, beside the client credential, naming how the generation's
+/// Session Coordinator is published (`ProtocolPublicationIdentity`).
+pub const PUBLICATION_FILE: &str = "publication.bin";
 
 /// No credential file is anywhere near this long.
 const MAX_CREDENTIAL_FILE_LEN: u64 = 64 * 1024;
@@ -537,6 +541,30 @@ impl GenerationCredentials {
         }
         Ok(())
     }
+
+    /// Writes `publication.bin` into `dir`: the `ProtocolPublicationIdentity`
+    /// of this generation's Session Coordinator at `socket_path`, so a CLI
+    /// can check what it reaches before it connects.
+    pub fn write_publication(&self, dir: &RetainedDir, socket_path: &Path) -> Result<(), TlsError> {
+        check_private_dir(dir)?;
+        let publication = ProtocolPublicationIdentity {
+            protocol_version: ProtocolVersion::V1,
+            generation_identity: self.manifest.generation_identity.clone(),
+            tls_ca_certificate_der: self.ca_der.to_vec(),
+            socket_path: HostPath(socket_path.as_os_str().as_encoded_bytes().to_vec()),
+            client_credential_path: HostPath(dir.label().as_os_str().as_encoded_bytes().to_vec()),
+        };
+        let bytes = codec::encode(&publication).map_err(|source| TlsError::Encode { source })?;
+        write_new_file(dir, PUBLICATION_FILE, &bytes)
+    }
+}
+
+/// Reads the `ProtocolPublicationIdentity` a coordinator wrote beside the
+/// client credential in `dir`, with the same checks as the credential.
+pub fn read_publication(dir: &RetainedDir) -> Result<ProtocolPublicationIdentity, TlsError> {
+    let path = dir.label().join(PUBLICATION_FILE);
+    codec::decode(&read_private_file(dir, PUBLICATION_FILE)?)
+        .map_err(|source| TlsError::Decode { path, source })
 }
 
 /// The temporary name a credential file is written under.
@@ -625,7 +653,7 @@ fn io_error(operation: &'static str, path: &std::path::Path, source: io::Error) 
 /// [`GenerationCredentials::write_client_credential`], including any file
 /// left half-written by a crash. Files already gone are not an error.
 pub fn remove_client_credential(dir: &RetainedDir) -> Result<(), TlsError> {
-    for name in CLIENT_FILES {
+    for name in CLIENT_FILES.into_iter().chain([PUBLICATION_FILE]) {
         for entry in [name.to_owned(), partial_name(name)] {
             match rustix::fs::unlinkat(dir.fd(), entry.as_str(), AtFlags::empty()) {
                 Ok(()) | Err(rustix::io::Errno::NOENT) => {}
