@@ -49,22 +49,24 @@ pub fn parse_hex<const N: usize>(text: &str) -> Option<[u8; N]> {
     Some(out)
 }
 
-macro_rules! digest_id {
-    ($(#[$doc:meta])* $name:ident) => {
+/// Defines a fixed-size byte identifier with its lowercase-hex text form.
+macro_rules! hex_id {
+    ($len:literal, $(#[$doc:meta])* $name:ident) => {
         $(#[$doc])*
         #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-        pub struct $name(pub [u8; 32]);
+        pub struct $name(pub [u8; $len]);
 
         impl $name {
-            /// The digest as lowercase hexadecimal, as shown to users and
+            /// The identifier as lowercase hexadecimal, as shown to users and
             /// used in path names.
             pub fn to_hex(&self) -> String {
                 to_hex(&self.0)
             }
 
-            /// Parses 64 lowercase hexadecimal digits.
+            /// Parses exactly twice as many lowercase hexadecimal digits as
+            /// the identifier has bytes.
             pub fn from_hex(text: &str) -> Option<Self> {
-                parse_hex32(text).map(Self)
+                parse_hex(text).map(Self)
             }
         }
 
@@ -80,6 +82,11 @@ macro_rules! digest_id {
             }
         }
     };
+}
+
+/// A 32-byte digest identifier.
+macro_rules! digest_id {
+    ($($body:tt)*) => { hex_id!(32, $($body)*); };
 }
 
 digest_id!(
@@ -129,36 +136,9 @@ impl ManifestDigest {
     }
 }
 
+/// A 16-byte random token identifier.
 macro_rules! token_id {
-    ($(#[$doc:meta])* $name:ident) => {
-        $(#[$doc])*
-        #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-        pub struct $name(pub [u8; 16]);
-
-        impl $name {
-            /// The token as 32 lowercase hexadecimal digits.
-            pub fn to_hex(&self) -> String {
-                to_hex(&self.0)
-            }
-
-            /// Parses 32 lowercase hexadecimal digits.
-            pub fn from_hex(text: &str) -> Option<Self> {
-                parse_hex(text).map(Self)
-            }
-        }
-
-        impl fmt::Display for $name {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str(&self.to_hex())
-            }
-        }
-
-        impl fmt::Debug for $name {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                write!(f, "{}({})", stringify!($name), self.to_hex())
-            }
-        }
-    };
+    ($($body:tt)*) => { hex_id!(16, $($body)*); };
 }
 
 token_id!(

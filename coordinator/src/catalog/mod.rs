@@ -665,24 +665,31 @@ impl StorageCatalog {
         })
     }
 
+    /// The artifacts in `state` that no generation leases.
+    fn unleased(
+        &self,
+        db: &Database,
+        state: ArtifactState,
+    ) -> Result<Vec<PreparedArtifact>, CatalogError> {
+        let leased: Vec<PreparedArtifactId> = self
+            .read_leases(db)?
+            .iter()
+            .map(|l| l.prepared_artifact_id)
+            .collect();
+        Ok(self
+            .read_artifacts(db)?
+            .into_iter()
+            .filter(|a| a.state == state && !leased.contains(&a.prepared_artifact_id))
+            .collect())
+    }
+
     /// Removes every Available artifact that no generation leases,
     /// returning their ids. Each is first marked Reclaiming (and dropped
     /// from the digest index) so that an interrupted reclaim is finished by
     /// the next open.
     pub fn reclaim_unleased(&self) -> Result<Vec<PreparedArtifactId>, CatalogError> {
         self.with_db(|db| {
-            let leased: Vec<PreparedArtifactId> = self
-                .read_leases(db)?
-                .iter()
-                .map(|l| l.prepared_artifact_id)
-                .collect();
-            let doomed: Vec<PreparedArtifact> = self
-                .read_artifacts(db)?
-                .into_iter()
-                .filter(|a| {
-                    a.state == ArtifactState::Available && !leased.contains(&a.prepared_artifact_id)
-                })
-                .collect();
+            let doomed = self.unleased(db, ArtifactState::Available)?;
             let txn = db
                 .begin_write()
                 .map_err(self.db_error("begin a transaction"))?;
@@ -719,17 +726,9 @@ impl StorageCatalog {
     /// Removes the directories and rows of Reclaiming artifacts no one
     /// leases.
     fn finish_reclaims(&self, db: &Database) -> Result<(), CatalogError> {
-        let leased: Vec<PreparedArtifactId> = self
-            .read_leases(db)?
-            .iter()
-            .map(|l| l.prepared_artifact_id)
-            .collect();
         let doomed: Vec<PreparedArtifactId> = self
-            .read_artifacts(db)?
+            .unleased(db, ArtifactState::Reclaiming)?
             .iter()
-            .filter(|a| {
-                a.state == ArtifactState::Reclaiming && !leased.contains(&a.prepared_artifact_id)
-            })
             .map(|a| a.prepared_artifact_id)
             .collect();
         if doomed.is_empty() {
