@@ -176,6 +176,17 @@ pub fn wait_exit(pidfd: BorrowedFd<'_>, timeout: Duration) -> io::Result<bool> {
     }
 }
 
+/// Whether `fd` becomes readable within `timeout` (`poll(2)`; zero asks
+/// whether it is readable now).
+pub fn readable(fd: BorrowedFd<'_>, timeout: Duration) -> bool {
+    let spec = Timespec::try_from(timeout).unwrap_or(Timespec {
+        tv_sec: 1,
+        tv_nsec: 0,
+    });
+    let mut fds = [PollFd::new(&fd, PollFlags::IN)];
+    matches!(poll(&mut fds, Some(&spec)), Ok(n) if n > 0)
+}
+
 /// Sends SIGKILL to a proven pidfd and waits for the process to exit.
 pub fn kill_and_wait(pidfd: BorrowedFd<'_>, timeout: Duration) -> io::Result<bool> {
     match pidfd_send_signal(pidfd, Signal::KILL) {

@@ -128,8 +128,9 @@ pub fn attach(globals: &Globals, profile: &str, command: Vec<String>) -> Result<
         || manifest.generation_identity.domain_id != paths.domain_id
     {
         return Err(failure(format!(
-            "the session credential in {} belongs to another Domain; run `lazaret down {profile}` \
-             and `lazaret up {profile}` to renew it",
+            "the session credential in {} does not belong to the Domain's running generation \
+             (it was left by another run); run `lazaret down {profile}` and `lazaret up {profile}` \
+             to renew it",
             paths.runtime_dir.display()
         )));
     }

@@ -47,7 +47,7 @@ use lazaret_proto::supervisor::{
     AnchorMount, FdIndex, SandboxPlan, SupervisorReport, SupervisorRequest, VolumeMount,
 };
 use lazaret_proto::trust::GenerationIdentity;
-use rustix::event::{PollFd, PollFlags, Timespec, poll};
+use rustix::event::{PollFd, PollFlags, poll};
 use rustix::fs::{FlockOperation, Mode, OFlags, ResolveFlags};
 
 use super::recovery::release_generation;
@@ -55,7 +55,7 @@ use super::{DomainPaths, chain};
 use crate::catalog::{PreparedLower, StorageCatalog};
 use crate::config::{self, HostEnvironment, LoadRequest, ResolvedDomainConfiguration, RetainedDir};
 use crate::image::parse_reference;
-use crate::process::{HeldProcess, kill_and_wait, wait_exit};
+use crate::process::{HeldProcess, kill_and_wait, readable, wait_exit};
 use crate::session;
 use crate::session::hub::Hub;
 use crate::session::tls::{GenerationCredentials, remove_client_credential};
@@ -598,16 +598,6 @@ impl Supervisor {
         }
         let _ = self.child.wait();
     }
-}
-
-/// Whether `fd` becomes readable within `timeout`.
-fn readable(fd: BorrowedFd<'_>, timeout: Duration) -> bool {
-    let spec = Timespec::try_from(timeout).unwrap_or(Timespec {
-        tv_sec: 1,
-        tv_nsec: 0,
-    });
-    let mut fds = [PollFd::new(&fd, PollFlags::IN)];
-    matches!(poll(&mut fds, Some(&spec)), Ok(n) if n > 0)
 }
 
 /// Everything a running generation holds.

@@ -32,6 +32,7 @@ use rustix::event::{PollFd, PollFlags, poll};
 use rustix::process::{Signal, pidfd_send_signal};
 
 use super::link::{LinkError, TlsLink};
+use crate::process::readable;
 use crate::store::DomainStore;
 
 /// The supervisor link, shared by the sessions that send `Exec` on it.
@@ -303,7 +304,7 @@ impl Hub {
         drop(passed);
 
         let process = loop {
-            if !readable(wake, Some(Duration::from_secs(30))) {
+            if !readable(wake, Duration::from_secs(30)) {
                 link.send(&SessionOpened::Refused {
                     reason: "the sandbox did not start the session within 30 s".into(),
                 })?;
@@ -396,7 +397,7 @@ impl Signaller<'_> {
 /// Waits for the exit report of a killed session process.
 fn wait_exited(inbox: &Receiver<HubEvent>, wake: BorrowedFd<'_>) -> bool {
     for _ in 0..100 {
-        if readable(wake, Some(Duration::from_millis(100))) {
+        if readable(wake, Duration::from_millis(100)) {
             drain(wake);
             while let Ok(event) = inbox.try_recv() {
                 if matches!(event, HubEvent::Exited { .. } | HubEvent::DomainDown) {
@@ -546,12 +547,6 @@ fn resize(master: BorrowedFd<'_>, rows: u16, columns: u16) {
     let _ = rustix::termios::tcsetwinsize(master, size);
 }
 
-fn readable(fd: BorrowedFd<'_>, timeout: Option<Duration>) -> bool {
-    let spec = timeout.and_then(|t| rustix::event::Timespec::try_from(t).ok());
-    let mut fds = [PollFd::new(&fd, PollFlags::IN)];
-    matches!(poll(&mut fds, spec.as_ref()), Ok(n) if n > 0)
-}
-
 fn drain(wake: BorrowedFd<'_>) {
     let mut buf = [0u8; 64];
     while matches!(rustix::io::read(wake, &mut buf), Ok(n) if n > 0) {}
@@ -609,7 +604,7 @@ fn pump(
         if let Some(exit) = exited {
             let more = io
                 .output()
-                .is_some_and(|fd| readable(fd, Some(Duration::from_millis(200))));
+                .is_some_and(|fd| readable(fd, Duration::from_millis(200)));
             if !output_open || !more {
                 return Ok(exit);
             }

@@ -23,19 +23,6 @@ use super::tls::{FRAME_PREFIX_LEN, FrameError, read_frame, write_frame};
 /// How many socket reads one [`TlsLink::fill`] makes at most.
 const READS_PER_FILL: usize = 16;
 
-/// Whether `fd` has bytes to read right now.
-fn readable_now(fd: BorrowedFd<'_>) -> bool {
-    let mut fds = [rustix::event::PollFd::new(
-        &fd,
-        rustix::event::PollFlags::IN,
-    )];
-    let zero = rustix::event::Timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    matches!(rustix::event::poll(&mut fds, Some(&zero)), Ok(n) if n > 0)
-}
-
 /// How long a write may wait for the peer to read.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -216,7 +203,10 @@ impl TlsLink {
             if taken_total == 0 && (n == 0 || state.peer_has_closed()) {
                 return Err(LinkError::Closed);
             }
-            if n == 0 || state.peer_has_closed() || !readable_now(self.stream.as_fd()) {
+            if n == 0
+                || state.peer_has_closed()
+                || !crate::process::readable(self.stream.as_fd(), Duration::ZERO)
+            {
                 break;
             }
         }
