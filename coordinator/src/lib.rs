@@ -12,6 +12,8 @@ pub mod cli;
 pub mod config;
 pub mod image;
 pub mod lifecycle;
+pub mod network;
 pub mod process;
 pub mod session;
 pub mod store;
+mod sys;

@@ -195,3 +195,13 @@ pub fn kill_and_wait(pidfd: BorrowedFd<'_>, timeout: Duration) -> io::Result<boo
     }
     wait_exit(pidfd, timeout)
 }
+
+/// The pidfd of a spawned child that has not been waited for.
+pub fn pidfd_of_child(child: &std::process::Child) -> io::Result<OwnedFd> {
+    let pid = i32::try_from(child.id())
+        .ok()
+        .and_then(rustix::process::Pid::from_raw)
+        .ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))?;
+    // The child is not yet reaped, so its pid cannot name another process.
+    rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()).map_err(Into::into)
+}

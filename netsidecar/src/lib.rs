@@ -1,13 +1,271 @@
-//! The Network Sidecar role: in later versions it receives a Domain's
-//! enforcement network namespace and sealed policy, installs routes with
-//! rtnetlink, attaches `slirp4netns` and attests readiness. It trusts only the
-//! Runtime Supervisor at the other end of its inherited channel.
+//! The Network Sidecar of one generation.
 //!
-//! This version has no sidecar behaviour yet; the binary says so.
+//! The Runtime Supervisor starts it inside the Domain's enforcement network
+//! namespace with CAP_NET_ADMIN in the Domain user namespace and no other
+//! capability. It then:
+//! 1. checks those are exactly its privileges;
+//! 2. takes its channel, receives one [`AttestRequest`] with the namespace
+//!    descriptor and the sealed policy memfd;
+//! 3. proves the descriptor names the namespace it runs in and the one the
+//!    probe names (it holds no CAP_SYS_ADMIN, so it cannot enter another);
+//! 4. reads the policy from the memfd, refusing one that is not sealed or
+//!    does not validate;
+//! 5. with rtnetlink: brings up loopback, disables IPv6, configures the
+//!    connectivity helper's tap device, installs one route per policy rule
+//!    and one per resolver, and reads the namespace back;
+//! 6. probes the policy's destinations and its resolvers;
+//! 7. answers with a [`NetworkReadinessAttestation`] built only from what it
+//!    observed, and exits.
+//!
+//! It trusts only the supervisor at the other end of its inherited channel,
+//! and checks what that supervisor sends before acting on it.
 
 #![deny(missing_docs)]
 
-/// What the binary prints when it is started: this version cannot enforce a
-/// network policy yet.
-pub const UNAVAILABLE: &str = "lazaret-netsidecar: not available in this version of Lazaret; \
-     network isolation arrives with the Network Sidecar";
+mod install;
+mod probe;
+
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::process::ExitCode;
+
+use lazaret_proto::channel::{Endpoint, Received};
+use lazaret_proto::codec::{self, WireRecord};
+use lazaret_proto::common::UnixTimeNs;
+use lazaret_proto::error_chain as chain;
+use lazaret_proto::network::{
+    DerivedNetworkPolicy, NetworkObservation, NetworkReadinessAttestation,
+    NetworkReadinessAttestationSchemaId, PolicyDelivery,
+};
+use lazaret_proto::ownership::NamespaceIdentity;
+use lazaret_proto::sidecar::{
+    AttestRequest, SidecarError, SidecarReport, SidecarRequest, SidecarStep,
+};
+use lazaret_proto::supervisor::FdIndex;
+use rustix::fs::SealFlags;
+
+type Channel = Endpoint<SidecarReport, SidecarRequest>;
+
+/// CAP_NET_ADMIN's bit in the capability sets.
+const CAP_NET_ADMIN: u64 = 1 << 12;
+
+fn failed(step: SidecarStep, detail: impl std::fmt::Display) -> SidecarError {
+    SidecarError {
+        step,
+        detail: detail.to_string(),
+    }
+}
+
+/// Runs the sidecar: one attestation, then exit.
+pub fn run() -> ExitCode {
+    if std::env::args_os().len() > 1 {
+        eprintln!(
+            "lazaret-netsidecar: started with unexpected arguments; it is started by \
+             lazaret-supervisor, not by hand"
+        );
+        return ExitCode::from(2);
+    }
+    let channel = match Channel::take_stdin() {
+        Ok(channel) => channel,
+        Err(e) => {
+            eprintln!(
+                "lazaret-netsidecar: no channel on standard input ({}); it is started by \
+                 lazaret-supervisor, not by hand",
+                chain(&e)
+            );
+            return ExitCode::from(2);
+        }
+    };
+    let report = match attest(&channel) {
+        Ok(attestation) => SidecarReport::Attested(Box::new(attestation)),
+        Err(error) => {
+            eprintln!("lazaret-netsidecar: {:?}: {}", error.step, error.detail);
+            SidecarReport::Failed(error)
+        }
+    };
+    let ok = matches!(report, SidecarReport::Attested(_));
+    if let Err(e) = channel.send(&report, &[]) {
+        eprintln!("lazaret-netsidecar: cannot answer: {}", chain(&e));
+        return ExitCode::FAILURE;
+    }
+    if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+fn attest(channel: &Channel) -> Result<NetworkReadinessAttestation, SidecarError> {
+    check_privileges()?;
+    let Received { message, fds } = channel
+        .recv()
+        .map_err(|e| failed(SidecarStep::Request, chain(&e)))?;
+    let SidecarRequest::Attest(AttestRequest {
+        parameters,
+        namespace,
+        policy,
+    }) = message;
+    let fd = |index: FdIndex| {
+        fds.get(usize::from(index.0))
+            .map(OwnedFd::as_fd)
+            .ok_or_else(|| {
+                failed(
+                    SidecarStep::Request,
+                    format!("descriptor {} is missing", index.0),
+                )
+            })
+    };
+    check_namespace(fd(namespace)?, parameters.probe.enforcement_namespace)?;
+    let policy = read_policy(fd(policy)?)?;
+    let policy_digest = policy
+        .digest()
+        .map_err(|e| failed(SidecarStep::Policy, chain(&e)))?;
+    let link = &parameters.link;
+    link.validate()
+        .map_err(|e| failed(SidecarStep::Request, format!("link: {e}")))?;
+
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| {
+            failed(
+                SidecarStep::Link,
+                format!("cannot start the netlink runtime: {e}"),
+            )
+        })?;
+    let readback = runtime.block_on(install::install(&policy, link))?;
+    let probes = probe::run(&policy, link);
+
+    Ok(NetworkReadinessAttestation {
+        schema_id: NetworkReadinessAttestationSchemaId,
+        domain_id: parameters.probe.domain_id,
+        generation_id: parameters.probe.generation_id,
+        network_sidecar_id: parameters.network_sidecar_id,
+        derived_policy_digest: policy_digest,
+        enforcement_namespace: parameters.probe.enforcement_namespace,
+        observation: NetworkObservation {
+            policy_delivery: PolicyDelivery::SealedMemfd,
+            helper_ready: readback.tap_up,
+            observed_routes: readback.routes,
+            ipv6_disabled: readback.ipv6_disabled,
+        },
+        denied_destinations: probes.denied,
+        permitted_destinations: probes.permitted,
+        dns_observations: probes.dns,
+        observed_at: UnixTimeNs::now(),
+    })
+}
+
+/// Refuses to act with any capability but CAP_NET_ADMIN, or without it.
+fn check_privileges() -> Result<(), SidecarError> {
+    let status = std::fs::read_to_string("/proc/self/status").map_err(|e| {
+        failed(
+            SidecarStep::Privileges,
+            format!("cannot read /proc/self/status: {e}"),
+        )
+    })?;
+    let set = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+    };
+    let sets = [
+        ("effective", set("CapEff:"), CAP_NET_ADMIN),
+        ("permitted", set("CapPrm:"), CAP_NET_ADMIN),
+        ("bounding", set("CapBnd:"), CAP_NET_ADMIN),
+        ("inheritable", set("CapInh:"), 0),
+        ("ambient", set("CapAmb:"), 0),
+    ];
+    for (name, found, wanted) in sets {
+        if found != Some(wanted) {
+            return Err(failed(
+                SidecarStep::Privileges,
+                format!(
+                    "its {name} capability set is {}, not {wanted:#x}: it must run with \
+                     CAP_NET_ADMIN alone, as lazaret-supervisor starts it",
+                    found.map_or("unreadable".into(), |v| format!("{v:#x}"))
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Proves the descriptor is the network namespace this process runs in and
+/// the one the probe names.
+fn check_namespace(fd: BorrowedFd<'_>, expected: NamespaceIdentity) -> Result<(), SidecarError> {
+    let handed = rustix::fs::fstat(fd).map_err(|e| {
+        failed(
+            SidecarStep::Namespace,
+            format!("cannot stat the namespace descriptor: {e}"),
+        )
+    })?;
+    let own = rustix::fs::stat("/proc/thread-self/ns/net").map_err(|e| {
+        failed(
+            SidecarStep::Namespace,
+            format!("cannot stat its own namespace: {e}"),
+        )
+    })?;
+    let identity = |dev, ino| NamespaceIdentity {
+        device: dev,
+        inode: ino,
+    };
+    let handed = identity(handed.st_dev, handed.st_ino);
+    let own = identity(own.st_dev, own.st_ino);
+    if handed != expected {
+        return Err(failed(
+            SidecarStep::Namespace,
+            format!("the descriptor names namespace {handed:?}, the probe {expected:?}"),
+        ));
+    }
+    if own != expected {
+        return Err(failed(
+            SidecarStep::Namespace,
+            format!(
+                "it runs in namespace {own:?}, not the enforcement namespace {expected:?}, \
+                 and holds no privilege to enter another"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Reads and validates the policy from a memfd sealed against every change.
+fn read_policy(fd: BorrowedFd<'_>) -> Result<DerivedNetworkPolicy, SidecarError> {
+    let step = SidecarStep::Policy;
+    let seals = rustix::fs::fcntl_get_seals(fd).map_err(|e| {
+        failed(
+            step,
+            format!("the policy descriptor is not a sealable memfd: {e}"),
+        )
+    })?;
+    let wanted = SealFlags::WRITE | SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL;
+    if !seals.contains(wanted) {
+        return Err(failed(
+            step,
+            format!("the policy memfd is not sealed (seals {seals:?})"),
+        ));
+    }
+    // Read from offset 0 whatever the shared file offset: the writer left
+    // it at the end.
+    let mut bytes = Vec::new();
+    let mut chunk = [0u8; 8192];
+    loop {
+        let offset = u64::try_from(bytes.len()).unwrap_or(u64::MAX);
+        let n = rustix::io::pread(fd, &mut chunk, offset)
+            .map_err(|e| failed(step, format!("cannot read the policy: {e}")))?;
+        if n == 0 {
+            break;
+        }
+        bytes.extend_from_slice(&chunk[..n]);
+        if bytes.len() > DerivedNetworkPolicy::MAX_ENCODED_LEN {
+            return Err(failed(step, "the policy is larger than any valid policy"));
+        }
+    }
+    let policy: DerivedNetworkPolicy =
+        codec::decode(&bytes).map_err(|e| failed(step, chain(&e)))?;
+    policy
+        .validate()
+        .map_err(|e| failed(step, format!("the policy is not installable: {e}")))?;
+    Ok(policy)
+}

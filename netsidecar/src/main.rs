@@ -1,6 +1,5 @@
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    eprintln!("{}", lazaret_netsidecar::UNAVAILABLE);
-    ExitCode::from(69)
+    lazaret_netsidecar::run()
 }

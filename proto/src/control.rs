@@ -14,7 +14,9 @@ use crate::common::{HostPath, UnixTimeNs};
 use crate::config::ConfigurationFingerprintRecordV1;
 use crate::ids::{
     ConfigurationFingerprint, ContainerId, DomainId, GenerationId, ManifestDigest, SessionId,
+    Sha256Digest,
 };
+use crate::network::{DerivedNetworkPolicy, NetworkReadinessAttestation};
 use crate::process::PidfsProcessIdentityV1;
 use crate::store::GenerationState;
 
@@ -29,6 +31,8 @@ pub enum StartupStep {
     Image,
     /// Recording the generation and preparing the State Anchor.
     State,
+    /// Attaching the network and attesting its policy.
+    Network,
     /// Starting the sandbox.
     Sandbox,
 }
@@ -41,6 +45,7 @@ impl StartupStep {
             StartupStep::Ownership => "ownership",
             StartupStep::Image => "image",
             StartupStep::State => "state",
+            StartupStep::Network => "network",
             StartupStep::Sandbox => "sandbox",
         }
     }
@@ -160,6 +165,23 @@ pub struct DomainStatus {
     pub sandbox: PidfsProcessIdentityV1,
     /// The client sessions attached now.
     pub sessions: Vec<SessionSummary>,
+    /// The network the sandbox runs under and the evidence it is in force.
+    pub network: NetworkStatus,
+}
+
+/// The generation's network, as `lazaret status` shows it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NetworkStatus {
+    /// The policy installed in the enforcement namespace.
+    pub policy: DerivedNetworkPolicy,
+    /// Its digest.
+    pub policy_digest: Sha256Digest,
+    /// The accepted readiness attestation.
+    pub attestation: NetworkReadinessAttestation,
+    /// The fingerprint of the readiness identity it attests.
+    pub readiness_fingerprint: Sha256Digest,
+    /// The connectivity helper (slirp4netns).
+    pub connectivity_helper: PidfsProcessIdentityV1,
 }
 
 /// One attached client session, as `lazaret status` lists it.

@@ -22,6 +22,7 @@ pub mod network;
 pub mod ownership;
 pub mod process;
 pub mod session;
+pub mod sidecar;
 pub mod store;
 pub mod supervisor;
 pub mod terminal;

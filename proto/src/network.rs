@@ -128,6 +128,30 @@ impl IpPrefix {
         prefix.is_normalized().then_some(prefix)
     }
 
+    /// The prefix holding exactly `address`.
+    pub fn host(address: IpAddr) -> Self {
+        Self {
+            address,
+            prefix_len: AddressFamily::of(&address).max_prefix_len(),
+        }
+    }
+
+    /// Whether `address` lies within the prefix.
+    pub fn contains(&self, address: IpAddr) -> bool {
+        let len = u32::from(self.prefix_len);
+        match (self.address, address) {
+            (IpAddr::V4(net), IpAddr::V4(a)) => {
+                let mask = u32::MAX.checked_shl(32 - len).unwrap_or(0);
+                u32::from(a) & mask == u32::from(net)
+            }
+            (IpAddr::V6(net), IpAddr::V6(a)) => {
+                let mask = u128::MAX.checked_shl(128 - len).unwrap_or(0);
+                u128::from(a) & mask == u128::from(net)
+            }
+            _ => false,
+        }
+    }
+
     /// Whether the length fits the family and no host bit is set.
     pub fn is_normalized(&self) -> bool {
         let family = AddressFamily::of(&self.address);
@@ -200,6 +224,13 @@ pub enum PolicyError {
     /// Two rules name the same network.
     #[error("prefix_rules[{0}]: the same network appears earlier")]
     DuplicatePrefix(usize),
+    /// A rule names exactly a resolver's address, whose own route keeps
+    /// it reachable.
+    #[error(
+        "prefix_rules[{0}]: names exactly a resolver's address, which always stays reachable \
+         through its own route; use a shorter or longer prefix"
+    )]
+    ResolverShadowed(usize),
 }
 
 /// The network policy of one generation, as delivered to the sidecar.
@@ -327,6 +358,13 @@ impl DerivedNetworkPolicy {
             if !networks.insert(rule.network) {
                 return Err(PolicyError::DuplicatePrefix(index));
             }
+            if self
+                .resolvers
+                .iter()
+                .any(|r| rule.network == IpPrefix::host(r.address))
+            {
+                return Err(PolicyError::ResolverShadowed(index));
+            }
         }
         for (index, resolver) in self.resolvers.iter().enumerate() {
             if AddressFamily::of(&resolver.address) != resolver.family {
@@ -351,6 +389,179 @@ impl DerivedNetworkPolicy {
         let mut canonical = self.clone();
         canonical.canonicalize();
         tagged_digest(DerivedNetworkPolicySchemaId::TEXT, &canonical)
+    }
+
+    /// The routes that implement the policy, as rules, sorted: every prefix
+    /// rule, and each resolver as an allowed host route. This is what the
+    /// sidecar must read back from the enforcement namespace.
+    pub fn expected_routes(&self) -> Vec<PrefixRule> {
+        let mut routes = self.prefix_rules.clone();
+        routes.extend(self.resolvers.iter().map(|r| PrefixRule {
+            family: r.family,
+            network: IpPrefix::host(r.address),
+            action: PolicyAction::Allow,
+        }));
+        routes.sort();
+        routes.dedup();
+        routes
+    }
+
+    /// The route that decides `address`: the longest prefix containing it.
+    pub fn deciding_route(&self, address: IpAddr) -> Option<PrefixRule> {
+        self.expected_routes()
+            .into_iter()
+            .filter(|r| r.network.contains(address))
+            .max_by_key(|r| r.network.prefix_len)
+    }
+
+    /// What the policy does with traffic to `address`: the longest matching
+    /// route's action, else the family's default; a disabled family is
+    /// denied.
+    pub fn action_for(&self, address: IpAddr) -> PolicyAction {
+        let family = AddressFamily::of(&address);
+        let enabled = self
+            .address_families
+            .iter()
+            .any(|d| d.family == family && d.disposition == FamilyDisposition::Enabled);
+        if !enabled {
+            return PolicyAction::Deny;
+        }
+        match self.deciding_route(address) {
+            Some(route) => route.action,
+            None => self
+                .default_actions
+                .iter()
+                .find(|d| d.family == family)
+                .map_or(PolicyAction::Deny, |d| d.action),
+        }
+    }
+
+    /// The destinations a readiness probe must check: for every route one
+    /// address that route decides, an unlisted address when one exists,
+    /// and the connectivity helper's gateway (host loopback) when the
+    /// policy denies it. Probing sends no packet: it asks the kernel for a
+    /// route by connecting a datagram socket.
+    pub fn probe_plan(&self, gateway: Ipv4Addr) -> ProbePlan {
+        let mut plan = ProbePlan::default();
+        let mut add = |address: IpAddr, action: PolicyAction| {
+            let list = match action {
+                PolicyAction::Allow => &mut plan.permitted,
+                PolicyAction::Deny => &mut plan.denied,
+            };
+            if !list.contains(&address) {
+                list.push(address);
+            }
+        };
+        for route in self.expected_routes() {
+            let IpAddr::V4(network) = route.network.address else {
+                continue;
+            };
+            let first = u32::from(network);
+            let size = 1u64 << (32 - u32::from(route.network.prefix_len));
+            let last = u32::try_from(u64::from(first) + size - 1).unwrap_or(u32::MAX);
+            let candidates = [
+                first.saturating_add(1).min(last),
+                last.saturating_sub(1).max(first),
+                first,
+            ];
+            if let Some(address) = candidates
+                .into_iter()
+                .map(|a| IpAddr::V4(Ipv4Addr::from(a)))
+                .find(|a| self.deciding_route(*a) == Some(route))
+            {
+                add(address, route.action);
+            }
+        }
+        let unlisted = UNLISTED_CANDIDATES
+            .into_iter()
+            .map(|a| IpAddr::V4(Ipv4Addr::from(a)))
+            .find(|a| self.deciding_route(*a).is_none());
+        if let Some(address) = unlisted {
+            add(address, self.action_for(address));
+        }
+        let gateway = IpAddr::V4(gateway);
+        if self.action_for(gateway) == PolicyAction::Deny {
+            add(gateway, PolicyAction::Deny);
+        }
+        plan.denied.sort();
+        plan.permitted.sort();
+        plan
+    }
+}
+
+/// Addresses tried, in order, as the unlisted destination of a probe.
+const UNLISTED_CANDIDATES: [[u8; 4]; 4] = [
+    [100, 64, 0, 1],
+    [1, 0, 0, 1],
+    [223, 255, 255, 1],
+    [240, 0, 0, 1],
+];
+
+/// The destinations a readiness probe checks, derived from the policy
+/// alone, so the Host Coordinator can tell whether a sidecar skipped one.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ProbePlan {
+    /// Must prove unreachable.
+    pub denied: Vec<IpAddr>,
+    /// Must prove routed via the gateway.
+    pub permitted: Vec<IpAddr>,
+}
+
+/// The connectivity helper's virtual network as seen from the enforcement
+/// namespace: the tap device it creates there, the address the sidecar
+/// gives that device, and the gateway that leads out.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConnectivityLink {
+    /// The tap device's name.
+    pub tap_name: String,
+    /// The enforcement namespace's address on it, installed as a /32 so no
+    /// subnet route exists besides the policy's.
+    pub guest_address: Ipv4Addr,
+    /// The helper's gateway; every allowed prefix routes via it.
+    pub gateway: Ipv4Addr,
+    /// The tap device's MTU, equal to the helper's.
+    pub mtu: u32,
+}
+
+impl ConnectivityLink {
+    /// The DNS forwarder of slirp4netns's default network.
+    pub const SLIRP4NETNS_RESOLVER: Ipv4Addr = Ipv4Addr::new(10, 0, 2, 3);
+
+    /// slirp4netns's default network (10.0.2.0/24) with its largest MTU.
+    pub fn slirp4netns() -> Self {
+        Self {
+            tap_name: "tap0".into(),
+            guest_address: Ipv4Addr::new(10, 0, 2, 100),
+            gateway: Ipv4Addr::new(10, 0, 2, 2),
+            mtu: 65520,
+        }
+    }
+
+    /// Checks the link is usable: an interface name the kernel accepts,
+    /// distinct unicast addresses, and an MTU IPv4 allows.
+    pub fn validate(&self) -> Result<(), String> {
+        let name_ok = (1..16).contains(&self.tap_name.len())
+            && self
+                .tap_name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+        if !name_ok {
+            return Err(format!(
+                "tap_name {:?} is not an interface name",
+                self.tap_name
+            ));
+        }
+        let unicast = |a: Ipv4Addr| !(a.is_unspecified() || a.is_broadcast() || a.is_multicast());
+        if !unicast(self.guest_address)
+            || !unicast(self.gateway)
+            || self.guest_address == self.gateway
+        {
+            return Err("guest_address and gateway must be distinct unicast addresses".into());
+        }
+        if !(68..=65535).contains(&self.mtu) {
+            return Err(format!("mtu {} is outside 68..=65535", self.mtu));
+        }
+        Ok(())
     }
 }
 
@@ -400,7 +611,26 @@ pub struct PermittedDestinationObservation {
     pub reachable: bool,
 }
 
+/// How a DNS query through a resolver ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum DnsOutcome {
+    /// The resolver answered with this response code (0 is NOERROR, 3 is
+    /// NXDOMAIN).
+    Answered {
+        /// The DNS RCODE.
+        response_code: u8,
+    },
+    /// No answer came in time: the resolver is routed, but the host's
+    /// resolver did not answer.
+    TimedOut,
+    /// The query could not be sent: the resolver is not routed.
+    Unreachable,
+}
+
 /// One DNS query made through a resolver, and its answer.
+///
+/// The seed's field list is partial after `resolved_addresses`; the outcome
+/// is added because a readiness probe records a timeout as observed.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DnsObservation {
     /// The resolver asked.
@@ -409,6 +639,8 @@ pub struct DnsObservation {
     pub query_name: String,
     /// The addresses answered; empty if none.
     pub resolved_addresses: Vec<IpAddr>,
+    /// How the query ended.
+    pub outcome: DnsOutcome,
 }
 
 /// A request to the sidecar to probe a namespace and attest readiness.
@@ -508,8 +740,9 @@ impl NetworkReadinessAttestation {
 
     /// Whether every observation shows a ready network: the helper ready,
     /// IPv6 off, at least one denied and one permitted probe and every probe
-    /// as the policy wants, and at least one DNS answer. The identity is
-    /// checked separately, against what was asked for.
+    /// as the policy wants, and at least one DNS query that left (answered
+    /// or timed out: either is what the host's resolver did). The identity
+    /// is checked separately, against what was asked for.
     pub fn observations_show_ready(&self) -> bool {
         let o = &self.observation;
         o.helper_ready
@@ -518,10 +751,49 @@ impl NetworkReadinessAttestation {
             && self.denied_destinations.iter().all(|d| d.unreachable)
             && !self.permitted_destinations.is_empty()
             && self.permitted_destinations.iter().all(|p| p.reachable)
+            && !self.dns_observations.is_empty()
             && self
                 .dns_observations
                 .iter()
-                .any(|d| !d.resolved_addresses.is_empty())
+                .all(|d| d.outcome != DnsOutcome::Unreachable)
+    }
+
+    /// Checks the attestation is about exactly what was asked and shows the
+    /// policy in force: the same identity, the routes read back equal to
+    /// the policy's, every destination of the policy's probe plan probed
+    /// and none else, and observations that show a ready network.
+    pub fn verify(
+        &self,
+        expected: &NetworkReadinessIdentity,
+        policy: &DerivedNetworkPolicy,
+        link: &ConnectivityLink,
+    ) -> Result<(), AttestationMismatch> {
+        if self.readiness_identity() != *expected {
+            return Err(AttestationMismatch::Identity);
+        }
+        if self.observation.observed_routes != policy.expected_routes() {
+            return Err(AttestationMismatch::Routes);
+        }
+        let plan = policy.probe_plan(link.gateway);
+        let mut denied: Vec<_> = self
+            .denied_destinations
+            .iter()
+            .map(|d| d.destination)
+            .collect();
+        let mut permitted: Vec<_> = self
+            .permitted_destinations
+            .iter()
+            .map(|p| p.destination)
+            .collect();
+        denied.sort();
+        permitted.sort();
+        if denied != plan.denied || permitted != plan.permitted {
+            return Err(AttestationMismatch::Probes);
+        }
+        if !self.observations_show_ready() {
+            return Err(AttestationMismatch::NotReady);
+        }
+        Ok(())
     }
 
     /// SHA-256 over the schema identifier, a NUL, and the encoding.
@@ -544,6 +816,23 @@ impl NetworkReadinessAttestation {
 impl WireRecord for NetworkReadinessAttestation {
     const NAME: &'static str = "NetworkReadinessAttestation";
     const MAX_ENCODED_LEN: usize = 256 * 1024;
+}
+
+/// Why an attestation is not accepted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum AttestationMismatch {
+    /// It names another Domain, generation, sidecar, policy or namespace.
+    #[error("it attests another Domain, generation, sidecar, policy or network namespace")]
+    Identity,
+    /// The routes read back differ from the policy's.
+    #[error("the routes read back from the namespace differ from the policy")]
+    Routes,
+    /// It probed other destinations than the policy's probe plan.
+    #[error("it did not probe exactly the destinations the policy calls for")]
+    Probes,
+    /// An observation shows the network not ready.
+    #[error("its observations do not show the policy in force")]
+    NotReady,
 }
 
 /// The durable trace of an accepted attestation, kept in the network
@@ -615,6 +904,7 @@ pub(crate) mod tests {
                 resolver: IpAddr::V4(Ipv4Addr::new(10, 0, 2, 3)),
                 query_name: "example.test".into(),
                 resolved_addresses: vec![IpAddr::V4(Ipv4Addr::new(198, 18, 0, 10))],
+                outcome: DnsOutcome::Answered { response_code: 0 },
             }],
             observed_at: UnixTimeNs(1),
         }
@@ -689,6 +979,159 @@ pub(crate) mod tests {
             p.validate(),
             Err(PolicyError::MissingDefault(AddressFamily::IPv4))
         );
+    }
+
+    fn v4(a: u8, b: u8, c: u8, d: u8) -> IpAddr {
+        IpAddr::V4(Ipv4Addr::new(a, b, c, d))
+    }
+
+    #[test]
+    fn longest_prefix_decides() {
+        // Allow 10.222.0.0/16 with deny 10.0.0.0/8 reaches 10.222.x, not 10.1.x.
+        let policy = DerivedNetworkPolicy::ipv4_only(
+            [IpPrefix::ipv4([10, 222, 0, 0], 16).unwrap()],
+            [IpPrefix::ipv4([10, 0, 0, 0], 8).unwrap()],
+            [ConnectivityLink::SLIRP4NETNS_RESOLVER],
+        );
+        policy.validate().unwrap();
+        assert_eq!(policy.action_for(v4(10, 222, 5, 6)), PolicyAction::Allow);
+        assert_eq!(policy.action_for(v4(10, 1, 2, 3)), PolicyAction::Deny);
+        assert_eq!(policy.action_for(v4(10, 0, 2, 3)), PolicyAction::Allow);
+        assert_eq!(policy.action_for(v4(10, 0, 2, 2)), PolicyAction::Deny);
+        assert_eq!(policy.action_for(v4(8, 8, 8, 8)), PolicyAction::Deny);
+        let v6 = IpAddr::V6("2001:db8::1".parse().unwrap());
+        assert_eq!(policy.action_for(v6), PolicyAction::Deny);
+    }
+
+    #[test]
+    fn probe_plan_covers_every_route_with_an_address_it_decides() {
+        let policy = DerivedNetworkPolicy::ipv4_only(
+            [
+                IpPrefix::ipv4([10, 222, 0, 0], 16).unwrap(),
+                IpPrefix::ipv4([198, 18, 0, 10], 32).unwrap(),
+            ],
+            [
+                IpPrefix::ipv4([10, 0, 0, 0], 8).unwrap(),
+                IpPrefix::ipv4([198, 18, 0, 0], 24).unwrap(),
+            ],
+            [ConnectivityLink::SLIRP4NETNS_RESOLVER],
+        );
+        let link = ConnectivityLink::slirp4netns();
+        let plan = policy.probe_plan(link.gateway);
+        assert_eq!(
+            plan.permitted,
+            vec![v4(10, 0, 2, 3), v4(10, 222, 0, 1), v4(198, 18, 0, 10)]
+        );
+        assert_eq!(
+            plan.denied,
+            vec![
+                v4(10, 0, 0, 1),
+                v4(10, 0, 2, 2),
+                v4(100, 64, 0, 1),
+                v4(198, 18, 0, 1)
+            ]
+        );
+        for address in &plan.denied {
+            assert_eq!(policy.action_for(*address), PolicyAction::Deny);
+        }
+        for address in &plan.permitted {
+            assert_eq!(policy.action_for(*address), PolicyAction::Allow);
+        }
+        // Allowing everything leaves no unlisted address to probe.
+        let open = DerivedNetworkPolicy::ipv4_only(
+            [IpPrefix::ipv4([0, 0, 0, 0], 0).unwrap()],
+            [IpPrefix::ipv4([10, 0, 0, 0], 8).unwrap()],
+            [ConnectivityLink::SLIRP4NETNS_RESOLVER],
+        );
+        let plan = open.probe_plan(link.gateway);
+        assert_eq!(plan.denied, vec![v4(10, 0, 0, 1), v4(10, 0, 2, 2)]);
+        assert!(plan.permitted.contains(&v4(0, 0, 0, 1)));
+    }
+
+    #[test]
+    fn a_rule_may_not_shadow_the_resolver() {
+        let policy = DerivedNetworkPolicy::ipv4_only(
+            [],
+            [IpPrefix::ipv4([10, 0, 2, 3], 32).unwrap()],
+            [ConnectivityLink::SLIRP4NETNS_RESOLVER],
+        );
+        assert_eq!(policy.validate(), Err(PolicyError::ResolverShadowed(0)));
+    }
+
+    #[test]
+    fn verify_accepts_only_a_matching_complete_attestation() {
+        let policy = policy();
+        let link = ConnectivityLink::slirp4netns();
+        let mut good = attestation();
+        good.observation.observed_routes = policy.expected_routes();
+        let plan = policy.probe_plan(link.gateway);
+        good.denied_destinations = plan
+            .denied
+            .iter()
+            .map(|&destination| DeniedDestinationObservation {
+                destination,
+                unreachable: true,
+            })
+            .collect();
+        good.permitted_destinations = plan
+            .permitted
+            .iter()
+            .map(|&destination| PermittedDestinationObservation {
+                destination,
+                reachable: true,
+            })
+            .collect();
+        let identity = good.readiness_identity();
+        assert_eq!(good.verify(&identity, &policy, &link), Ok(()));
+
+        let mut other = identity;
+        other.generation_id = GenerationId(9);
+        assert_eq!(
+            good.verify(&other, &policy, &link),
+            Err(AttestationMismatch::Identity)
+        );
+        let mut routes = good.clone();
+        routes.observation.observed_routes.pop();
+        assert_eq!(
+            routes.verify(&identity, &policy, &link),
+            Err(AttestationMismatch::Routes)
+        );
+        let mut skipped = good.clone();
+        skipped.denied_destinations.pop();
+        assert_eq!(
+            skipped.verify(&identity, &policy, &link),
+            Err(AttestationMismatch::Probes)
+        );
+        let mut open = good.clone();
+        open.denied_destinations[0].unreachable = false;
+        assert_eq!(
+            open.verify(&identity, &policy, &link),
+            Err(AttestationMismatch::NotReady)
+        );
+        let mut dns = good;
+        dns.dns_observations[0].outcome = DnsOutcome::TimedOut;
+        assert_eq!(dns.verify(&identity, &policy, &link), Ok(()));
+        dns.dns_observations[0].outcome = DnsOutcome::Unreachable;
+        assert_eq!(
+            dns.verify(&identity, &policy, &link),
+            Err(AttestationMismatch::NotReady)
+        );
+    }
+
+    #[test]
+    fn the_slirp4netns_link_validates() {
+        let link = ConnectivityLink::slirp4netns();
+        assert_eq!(link.validate(), Ok(()));
+        let long = ConnectivityLink {
+            tap_name: "a-name-too-long-for-linux".into(),
+            ..link.clone()
+        };
+        assert!(long.validate().is_err());
+        let same = ConnectivityLink {
+            gateway: link.guest_address,
+            ..link
+        };
+        assert!(same.validate().is_err());
     }
 
     #[test]

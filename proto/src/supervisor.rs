@@ -14,7 +14,9 @@ use crate::codec::WireRecord;
 use crate::common::HostPath;
 use crate::config::{VolumeAccess, VolumeKind};
 use crate::ids::{ContainerId, DomainId, GenerationId, SessionId};
+use crate::network::NetworkReadinessAttestation;
 use crate::ownership::NamespaceIdentity;
+use crate::sidecar::AttestParameters;
 
 /// The index of a descriptor in the packet that carries a message.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -69,6 +71,8 @@ pub struct SandboxPlan {
     pub anchors: Vec<AnchorMount>,
     /// The volumes.
     pub volumes: Vec<VolumeMount>,
+    /// The resolvers the sandbox's `/etc/resolv.conf` names.
+    pub resolvers: Vec<std::net::Ipv4Addr>,
 }
 
 /// How a session process's standard streams are connected.
@@ -139,8 +143,19 @@ impl ExecSignal {
 /// What the coordinator asks of the supervisor.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum SupervisorRequest {
-    /// Build the namespaces, mounts and bundle, and start the sandbox.
+    /// Build the namespaces, mounts and bundle; the sandbox starts only on
+    /// `RunSandbox`, after the network is attested.
     Start(SandboxPlan),
+    /// Start the Network Sidecar in the enforcement namespace with the
+    /// policy memfd the packet carries, and report its attestation.
+    AttestNetwork {
+        /// What to attest.
+        parameters: AttestParameters,
+        /// The sealed policy memfd.
+        policy: FdIndex,
+    },
+    /// Run the sandbox: the Host Coordinator accepted the attestation.
+    RunSandbox,
     /// Start a session process in the running sandbox.
     Exec(ExecRequest),
     /// Send a signal to a session's process inside the sandbox.
@@ -171,6 +186,8 @@ pub enum SupervisorStep {
     Runtime,
     /// Reporting process identities.
     Identities,
+    /// Installing and attesting the network policy.
+    Network,
     /// The request itself was malformed (missing descriptor, bad path).
     Request,
 }
@@ -188,7 +205,8 @@ pub struct SupervisorError {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum SupervisorReport {
     /// The namespaces exist; the packet carries the pidfd of the process
-    /// that holds them (the supervisor's pid 1).
+    /// that holds them (the supervisor's pid 1) and descriptors of the user
+    /// and network namespaces, for the connectivity helper to join.
     NamespacesReady {
         /// The Domain user namespace.
         user_namespace: NamespaceIdentity,
@@ -196,7 +214,13 @@ pub enum SupervisorReport {
         network_namespace: NamespaceIdentity,
         /// The pidfd of the namespace holder.
         holder: FdIndex,
+        /// The user namespace's descriptor.
+        user_namespace_fd: FdIndex,
+        /// The network namespace's descriptor.
+        network_namespace_fd: FdIndex,
     },
+    /// The Network Sidecar installed the policy and attested it.
+    NetworkAttested(Box<NetworkReadinessAttestation>),
     /// The sandbox runs; the packet carries the pidfds of its host
     /// processes.
     SandboxRunning {

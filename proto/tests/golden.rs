@@ -19,7 +19,7 @@ use lazaret_proto::ids::{
 };
 use lazaret_proto::mailbox::{MailboxRecord, MailboxRequest};
 use lazaret_proto::network::{
-    DeniedDestinationObservation, DerivedNetworkPolicy, DnsObservation, IpPrefix,
+    DeniedDestinationObservation, DerivedNetworkPolicy, DnsObservation, DnsOutcome, IpPrefix,
     NamespaceIdentity, NetworkObservation, NetworkReadinessAttestation,
     NetworkReadinessAttestationSchemaId, PermittedDestinationObservation, PolicyDelivery,
 };
@@ -187,6 +187,7 @@ fn network_readiness_attestation() -> NetworkReadinessAttestation {
             resolver: IpAddr::V4(Ipv4Addr::new(10, 0, 2, 3)),
             query_name: "example.test".into(),
             resolved_addresses: vec![IpAddr::V4(Ipv4Addr::new(198, 18, 0, 10))],
+            outcome: DnsOutcome::Answered { response_code: 0 },
         }],
         observed_at: UnixTimeNs(T0.0 + 5_000_000),
     }

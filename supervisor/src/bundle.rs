@@ -10,6 +10,7 @@
 //! tmpfs, in memory only. Trusts the staged paths it is given.
 
 use std::io;
+use std::net::Ipv4Addr;
 use std::os::fd::BorrowedFd;
 use std::path::Path;
 
@@ -114,6 +115,13 @@ pub fn spec(staged: &Staged, hostname: &str, environment: &[String]) -> Value {
         ));
     }
     mounts.push(bind(CONTROL_AREA, &staged.control, true));
+    // The resolvers the policy keeps reachable; read-only, so the sandbox
+    // cannot point itself at a resolver the policy denies and then wonder.
+    mounts.push(bind(
+        "/etc/resolv.conf",
+        &staged.bundle.join(RESOLV_CONF),
+        true,
+    ));
 
     json!({
         "ociVersion": "1.0.2",
@@ -143,7 +151,20 @@ pub fn spec(staged: &Staged, hostname: &str, environment: &[String]) -> Value {
 /// Writes `config.json` into the staged bundle directory. It lives on the
 /// Domain mount namespace's private tmpfs: in memory, never on disk, and
 /// out of the host's view.
-pub fn write(staged: &Staged, hostname: &str, environment: &[String]) -> io::Result<()> {
+pub fn write(
+    staged: &Staged,
+    hostname: &str,
+    environment: &[String],
+    resolvers: &[Ipv4Addr],
+) -> io::Result<()> {
+    let resolv_conf: String = resolvers
+        .iter()
+        .map(|r| format!("nameserver {r}\n"))
+        .collect();
+    std::fs::write(staged.bundle.join(RESOLV_CONF), resolv_conf)?;
     let text = serde_json::to_vec_pretty(&spec(staged, hostname, environment))?;
     std::fs::write(staged.bundle.join("config.json"), text)
 }
+
+/// The sandbox's `/etc/resolv.conf`, staged beside `config.json`.
+const RESOLV_CONF: &str = "resolv.conf";

@@ -14,13 +14,17 @@
 //! 5. mounts a `/proc` of the Domain pid namespace and reopens every
 //!    descriptor inside the Domain mount namespace, checking each is the
 //!    object the coordinator opened;
-//! 6. reports the namespaces and its own pidfd;
+//! 6. reports the namespaces, with descriptors of the user and network
+//!    namespaces for the connectivity helper, and its own pidfd;
 //! 7. stages the filesystem (root overlay, State Anchor overlays, workspace,
-//!    volumes, control area) on a private tmpfs, writes the OCI bundle and
-//!    runs `runsc run -detach`;
-//! 8. reports the pidfds of the runsc sandbox and gofer, which are now its
+//!    volumes, control area) on a private tmpfs and writes the OCI bundle;
+//! 8. on `AttestNetwork`, starts the Network Sidecar in the enforcement
+//!    namespace with CAP_NET_ADMIN alone and relays its attestation;
+//! 9. on `RunSandbox`, and only after an attestation, runs
+//!    `runsc run -detach`;
+//! 10. reports the pidfds of the runsc sandbox and gofer, which are now its
 //!    children, and reaps every orphan at once from then on;
-//! 9. on `Stop`, or when the coordinator vanishes, exits: the kernel ends
+//! 11. on `Stop`, or when the coordinator vanishes, exits: the kernel ends
 //!    every process left in the pid namespace, the sandbox included, and
 //!    the mounts end with the mount namespace.
 //!
@@ -33,6 +37,7 @@ mod bundle;
 mod exec;
 mod mounts;
 mod namespaces;
+mod network;
 mod runsc;
 mod sys;
 
@@ -144,7 +149,11 @@ fn pid1() -> ExitCode {
         return ExitCode::FAILURE;
     };
     match start(&channel, &plan, &fds) {
-        Ok(running) => serve(Arc::new(channel), &running, exec::Reaper::start()),
+        Ok(Some(running)) => serve(Arc::new(channel), &running, exec::Reaper::start()),
+        Ok(None) => {
+            let _ = channel.send(&SupervisorReport::Stopped, &[]);
+            ExitCode::SUCCESS
+        }
         Err(error) => {
             eprintln!(
                 "lazaret-supervisor: {:?} failed: {}",
@@ -180,18 +189,14 @@ struct Running {
     container_id: String,
 }
 
+/// Prepares the sandbox, waits for an attested network, and runs it;
+/// `None` when stopped before it ran.
 fn start(
     channel: &Channel,
     plan: &SandboxPlan,
     fds: &[OwnedFd],
-) -> Result<Running, SupervisorError> {
+) -> Result<Option<Running>, SupervisorError> {
     mounts::private_proc().map_err(|e| failed(SupervisorStep::Mounts, chain(&e)))?;
-    namespaces::loopback_up().map_err(|e| {
-        failed(
-            SupervisorStep::Namespaces,
-            format!("cannot bring up the loopback interface: {e}"),
-        )
-    })?;
     // The coordinator's descriptors name host mounts; reopen each mount
     // source as the same object inside the Domain mount namespace.
     let rebased = |index: FdIndex| {
@@ -248,17 +253,30 @@ fn start(
     let identity = |file| {
         namespaces::identity(file).map_err(|e| failed(SupervisorStep::Namespaces, chain(&e)))
     };
+    let open =
+        |file| namespaces::open(file).map_err(|e| failed(SupervisorStep::Namespaces, chain(&e)));
+    let (user_fd, net_fd) = (open("/proc/self/ns/user")?, open("/proc/self/ns/net")?);
     let report = SupervisorReport::NamespacesReady {
         user_namespace: identity("/proc/self/ns/user")?,
         network_namespace: identity("/proc/self/ns/net")?,
         holder: FdIndex(0),
+        user_namespace_fd: FdIndex(1),
+        network_namespace_fd: FdIndex(2),
     };
-    send(channel, &report, &[own_pidfd.as_fd()])?;
+    send(
+        channel,
+        &report,
+        &[own_pidfd.as_fd(), user_fd.as_fd(), net_fd.as_fd()],
+    )?;
+    drop((user_fd, net_fd));
 
     let staged = mounts::stage(runtime_dir, &sources)
         .map_err(|e| failed(SupervisorStep::Mounts, chain(&e)))?;
-    bundle::write(&staged, "lazaret", &environment)
+    bundle::write(&staged, "lazaret", &environment, &plan.resolvers)
         .map_err(|e| failed(SupervisorStep::Bundle, e))?;
+    if !await_network(channel)? {
+        return Ok(None);
+    }
     let container_id = plan.container_id.to_string();
     let runtime = runsc::Runsc {
         runsc: &runsc,
@@ -279,11 +297,50 @@ fn start(
         bundle: staged.bundle.as_os_str().as_encoded_bytes().into(),
     };
     send(channel, &report, &descriptors)?;
-    Ok(Running {
+    Ok(Some(Running {
         runsc,
         runsc_root: staged.runsc_root,
         container_id,
-    })
+    }))
+}
+
+/// Serves the requests before the sandbox runs: `AttestNetwork` (any
+/// number of times), then `RunSandbox`, which needs an attestation. False
+/// when asked to stop instead.
+fn await_network(channel: &Channel) -> Result<bool, SupervisorError> {
+    let mut attested = false;
+    loop {
+        let Received { message, fds } = channel
+            .recv()
+            .map_err(|e| failed(SupervisorStep::Request, chain(&e)))?;
+        match message {
+            SupervisorRequest::AttestNetwork { parameters, policy } => {
+                let policy = fd_at(&fds, policy)?;
+                let attestation = network::attest(parameters, policy)
+                    .map_err(|detail| failed(SupervisorStep::Network, detail))?;
+                send(
+                    channel,
+                    &SupervisorReport::NetworkAttested(Box::new(attestation)),
+                    &[],
+                )?;
+                attested = true;
+            }
+            SupervisorRequest::RunSandbox if attested => return Ok(true),
+            SupervisorRequest::RunSandbox => {
+                return Err(failed(
+                    SupervisorStep::Request,
+                    "the sandbox cannot run before its network is attested",
+                ));
+            }
+            SupervisorRequest::Stop => return Ok(false),
+            other => {
+                return Err(failed(
+                    SupervisorStep::Request,
+                    format!("unexpected request before the sandbox runs: {other:?}"),
+                ));
+            }
+        }
+    }
 }
 
 fn send(
@@ -388,7 +445,10 @@ fn serve(channel: Arc<Channel>, running: &Running, reaper: Arc<exec::Reaper>) ->
                 }
             }
             Ok(Received {
-                message: SupervisorRequest::Start(_),
+                message:
+                    SupervisorRequest::Start(_)
+                    | SupervisorRequest::AttestNetwork { .. }
+                    | SupervisorRequest::RunSandbox,
                 ..
             }) => {
                 let error = failed(SupervisorStep::Request, "the sandbox is already started");

@@ -35,8 +35,8 @@ pub enum NamespaceError {
         #[source]
         source: io::Error,
     },
-    /// A namespace could not be identified.
-    #[error("cannot stat {file}")]
+    /// A namespace could not be identified or opened.
+    #[error("cannot open {file}")]
     Identify {
         /// The `/proc/self/ns` link.
         file: &'static str,
@@ -86,55 +86,15 @@ pub fn identity(file: &'static str) -> Result<NamespaceIdentity, NamespaceError>
     })
 }
 
-/// Brings up the loopback interface of the (new, empty) network namespace:
-/// one `RTM_NEWLINK` request over rtnetlink setting `IFF_UP` on interface 1,
-/// which is `lo` in every new network namespace, and its acknowledgement.
-pub fn loopback_up() -> io::Result<()> {
-    use rustix::net::netlink::SocketAddrNetlink;
-    use rustix::net::{AddressFamily, RecvFlags, SendFlags, SocketFlags, SocketType};
-
-    const RTM_NEWLINK: u16 = 16;
-    const NLM_F_REQUEST: u16 = 0x1;
-    const NLM_F_ACK: u16 = 0x4;
-    const NLMSG_ERROR: u16 = 2;
-    const IFF_UP: u32 = 0x1;
-    const LOOPBACK_INDEX: i32 = 1;
-
-    let fd = rustix::net::socket_with(
-        AddressFamily::NETLINK,
-        SocketType::RAW,
-        SocketFlags::CLOEXEC,
-        None,
-    )?;
-    // struct nlmsghdr (16 bytes) then struct ifinfomsg (16 bytes).
-    let mut message = Vec::with_capacity(32);
-    message.extend_from_slice(&32u32.to_ne_bytes());
-    message.extend_from_slice(&RTM_NEWLINK.to_ne_bytes());
-    message.extend_from_slice(&(NLM_F_REQUEST | NLM_F_ACK).to_ne_bytes());
-    message.extend_from_slice(&1u32.to_ne_bytes()); // sequence
-    message.extend_from_slice(&0u32.to_ne_bytes()); // port: the kernel fills it
-    message.extend_from_slice(&[0, 0]); // family AF_UNSPEC, padding
-    message.extend_from_slice(&0u16.to_ne_bytes()); // device type
-    message.extend_from_slice(&LOOPBACK_INDEX.to_ne_bytes());
-    message.extend_from_slice(&IFF_UP.to_ne_bytes()); // flags
-    message.extend_from_slice(&IFF_UP.to_ne_bytes()); // change mask
-    rustix::net::sendto(
-        &fd,
-        &message,
-        SendFlags::empty(),
-        &SocketAddrNetlink::new(0, 0),
-    )?;
-
-    let mut reply = [0u8; 256];
-    let n = rustix::net::recv(&fd, &mut reply, RecvFlags::empty())?.0;
-    // The acknowledgement is an NLMSG_ERROR whose error field is 0.
-    let kind = reply.get(4..6).map(|b| u16::from_ne_bytes([b[0], b[1]]));
-    let error = reply
-        .get(16..20)
-        .map(|b| i32::from_ne_bytes([b[0], b[1], b[2], b[3]]));
-    match (n >= 20, kind, error) {
-        (true, Some(NLMSG_ERROR), Some(0)) => Ok(()),
-        (true, Some(NLMSG_ERROR), Some(errno)) => Err(io::Error::from_raw_os_error(-errno)),
-        _ => Err(io::Error::other("unexpected rtnetlink reply")),
-    }
+/// Opens one of this process's namespaces, for another process to join.
+pub fn open(file: &'static str) -> Result<std::os::fd::OwnedFd, NamespaceError> {
+    rustix::fs::open(
+        file,
+        rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )
+    .map_err(|e| NamespaceError::Identify {
+        file,
+        source: e.into(),
+    })
 }

@@ -1,4 +1,5 @@
-//! The supervisor's only unsafe code: `unshare(2)`.
+//! The supervisor's only unsafe code: `unshare(2)` and the work children
+//! do between fork and exec.
 //!
 //! rustix marks `unshare` unsafe because unsharing the descriptor table
 //! (`CLONE_FILES`) can invalidate descriptors other threads hold. The
@@ -44,6 +45,36 @@ pub fn with_controlling_terminal(command: &mut std::process::Command) {
         command.pre_exec(|| {
             rustix::process::setsid()?;
             rustix::process::ioctl_tiocsctty(rustix::stdio::stdin())?;
+            Ok(())
+        });
+    }
+}
+
+/// Leaves a spawned child CAP_NET_ADMIN alone: between fork and exec it
+/// drops every other capability from its bounding set and sets
+/// `no_new_privs`. Executing as root of the user namespace then grants
+/// exactly the bounding set, so the program starts with CAP_NET_ADMIN in
+/// the Domain user namespace and nothing else.
+pub fn with_net_admin_only(command: &mut std::process::Command) {
+    use rustix::thread::CapabilitySet;
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the closure runs in the child between fork and exec, where
+    // only async-signal-safe work is allowed. It iterates a bit set held on
+    // the stack and makes raw `prctl` calls through rustix (no allocation,
+    // no locks, no shared state), returning errors by value.
+    unsafe {
+        command.pre_exec(|| {
+            for capability in CapabilitySet::all()
+                .difference(CapabilitySet::NET_ADMIN)
+                .iter()
+            {
+                match rustix::thread::remove_capability_from_bounding_set(capability) {
+                    // Capabilities newer than the running kernel do not exist.
+                    Ok(()) | Err(rustix::io::Errno::INVAL) => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            rustix::thread::set_no_new_privs(true)?;
             Ok(())
         });
     }

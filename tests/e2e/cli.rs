@@ -373,14 +373,17 @@ fn unbuilt_say_so() -> Result {
     let (code, _, err) = text(&run(s.lazaret(["attach", "dev", "--", "true"])));
     assert_eq!(code, Some(1), "{err}");
     assert!(err.contains("lazaret up dev"), "{err}");
-    for role in ["lazaret-netsidecar", "lazaret-escalate"] {
-        let (code, _, err) = text(&run(&mut std::process::Command::new(bin(role))));
-        assert_eq!(code, Some(69), "{role}: {err}");
-        assert!(
-            err.contains("not available in this version"),
-            "{role}: {err}"
-        );
-    }
+    let (code, _, err) = text(&run(&mut std::process::Command::new(bin(
+        "lazaret-escalate",
+    ))));
+    assert_eq!(code, Some(69), "{err}");
+    assert!(err.contains("not available in this version"), "{err}");
+    // The sidecar is started by the supervisor, never by hand.
+    let (code, _, err) = text(&run(&mut std::process::Command::new(bin(
+        "lazaret-netsidecar",
+    ))));
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("started by lazaret-supervisor"), "{err}");
     // The coordinator and supervisor are started by `lazaret`, never by hand.
     let (code, _, err) = text(&run(&mut std::process::Command::new(bin(
         "lazaret-coordinator",

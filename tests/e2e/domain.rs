@@ -43,7 +43,10 @@ pub fn trials() -> Vec<Trial> {
         ),
         Trial::test("domain::volumes_mount_with_their_access", volumes),
         Trial::test("domain::a_git_workspace_is_refused", git_workspace),
-        Trial::test("domain::loopback_works_and_nothing_else", loopback_only),
+        Trial::test(
+            "domain::loopback_works_beside_the_policy_tap_only",
+            loopback_only,
+        ),
         Trial::test("domain::the_coordinator_logs_to_the_journal", journal),
         Trial::test(
             "domain::environment_reaches_the_sandbox_not_the_disk",
@@ -484,7 +487,8 @@ fn loopback_only() -> Result {
     let (_serial, host) = default_host();
     let ws = host.workspace.clone();
     let status = up(&host, &ws)?;
-    // A server on loopback answers; the namespace has no other interface.
+    // A server on loopback answers; the only other interface is the
+    // connectivity helper's tap device.
     let out = host.exec(
         &status,
         "(nc -l -p 4444 -e echo pong &) ; sleep 0.5; echo ping | nc 127.0.0.1 4444; \
@@ -494,7 +498,7 @@ fn loopback_only() -> Result {
     assert!(text_out.starts_with("pong\n"), "{}", text(&out));
     assert_eq!(
         text_out.lines().skip(1).map(str::trim).collect::<Vec<_>>(),
-        ["lo"],
+        ["lo", "tap0"],
         "{}",
         text(&out)
     );

@@ -6,6 +6,8 @@
 mod attach;
 mod cli;
 mod domain;
+mod net;
+mod network;
 
 use libtest_mimic::{Arguments, Trial};
 
@@ -14,6 +16,8 @@ fn main() {
     let mut trials: Vec<Trial> = cli::trials();
     trials.extend(domain::trials());
     trials.extend(attach::trials());
+    trials.extend(net::trials());
+    trials.extend(network::trials());
     let conclusion = libtest_mimic::run(&args, trials);
     // The test user and image this run made go, whatever the outcome.
     lazaret_tests::domain::cleanup();

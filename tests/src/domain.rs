@@ -206,17 +206,41 @@ impl UserHost {
 
     /// `lazaret ARGS` as the test user with extra environment variables.
     pub fn lazaret_with_env(&self, cwd: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
+        self.remember_up(cwd, args);
+        self.command(&bin("lazaret"), cwd)
+            .args(args)
+            .envs(env.iter().copied())
+            .output()
+            .expect("run lazaret")
+    }
+
+    /// `lazaret ARGS` as the test user, started through `wrapper` (a
+    /// program and its arguments, run as root, that ends by executing the
+    /// rest of its command line), e.g. to give it a private mount namespace.
+    pub fn lazaret_under(&self, wrapper: &[&std::ffi::OsStr], cwd: &Path, args: &[&str]) -> Output {
+        self.remember_up(cwd, args);
+        let mut inner = self.command(&bin("lazaret"), cwd);
+        inner.args(args);
+        let (program, rest) = wrapper.split_first().expect("a wrapper program");
+        let mut outer = Command::new(program);
+        outer
+            .args(rest)
+            .arg(inner.get_program())
+            .args(inner.get_args())
+            .current_dir(cwd)
+            .env_clear()
+            .envs(inner.get_envs().filter_map(|(k, v)| v.map(|v| (k, v))));
+        outer.output().expect("run the wrapped lazaret")
+    }
+
+    /// Remembers an `up`, so the host is brought down when dropped.
+    fn remember_up(&self, cwd: &Path, args: &[&str]) {
         if let ["up", profile, ..] = args {
             self.profiles
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .push(((*profile).to_owned(), cwd.to_path_buf()));
         }
-        self.command(&bin("lazaret"), cwd)
-            .args(args)
-            .envs(env.iter().copied())
-            .output()
-            .expect("run lazaret")
     }
 
     /// `lazaret status PROFILE --json` of one Domain.
@@ -289,8 +313,8 @@ pub fn pid_exists(pid: u64) -> bool {
         .is_some_and(|zombie| !zombie)
 }
 
-/// The live processes owned by `uid` whose command line mentions Lazaret or
-/// gVisor (zombies waiting for their reaper are not counted).
+/// The live processes owned by `uid` whose command line mentions Lazaret,
+/// gVisor or slirp4netns (zombies waiting for their reaper are not counted).
 pub fn lazaret_processes(uid: u32) -> Vec<String> {
     let output = Command::new("ps")
         .args(["-o", "pid=,stat=,args=", "-u"])
@@ -304,7 +328,7 @@ pub fn lazaret_processes(uid: u32) -> Vec<String> {
                 .nth(1)
                 .is_some_and(|stat| !stat.starts_with('Z'))
         })
-        .filter(|l| l.contains("runsc") || l.contains("lazaret"))
+        .filter(|l| l.contains("runsc") || l.contains("lazaret") || l.contains("slirp4netns"))
         .map(str::to_owned)
         .collect()
 }

@@ -1,11 +1,13 @@
 //! Shared helpers for Lazaret's end-to-end tests: locating the built role
-//! binaries beside the test executable, and scratch hosts (home, runtime
-//! directory, workspace) that each test owns and removes.
+//! binaries beside the test executable, the network probe this crate builds,
+//! and scratch hosts (home, runtime directory, workspace) and test networks
+//! that each test owns and removes.
 //!
 //! Trusts only what it creates: every test runs the binaries with a cleared
 //! environment that names its own scratch directories.
 
 pub mod domain;
+pub mod net;
 
 use std::ffi::OsStr;
 use std::os::unix::fs::PermissionsExt;
@@ -31,6 +33,13 @@ pub fn bin(name: &str) -> PathBuf {
         path.display()
     );
     path
+}
+
+/// The static `lazaret-netprobe` executable that `build.rs` compiled from
+/// `tests/netprobe/main.rs`: runs on the host, in a test network namespace
+/// and inside a sandbox of any image.
+pub fn netprobe() -> PathBuf {
+    Path::new(env!("OUT_DIR")).join("lazaret-netprobe")
 }
 
 /// A scratch host for one test: `$HOME`, `$XDG_RUNTIME_DIR` and a project.

@@ -6,8 +6,11 @@ use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use lazaret_proto::control::{ControlRequest, ControlResponse, DomainStatus, StartupEvent};
+use lazaret_proto::control::{
+    ControlRequest, ControlResponse, DomainStatus, NetworkStatus, StartupEvent,
+};
 use lazaret_proto::ids::to_hex;
+use lazaret_proto::network::{DnsOutcome, PolicyAction};
 use serde_json::{Value, json};
 
 use super::{Failure, Globals, print};
@@ -262,6 +265,58 @@ fn status_json(status: &DomainStatus) -> Value {
             "terminal": s.terminal,
             "opened_at_unix": s.opened_at.as_secs(),
         })).collect::<Vec<_>>(),
+        "network": network_json(&status.network),
+    })
+}
+
+fn network_json(network: &NetworkStatus) -> Value {
+    let a = &network.attestation;
+    let prefixes = |action| {
+        network
+            .policy
+            .prefix_rules
+            .iter()
+            .filter(|r| r.action == action)
+            .map(|r| format!("{}/{}", r.network.address, r.network.prefix_len))
+            .collect::<Vec<_>>()
+    };
+    let dns_outcome = |o: &DnsOutcome| match o {
+        DnsOutcome::Answered { response_code } => format!("answered rcode {response_code}"),
+        DnsOutcome::TimedOut => "timed out".into(),
+        DnsOutcome::Unreachable => "unreachable".into(),
+    };
+    json!({
+        "state": "attested",
+        "policy_digest": network.policy_digest.to_hex(),
+        "readiness_fingerprint": network.readiness_fingerprint.to_hex(),
+        "allow": prefixes(PolicyAction::Allow),
+        "deny": prefixes(PolicyAction::Deny),
+        "unlisted": "unreachable",
+        "ipv6": "disabled",
+        "resolvers": network.policy.resolvers.iter().map(|r| r.address.to_string()).collect::<Vec<_>>(),
+        "connectivity_helper": {
+            "program": "slirp4netns",
+            "pid": network.connectivity_helper.host_pid,
+            "start_time_ticks": network.connectivity_helper.start_time_ticks,
+        },
+        "enforcement_namespace": {
+            "device": a.enforcement_namespace.device,
+            "inode": a.enforcement_namespace.inode,
+        },
+        "attested_at_unix": a.observed_at.as_secs(),
+        "observed_routes": a.observation.observed_routes.len(),
+        "denied_probes": a.denied_destinations.iter().map(|d| json!({
+            "destination": d.destination.to_string(), "unreachable": d.unreachable,
+        })).collect::<Vec<_>>(),
+        "permitted_probes": a.permitted_destinations.iter().map(|p| json!({
+            "destination": p.destination.to_string(), "reachable": p.reachable,
+        })).collect::<Vec<_>>(),
+        "dns": a.dns_observations.iter().map(|d| json!({
+            "resolver": d.resolver.to_string(),
+            "query": d.query_name,
+            "outcome": dns_outcome(&d.outcome),
+            "addresses": d.resolved_addresses.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        })).collect::<Vec<_>>(),
     })
 }
 
@@ -274,7 +329,31 @@ fn status_text(status: &DomainStatus) -> String {
          \x20 sandbox          container {container}, pid {sandbox}\n\
          \x20 supervisor       pid {supervisor}; coordinator pid {coordinator}\n\
          \x20 persistent dirs  {dirs}\n\
-         \x20 sessions         {sessions}\n",
+         \x20 sessions         {sessions}\n\
+         \x20 network          attested: {routes} routes read back, {denied} denied and \
+         {permitted} permitted destinations probed (policy {policy})\n\
+         \x20   allow          {allow}\n\
+         \x20   deny           {deny}; anything unlisted; IPv6\n\
+         \x20   egress         slirp4netns pid {helper}, host loopback disabled\n\
+         \x20   dns            {dns}\n",
+        routes = v["network"]["observed_routes"],
+        denied = status.network.attestation.denied_destinations.len(),
+        permitted = status.network.attestation.permitted_destinations.len(),
+        policy = &status.network.policy_digest.to_hex()[..16],
+        allow = join_or_none(&v["network"]["allow"]),
+        deny = join_or_none(&v["network"]["deny"]),
+        helper = status.network.connectivity_helper.host_pid,
+        dns = v["network"]["dns"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|d| format!(
+                "{} ({}); queries leave through the host's resolver",
+                d["resolver"].as_str().unwrap_or_default(),
+                d["outcome"].as_str().unwrap_or_default()
+            ))
+            .collect::<Vec<_>>()
+            .join("; "),
         profile = status.profile,
         state = v["state"].as_str().unwrap_or_default(),
         generation = status.generation_id,
@@ -309,6 +388,21 @@ fn status_text(status: &DomainStatus) -> String {
             status.configuration.persistent_dirs.join(", ")
         },
     )
+}
+
+/// The strings of a JSON array, comma-separated, or `(none)`.
+fn join_or_none(list: &Value) -> String {
+    let items: Vec<&str> = list
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .collect();
+    if items.is_empty() {
+        "(none)".into()
+    } else {
+        items.join(", ")
+    }
 }
 
 /// `lazaret status [PROFILE] [--all] [--json]`.

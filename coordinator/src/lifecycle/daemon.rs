@@ -22,7 +22,6 @@
 //! workspace, and a control peer only after checking its uid.
 
 use std::ffi::OsString;
-use std::fs::File;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
@@ -34,12 +33,13 @@ use lazaret_proto::channel::{ChannelError, Endpoint, Limits, Received};
 use lazaret_proto::common::{HostPath, UnixTimeNs};
 use lazaret_proto::config::ConfigurationFingerprintRecordV1;
 use lazaret_proto::control::{
-    ControlRequest, ControlResponse, DomainStatus, StartupEvent, StartupStep,
+    ControlRequest, ControlResponse, DomainStatus, NetworkStatus, StartupEvent, StartupStep,
 };
 use lazaret_proto::ids::{ContainerId, GenerationId, GenerationNonce};
+use lazaret_proto::network::DerivedNetworkPolicy;
 use lazaret_proto::ownership::{
-    HelperOwnership, ParticipantOwnership, PreparedLowerOwnership, PublicationOwnership,
-    SandboxOwnership, StateAnchorOwnership,
+    HelperOwnership, NamespaceIdentity, ParticipantOwnership, PreparedLowerOwnership,
+    PublicationOwnership, SandboxOwnership, StateAnchorOwnership,
 };
 use lazaret_proto::process::PersistedHostProcessOwnership;
 use lazaret_proto::store::{Domain, Generation, GenerationState, Participant, ParticipantState};
@@ -55,7 +55,8 @@ use super::{DomainPaths, chain};
 use crate::catalog::{PreparedLower, StorageCatalog};
 use crate::config::{self, HostEnvironment, LoadRequest, ResolvedDomainConfiguration, RetainedDir};
 use crate::image::parse_reference;
-use crate::process::{HeldProcess, kill_and_wait, readable, wait_exit};
+use crate::network::{ConnectivityHelper, derive_policy};
+use crate::process::{HeldProcess, kill_and_wait, pidfd_of_child, readable, wait_exit};
 use crate::session;
 use crate::session::hub::Hub;
 use crate::session::tls::{GenerationCredentials, remove_client_credential};
@@ -90,13 +91,13 @@ pub struct Args {
 
 /// A failed step, reported to the CLI.
 #[derive(Debug)]
-struct Failure {
+pub(super) struct Failure {
     step: StartupStep,
-    message: String,
+    pub(super) message: String,
     invalid_configuration: bool,
 }
 
-fn failure(step: StartupStep, message: impl Into<String>) -> Failure {
+pub(super) fn failure(step: StartupStep, message: impl Into<String>) -> Failure {
     Failure {
         step,
         message: message.into(),
@@ -104,7 +105,7 @@ fn failure(step: StartupStep, message: impl Into<String>) -> Failure {
     }
 }
 
-fn at(step: StartupStep) -> impl Fn(&dyn std::error::Error) -> Failure {
+pub(super) fn at(step: StartupStep) -> impl Fn(&dyn std::error::Error) -> Failure {
     move |e| failure(step, chain(e))
 }
 
@@ -114,7 +115,7 @@ fn log(message: impl std::fmt::Display) {
 }
 
 /// The startup channel to the CLI that started this coordinator.
-struct Reporter {
+pub(super) struct Reporter {
     startup: Startup,
 }
 
@@ -133,7 +134,7 @@ impl Reporter {
         let _ = self.startup.send(&event, &[]);
     }
 
-    fn progress(&self, step: StartupStep, detail: impl Into<String>) {
+    pub(super) fn progress(&self, step: StartupStep, detail: impl Into<String>) {
         let detail = detail.into();
         log(format_args!("{}: {detail}", step.as_str()));
         self.send(StartupEvent::Progress {
@@ -476,19 +477,11 @@ pub fn start(args: Args) -> ExitCode {
         Ok(generation) => generation,
         Err(failure) => return reporter.fail(failure),
     };
-    let mut supervisor = None;
-    let live = match bring_up(
-        &reporter,
-        &owned,
-        &resolved,
-        &mut generation,
-        &mut supervisor,
-    ) {
+    let mut starting = Starting::default();
+    let live = match bring_up(&reporter, &owned, &resolved, &mut generation, &mut starting) {
         Ok(live) => live,
         Err(failure) => {
-            if let Some(supervisor) = supervisor {
-                supervisor.stop();
-            }
+            starting.stop();
             if let Err(e) = release_generation(
                 &owned.store,
                 &owned.catalog,
@@ -569,11 +562,32 @@ fn refuse_git_workspace(resolved: &ResolvedDomainConfiguration) -> Result<(), Fa
     }
 }
 
+/// What a generation that is still starting holds, for stopping it if
+/// starting fails.
+#[derive(Default)]
+struct Starting {
+    supervisor: Option<Supervisor>,
+    helper: Option<ConnectivityHelper>,
+}
+
+impl Starting {
+    /// Stops the supervisor (and with it the Domain namespaces), then the
+    /// connectivity helper.
+    fn stop(self) {
+        if let Some(supervisor) = self.supervisor {
+            supervisor.stop();
+        }
+        if let Some(helper) = self.helper {
+            helper.stop();
+        }
+    }
+}
+
 /// A running supervisor: its process, pidfd and channel.
-struct Supervisor {
+pub(super) struct Supervisor {
     child: Child,
     held: HeldProcess,
-    channel: Arc<SupervisorChannel>,
+    pub(super) channel: Arc<SupervisorChannel>,
 }
 
 impl Supervisor {
@@ -612,6 +626,8 @@ struct Live {
     prepared: PreparedLower,
     container_id: ContainerId,
     runtime_root: HostPath,
+    helper: ConnectivityHelper,
+    network: NetworkStatus,
 }
 
 impl Live {
@@ -637,11 +653,12 @@ impl Live {
             namespace_holder: self.holder.identity,
             sandbox: self.sandbox.identity,
             sessions: self.hub.sessions(),
+            network: self.network.clone(),
         }
     }
 }
 
-fn participant(
+pub(super) fn participant(
     generation: &Generation,
     state: ParticipantState,
     ownership: ParticipantOwnership,
@@ -683,7 +700,7 @@ fn bring_up(
     owned: &Owned,
     resolved: &ResolvedDomainConfiguration,
     generation: &mut Generation,
-    slot: &mut Option<Supervisor>,
+    starting: &mut Starting,
 ) -> Result<Live, Failure> {
     let auth = resolved.authorities();
     let uid = rustix::process::getuid().as_raw();
@@ -691,6 +708,13 @@ fn bring_up(
     let record = |slot: Slot, p: &Participant, step: StartupStep| {
         store.put_participant(slot, p).map_err(|e| at(step)(&e))
     };
+    // The policy first: one that cannot be installed stops `up` before
+    // anything starts.
+    let policy = derive_policy(resolved.network()).map_err(|message| Failure {
+        step: StartupStep::Network,
+        message,
+        invalid_configuration: true,
+    })?;
 
     // The image, leased for this generation.
     reporter.progress(
@@ -802,7 +826,7 @@ fn bring_up(
     let held = pidfd_of_child(&child)
         .and_then(HeldProcess::from_pidfd)
         .map_err(|e| sandbox_failure(format!("cannot hold the supervisor: {e}")))?;
-    let supervisor = slot.insert(Supervisor {
+    let supervisor = starting.supervisor.insert(Supervisor {
         child,
         held,
         channel: Arc::new(ours),
@@ -840,7 +864,7 @@ fn bring_up(
         ParticipantOwnership::Helper(HelperOwnership::default()),
     );
     record(Slot::NAMESPACE_HOLDER, &holder_record, StartupStep::Sandbox)?;
-    let started = start_sandbox(
+    send_plan(
         supervisor,
         resolved,
         &prepared,
@@ -849,22 +873,40 @@ fn bring_up(
         &runsc,
         container_id,
         generation,
-    );
-    let StartedSandbox {
-        holder,
-        sandbox: sandbox_process,
-        runtime_root,
-        user_namespace,
-    } = started?;
+        &policy,
+    )?;
+    let namespaces = await_namespaces(supervisor)?;
     holder_record.state = ParticipantState::Active;
     holder_record.ownership = ParticipantOwnership::Helper(HelperOwnership {
-        runtime_supervisor: holder.committed(),
+        runtime_supervisor: namespaces.holder.committed(),
         ..HelperOwnership::default()
     });
     record(Slot::NAMESPACE_HOLDER, &holder_record, StartupStep::Sandbox)?;
+
+    // The network: slirp4netns attached, the policy installed and attested.
+    let network = super::network::attach(
+        reporter,
+        store,
+        generation,
+        resolved,
+        supervisor,
+        &namespaces,
+        policy,
+        &generation_dir,
+        &mut starting.helper,
+    )?;
+
+    // The sandbox, now that its network is proven.
+    reporter.progress(StartupStep::Sandbox, "starting the sandbox");
+    supervisor
+        .channel
+        .send(&SupervisorRequest::RunSandbox, &[])
+        .map_err(|e| at(StartupStep::Sandbox)(&e))?;
+    let (runtime_root, sandbox_process) = await_sandbox(supervisor)?;
+    let holder = namespaces.holder;
     sandbox_record.container_process = sandbox_process.committed();
     sandbox_record.runtime_root = Some(runtime_root.clone());
-    sandbox_record.user_namespace = Some(user_namespace);
+    sandbox_record.user_namespace = Some(namespaces.user_namespace);
     sandbox.state = ParticipantState::Active;
     sandbox.ownership = ParticipantOwnership::Sandbox(sandbox_record);
     record(Slot::SANDBOX, &sandbox, StartupStep::Sandbox)?;
@@ -892,7 +934,8 @@ fn bring_up(
     // The Session Coordinator: this generation's TLS credentials, the client
     // credential for the invoking user, and the session socket.
     let supervisor_link = Arc::clone(
-        &slot
+        &starting
+            .supervisor
             .as_ref()
             .expect("the supervisor was started above")
             .channel,
@@ -904,7 +947,14 @@ fn bring_up(
         .put_generation(generation)
         .map_err(|e| at(StartupStep::Sandbox)(&e))?;
     let coordinator = HeldProcess::current().map_err(|e| at(StartupStep::Sandbox)(&e))?;
-    let supervisor = slot.take().expect("the supervisor was started above");
+    let supervisor = starting
+        .supervisor
+        .take()
+        .expect("the supervisor was started above");
+    let helper = starting
+        .helper
+        .take()
+        .expect("the connectivity helper was started above");
     Ok(Live {
         coordinator,
         holder,
@@ -916,6 +966,8 @@ fn bring_up(
         prepared,
         container_id,
         runtime_root,
+        helper,
+        network,
     })
 }
 
@@ -994,48 +1046,38 @@ fn publish_sessions(
     Ok((listener, hub))
 }
 
-fn pidfd_of_child(child: &Child) -> std::io::Result<OwnedFd> {
-    let pid = i32::try_from(child.id())
-        .ok()
-        .and_then(rustix::process::Pid::from_raw)
-        .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
-    // The child is not yet reaped, so its pid cannot name another process.
-    rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()).map_err(Into::into)
-}
-
 /// The resolved sandbox environment in a sealed memfd: `NAME=value\0`
 /// entries. The values exist only in this process's memory and the memfd.
 fn environment_memfd(resolved: &ResolvedDomainConfiguration) -> std::io::Result<OwnedFd> {
-    use rustix::fs::{MemfdFlags, SealFlags};
-    let fd = rustix::fs::memfd_create(
-        "lazaret-environment",
-        MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING,
-    )?;
-    let mut file = File::from(fd);
-    for (name, value) in resolved.environment() {
-        std::io::Write::write_all(&mut file, name.as_str().as_bytes())?;
-        std::io::Write::write_all(&mut file, b"=")?;
-        std::io::Write::write_all(&mut file, value.expose().as_bytes())?;
-        std::io::Write::write_all(&mut file, b"\0")?;
-    }
-    rustix::fs::fcntl_add_seals(
-        &file,
-        SealFlags::SHRINK | SealFlags::GROW | SealFlags::WRITE | SealFlags::SEAL,
-    )?;
-    Ok(OwnedFd::from(file))
+    crate::network::sealed_memfd("lazaret-environment", |file| {
+        for (name, value) in resolved.environment() {
+            std::io::Write::write_all(file, name.as_str().as_bytes())?;
+            std::io::Write::write_all(file, b"=")?;
+            std::io::Write::write_all(file, value.expose().as_bytes())?;
+            std::io::Write::write_all(file, b"\0")?;
+        }
+        Ok(())
+    })
 }
 
-/// What the supervisor reported once the sandbox ran.
-struct StartedSandbox {
-    holder: HeldProcess,
-    sandbox: HeldProcess,
-    runtime_root: HostPath,
-    user_namespace: lazaret_proto::ownership::NamespaceIdentity,
+/// The Domain namespaces, as the supervisor reported them.
+pub(super) struct Namespaces {
+    /// Their holder, the Domain pid namespace's init.
+    pub(super) holder: HeldProcess,
+    /// The Domain user namespace.
+    pub(super) user_namespace: NamespaceIdentity,
+    /// The enforcement network namespace.
+    pub(super) network_namespace: NamespaceIdentity,
+    /// A descriptor of the user namespace.
+    pub(super) user_fd: OwnedFd,
+    /// A descriptor of the network namespace, proven to be the one named.
+    pub(super) network_fd: OwnedFd,
 }
 
-/// Sends the plan and waits for the sandbox to run.
+/// Sends the plan: the supervisor builds the namespaces, mounts and bundle,
+/// and waits for the network before it runs the sandbox.
 #[allow(clippy::too_many_arguments)]
-fn start_sandbox(
+fn send_plan(
     supervisor: &mut Supervisor,
     resolved: &ResolvedDomainConfiguration,
     prepared: &PreparedLower,
@@ -1044,7 +1086,8 @@ fn start_sandbox(
     runsc: &Path,
     container_id: ContainerId,
     generation: &Generation,
-) -> Result<StartedSandbox, Failure> {
+    policy: &DerivedNetworkPolicy,
+) -> Result<(), Failure> {
     let auth = resolved.authorities();
     let environment = environment_memfd(resolved).map_err(|e| {
         failure(
@@ -1087,6 +1130,14 @@ fn start_sandbox(
             }
         })
         .collect();
+    let resolvers = policy
+        .resolvers
+        .iter()
+        .filter_map(|r| match r.address {
+            std::net::IpAddr::V4(a) => Some(a),
+            std::net::IpAddr::V6(_) => None,
+        })
+        .collect();
     let plan = SandboxPlan {
         domain_id: resolved.domain_id(),
         generation_id: generation.generation_id,
@@ -1098,87 +1149,113 @@ fn start_sandbox(
         environment: FdIndex(2),
         anchors,
         volumes,
+        resolvers,
     };
-    let sandbox_step = at(StartupStep::Sandbox);
     supervisor
         .channel
         .send(&SupervisorRequest::Start(plan), &fds)
-        .map_err(|e| sandbox_step(&e))?;
+        .map_err(|e| at(StartupStep::Sandbox)(&e))
+}
 
-    let mut namespaces = None;
-    loop {
-        if !readable(supervisor.channel.as_fd(), Duration::from_secs(60)) {
+/// The supervisor's next report during startup. A failure, a stop, an exit
+/// or a minute of silence is a [`Failure`] of `step`.
+pub(super) fn await_report(
+    supervisor: &Supervisor,
+    step: StartupStep,
+) -> Result<Received<SupervisorReport>, Failure> {
+    if !readable(supervisor.channel.as_fd(), Duration::from_secs(60)) {
+        return Err(failure(step, "the supervisor did not answer within 60 s"));
+    }
+    let received = supervisor.channel.recv().map_err(|e| match e {
+        ChannelError::Disconnected => failure(
+            step,
+            "the supervisor exited before the sandbox ran; see the Domain log",
+        ),
+        e => at(step)(&e),
+    })?;
+    match received.message {
+        SupervisorReport::Failed(error) => Err(failure(
+            step,
+            format!(
+                "the Runtime Supervisor failed ({:?}): {}",
+                error.step, error.detail
+            ),
+        )),
+        SupervisorReport::Stopped => Err(failure(step, "the supervisor stopped unasked")),
+        _ => Ok(received),
+    }
+}
+
+/// Fails with what the supervisor reported instead of what was expected.
+pub(super) fn unexpected(step: StartupStep, report: &SupervisorReport) -> Failure {
+    failure(
+        step,
+        format!("the supervisor sent an unexpected report: {report:?}"),
+    )
+}
+
+fn await_namespaces(supervisor: &Supervisor) -> Result<Namespaces, Failure> {
+    let step = StartupStep::Sandbox;
+    let Received { message, fds } = await_report(supervisor, step)?;
+    let SupervisorReport::NamespacesReady {
+        user_namespace,
+        network_namespace,
+        holder,
+        user_namespace_fd,
+        network_namespace_fd,
+    } = message
+    else {
+        return Err(unexpected(step, &message));
+    };
+    let mut fds: Vec<Option<OwnedFd>> = fds.into_iter().map(Some).collect();
+    let mut take = |index: FdIndex, what: &str| {
+        fds.get_mut(usize::from(index.0))
+            .and_then(Option::take)
+            .ok_or_else(|| failure(step, format!("the supervisor sent no {what}")))
+    };
+    let holder = take(holder, "holder pidfd")?;
+    let user_fd = take(user_namespace_fd, "user namespace")?;
+    let network_fd = take(network_namespace_fd, "network namespace")?;
+    let holder = HeldProcess::from_pidfd(holder).map_err(|e| at(step)(&e))?;
+    for (fd, identity, what) in [
+        (&user_fd, user_namespace, "user"),
+        (&network_fd, network_namespace, "network"),
+    ] {
+        let stat = rustix::fs::fstat(fd).map_err(|e| at(step)(&std::io::Error::from(e)))?;
+        if (stat.st_dev, stat.st_ino) != (identity.device, identity.inode) {
             return Err(failure(
-                StartupStep::Sandbox,
-                "the supervisor did not answer within 60 s",
+                step,
+                format!("the {what} namespace descriptor is not the namespace reported"),
             ));
         }
-        let Received { message, fds } = supervisor.channel.recv().map_err(|e| match e {
-            ChannelError::Disconnected => failure(
-                StartupStep::Sandbox,
-                "the supervisor exited before the sandbox ran; see the Domain log",
-            ),
-            e => sandbox_step(&e),
-        })?;
-        match message {
-            SupervisorReport::NamespacesReady {
-                user_namespace,
-                holder,
-                ..
-            } => {
-                let pidfd = fds.into_iter().nth(usize::from(holder.0)).ok_or_else(|| {
-                    failure(StartupStep::Sandbox, "the supervisor sent no holder pidfd")
-                })?;
-                let holder = HeldProcess::from_pidfd(pidfd).map_err(|e| sandbox_step(&e))?;
-                namespaces = Some((user_namespace, holder));
-            }
-            SupervisorReport::SandboxRunning {
-                sandbox,
-                runtime_root,
-                ..
-            } => {
-                let pidfd = fds.into_iter().nth(usize::from(sandbox.0)).ok_or_else(|| {
-                    failure(StartupStep::Sandbox, "the supervisor sent no sandbox pidfd")
-                })?;
-                let sandbox = HeldProcess::from_pidfd(pidfd).map_err(|e| sandbox_step(&e))?;
-                let (user_namespace, holder) = namespaces.ok_or_else(|| {
-                    failure(
-                        StartupStep::Sandbox,
-                        "the supervisor reported no namespaces",
-                    )
-                })?;
-                return Ok(StartedSandbox {
-                    holder,
-                    sandbox,
-                    runtime_root,
-                    user_namespace,
-                });
-            }
-            SupervisorReport::Failed(error) => {
-                return Err(failure(
-                    StartupStep::Sandbox,
-                    format!(
-                        "the Runtime Supervisor failed ({:?}): {}",
-                        error.step, error.detail
-                    ),
-                ));
-            }
-            SupervisorReport::Stopped => {
-                return Err(failure(
-                    StartupStep::Sandbox,
-                    "the supervisor stopped unasked",
-                ));
-            }
-            SupervisorReport::ExecStarted { .. }
-            | SupervisorReport::ExecFailed { .. }
-            | SupervisorReport::ExecExited { .. } => {
-                return Err(failure(
-                    StartupStep::Sandbox,
-                    "the supervisor reported a session before the sandbox ran",
-                ));
-            }
-        }
     }
+    Ok(Namespaces {
+        holder,
+        user_namespace,
+        network_namespace,
+        user_fd,
+        network_fd,
+    })
+}
+
+/// Waits for the sandbox to run: its runtime root and its process.
+fn await_sandbox(supervisor: &Supervisor) -> Result<(HostPath, HeldProcess), Failure> {
+    let step = StartupStep::Sandbox;
+    let Received { message, fds } = await_report(supervisor, step)?;
+    let SupervisorReport::SandboxRunning {
+        sandbox,
+        runtime_root,
+        ..
+    } = message
+    else {
+        return Err(unexpected(step, &message));
+    };
+    let pidfd = fds
+        .into_iter()
+        .nth(usize::from(sandbox.0))
+        .ok_or_else(|| failure(step, "the supervisor sent no sandbox pidfd"))?;
+    let sandbox = HeldProcess::from_pidfd(pidfd).map_err(|e| at(step)(&e))?;
+    Ok((runtime_root, sandbox))
 }
 
 /// Serves `status` and `down` until stopped or the supervisor dies, then
@@ -1281,6 +1358,7 @@ fn serve(
         log("the sandbox outlived its namespace holder; killing it");
         let _ = kill_and_wait(live.sandbox.pidfd.as_fd(), Duration::from_secs(5));
     }
+    live.helper.stop();
     let id = generation.generation_id;
     let result = release_generation(
         &owned.store,

@@ -12,6 +12,7 @@
 pub mod client;
 pub mod daemon;
 pub mod journal;
+mod network;
 pub mod recovery;
 
 use std::path::{Path, PathBuf};

@@ -107,6 +107,10 @@ impl Slot {
     pub const NAMESPACE_HOLDER: Slot = Slot(4);
     /// The Session Coordinator's socket and client credential.
     pub const SESSION_PUBLICATION: Slot = Slot(5);
+    /// The enforcement network and its attested policy.
+    pub const NETWORK: Slot = Slot(6);
+    /// The connectivity helper, slirp4netns.
+    pub const CONNECTIVITY_HELPER: Slot = Slot(7);
 
     /// The State Anchor of persistent dir `index`.
     pub fn state_anchor(index: usize) -> Slot {

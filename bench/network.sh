@@ -1,0 +1,170 @@
+#!/usr/bin/env bash
+# Times the sandbox's network path against the same path without gVisor, in
+# one run: TCP throughput (`netprobe send`, MIB MiB a run, median MiB/s) and
+# connection setup latency (`netprobe connect … 200`, median of the runs'
+# medians) from inside a running Lazaret sandbox to a test host through the
+# network policy, beside the same probe run in the Domain's enforcement
+# network namespace (entered with nsenter, no gVisor). Prints medians and
+# ratios.
+#
+# usage: bench/network.sh [ROUNDS] [MIB]   (default 7 rounds, 256 MiB)
+# Run it as root: it creates a test network namespace and veth pair (named
+# like the tests' TestNet, removed on exit) and runs Lazaret as the
+# unprivileged user BENCH_USER (default: the sudo user, else nobody), with
+# scratch directories only. LAZARET_BIN_DIR=DIR uses the Lazaret binaries in
+# DIR instead of building target/release. Do not run it beside the network
+# tests: both use 198.18.0.1/24 on the root side.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+rounds=${1:-7}
+mib=${2:-256}
+connects=200
+user=${BENCH_USER:-${SUDO_USER:-nobody}}
+
+if [ "$(id -u)" != 0 ]; then
+    echo "bench/network.sh must run as root: it creates a test network namespace" >&2
+    exit 2
+fi
+uid=$(id -u "$user")
+gid=$(id -g "$user")
+if [ "$uid" = 0 ]; then
+    echo "BENCH_USER must be an unprivileged user, not $user" >&2
+    exit 2
+fi
+
+if [ -z "${LAZARET_BIN_DIR:-}" ]; then
+    cargo build --release --locked --workspace --bins -q
+    LAZARET_BIN_DIR=$(pwd)/target/release
+fi
+
+# The test network, named as TestNet names its own (`lzt-<pid>-<n>`,
+# `lztr<pid % 10000>…`), so a test run's stale clean-up keeps it while this
+# script runs and removes it if this script is killed.
+tag=$(printf '%04d' $(($$ % 10000)))
+ns=lzt-$$-bench
+root_link=lztr${tag}b
+test_link=lzth${tag}b
+server=
+scratch=$(mktemp -d /tmp/lazaret-bench.XXXXXX)
+chmod 755 "$scratch"
+as_user() {
+    setpriv --reuid="$uid" --regid="$gid" --clear-groups -- \
+        env -i HOME="$scratch/home" XDG_RUNTIME_DIR="$scratch/run" PATH=/usr/sbin:/usr/bin:/sbin:/bin "$@"
+}
+cleanup() {
+    if [ -x "$scratch/bin/lazaret" ]; then
+        (cd "$scratch/project" && as_user "$scratch/bin/lazaret" down bench >/dev/null 2>&1) || true
+    fi
+    if [ -n "$server" ]; then
+        kill "$server" 2>/dev/null || true
+        wait "$server" 2>/dev/null || true
+    fi
+    ip link del "$root_link" 2>/dev/null || true
+    ip netns del "$ns" 2>/dev/null || true
+    rm -rf "$scratch"
+}
+trap cleanup EXIT
+
+# Lazaret's binaries where the user can reach them (role binaries are found
+# beside `lazaret`), and the probe, built on its own as a static executable
+# so it runs in the busybox image.
+mkdir -p "$scratch/bin"
+find "$LAZARET_BIN_DIR" -maxdepth 1 -type f -name 'lazaret*' -perm -u+x ! -name '*.d' \
+    -exec install -m 0755 {} "$scratch/bin/" \;
+lazaret=$scratch/bin/lazaret
+[ -x "$lazaret" ] || { echo "no lazaret binary in $LAZARET_BIN_DIR" >&2; exit 1; }
+rustc --edition 2024 -O -C target-feature=+crt-static tests/netprobe/main.rs -o "$scratch/netprobe"
+
+ip netns add "$ns"
+ip link add "$root_link" type veth peer name "$test_link"
+ip link set "$test_link" netns "$ns"
+ip addr add 198.18.0.1/24 dev "$root_link"
+ip link set "$root_link" up
+ip -n "$ns" addr add 198.18.0.10/24 dev "$test_link"
+ip -n "$ns" link set "$test_link" up
+ip -n "$ns" link set lo up
+ip netns exec "$ns" "$scratch/netprobe" serve 198.18.0.10:5001 >"$scratch/serve.out" 2>&1 &
+server=$!
+for _ in $(seq 50); do
+    grep -qx ready "$scratch/serve.out" && break
+    sleep 0.1
+done
+grep -qx ready "$scratch/serve.out" || { echo "the test server did not start: $(cat "$scratch/serve.out")" >&2; exit 1; }
+
+# The user's scratch host, with a profile whose policy allows the test host.
+mkdir -p "$scratch/home/.config/lazaret" "$scratch/run" "$scratch/project"
+chmod 700 "$scratch/run"
+bash packaging/build-busybox-image.sh "$scratch/image" latest >/dev/null
+chmod -R a+rX "$scratch/image"
+cat > "$scratch/home/.config/lazaret/config.toml" <<TOML
+schema = "lazaret-trusted-host-config-v1"
+[profiles.bench]
+image = "oci:$scratch/image:latest"
+persistent_dirs = ["/root"]
+allow_egress = ["198.18.0.10/32"]
+TOML
+chmod 600 "$scratch/home/.config/lazaret/config.toml"
+install -m 0755 "$scratch/netprobe" "$scratch/project/netprobe"
+chown -R "$uid:$gid" "$scratch/home" "$scratch/run" "$scratch/project"
+cd "$scratch/project"
+if ! as_user test -r /dev/net/tun -a -w /dev/net/tun; then
+    echo "note: /dev/net/tun is not usable by $user, so slirp4netns cannot start" >&2
+fi
+if ! as_user "$lazaret" up bench >"$scratch/up.log" 2>&1; then
+    echo "lazaret up failed:" >&2
+    cat "$scratch/up.log" >&2
+    exit 1
+fi
+
+# `namespace_holder` in `status --json` is `{pid, start_time_ticks}`: the
+# host pid of the supervisor's stage two (pid 1 of the Domain pid namespace,
+# in the Domain's user and network namespaces; the record behind it is a
+# pidfs identity, the JSON gives its pid), and its start time, checked
+# against /proc so a reused pid is not entered.
+status=$(as_user "$lazaret" status bench --json)
+field() { python3 -c "import json,sys; print(json.load(sys.stdin)['domains'][0]$1)" <<<"$status"; }
+holder=$(field "['namespace_holder']['pid']")
+ticks=$(field "['namespace_holder']['start_time_ticks']")
+stat=$(cat "/proc/$holder/stat")
+read -r -a after_comm <<<"${stat##*) }"
+if [ "${after_comm[19]}" != "$ticks" ]; then
+    echo "process $holder is not the namespace holder (start time ${after_comm[19]}, expected $ticks)" >&2
+    exit 1
+fi
+sandbox=(as_user "$lazaret" attach bench -- /workspace/netprobe)
+bare=(as_user nsenter -t "$holder" -U -n --preserve-credentials -- "$scratch/netprobe")
+
+# One probe run: its output line; on a failure, the failure on stderr and
+# a non-zero status (call it as `out=$(probe …)`, so `set -e` stops here).
+probe() {
+    local out
+    if ! out=$("$@" </dev/null 2>&1); then
+        echo "failed: ${*: -3}: $out" >&2
+        exit 1
+    fi
+    printf '%s\n' "$out"
+}
+metric() { sed -n "s/.* $1=\([0-9.]*\).*/\1/p"; }
+median() { printf '%s\n' "$@" | sort -n | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.2f", a / b}'; }
+
+# Both paths must work before anything is timed.
+probe "${sandbox[@]}" talk 198.18.0.10:5001 >/dev/null
+probe "${bare[@]}" talk 198.18.0.10:5001 >/dev/null
+
+sandbox_rate=() bare_rate=() sandbox_us=() bare_us=()
+for _ in $(seq "$rounds"); do
+    out=$(probe "${sandbox[@]}" send 198.18.0.10:5001 "$mib"); sandbox_rate+=("$(metric mib_per_s <<<"$out")")
+    out=$(probe "${bare[@]}" send 198.18.0.10:5001 "$mib"); bare_rate+=("$(metric mib_per_s <<<"$out")")
+    out=$(probe "${sandbox[@]}" connect 198.18.0.10:5001 "$connects"); sandbox_us+=("$(metric median_us <<<"$out")")
+    out=$(probe "${bare[@]}" connect 198.18.0.10:5001 "$connects"); bare_us+=("$(metric median_us <<<"$out")")
+done
+
+sr=$(median "${sandbox_rate[@]}"); br=$(median "${bare_rate[@]}")
+su=$(median "${sandbox_us[@]}"); bu=$(median "${bare_us[@]}")
+printf 'rounds: %s (throughput: %s MiB a run; connect: %s connections a run, median of the medians)\n' \
+    "$rounds" "$mib" "$connects"
+printf 'throughput  sandbox median %8s MiB/s   no gVisor (Domain netns) median %8s MiB/s   ratio %s\n' \
+    "$sr" "$br" "$(ratio "$sr" "$br")"
+printf 'connect     sandbox median %8s us      no gVisor (Domain netns) median %8s us      ratio %s\n' \
+    "$su" "$bu" "$(ratio "$su" "$bu")"

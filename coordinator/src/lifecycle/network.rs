@@ -1,0 +1,184 @@
+//! Bringing up a generation's network: the step between the Domain
+//! namespaces existing and the sandbox running.
+//!
+//! Owns the order that makes the attestation mean something: the network
+//! participant and the helper are recorded before anything starts;
+//! slirp4netns attaches to the enforcement namespace; the supervisor's
+//! Network Sidecar installs the sealed policy and probes it; the
+//! attestation is verified against the identity this coordinator expects
+//! (Domain, generation, sidecar, policy digest, namespace) and the policy
+//! itself, and only then recorded. Trusts the supervisor's namespace
+//! descriptors (already proven) and nothing in the attestation until it
+//! verifies.
+
+use std::sync::Arc;
+
+use lazaret_proto::channel::Received;
+use lazaret_proto::control::{NetworkStatus, StartupStep};
+use lazaret_proto::ids::NetworkSidecarId;
+use lazaret_proto::network::{
+    ConnectivityLink, DerivedNetworkPolicy, DnsOutcome, NetworkReachabilityProbe,
+    NetworkReadinessIdentity, NetworkReadinessIdentitySchemaId,
+};
+use lazaret_proto::ownership::{HelperOwnership, NetworkOwnership, ParticipantOwnership};
+use lazaret_proto::process::PersistedHostProcessOwnership;
+use lazaret_proto::sidecar::AttestParameters;
+use lazaret_proto::store::{Generation, ParticipantState};
+use lazaret_proto::supervisor::{FdIndex, SupervisorReport, SupervisorRequest};
+use std::os::fd::AsFd;
+
+use super::daemon::{
+    Failure, Namespaces, Reporter, Supervisor, at, await_report, failure, participant, unexpected,
+};
+use crate::config::{ResolvedDomainConfiguration, RetainedDir};
+use crate::network::{ConnectivityHelper, policy_memfd};
+use crate::session;
+use crate::store::{DomainStore, Slot};
+
+const STEP: StartupStep = StartupStep::Network;
+
+/// Attaches slirp4netns, has the policy installed and attested, and
+/// records the accepted attestation. The helper is left in `helper` as
+/// soon as it runs, so a failure later still stops it.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn attach(
+    reporter: &Reporter,
+    store: &Arc<DomainStore>,
+    generation: &Generation,
+    resolved: &ResolvedDomainConfiguration,
+    supervisor: &Supervisor,
+    namespaces: &Namespaces,
+    policy: DerivedNetworkPolicy,
+    generation_dir: &RetainedDir,
+    helper: &mut Option<ConnectivityHelper>,
+) -> Result<NetworkStatus, Failure> {
+    let record = |slot, ownership: ParticipantOwnership, state| {
+        store
+            .put_participant(slot, &participant(generation, state, ownership))
+            .map_err(|e| at(STEP)(&e))
+    };
+    let policy_digest = policy.digest().map_err(|e| at(STEP)(&e))?;
+    let mut network = NetworkOwnership {
+        derived_policy_digest: Some(policy_digest),
+        enforcement_namespace: Some(namespaces.network_namespace),
+        owning_user_namespace: Some(namespaces.user_namespace),
+        ..NetworkOwnership::default()
+    };
+    record(
+        Slot::NETWORK,
+        ParticipantOwnership::Network(network.clone()),
+        ParticipantState::Intent,
+    )?;
+    let network_sidecar_id = NetworkSidecarId(session::random_bytes());
+    let helper_record = |process| {
+        ParticipantOwnership::Helper(HelperOwnership {
+            network_sidecar_id: Some(network_sidecar_id),
+            connectivity_helper: process,
+            ..HelperOwnership::default()
+        })
+    };
+    record(
+        Slot::CONNECTIVITY_HELPER,
+        helper_record(PersistedHostProcessOwnership::Unassigned),
+        ParticipantState::Intent,
+    )?;
+
+    reporter.progress(STEP, "attaching slirp4netns to the enforcement namespace");
+    let link = ConnectivityLink::slirp4netns();
+    let started = ConnectivityHelper::start(
+        namespaces.user_fd.as_fd(),
+        namespaces.network_fd.as_fd(),
+        &link,
+        generation_dir.fd(),
+        |held| {
+            record(
+                Slot::CONNECTIVITY_HELPER,
+                helper_record(PersistedHostProcessOwnership::Staged(held.record())),
+                ParticipantState::Intent,
+            )
+            .map_err(|f| f.message)
+        },
+    )
+    .map_err(|message| {
+        failure(
+            STEP,
+            format!("the connectivity helper could not attach: {message}"),
+        )
+    })?;
+    let running = helper.insert(started);
+    record(
+        Slot::CONNECTIVITY_HELPER,
+        helper_record(running.held.committed()),
+        ParticipantState::Active,
+    )?;
+
+    reporter.progress(STEP, "installing and attesting the policy");
+    let expected = NetworkReadinessIdentity {
+        schema_id: NetworkReadinessIdentitySchemaId,
+        domain_id: resolved.domain_id(),
+        generation_id: generation.generation_id,
+        network_sidecar_id,
+        derived_policy_digest: policy_digest,
+        enforcement_namespace: namespaces.network_namespace,
+    };
+    let memfd = policy_memfd(&policy).map_err(|m| failure(STEP, m))?;
+    let request = SupervisorRequest::AttestNetwork {
+        parameters: AttestParameters {
+            probe: NetworkReachabilityProbe {
+                domain_id: expected.domain_id,
+                generation_id: expected.generation_id,
+                enforcement_namespace: expected.enforcement_namespace,
+            },
+            network_sidecar_id,
+            link: link.clone(),
+        },
+        policy: FdIndex(0),
+    };
+    supervisor
+        .channel
+        .send(&request, &[memfd.as_fd()])
+        .map_err(|e| at(STEP)(&e))?;
+    let Received { message, .. } = await_report(supervisor, STEP)?;
+    let SupervisorReport::NetworkAttested(attestation) = message else {
+        return Err(unexpected(STEP, &message));
+    };
+    attestation.verify(&expected, &policy, &link).map_err(|e| {
+        failure(
+            STEP,
+            format!("the Network Sidecar's attestation is refused: {e}"),
+        )
+    })?;
+    let readiness_fingerprint = expected.fingerprint().map_err(|e| at(STEP)(&e))?;
+    network.readiness_fingerprint = Some(readiness_fingerprint);
+    network.readiness_evidence = Some(attestation.evidence().map_err(|e| at(STEP)(&e))?);
+    record(
+        Slot::NETWORK,
+        ParticipantOwnership::Network(network),
+        ParticipantState::Active,
+    )?;
+    reporter.progress(STEP, summary(&attestation));
+    Ok(NetworkStatus {
+        policy,
+        policy_digest,
+        attestation: *attestation,
+        readiness_fingerprint,
+        connectivity_helper: running.held.identity,
+    })
+}
+
+/// One line saying what the attestation showed.
+fn summary(attestation: &lazaret_proto::network::NetworkReadinessAttestation) -> String {
+    let dns = match attestation.dns_observations.first().map(|d| d.outcome) {
+        Some(DnsOutcome::Answered { response_code }) => {
+            format!("DNS answered (rcode {response_code})")
+        }
+        Some(DnsOutcome::TimedOut) => "DNS timed out (the host's resolver did not answer)".into(),
+        Some(DnsOutcome::Unreachable) | None => "no DNS".into(),
+    };
+    format!(
+        "attested: {} routes, {} denied destinations unreachable, {} permitted reachable, {dns}",
+        attestation.observation.observed_routes.len(),
+        attestation.denied_destinations.len(),
+        attestation.permitted_destinations.len(),
+    )
+}

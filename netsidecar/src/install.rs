@@ -1,0 +1,318 @@
+//! Installs the policy in the enforcement namespace with rtnetlink and
+//! reads it back.
+//!
+//! Owns every change the sidecar makes: loopback up, IPv6 off, the tap
+//! device's MTU, state and /32 address, one route per policy rule (allowed
+//! prefixes via the gateway, marked on-link so the gateway itself needs no
+//! route; denied prefixes `unreachable`) and one link route per resolver.
+//! No default route is ever added. The readback trusts only the kernel:
+//! the links, the main routing table, the IPv6 switches and addresses.
+
+use std::net::{IpAddr, Ipv4Addr};
+
+use futures_util::TryStreamExt;
+use lazaret_proto::network::{
+    AddressFamily, ConnectivityLink, DerivedNetworkPolicy, IpPrefix, PolicyAction, PrefixRule,
+};
+use lazaret_proto::sidecar::{SidecarError, SidecarStep};
+use rtnetlink::packet_route::AddressFamily as NetlinkFamily;
+use rtnetlink::packet_route::address::AddressAttribute;
+use rtnetlink::packet_route::link::{LinkAttribute, LinkFlags};
+use rtnetlink::packet_route::route::{
+    RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteScope, RouteType,
+};
+use rtnetlink::{Handle, LinkUnspec, RouteMessageBuilder};
+
+use crate::failed;
+
+/// What the readback found.
+#[derive(Debug)]
+pub struct Readback {
+    /// The main table's routes, as policy rules, sorted.
+    pub routes: Vec<PrefixRule>,
+    /// Whether the tap device is up with its address.
+    pub tap_up: bool,
+    /// Whether IPv6 is off everywhere and no interface has an IPv6 address.
+    pub ipv6_disabled: bool,
+}
+
+const IPV6_CONF: &str = "/proc/sys/net/ipv6/conf";
+
+/// Installs `policy` on `link` and reads the namespace back.
+pub async fn install(
+    policy: &DerivedNetworkPolicy,
+    link: &ConnectivityLink,
+) -> Result<Readback, SidecarError> {
+    let (connection, handle, _) = rtnetlink::new_connection()
+        .map_err(|e| failed(SidecarStep::Link, format!("cannot open rtnetlink: {e}")))?;
+    tokio::spawn(connection);
+
+    let links = list_links(&handle).await?;
+    let index_of = |name: &str| links.iter().find(|(_, n, _)| n == name).map(|(i, _, _)| *i);
+    let lo = index_of("lo").ok_or_else(|| failed(SidecarStep::Link, "the namespace has no lo"))?;
+    let tap = index_of(&link.tap_name).ok_or_else(|| {
+        failed(
+            SidecarStep::Link,
+            format!(
+                "the namespace has no {} device: the connectivity helper did not attach",
+                link.tap_name
+            ),
+        )
+    })?;
+    if let Some((_, other, _)) = links.iter().find(|(i, _, _)| *i != lo && *i != tap) {
+        return Err(failed(
+            SidecarStep::Link,
+            format!("the namespace holds an unexpected interface {other}"),
+        ));
+    }
+
+    // IPv6 goes first, so the tap device never gets a link-local address.
+    disable_ipv6(&["all", "default", "lo", &link.tap_name])?;
+
+    let step = |what: &str, e: rtnetlink::Error| failed(SidecarStep::Link, format!("{what}: {e}"));
+    handle
+        .link()
+        .set(LinkUnspec::new_with_index(lo).up().build())
+        .execute()
+        .await
+        .map_err(|e| step("cannot bring up lo", e))?;
+    handle
+        .link()
+        .set(LinkUnspec::new_with_index(tap).mtu(link.mtu).up().build())
+        .execute()
+        .await
+        .map_err(|e| step(&format!("cannot bring up {}", link.tap_name), e))?;
+    // A /32 address: no connected subnet route beside the policy's.
+    handle
+        .address()
+        .add(tap, IpAddr::V4(link.guest_address), 32)
+        .execute()
+        .await
+        .map_err(|e| step(&format!("cannot address {}", link.tap_name), e))?;
+
+    for rule in &policy.prefix_rules {
+        let IpAddr::V4(network) = rule.network.address else {
+            return Err(failed(
+                SidecarStep::Routes,
+                "an IPv6 rule in an IPv4-only namespace",
+            ));
+        };
+        let builder = RouteMessageBuilder::<Ipv4Addr>::new()
+            .destination_prefix(network, rule.network.prefix_len);
+        let message = match rule.action {
+            PolicyAction::Allow => builder
+                .gateway(link.gateway)
+                .output_interface(tap)
+                .onlink()
+                .build(),
+            PolicyAction::Deny => builder.kind(RouteType::Unreachable).build(),
+        };
+        add_route(&handle, message, rule.network).await?;
+    }
+    for resolver in &policy.resolvers {
+        let IpAddr::V4(address) = resolver.address else {
+            return Err(failed(
+                SidecarStep::Routes,
+                "an IPv6 resolver in an IPv4-only namespace",
+            ));
+        };
+        let message = RouteMessageBuilder::<Ipv4Addr>::new()
+            .destination_prefix(address, 32)
+            .output_interface(tap)
+            .scope(RouteScope::Link)
+            .build();
+        add_route(&handle, message, IpPrefix::host(resolver.address)).await?;
+    }
+
+    let routes = read_routes(&handle, tap, link).await?;
+    let links = list_links(&handle).await?;
+    let tap_up = links
+        .iter()
+        .any(|(i, _, flags)| *i == tap && flags.contains(LinkFlags::Up))
+        && has_address(&handle, tap, link.guest_address).await?;
+    let ipv6_disabled = ipv6_disabled(&handle, &["all", "default", "lo", &link.tap_name]).await?;
+    Ok(Readback {
+        routes,
+        tap_up,
+        ipv6_disabled,
+    })
+}
+
+async fn add_route(
+    handle: &Handle,
+    message: RouteMessage,
+    network: IpPrefix,
+) -> Result<(), SidecarError> {
+    handle.route().add(message).execute().await.map_err(|e| {
+        failed(
+            SidecarStep::Routes,
+            format!(
+                "cannot install the route for {}/{}: {e}",
+                network.address, network.prefix_len
+            ),
+        )
+    })
+}
+
+/// (index, name, flags) of every interface.
+async fn list_links(handle: &Handle) -> Result<Vec<(u32, String, LinkFlags)>, SidecarError> {
+    let messages: Vec<_> = handle
+        .link()
+        .get()
+        .execute()
+        .try_collect()
+        .await
+        .map_err(|e| {
+            failed(
+                SidecarStep::Readback,
+                format!("cannot list interfaces: {e}"),
+            )
+        })?;
+    Ok(messages
+        .into_iter()
+        .map(|m| {
+            let name = m
+                .attributes
+                .iter()
+                .find_map(|a| match a {
+                    LinkAttribute::IfName(n) => Some(n.clone()),
+                    _ => None,
+                })
+                .unwrap_or_default();
+            (m.header.index, name, m.header.flags)
+        })
+        .collect())
+}
+
+async fn has_address(handle: &Handle, index: u32, wanted: Ipv4Addr) -> Result<bool, SidecarError> {
+    let messages: Vec<_> = handle
+        .address()
+        .get()
+        .set_link_index_filter(index)
+        .execute()
+        .try_collect()
+        .await
+        .map_err(|e| failed(SidecarStep::Readback, format!("cannot list addresses: {e}")))?;
+    Ok(messages.iter().any(|m| {
+        m.header.prefix_len == 32
+            && m.attributes
+                .iter()
+                .any(|a| matches!(a, AddressAttribute::Address(IpAddr::V4(a)) if *a == wanted))
+    }))
+}
+
+/// The main table's IPv4 routes as rules: unicast via the gateway on the
+/// tap device is an allowed prefix, a link route on the tap device to one
+/// host is a resolver (allowed), `unreachable` is a denied prefix. Any
+/// other route is an error: nothing but the policy may route.
+async fn read_routes(
+    handle: &Handle,
+    tap: u32,
+    link: &ConnectivityLink,
+) -> Result<Vec<PrefixRule>, SidecarError> {
+    let messages: Vec<_> = handle
+        .route()
+        .get(RouteMessageBuilder::<Ipv4Addr>::new().build())
+        .execute()
+        .try_collect()
+        .await
+        .map_err(|e| failed(SidecarStep::Readback, format!("cannot list routes: {e}")))?;
+    let mut rules = Vec::new();
+    for m in messages {
+        let table = m
+            .attributes
+            .iter()
+            .find_map(|a| match a {
+                RouteAttribute::Table(t) => Some(*t),
+                _ => None,
+            })
+            .unwrap_or(u32::from(m.header.table));
+        if m.header.address_family != NetlinkFamily::Inet
+            || table != u32::from(RouteHeader::RT_TABLE_MAIN)
+        {
+            continue;
+        }
+        let mut destination = Ipv4Addr::UNSPECIFIED;
+        let mut gateway = None;
+        let mut oif = None;
+        for a in &m.attributes {
+            match a {
+                RouteAttribute::Destination(RouteAddress::Inet(d)) => destination = *d,
+                RouteAttribute::Gateway(RouteAddress::Inet(g)) => gateway = Some(*g),
+                RouteAttribute::Oif(i) => oif = Some(*i),
+                _ => {}
+            }
+        }
+        let len = m.header.destination_prefix_length;
+        let network = IpPrefix::ipv4(destination.octets(), len).ok_or_else(|| {
+            failed(
+                SidecarStep::Readback,
+                format!("a route to {destination}/{len} is malformed"),
+            )
+        })?;
+        let action = match (m.header.kind, gateway, oif) {
+            (RouteType::Unicast, Some(g), Some(i)) if g == link.gateway && i == tap => {
+                PolicyAction::Allow
+            }
+            (RouteType::Unicast, None, Some(i))
+                if i == tap && len == 32 && m.header.scope == RouteScope::Link =>
+            {
+                PolicyAction::Allow
+            }
+            (RouteType::Unreachable, _, _) => PolicyAction::Deny,
+            (kind, gateway, oif) => {
+                return Err(failed(
+                    SidecarStep::Readback,
+                    format!(
+                        "an unexpected route to {destination}/{len} ({kind:?}, gateway {gateway:?}, \
+                         interface {oif:?}) is in the namespace"
+                    ),
+                ));
+            }
+        };
+        rules.push(PrefixRule {
+            family: AddressFamily::IPv4,
+            network,
+            action,
+        });
+    }
+    rules.sort();
+    Ok(rules)
+}
+
+fn disable_ipv6(interfaces: &[&str]) -> Result<(), SidecarError> {
+    if !std::path::Path::new(IPV6_CONF).exists() {
+        // The kernel has no IPv6: nothing to switch off.
+        return Ok(());
+    }
+    for name in interfaces {
+        let path = format!("{IPV6_CONF}/{name}/disable_ipv6");
+        std::fs::write(&path, "1")
+            .map_err(|e| failed(SidecarStep::Ipv6, format!("cannot write {path}: {e}")))?;
+    }
+    Ok(())
+}
+
+/// Whether every switch reads 1 and no interface has an IPv6 address.
+async fn ipv6_disabled(handle: &Handle, interfaces: &[&str]) -> Result<bool, SidecarError> {
+    if std::path::Path::new(IPV6_CONF).exists() {
+        for name in interfaces {
+            let path = format!("{IPV6_CONF}/{name}/disable_ipv6");
+            let value = std::fs::read_to_string(&path)
+                .map_err(|e| failed(SidecarStep::Readback, format!("cannot read {path}: {e}")))?;
+            if value.trim() != "1" {
+                return Ok(false);
+            }
+        }
+    }
+    let messages: Vec<_> = handle
+        .address()
+        .get()
+        .execute()
+        .try_collect()
+        .await
+        .map_err(|e| failed(SidecarStep::Readback, format!("cannot list addresses: {e}")))?;
+    Ok(!messages
+        .iter()
+        .any(|m| m.header.family == NetlinkFamily::Inet6))
+}

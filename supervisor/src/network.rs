@@ -1,0 +1,109 @@
+//! Starts the generation's Network Sidecar and relays its attestation.
+//!
+//! Owns the sidecar's launch: the binary beside the supervisor's own (the
+//! supervisor's install path, never `PATH`), inside the enforcement network
+//! namespace this process holds, with CAP_NET_ADMIN alone, its channel on
+//! standard input. It hands the sidecar the namespace descriptor and the
+//! Host Coordinator's sealed policy memfd, waits for the one report, and
+//! reaps it. Trusts the Host Coordinator's request; does not trust the
+//! sidecar's report beyond relaying it (the Host Coordinator verifies it).
+
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use lazaret_proto::channel::{ChannelError, Received, pair};
+use lazaret_proto::error_chain as chain;
+use lazaret_proto::network::NetworkReadinessAttestation;
+use lazaret_proto::sidecar::{AttestParameters, AttestRequest, SidecarReport, SidecarRequest};
+use lazaret_proto::supervisor::FdIndex;
+use rustix::event::{PollFd, PollFlags, poll};
+use rustix::fs::{Mode, OFlags};
+
+use crate::sys::with_net_admin_only;
+
+/// How long installing and probing may take, DNS timeout included.
+const ATTEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The sidecar executable: beside this one.
+fn sidecar_binary() -> Result<PathBuf, String> {
+    let exe = std::env::current_exe()
+        .map_err(|e| format!("cannot locate the supervisor's executable: {e}"))?;
+    let path = exe.with_file_name("lazaret-netsidecar");
+    if path.is_file() {
+        Ok(path)
+    } else {
+        Err(format!(
+            "lazaret-netsidecar is not installed beside {}",
+            exe.display()
+        ))
+    }
+}
+
+/// Runs the sidecar on `policy` in this process's network namespace and
+/// returns its attestation, or why there is none.
+pub fn attest(
+    parameters: AttestParameters,
+    policy: BorrowedFd<'_>,
+) -> Result<NetworkReadinessAttestation, String> {
+    let binary = sidecar_binary()?;
+    let namespace: OwnedFd = rustix::fs::open(
+        "/proc/thread-self/ns/net",
+        OFlags::RDONLY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| format!("cannot open the enforcement namespace: {e}"))?;
+    let (ours, theirs) = pair::<SidecarRequest, SidecarReport>()
+        .map_err(|e| format!("cannot make the sidecar's channel: {}", chain(&e)))?;
+    let mut command = Command::new(&binary);
+    command
+        .env_clear()
+        .stdin(Stdio::from(theirs.into_fd()))
+        .stdout(Stdio::null());
+    with_net_admin_only(&mut command);
+    let mut child = command
+        .spawn()
+        .map_err(|e| format!("cannot start {}: {e}", binary.display()))?;
+
+    let request = SidecarRequest::Attest(AttestRequest {
+        parameters,
+        namespace: FdIndex(0),
+        policy: FdIndex(1),
+    });
+    let result = ours
+        .send(&request, &[namespace.as_fd(), policy])
+        .map_err(|e| format!("cannot reach the sidecar: {}", chain(&e)))
+        .and_then(|()| {
+            let mut fds = [PollFd::new(&ours, PollFlags::IN)];
+            let timeout = rustix::event::Timespec::try_from(ATTEST_TIMEOUT).ok();
+            match poll(&mut fds, timeout.as_ref()) {
+                Ok(n) if n > 0 => {}
+                _ => {
+                    return Err(format!(
+                        "the sidecar did not attest within {} s",
+                        ATTEST_TIMEOUT.as_secs()
+                    ));
+                }
+            }
+            match ours.recv() {
+                Ok(Received {
+                    message: SidecarReport::Attested(attestation),
+                    ..
+                }) => Ok(*attestation),
+                Ok(Received {
+                    message: SidecarReport::Failed(error),
+                    ..
+                }) => Err(format!("{:?}: {}", error.step, error.detail)),
+                Err(ChannelError::Disconnected) => {
+                    Err("the sidecar exited without a report".to_owned())
+                }
+                Err(e) => Err(format!("bad report from the sidecar: {}", chain(&e))),
+            }
+        });
+    if result.is_err() {
+        let _ = child.kill();
+    }
+    let _ = child.wait();
+    result
+}

@@ -1,0 +1,285 @@
+//! Network isolation end to end, as the unprivileged test user with real
+//! runsc and slirp4netns: test hosts in a namespace of the test's own on
+//! 198.18.0.0/15 behind a veth; from inside the sandbox an allowed host
+//! answers, and a denied host, an unlisted host, host loopback (10.0.2.2)
+//! and an IPv6 address do not, while a host under a deny prefix that a
+//! longer allow prefix covers does; DNS resolves through the resolver the
+//! policy keeps; root in the sandbox cannot add a route or address or open
+//! a raw socket; a connectivity helper that cannot start stops `up` with
+//! nothing left; `down` leaves no slirp4netns and no namespace. Needs root,
+//! runsc, slirp4netns and iproute2; CI provides them.
+
+use std::ffi::OsStr;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+
+use lazaret_tests::domain::{SERIAL, UserHost, busybox_image};
+use lazaret_tests::net::{ALLOWED, ALLOWED_NET, ALLOWED_NET_HOST, DENIED, TestNet, UNLISTED};
+use lazaret_tests::netprobe;
+use libtest_mimic::Trial;
+use serde_json::Value;
+
+use crate::domain::{Result, assert_nothing_left, down, text};
+
+pub fn trials() -> Vec<Trial> {
+    let runnable = crate::domain::runnable() && Path::new("/usr/bin/slirp4netns").exists();
+    if std::env::var_os("CI").is_some() {
+        assert!(
+            runnable,
+            "CI must run the network tests with slirp4netns installed"
+        );
+    }
+    [
+        Trial::test("network::the_policy_holds_inside_the_sandbox", policy_holds),
+        Trial::test(
+            "network::a_helper_that_cannot_start_stops_up",
+            helper_cannot_start,
+        ),
+    ]
+    .into_iter()
+    .map(|t| t.with_ignored_flag(!runnable))
+    .collect()
+}
+
+const PORT: u16 = 7000;
+const LOOPBACK_PORT: u16 = 7001;
+
+/// Profile `p` allowing one host inside a denied /24 and one whole /24.
+fn config() -> String {
+    format!(
+        "schema = \"lazaret-trusted-host-config-v1\"\n\
+         [profiles.p]\nimage = \"{}\"\npersistent_dirs = []\n\
+         allow_egress = [\"{ALLOWED}/32\", \"{ALLOWED_NET}\"]\n\
+         deny_egress = [\"198.18.0.0/24\"]\n",
+        busybox_image()
+    )
+}
+
+/// `unshare` giving `lazaret` a private mount namespace prepared by
+/// `script` (run as root with `$0` = `arg`) before it executes the rest.
+fn private_mounts<'a>(script: &'a str, arg: &'a OsStr) -> Vec<&'a OsStr> {
+    [
+        "/usr/bin/unshare",
+        "--mount",
+        "--propagation",
+        "private",
+        "--",
+        "/bin/sh",
+        "-c",
+    ]
+    .into_iter()
+    .map(OsStr::new)
+    .chain([OsStr::new(script), arg])
+    .collect()
+}
+
+/// A process of the test's own, killed by its handle when dropped.
+struct Owned(Child);
+
+impl Drop for Owned {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Runs `/workspace/netprobe ARGS` in the sandbox through `lazaret attach`.
+fn probe(host: &UserHost, args: &[&str]) -> Output {
+    let mut argv = vec!["attach", "p", "--", "/workspace/netprobe"];
+    argv.extend_from_slice(args);
+    host.lazaret(&host.workspace, &argv)
+}
+
+/// Runs a shell command in the sandbox through `lazaret attach`.
+fn shell(host: &UserHost, script: &str) -> Output {
+    host.lazaret(
+        &host.workspace,
+        &["attach", "p", "--", "/bin/sh", "-c", script],
+    )
+}
+
+fn answers(host: &UserHost, target: &str) -> Result {
+    let out = probe(host, &["talk", target]);
+    if out.status.success() && out.stdout.starts_with(b"ok 6") {
+        Ok(())
+    } else {
+        Err(format!("{target} should answer: {}", text(&out)).into())
+    }
+}
+
+fn unreachable(host: &UserHost, target: &str, errors: &[&str]) -> Result {
+    let out = probe(host, &["talk", target, "--timeout-ms", "2000"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    if out.status.code() == Some(1)
+        && errors
+            .iter()
+            .any(|e| stdout.starts_with(&format!("failed: {e}")))
+    {
+        Ok(())
+    } else {
+        Err(format!(
+            "{target} should fail with one of {errors:?}: {}",
+            text(&out)
+        )
+        .into())
+    }
+}
+
+/// Whether any process still has the network namespace with this inode.
+fn namespace_alive(inode: u64) -> bool {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| std::fs::metadata(e.path().join("ns/net")).ok())
+        .any(|m| std::os::unix::fs::MetadataExt::ino(&m) == inode)
+}
+
+fn policy_holds() -> Result {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    TestNet::remove_stale()?;
+    let net = TestNet::new()?;
+    let target = |address| format!("{address}:{PORT}");
+    let (allowed, denied, net_host, unlisted) = (
+        target(ALLOWED),
+        target(DENIED),
+        target(ALLOWED_NET_HOST),
+        target(UNLISTED),
+    );
+    let _servers = net.netprobe(&["serve", &allowed, &denied, &net_host, &unlisted])?;
+    let _dns = net.netprobe(&["dns", &format!("{ALLOWED}:53"), "allowed.test=198.18.0.10"])?;
+    // A server on the host's loopback, which the sandbox must not reach.
+    let _loopback = Owned(
+        Command::new(netprobe())
+            .args(["serve", &format!("127.0.0.1:{LOOPBACK_PORT}")])
+            .stdout(Stdio::null())
+            .spawn()?,
+    );
+
+    let host = UserHost::new();
+    host.write_config(&config());
+    let probe_copy = host.workspace.join("netprobe");
+    std::fs::copy(netprobe(), &probe_copy)?;
+    std::fs::set_permissions(&probe_copy, std::fs::Permissions::from_mode(0o755))?;
+    // slirp4netns forwards DNS to the resolvers of its own /etc/resolv.conf:
+    // in a private mount namespace that file names the test's resolver, so
+    // no query leaves the machine.
+    let resolv = host.base().join("resolv.conf");
+    std::fs::write(&resolv, format!("nameserver {ALLOWED}\n"))?;
+    std::fs::set_permissions(&resolv, std::fs::Permissions::from_mode(0o644))?;
+    let wrapper = private_mounts(
+        "mount --bind \"$0\" /etc/resolv.conf && exec \"$@\"",
+        resolv.as_os_str(),
+    );
+    let ws = host.workspace.clone();
+    let out = host.lazaret_under(&wrapper, &ws, &["up", "p"]);
+    if !out.status.success() {
+        return Err(format!("up failed: {}", text(&out)).into());
+    }
+    let status: Value = host.status(&ws, "p").ok_or("no status after up")?;
+    let network = &status["network"];
+    assert_eq!(network["state"], "attested", "{network}");
+    assert_eq!(network["ipv6"], "disabled");
+    assert!(
+        network["dns"][0]["outcome"]
+            .as_str()
+            .is_some_and(|o| o.starts_with("answered")),
+        "the readiness DNS probe went through slirp4netns to the test resolver: {network}"
+    );
+    let human = host.lazaret(&ws, &["status", "p"]);
+    let human = String::from_utf8_lossy(&human.stdout);
+    assert!(human.contains("network          attested"), "{human}");
+    assert!(human.contains("slirp4netns pid"), "{human}");
+
+    // The policy, by longest prefix.
+    answers(&host, &allowed)?; // denied /24, but its own /32 is allowed
+    answers(&host, &net_host)?; // an allowed /24
+    unreachable(&host, &denied, &["EHOSTUNREACH"])?; // under the denied /24
+    unreachable(&host, &unlisted, &["ENETUNREACH"])?; // no route at all
+    unreachable(
+        &host,
+        &format!("10.0.2.2:{LOOPBACK_PORT}"),
+        &["EHOSTUNREACH"],
+    )?;
+    unreachable(
+        &host,
+        &format!("[fd00::1]:{PORT}"),
+        &[
+            "ENETUNREACH",
+            "EADDRNOTAVAIL",
+            "EAFNOSUPPORT",
+            "EHOSTUNREACH",
+        ],
+    )?;
+    // DNS through the sandbox's resolv.conf, slirp4netns and the test's
+    // resolver.
+    let out = shell(&host, "cat /etc/resolv.conf; nslookup allowed.test");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("nameserver 10.0.2.3") && stdout.contains("198.18.0.10"),
+        "{}",
+        text(&out)
+    );
+
+    // Root in the sandbox cannot change the policy.
+    for script in [
+        "ip route add default via 10.0.2.2 dev tap0",
+        "ip route add 198.18.0.20/32 via 10.0.2.2 dev tap0 onlink",
+        "ip addr add 198.18.0.99/32 dev tap0",
+        "echo 1 > /proc/sys/net/ipv4/ip_forward",
+    ] {
+        let out = shell(&host, &format!("id -u; {script}"));
+        assert!(
+            !out.status.success() && out.stdout.starts_with(b"0\n"),
+            "root in the sandbox ran `{script}`: {}",
+            text(&out)
+        );
+    }
+    let out = probe(&host, &["raw"]);
+    assert!(
+        out.status.success(),
+        "a raw socket opened in the sandbox: {}",
+        text(&out)
+    );
+    unreachable(&host, &denied, &["EHOSTUNREACH"])?;
+    unreachable(&host, &unlisted, &["ENETUNREACH"])?;
+
+    let inode = network["enforcement_namespace"]["inode"]
+        .as_u64()
+        .ok_or("no namespace inode")?;
+    assert!(namespace_alive(inode));
+    down(&host, &ws)?;
+    assert_nothing_left(&host);
+    assert!(
+        !namespace_alive(inode),
+        "the enforcement namespace outlived down"
+    );
+    Ok(())
+}
+
+fn helper_cannot_start() -> Result {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let host = UserHost::new();
+    host.write_config(&config());
+    // Without a tun device slirp4netns cannot attach.
+    let wrapper = private_mounts(
+        "mount -t tmpfs none /dev/net && exec \"$@\"",
+        OsStr::new("sh"),
+    );
+    let ws = host.workspace.clone();
+    let out = host.lazaret_under(&wrapper, &ws, &["up", "p"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if out.status.success()
+        || !stderr.contains("connectivity helper could not attach")
+        || !stderr.contains("/dev/net/tun")
+    {
+        return Err(format!("up should fail naming slirp4netns's error: {}", text(&out)).into());
+    }
+    assert_nothing_left(&host);
+    assert!(
+        host.status(&ws, "p").is_none(),
+        "a Domain runs after a failed up"
+    );
+    Ok(())
+}
