@@ -10,7 +10,6 @@
 //! trusts nothing slirp4netns prints beyond showing it to the user.
 
 use std::io;
-use std::net::IpAddr;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -22,7 +21,7 @@ use rustix::event::{PollFd, PollFlags, Timespec, poll};
 use rustix::fs::{MemfdFlags, Mode, OFlags, SealFlags};
 
 use crate::config::EffectiveNetworkPolicy;
-use crate::process::{HeldProcess, kill_and_wait, pidfd_of_child};
+use crate::process::{HeldProcess, host_program, kill_and_wait, pidfd_of_child, wait_exit};
 use crate::sys::spawn_inheriting;
 
 /// How long slirp4netns may take to attach.
@@ -42,22 +41,13 @@ pub fn derive_policy(network: &EffectiveNetworkPolicy) -> Result<DerivedNetworkP
         [ConnectivityLink::SLIRP4NETNS_RESOLVER],
     );
     policy.validate().map_err(|e| {
-        let named = match e {
-            lazaret_proto::network::PolicyError::ResolverShadowed(i)
-            | lazaret_proto::network::PolicyError::NotNormalized(i)
-            | lazaret_proto::network::PolicyError::DuplicatePrefix(i) => {
-                policy.prefix_rules.get(i).map(|r| {
-                    let IpAddr::V4(a) = r.network.address else {
-                        return String::new();
-                    };
-                    format!(" ({a}/{})", r.network.prefix_len)
-                })
-            }
-            _ => None,
-        };
+        let rule = e
+            .rule_index()
+            .and_then(|i| policy.prefix_rules.get(i))
+            .map(|r| format!(" ({}/{})", r.network.address, r.network.prefix_len));
         format!(
             "the network policy cannot be installed{}: {e}",
-            named.unwrap_or_default()
+            rule.unwrap_or_default()
         )
     })?;
     Ok(policy)
@@ -91,13 +81,10 @@ pub fn policy_memfd(policy: &DerivedNetworkPolicy) -> Result<OwnedFd, String> {
 
 /// The slirp4netns executable.
 fn slirp4netns() -> Result<PathBuf, String> {
-    ["/usr/bin/slirp4netns", "/usr/local/bin/slirp4netns"]
-        .iter()
-        .map(PathBuf::from)
-        .find(|p| p.is_file())
-        .ok_or_else(|| {
-            "slirp4netns is not installed; install it with `apt-get install slirp4netns`".into()
-        })
+    host_program(
+        &["/usr/bin/slirp4netns", "/usr/local/bin/slirp4netns"],
+        "slirp4netns is not installed; install it with `apt-get install slirp4netns`",
+    )
 }
 
 /// A running slirp4netns attached to a generation's enforcement namespace.
@@ -230,13 +217,10 @@ impl ConnectivityHelper {
             exit,
         } = self;
         drop(exit);
-        let _ = crate::process::wait_exit(held.pidfd.as_fd(), Duration::from_millis(500))
-            .ok()
-            .filter(|exited| *exited)
-            .map_or_else(
-                || kill_and_wait(held.pidfd.as_fd(), Duration::from_secs(5)),
-                Ok,
-            );
+        let exited = wait_exit(held.pidfd.as_fd(), Duration::from_millis(500)).unwrap_or(false);
+        if !exited {
+            let _ = kill_and_wait(held.pidfd.as_fd(), Duration::from_secs(5));
+        }
         let _ = child.wait();
     }
 }
@@ -270,6 +254,7 @@ mod tests {
     use super::*;
     use lazaret_proto::config::{Ipv4Prefix, RFC1918};
     use lazaret_proto::network::PolicyAction;
+    use std::net::IpAddr;
 
     fn prefix(text: &str) -> Ipv4Prefix {
         Ipv4Prefix::parse(text).unwrap()

@@ -154,20 +154,20 @@ async fn add_route(
     })
 }
 
-/// (index, name, flags) of every interface.
-async fn list_links(handle: &Handle) -> Result<Vec<(u32, String, LinkFlags)>, SidecarError> {
-    let messages: Vec<_> = handle
-        .link()
-        .get()
-        .execute()
+/// Collects a dump reply, or says what could not be listed.
+async fn dump<T>(
+    replies: impl futures_util::Stream<Item = Result<T, rtnetlink::Error>>,
+    what: &str,
+) -> Result<Vec<T>, SidecarError> {
+    replies
         .try_collect()
         .await
-        .map_err(|e| {
-            failed(
-                SidecarStep::Readback,
-                format!("cannot list interfaces: {e}"),
-            )
-        })?;
+        .map_err(|e| failed(SidecarStep::Readback, format!("cannot list {what}: {e}")))
+}
+
+/// (index, name, flags) of every interface.
+async fn list_links(handle: &Handle) -> Result<Vec<(u32, String, LinkFlags)>, SidecarError> {
+    let messages = dump(handle.link().get().execute(), "interfaces").await?;
     Ok(messages
         .into_iter()
         .map(|m| {
@@ -185,14 +185,15 @@ async fn list_links(handle: &Handle) -> Result<Vec<(u32, String, LinkFlags)>, Si
 }
 
 async fn has_address(handle: &Handle, index: u32, wanted: Ipv4Addr) -> Result<bool, SidecarError> {
-    let messages: Vec<_> = handle
-        .address()
-        .get()
-        .set_link_index_filter(index)
-        .execute()
-        .try_collect()
-        .await
-        .map_err(|e| failed(SidecarStep::Readback, format!("cannot list addresses: {e}")))?;
+    let messages = dump(
+        handle
+            .address()
+            .get()
+            .set_link_index_filter(index)
+            .execute(),
+        "addresses",
+    )
+    .await?;
     Ok(messages.iter().any(|m| {
         m.header.prefix_len == 32
             && m.attributes
@@ -210,13 +211,14 @@ async fn read_routes(
     tap: u32,
     link: &ConnectivityLink,
 ) -> Result<Vec<PrefixRule>, SidecarError> {
-    let messages: Vec<_> = handle
-        .route()
-        .get(RouteMessageBuilder::<Ipv4Addr>::new().build())
-        .execute()
-        .try_collect()
-        .await
-        .map_err(|e| failed(SidecarStep::Readback, format!("cannot list routes: {e}")))?;
+    let messages = dump(
+        handle
+            .route()
+            .get(RouteMessageBuilder::<Ipv4Addr>::new().build())
+            .execute(),
+        "routes",
+    )
+    .await?;
     let mut rules = Vec::new();
     for m in messages {
         let table = m
@@ -305,13 +307,7 @@ async fn ipv6_disabled(handle: &Handle, interfaces: &[&str]) -> Result<bool, Sid
             }
         }
     }
-    let messages: Vec<_> = handle
-        .address()
-        .get()
-        .execute()
-        .try_collect()
-        .await
-        .map_err(|e| failed(SidecarStep::Readback, format!("cannot list addresses: {e}")))?;
+    let messages = dump(handle.address().get().execute(), "addresses").await?;
     Ok(!messages
         .iter()
         .any(|m| m.header.family == NetlinkFamily::Inet6))

@@ -224,6 +224,12 @@ pub enum PolicyError {
     /// Two rules name the same network.
     #[error("prefix_rules[{0}]: the same network appears earlier")]
     DuplicatePrefix(usize),
+    /// More rules than one generation's records can carry.
+    #[error(
+        "{0} prefix rules; at most {max} fit one policy (summarize prefixes)",
+        max = DerivedNetworkPolicy::MAX_PREFIX_RULES
+    )]
+    TooManyRules(usize),
     /// A rule names exactly a resolver's address, whose own route keeps
     /// it reachable.
     #[error(
@@ -231,6 +237,22 @@ pub enum PolicyError {
          through its own route; use a shorter or longer prefix"
     )]
     ResolverShadowed(usize),
+}
+
+impl PolicyError {
+    /// The position of the prefix rule at fault, when one is.
+    pub fn rule_index(&self) -> Option<usize> {
+        match *self {
+            Self::NotNormalized(i) | Self::DuplicatePrefix(i) | Self::ResolverShadowed(i) => {
+                Some(i)
+            }
+            Self::FamilyMismatch {
+                field: "prefix_rules",
+                index,
+            } => Some(index),
+            _ => None,
+        }
+    }
 }
 
 /// The network policy of one generation, as delivered to the sidecar.
@@ -249,6 +271,11 @@ pub struct DerivedNetworkPolicy {
 }
 
 impl DerivedNetworkPolicy {
+    /// The most prefix rules one policy may hold: enough for any hand-kept
+    /// list, and few enough that the policy, its attestation and a status
+    /// report carrying both fit one channel message.
+    pub const MAX_PREFIX_RULES: usize = 1024;
+
     /// The v1 shape: IPv4 enabled with default deny, IPv6 disabled, the
     /// given allow and deny prefixes, and the given resolvers. The result is
     /// canonical; validate it before use.
@@ -308,11 +335,15 @@ impl DerivedNetworkPolicy {
         sort(&mut self.resolvers);
     }
 
-    /// Checks the policy can be installed as written: one disposition and
-    /// at most one default per family, a default for every enabled family,
+    /// Checks the policy can be installed as written:
+    /// at most [`Self::MAX_PREFIX_RULES`] rules, one disposition and at most
+    /// one default per family, a default for every enabled family,
     /// rules and resolvers only for enabled families and matching their
     /// addresses, normalized prefixes, and no network listed twice.
     pub fn validate(&self) -> Result<(), PolicyError> {
+        if self.prefix_rules.len() > Self::MAX_PREFIX_RULES {
+            return Err(PolicyError::TooManyRules(self.prefix_rules.len()));
+        }
         let mut enabled = BTreeSet::new();
         let mut seen = BTreeSet::new();
         for d in &self.address_families {
@@ -585,7 +616,8 @@ pub enum PolicyDelivery {
 pub struct NetworkObservation {
     /// How the policy arrived.
     pub policy_delivery: PolicyDelivery,
-    /// Whether the connectivity helper reported ready.
+    /// Whether the connectivity helper's tap device was found attached,
+    /// up, and carrying the namespace's address.
     pub helper_ready: bool,
     /// The routes found in the namespace, as rules.
     pub observed_routes: Vec<PrefixRule>,
@@ -1046,6 +1078,38 @@ pub(crate) mod tests {
         let plan = open.probe_plan(link.gateway);
         assert_eq!(plan.denied, vec![v4(10, 0, 0, 1), v4(10, 0, 2, 2)]);
         assert!(plan.permitted.contains(&v4(0, 0, 0, 1)));
+    }
+
+    #[test]
+    fn a_policy_holds_a_bounded_number_of_rules() {
+        let rules = |n: u32| {
+            (0..n).map(|i| IpPrefix::ipv4((0x0b00_0000 + (i << 8)).to_be_bytes(), 24).unwrap())
+        };
+        let max = u32::try_from(DerivedNetworkPolicy::MAX_PREFIX_RULES).unwrap();
+        let full = DerivedNetworkPolicy::ipv4_only(rules(max), [], []);
+        assert_eq!(full.validate(), Ok(()));
+        let over = DerivedNetworkPolicy::ipv4_only(rules(max + 1), [], []);
+        assert_eq!(
+            over.validate(),
+            Err(PolicyError::TooManyRules(
+                DerivedNetworkPolicy::MAX_PREFIX_RULES + 1
+            ))
+        );
+        // The largest policy's attestation, with every route read back and
+        // probed, still fits a status report.
+        let mut big = attestation();
+        big.observation.observed_routes = full.expected_routes();
+        let plan = full.probe_plan(ConnectivityLink::slirp4netns().gateway);
+        big.permitted_destinations = plan
+            .permitted
+            .iter()
+            .map(|&destination| PermittedDestinationObservation {
+                destination,
+                reachable: true,
+            })
+            .collect();
+        let size = codec::encode(&full).unwrap().len() + codec::encode(&big).unwrap().len();
+        assert!(size < 48 * 1024, "{size} bytes");
     }
 
     #[test]

@@ -16,8 +16,8 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use lazaret_tests::bin;
 use lazaret_tests::domain::{SERIAL, UserHost, busybox_image, lazaret_processes, test_user};
+use lazaret_tests::{bin, collect};
 use libtest_mimic::{Failed, Trial};
 use serde_json::Value;
 
@@ -65,20 +65,6 @@ struct Running {
     stdout: Arc<Mutex<Vec<u8>>>,
     stderr: Arc<Mutex<Vec<u8>>>,
     readers: Vec<JoinHandle<()>>,
-}
-
-fn collect(mut from: impl Read + Send + 'static, into: Arc<Mutex<Vec<u8>>>) -> JoinHandle<()> {
-    std::thread::spawn(move || {
-        let mut buf = [0u8; 4096];
-        while let Ok(n) = from.read(&mut buf) {
-            if n == 0 {
-                break;
-            }
-            into.lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .extend_from_slice(&buf[..n]);
-        }
-    })
 }
 
 impl Running {

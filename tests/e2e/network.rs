@@ -36,6 +36,7 @@ pub fn trials() -> Vec<Trial> {
             "network::a_helper_that_cannot_start_stops_up",
             helper_cannot_start,
         ),
+        Trial::test("network::a_dead_helper_ends_the_generation", dead_helper),
     ]
     .into_iter()
     .map(|t| t.with_ignored_flag(!runnable))
@@ -280,6 +281,46 @@ fn helper_cannot_start() -> Result {
     assert!(
         host.status(&ws, "p").is_none(),
         "a Domain runs after a failed up"
+    );
+    Ok(())
+}
+
+fn dead_helper() -> Result {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let host = UserHost::new();
+    host.write_config(&config());
+    let ws = host.workspace.clone();
+    let out = host.lazaret(&ws, &["up", "p"]);
+    if !out.status.success() {
+        return Err(format!("up failed: {}", text(&out)).into());
+    }
+    let status = host.status(&ws, "p").ok_or("no status after up")?;
+    let network = &status["network"];
+    let pid = network["connectivity_helper"]["pid"]
+        .as_u64()
+        .ok_or("no helper pid")?;
+    let inode = network["enforcement_namespace"]["inode"]
+        .as_u64()
+        .ok_or("no namespace inode")?;
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline"))?;
+    assert!(
+        cmdline.starts_with(b"/usr/bin/slirp4netns\0"),
+        "pid {pid} is not the helper"
+    );
+    Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .status()?;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while host.status(&ws, "p").is_some() {
+        if std::time::Instant::now() > deadline {
+            return Err("the generation outlived its connectivity helper".into());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert_nothing_left(&host);
+    assert!(
+        !namespace_alive(inode),
+        "the enforcement namespace outlived the generation"
     );
     Ok(())
 }

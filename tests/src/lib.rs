@@ -125,3 +125,21 @@ pub fn text(output: &Output) -> (Option<i32>, String, String) {
         String::from_utf8_lossy(&output.stderr).into_owned(),
     )
 }
+
+/// Appends everything `from` yields to `into`, on a thread of its own.
+pub fn collect(
+    mut from: impl std::io::Read + Send + 'static,
+    into: std::sync::Arc<std::sync::Mutex<Vec<u8>>>,
+) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = from.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            into.lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .extend_from_slice(&buf[..n]);
+        }
+    })
+}

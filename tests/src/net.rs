@@ -26,7 +26,7 @@
 
 use std::ffi::{OsStr, OsString};
 use std::fmt;
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufRead, BufReader};
 use std::marker::PhantomData;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
@@ -284,7 +284,7 @@ impl TestNet {
             })?;
         let pid = child.id();
         let stdout = Arc::new(Mutex::new(String::new()));
-        let stderr = Arc::new(Mutex::new(String::new()));
+        let stderr = Arc::new(Mutex::new(Vec::new()));
         let (ready_tx, ready_rx) = mpsc::channel();
         let out = child.stdout.take().expect("stdout is piped");
         let err = child.stderr.take().expect("stderr is piped");
@@ -305,7 +305,7 @@ impl TestNet {
                 }
             })
         };
-        let err_reader = collect(err, Arc::clone(&stderr));
+        let err_reader = crate::collect(err, Arc::clone(&stderr));
         let child = Arc::new(Mutex::new(child));
         self.servers
             .lock()
@@ -435,7 +435,7 @@ pub struct Server<'net> {
     child: Arc<Mutex<Child>>,
     pid: u32,
     stdout: Arc<Mutex<String>>,
-    stderr: Arc<Mutex<String>>,
+    stderr: Arc<Mutex<Vec<u8>>>,
     readers: Vec<JoinHandle<()>>,
     _net: PhantomData<&'net TestNet>,
 }
@@ -457,10 +457,7 @@ impl Server<'_> {
 
     /// What it has printed on standard error so far.
     pub fn stderr(&self) -> String {
-        self.stderr
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        String::from_utf8_lossy(&self.stderr.lock().unwrap_or_else(|e| e.into_inner())).into_owned()
     }
 
     /// Its exit status if it exits within `wait`.
@@ -503,21 +500,6 @@ impl Drop for Server<'_> {
     fn drop(&mut self) {
         self.stop();
     }
-}
-
-/// Appends everything `from` yields to `into`, on a thread of its own.
-fn collect(mut from: impl Read + Send + 'static, into: Arc<Mutex<String>>) -> JoinHandle<()> {
-    std::thread::spawn(move || {
-        let mut buf = [0u8; 4096];
-        while let Ok(n) = from.read(&mut buf) {
-            if n == 0 {
-                break;
-            }
-            into.lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .push_str(&String::from_utf8_lossy(&buf[..n]));
-        }
-    })
 }
 
 /// The `ip` executable of iproute2, found in the usual places (the test

@@ -686,13 +686,10 @@ pub fn role_binary(name: &str) -> Result<PathBuf, String> {
 
 /// The gVisor runtime.
 fn runsc() -> Result<PathBuf, String> {
-    ["/usr/local/bin/runsc", "/usr/bin/runsc"]
-        .iter()
-        .map(PathBuf::from)
-        .find(|p| p.is_file())
-        .ok_or_else(|| {
-            "runsc (gVisor) is not installed; install it with `apt-get install runsc`".into()
-        })
+    crate::process::host_program(
+        &["/usr/local/bin/runsc", "/usr/bin/runsc"],
+        "runsc (gVisor) is not installed; install it with `apt-get install runsc`",
+    )
 }
 
 fn bring_up(
@@ -1274,6 +1271,7 @@ fn serve(
             PollFd::new(&live.supervisor.held.pidfd, PollFlags::IN),
             PollFd::new(&*live.supervisor.channel, PollFlags::IN),
             PollFd::new(&live.sessions, PollFlags::IN),
+            PollFd::new(&live.helper.held.pidfd, PollFlags::IN),
         ];
         match poll(&mut fds, None) {
             Ok(_) => {}
@@ -1283,9 +1281,15 @@ fn serve(
                 break;
             }
         }
-        let [listener, pidfd, channel, sessions] = fds.map(|f| f.revents());
+        let [listener, pidfd, channel, sessions, helper] = fds.map(|f| f.revents());
         if !pidfd.is_empty() {
             log("the Runtime Supervisor exited unexpectedly; releasing the generation");
+            break;
+        }
+        if !helper.is_empty() {
+            // The sandbox has lost its only way out, and its attested
+            // network no longer exists as attested.
+            log("slirp4netns exited unexpectedly; releasing the generation");
             break;
         }
         if !channel.is_empty() {
