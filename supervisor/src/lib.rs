@@ -250,15 +250,13 @@ fn start(
             format!("pidfd of the supervisor: {e}"),
         )
     })?;
-    let identity = |file| {
-        namespaces::identity(file).map_err(|e| failed(SupervisorStep::Namespaces, chain(&e)))
-    };
     let open =
         |file| namespaces::open(file).map_err(|e| failed(SupervisorStep::Namespaces, chain(&e)));
-    let (user_fd, net_fd) = (open("/proc/self/ns/user")?, open("/proc/self/ns/net")?);
+    let (user_fd, user_namespace) = open("/proc/self/ns/user")?;
+    let (net_fd, network_namespace) = open("/proc/self/ns/net")?;
     let report = SupervisorReport::NamespacesReady {
-        user_namespace: identity("/proc/self/ns/user")?,
-        network_namespace: identity("/proc/self/ns/net")?,
+        user_namespace,
+        network_namespace,
         holder: FdIndex(0),
         user_namespace_fd: FdIndex(1),
         network_namespace_fd: FdIndex(2),

@@ -8,6 +8,7 @@
 //! nothing but the kernel.
 
 use std::io;
+use std::os::fd::OwnedFd;
 
 use lazaret_proto::ownership::NamespaceIdentity;
 use rustix::thread::UnshareFlags;
@@ -74,27 +75,23 @@ pub fn enter(uid: u32, gid: u32) -> Result<(), NamespaceError> {
     })
 }
 
-/// The identity (device, inode) of one of this process's namespaces.
-pub fn identity(file: &'static str) -> Result<NamespaceIdentity, NamespaceError> {
-    let stat = rustix::fs::stat(file).map_err(|e| NamespaceError::Identify {
+/// Opens one of this process's namespaces, for another process to join,
+/// with its identity (device, inode).
+pub fn open(file: &'static str) -> Result<(OwnedFd, NamespaceIdentity), NamespaceError> {
+    let failed = |e: rustix::io::Errno| NamespaceError::Identify {
         file,
         source: e.into(),
-    })?;
-    Ok(NamespaceIdentity {
-        device: stat.st_dev,
-        inode: stat.st_ino,
-    })
-}
-
-/// Opens one of this process's namespaces, for another process to join.
-pub fn open(file: &'static str) -> Result<std::os::fd::OwnedFd, NamespaceError> {
-    rustix::fs::open(
+    };
+    let fd = rustix::fs::open(
         file,
         rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
         rustix::fs::Mode::empty(),
     )
-    .map_err(|e| NamespaceError::Identify {
-        file,
-        source: e.into(),
-    })
+    .map_err(failed)?;
+    let stat = rustix::fs::fstat(&fd).map_err(failed)?;
+    let identity = NamespaceIdentity {
+        device: stat.st_dev,
+        inode: stat.st_ino,
+    };
+    Ok((fd, identity))
 }

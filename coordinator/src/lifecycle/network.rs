@@ -11,6 +11,7 @@
 //! descriptors (already proven) and nothing in the attestation until it
 //! verifies.
 
+use std::os::fd::AsFd;
 use std::sync::Arc;
 
 use lazaret_proto::channel::Received;
@@ -25,7 +26,6 @@ use lazaret_proto::process::PersistedHostProcessOwnership;
 use lazaret_proto::sidecar::AttestParameters;
 use lazaret_proto::store::{Generation, ParticipantState};
 use lazaret_proto::supervisor::{FdIndex, SupervisorReport, SupervisorRequest};
-use std::os::fd::AsFd;
 
 use super::daemon::{
     Failure, Namespaces, Reporter, Supervisor, at, await_report, failure, participant, unexpected,
