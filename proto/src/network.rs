@@ -1080,6 +1080,33 @@ pub(crate) mod tests {
         assert!(plan.permitted.contains(&v4(0, 0, 0, 1)));
     }
 
+    /// An attestation of `policy` as a working sidecar makes it: every
+    /// route read back, every planned destination probed as the policy
+    /// wants.
+    fn attestation_of(policy: &DerivedNetworkPolicy) -> NetworkReadinessAttestation {
+        let plan = policy.probe_plan(ConnectivityLink::slirp4netns().gateway);
+        let mut attestation = attestation();
+        attestation.derived_policy_digest = policy.digest().unwrap();
+        attestation.observation.observed_routes = policy.expected_routes();
+        attestation.denied_destinations = plan
+            .denied
+            .iter()
+            .map(|&destination| DeniedDestinationObservation {
+                destination,
+                unreachable: true,
+            })
+            .collect();
+        attestation.permitted_destinations = plan
+            .permitted
+            .iter()
+            .map(|&destination| PermittedDestinationObservation {
+                destination,
+                reachable: true,
+            })
+            .collect();
+        attestation
+    }
+
     #[test]
     fn a_policy_holds_a_bounded_number_of_rules() {
         let rules = |n: u32| {
@@ -1097,17 +1124,7 @@ pub(crate) mod tests {
         );
         // The largest policy's attestation, with every route read back and
         // probed, still fits a status report.
-        let mut big = attestation();
-        big.observation.observed_routes = full.expected_routes();
-        let plan = full.probe_plan(ConnectivityLink::slirp4netns().gateway);
-        big.permitted_destinations = plan
-            .permitted
-            .iter()
-            .map(|&destination| PermittedDestinationObservation {
-                destination,
-                reachable: true,
-            })
-            .collect();
+        let big = attestation_of(&full);
         let size = codec::encode(&full).unwrap().len() + codec::encode(&big).unwrap().len();
         assert!(size < 48 * 1024, "{size} bytes");
     }
@@ -1126,25 +1143,7 @@ pub(crate) mod tests {
     fn verify_accepts_only_a_matching_complete_attestation() {
         let policy = policy();
         let link = ConnectivityLink::slirp4netns();
-        let mut good = attestation();
-        good.observation.observed_routes = policy.expected_routes();
-        let plan = policy.probe_plan(link.gateway);
-        good.denied_destinations = plan
-            .denied
-            .iter()
-            .map(|&destination| DeniedDestinationObservation {
-                destination,
-                unreachable: true,
-            })
-            .collect();
-        good.permitted_destinations = plan
-            .permitted
-            .iter()
-            .map(|&destination| PermittedDestinationObservation {
-                destination,
-                reachable: true,
-            })
-            .collect();
+        let good = attestation_of(&policy);
         let identity = good.readiness_identity();
         assert_eq!(good.verify(&identity, &policy, &link), Ok(()));
 

@@ -137,8 +137,16 @@ fn namespace_alive(inode: u64) -> bool {
         .any(|m| std::os::unix::fs::MetadataExt::ino(&m) == inode)
 }
 
+/// The serial lock and a test host configured with [`config`].
+fn policy_host() -> (std::sync::MutexGuard<'static, ()>, UserHost) {
+    let serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let host = UserHost::new();
+    host.write_config(&config());
+    (serial, host)
+}
+
 fn policy_holds() -> Result {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let (_serial, host) = policy_host();
     TestNet::remove_stale()?;
     let net = TestNet::new()?;
     let target = |address| format!("{address}:{PORT}");
@@ -158,8 +166,6 @@ fn policy_holds() -> Result {
             .spawn()?,
     );
 
-    let host = UserHost::new();
-    host.write_config(&config());
     let probe_copy = host.workspace.join("netprobe");
     std::fs::copy(netprobe(), &probe_copy)?;
     std::fs::set_permissions(&probe_copy, std::fs::Permissions::from_mode(0o755))?;
@@ -260,9 +266,7 @@ fn policy_holds() -> Result {
 }
 
 fn helper_cannot_start() -> Result {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let host = UserHost::new();
-    host.write_config(&config());
+    let (_serial, host) = policy_host();
     // Without a tun device slirp4netns cannot attach.
     let wrapper = private_mounts(
         "mount -t tmpfs none /dev/net && exec \"$@\"",
@@ -286,9 +290,7 @@ fn helper_cannot_start() -> Result {
 }
 
 fn dead_helper() -> Result {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let host = UserHost::new();
-    host.write_config(&config());
+    let (_serial, host) = policy_host();
     let ws = host.workspace.clone();
     let out = host.lazaret(&ws, &["up", "p"]);
     if !out.status.success() {
