@@ -34,6 +34,10 @@ pub fn trials() -> Vec<Trial> {
             env_values_hidden,
         ),
         Trial::test("cli::every_command_has_help_with_examples", help_everywhere),
+        Trial::test(
+            "cli::check_refuses_an_uninstallable_network_policy",
+            uninstallable_policy,
+        ),
         Trial::test("cli::unbuilt_commands_and_roles_say_so", unbuilt_say_so),
         Trial::test("cli::a_closed_stdout_is_not_an_error", closed_stdout),
         Trial::test("cli::missing_runtime_dir_is_named", missing_runtime_dir),
@@ -113,6 +117,7 @@ fn check_json() -> Result {
     };
     assert!(hex64(&report["domain_id"]), "{report}");
     assert!(hex64(&report["configuration_fingerprint"]), "{report}");
+    assert!(hex64(&report["network_policy_digest"]), "{report}");
     assert_eq!(report["profile"], "dev");
     assert_eq!(
         report["workspace"],
@@ -360,6 +365,29 @@ fn help_everywhere() -> Result {
             assert!(out.contains("Example"), "{args:?} has no examples: {out}");
         }
     }
+    Ok(())
+}
+
+fn uninstallable_policy() -> Result {
+    let s = Scratch::new();
+    // The resolver's own address may be neither allowed nor denied.
+    write_config(
+        &s,
+        &VALID.replace(
+            "deny_egress = [\"198.18.5.0/24\"]",
+            "deny_egress = [\"10.0.2.3/32\"]",
+        ),
+    );
+    let output = run(s
+        .lazaret(["config", "check", "dev"])
+        .env("LAZARET_TEST_TOKEN", "x"));
+    let (code, _, err) = text(&output);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("network policy cannot be installed (10.0.2.3/32)")
+            && err.contains("resolver"),
+        "{err}"
+    );
     Ok(())
 }
 

@@ -167,6 +167,14 @@ fn lossy(bytes: &[u8]) -> String {
 
 fn config_check(globals: &Globals, profile: &str, as_json: bool) -> Result<(), Failure> {
     let resolved = globals.load(profile)?;
+    // The network policy `up` would install: one that cannot be installed
+    // is refused here too.
+    let invalid = |message: String| Failure {
+        message: format!("invalid configuration: {message}"),
+        status: EXIT_INVALID,
+    };
+    let policy = crate::network::derive_policy(resolved.network()).map_err(invalid)?;
+    let policy_digest = policy.digest().map_err(|e| invalid(e.to_string()))?;
     let record = resolved.record();
     let auth = resolved.authorities();
     let label = |dir: &config::RetainedDir| dir.label().display().to_string();
@@ -223,6 +231,7 @@ fn config_check(globals: &Globals, profile: &str, as_json: bool) -> Result<(), F
         "env": env,
         "effective_allow": cidrs(&resolved.network().allow),
         "effective_deny": cidrs(&resolved.network().deny),
+        "network_policy_digest": policy_digest.to_hex(),
         "escalation": {
             "enabled": record.escalation_enabled,
             "auto_approve": rules,
