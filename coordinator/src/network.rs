@@ -10,7 +10,7 @@
 //! trusts nothing slirp4netns prints beyond showing it to the user.
 
 use std::io;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -124,20 +124,20 @@ impl ConnectivityHelper {
             .map_err(|e| format!("cannot make a pipe: {e}"))?;
         let (exit_read, exit_write) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
             .map_err(|e| format!("cannot make a pipe: {e}"))?;
-        let fd =
-            |fd: BorrowedFd<'_>| format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&fd));
-        let number = |fd: &OwnedFd| std::os::fd::AsRawFd::as_raw_fd(fd).to_string();
+        // The child inherits these under the same numbers.
+        let path = |fd: BorrowedFd<'_>| format!("/proc/self/fd/{}", fd.as_raw_fd());
+        let number = |fd: &OwnedFd| fd.as_raw_fd().to_string();
         let mut command = Command::new(&binary);
         command
             .env_clear()
             .arg("--netns-type=path")
-            .arg(format!("--userns-path={}", fd(user_namespace)))
+            .arg(format!("--userns-path={}", path(user_namespace)))
             .arg("--disable-host-loopback")
             .arg("--enable-seccomp")
             .arg(format!("--mtu={}", link.mtu))
             .arg(format!("--ready-fd={}", number(&ready_write)))
             .arg(format!("--exit-fd={}", number(&exit_read)))
-            .arg(fd(network_namespace))
+            .arg(path(network_namespace))
             .arg(&link.tap_name)
             .stdin(Stdio::null())
             .stdout(Stdio::from(log.try_clone().map_err(|e| e.to_string())?))
@@ -156,7 +156,7 @@ impl ConnectivityHelper {
         let held = pidfd_of_child(&child)
             .and_then(HeldProcess::from_pidfd)
             .map_err(|e| format!("cannot hold slirp4netns: {e}"))?;
-        let mut helper = Self {
+        let helper = Self {
             child,
             held,
             exit: exit_write,
@@ -172,7 +172,7 @@ impl ConnectivityHelper {
     }
 
     /// Waits for slirp4netns to write `1` to its ready pipe.
-    fn await_ready(&mut self, ready: &OwnedFd) -> Result<(), String> {
+    fn await_ready(&self, ready: &OwnedFd) -> Result<(), String> {
         let deadline = Instant::now() + READY_TIMEOUT;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
