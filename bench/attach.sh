@@ -8,6 +8,7 @@
 # Run it as the user Lazaret runs as; it uses scratch directories only.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source bench/common.sh
 rounds=${1:-15}
 mib=${2:-64}
 
@@ -17,30 +18,17 @@ scratch=$(mktemp -d /tmp/lazaret-bench.XXXXXX)
 export HOME=$scratch/home XDG_RUNTIME_DIR=$scratch/run
 cleanup() { "$lazaret" down bench --workspace "$scratch/project" >/dev/null 2>&1 || true; rm -rf "$scratch"; }
 trap cleanup EXIT
-mkdir -p "$HOME/.config/lazaret" "$XDG_RUNTIME_DIR" "$scratch/project"
-chmod 700 "$XDG_RUNTIME_DIR"
-bash packaging/build-busybox-image.sh "$scratch/image" latest >/dev/null
-cat > "$HOME/.config/lazaret/config.toml" <<TOML
-schema = "lazaret-trusted-host-config-v1"
-[profiles.bench]
-image = "oci:$scratch/image:latest"
-persistent_dirs = ["/root"]
-TOML
-chmod 600 "$HOME/.config/lazaret/config.toml"
+bench_host "$scratch"
 head -c "$((mib * 1024 * 1024))" /dev/urandom > "$scratch/project/big"
 cd "$scratch/project"
 "$lazaret" up bench >/dev/null 2>&1
 
 status=$("$lazaret" status bench --json)
-field() { python3 -c "import json,sys; print(json.load(sys.stdin)['domains'][0]$1)" <<<"$status"; }
 holder=$(field "['namespace_holder']['pid']")
 bare=(nsenter -t "$holder" -U -m -n -p --preserve-credentials --
       runsc --rootless --ignore-cgroups --network=host --root "$(field "['runsc_root']")"
       exec "$(field "['container_id']")")
 
-now() { date +%s%N; }
-ms() { echo $(( ($2 - $1) / 1000000 )); }
-median() { printf '%s\n' "$@" | sort -n | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
 
 attach_true=() bare_true=()
 for _ in $(seq "$rounds"); do
@@ -63,8 +51,8 @@ at=$(median "${attach_true[@]}"); bt=$(median "${bare_true[@]}")
 ac=$(median "${attach_cat[@]}"); bc=$(median "${bare_cat[@]}"); bp=$(median "${bare_pipe[@]}")
 printf 'rounds: %s (throughput: 3 rounds of %s MiB)\n' "$rounds" "$mib"
 printf 'attach -- true      median %6s ms    bare runsc exec  median %6s ms    ratio %s (target <= 1.3)\n' \
-    "$at" "$bt" "$(awk -v a="$at" -v b="$bt" 'BEGIN {printf "%.2f", a / b}')"
+    "$at" "$bt" "$(ratio "$at" "$bt")"
 printf 'attach -- cat big   median %6s MiB/s bare runsc exec  median %6s MiB/s ratio %s (target >= 0.8)\n' \
-    "$ac" "$bc" "$(awk -v a="$ac" -v b="$bc" 'BEGIN {printf "%.2f", a / b}')"
+    "$ac" "$bc" "$(ratio "$ac" "$bc")"
 printf '                                       bare into a pipe median %6s MiB/s ratio %s\n' \
-    "$bp" "$(awk -v a="$ac" -v b="$bp" 'BEGIN {printf "%.2f", a / b}')"
+    "$bp" "$(ratio "$ac" "$bp")"

@@ -7,27 +7,15 @@
 # Run it as the user Lazaret runs as; it uses scratch directories only.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source bench/common.sh
 rounds=${1:-15}
 
 cargo build --release --locked --workspace --bins -q
 lazaret=$(pwd)/target/release/lazaret
 scratch=$(mktemp -d /tmp/lazaret-bench.XXXXXX)
 trap 'HOME=$scratch/home XDG_RUNTIME_DIR=$scratch/run "$lazaret" down bench --workspace "$scratch/project" >/dev/null 2>&1 || true; rm -rf "$scratch"' EXIT
-mkdir -p "$scratch/home/.config/lazaret" "$scratch/run" "$scratch/project"
-chmod 700 "$scratch/run"
+bench_host "$scratch"
 export HOME=$scratch/home XDG_RUNTIME_DIR=$scratch/run
-
-bash packaging/build-busybox-image.sh "$scratch/image" latest >/dev/null
-cat > "$HOME/.config/lazaret/config.toml" <<TOML
-schema = "lazaret-trusted-host-config-v1"
-[profiles.bench]
-image = "oci:$scratch/image:latest"
-persistent_dirs = ["/root"]
-TOML
-chmod 600 "$HOME/.config/lazaret/config.toml"
-
-now() { date +%s%N; }
-ms() { echo $(( ($2 - $1) / 1000000 )); }
 
 # Prepare the image once, outside the measurement.
 "$lazaret" up bench --workspace "$scratch/project" >/dev/null 2>&1
@@ -65,10 +53,9 @@ for _ in $(seq "$rounds"); do
     bare_up+=("$u"); bare_down+=("$d")
 done
 
-median() { printf '%s\n' "$@" | sort -n | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
 mu=$(median "${up[@]}"); md=$(median "${down[@]}")
 bu=$(median "${bare_up[@]}"); bd=$(median "${bare_down[@]}")
 printf 'rounds: %s\n' "$rounds"
 printf 'lazaret up     median %6s ms   bare runsc run -detach   median %6s ms   ratio %s (target <= 1.5)\n' \
-    "$mu" "$bu" "$(awk -v a="$mu" -v b="$bu" 'BEGIN {printf "%.2f", a / b}')"
+    "$mu" "$bu" "$(ratio "$mu" "$bu")"
 printf 'lazaret down   median %6s ms   bare runsc kill+delete   median %6s ms   (target < 1000 ms)\n' "$md" "$bd"

@@ -16,6 +16,7 @@
 # tests: both use 198.18.0.1/24 on the root side.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source bench/common.sh
 rounds=${1:-7}
 mib=${2:-256}
 connects=200
@@ -92,18 +93,8 @@ done
 grep -qx ready "$scratch/serve.out" || { echo "the test server did not start: $(cat "$scratch/serve.out")" >&2; exit 1; }
 
 # The user's scratch host, with a profile whose policy allows the test host.
-mkdir -p "$scratch/home/.config/lazaret" "$scratch/run" "$scratch/project"
-chmod 700 "$scratch/run"
-bash packaging/build-busybox-image.sh "$scratch/image" latest >/dev/null
+bench_host "$scratch" 'allow_egress = ["198.18.0.10/32"]'
 chmod -R a+rX "$scratch/image"
-cat > "$scratch/home/.config/lazaret/config.toml" <<TOML
-schema = "lazaret-trusted-host-config-v1"
-[profiles.bench]
-image = "oci:$scratch/image:latest"
-persistent_dirs = ["/root"]
-allow_egress = ["198.18.0.10/32"]
-TOML
-chmod 600 "$scratch/home/.config/lazaret/config.toml"
 install -m 0755 "$scratch/netprobe" "$scratch/project/netprobe"
 chown -R "$uid:$gid" "$scratch/home" "$scratch/run" "$scratch/project"
 cd "$scratch/project"
@@ -122,7 +113,6 @@ fi
 # pidfs identity, the JSON gives its pid), and its start time, checked
 # against /proc so a reused pid is not entered.
 status=$(as_user "$lazaret" status bench --json)
-field() { python3 -c "import json,sys; print(json.load(sys.stdin)['domains'][0]$1)" <<<"$status"; }
 holder=$(field "['namespace_holder']['pid']")
 ticks=$(field "['namespace_holder']['start_time_ticks']")
 stat=$(cat "/proc/$holder/stat")
@@ -145,8 +135,6 @@ probe() {
     printf '%s\n' "$out"
 }
 metric() { sed -n "s/.* $1=\([0-9.]*\).*/\1/p"; }
-median() { printf '%s\n' "$@" | sort -n | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.2f", a / b}'; }
 
 # Both paths must work before anything is timed.
 probe "${sandbox[@]}" talk 198.18.0.10:5001 >/dev/null

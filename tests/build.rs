@@ -3,39 +3,13 @@
 //! test network namespace and inside a sandbox whose image has no C library.
 //! The library exposes its path as `lazaret_tests::netprobe()`.
 
-use std::path::PathBuf;
-use std::process::Command;
+include!("../build-support/static_exe.rs");
 
 fn main() {
-    let source = "netprobe/main.rs";
-    println!("cargo::rerun-if-changed={source}");
-    println!("cargo::rerun-if-changed=netprobe/sys.rs");
-    let out = PathBuf::from(std::env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
-    let rustc = std::env::var_os("RUSTC").expect("cargo sets RUSTC");
-    let status = Command::new(rustc)
-        .args([
-            "--edition",
-            "2024",
-            "--crate-name",
-            "lazaret_netprobe",
-            "-C",
-            "opt-level=3",
-        ])
-        .args([
-            "-C",
-            "panic=abort",
-            "-C",
-            "strip=symbols",
-            "-C",
-            "target-feature=+crt-static",
-        ])
-        .arg("-o")
-        .arg(out.join("lazaret-netprobe"))
-        .arg(source)
-        .status()
-        .expect("run rustc for lazaret-netprobe");
-    assert!(
-        status.success(),
-        "building the static lazaret-netprobe failed"
+    build_static_exe(
+        "netprobe/main.rs",
+        &["netprobe/sys.rs"],
+        "lazaret-netprobe",
+        "3",
     );
 }

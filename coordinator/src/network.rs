@@ -1,15 +1,14 @@
 //! The generation's network, from the Host Coordinator's side.
 //!
-//! Owns three things: deriving the [`DerivedNetworkPolicy`] once from the
-//! resolved configuration; sealing it (and any other bytes handed to a
-//! role) in a memfd; and the connectivity helper, `slirp4netns`, which the
+//! Owns two things: deriving the [`DerivedNetworkPolicy`] once from the
+//! resolved configuration (and sealing it in a memfd for the sidecar); and
+//! the connectivity helper, `slirp4netns`, which the
 //! coordinator starts on the host, attached to the Domain's enforcement
 //! namespace through descriptors the supervisor sent, and holds by pidfd
 //! until the generation ends. It trusts the resolved configuration and the
 //! namespace descriptors (the supervisor proved their identities); it
 //! trusts nothing slirp4netns prints beyond showing it to the user.
 
-use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -18,7 +17,7 @@ use std::time::{Duration, Instant};
 use lazaret_proto::codec;
 use lazaret_proto::network::{ConnectivityLink, DerivedNetworkPolicy, IpPrefix};
 use rustix::event::{PollFd, PollFlags, Timespec, poll};
-use rustix::fs::{MemfdFlags, Mode, OFlags, SealFlags};
+use rustix::fs::{Mode, OFlags};
 
 use crate::config::EffectiveNetworkPolicy;
 use crate::process::{HeldProcess, host_program, kill_and_wait, pidfd_of_child, wait_exit};
@@ -53,30 +52,11 @@ pub fn derive_policy(network: &EffectiveNetworkPolicy) -> Result<DerivedNetworkP
     Ok(policy)
 }
 
-/// A memfd filled by `fill`, then sealed against writing, shrinking and
-/// growing, for a role to read and no one to change. The bytes go straight
-/// into the memfd, so secrets need no other buffer.
-pub fn sealed_memfd(
-    name: &str,
-    fill: impl FnOnce(&mut std::fs::File) -> io::Result<()>,
-) -> io::Result<OwnedFd> {
-    let fd = rustix::fs::memfd_create(name, MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)?;
-    let mut file = std::fs::File::from(fd);
-    fill(&mut file)?;
-    rustix::fs::fcntl_add_seals(
-        &file,
-        SealFlags::SHRINK | SealFlags::GROW | SealFlags::WRITE | SealFlags::SEAL,
-    )?;
-    Ok(OwnedFd::from(file))
-}
-
 /// The policy, encoded, in a sealed memfd.
 pub fn policy_memfd(policy: &DerivedNetworkPolicy) -> Result<OwnedFd, String> {
     let bytes = codec::encode(policy).map_err(|e| format!("cannot encode the policy: {e}"))?;
-    sealed_memfd("lazaret-network-policy", |f| {
-        io::Write::write_all(f, &bytes)
-    })
-    .map_err(|e| format!("cannot seal the policy in a memfd: {e}"))
+    lazaret_proto::memfd::sealed_bytes("lazaret-network-policy", &bytes)
+        .map_err(|e| format!("cannot seal the policy in a memfd: {e}"))
 }
 
 /// The slirp4netns executable.
@@ -289,15 +269,5 @@ mod tests {
         })
         .unwrap_err();
         assert!(error.contains("10.0.2.3/32"), "{error}");
-    }
-
-    #[test]
-    fn a_sealed_memfd_cannot_change() {
-        let fd = sealed_memfd("test", |f| io::Write::write_all(f, b"abc")).unwrap();
-        assert!(rustix::io::pwrite(&fd, b"x", 0).is_err());
-        assert!(rustix::fs::ftruncate(&fd, 0).is_err());
-        let mut buffer = [0u8; 3];
-        assert_eq!(rustix::io::pread(&fd, &mut buffer, 0).unwrap(), 3);
-        assert_eq!(&buffer, b"abc");
     }
 }

@@ -25,13 +25,14 @@
 mod install;
 mod probe;
 
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::BorrowedFd;
 use std::process::ExitCode;
 
 use lazaret_proto::channel::{Endpoint, Received};
 use lazaret_proto::codec::{self, WireRecord};
 use lazaret_proto::common::UnixTimeNs;
 use lazaret_proto::error_chain as chain;
+use lazaret_proto::memfd;
 use lazaret_proto::network::{
     DerivedNetworkPolicy, NetworkObservation, NetworkReadinessAttestation,
     NetworkReadinessAttestationSchemaId, PolicyDelivery,
@@ -41,12 +42,11 @@ use lazaret_proto::sidecar::{
     AttestRequest, SidecarError, SidecarReport, SidecarRequest, SidecarStep,
 };
 use lazaret_proto::supervisor::FdIndex;
-use rustix::fs::SealFlags;
 
 type Channel = Endpoint<SidecarReport, SidecarRequest>;
 
 /// CAP_NET_ADMIN's bit in the capability sets.
-const CAP_NET_ADMIN: u64 = 1 << 12;
+const CAP_NET_ADMIN: u64 = rustix::thread::CapabilitySet::NET_ADMIN.bits();
 
 fn failed(step: SidecarStep, detail: impl std::fmt::Display) -> SidecarError {
     SidecarError {
@@ -105,14 +105,12 @@ fn attest(channel: &Channel) -> Result<NetworkReadinessAttestation, SidecarError
         policy,
     }) = message;
     let fd = |index: FdIndex| {
-        fds.get(usize::from(index.0))
-            .map(OwnedFd::as_fd)
-            .ok_or_else(|| {
-                failed(
-                    SidecarStep::Request,
-                    format!("descriptor {} is missing", index.0),
-                )
-            })
+        index.get(&fds).ok_or_else(|| {
+            failed(
+                SidecarStep::Request,
+                format!("descriptor {} is missing", index.0),
+            )
+        })
     };
     check_namespace(fd(namespace)?, parameters.probe.enforcement_namespace)?;
     let policy = read_policy(fd(policy)?)?;
@@ -233,35 +231,8 @@ fn check_namespace(fd: BorrowedFd<'_>, expected: NamespaceIdentity) -> Result<()
 /// Reads and validates the policy from a memfd sealed against every change.
 fn read_policy(fd: BorrowedFd<'_>) -> Result<DerivedNetworkPolicy, SidecarError> {
     let step = SidecarStep::Policy;
-    let seals = rustix::fs::fcntl_get_seals(fd).map_err(|e| {
-        failed(
-            step,
-            format!("the policy descriptor is not a sealable memfd: {e}"),
-        )
-    })?;
-    let wanted = SealFlags::WRITE | SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL;
-    if !seals.contains(wanted) {
-        return Err(failed(
-            step,
-            format!("the policy memfd is not sealed (seals {seals:?})"),
-        ));
-    }
-    // Read from offset 0 whatever the shared file offset: the writer left
-    // it at the end.
-    let mut bytes = Vec::new();
-    let mut chunk = [0u8; 8192];
-    loop {
-        let offset = u64::try_from(bytes.len()).unwrap_or(u64::MAX);
-        let n = rustix::io::pread(fd, &mut chunk, offset)
-            .map_err(|e| failed(step, format!("cannot read the policy: {e}")))?;
-        if n == 0 {
-            break;
-        }
-        bytes.extend_from_slice(&chunk[..n]);
-        if bytes.len() > DerivedNetworkPolicy::MAX_ENCODED_LEN {
-            return Err(failed(step, "the policy is larger than any valid policy"));
-        }
-    }
+    let bytes = memfd::read_sealed(fd, DerivedNetworkPolicy::MAX_ENCODED_LEN)
+        .map_err(|e| failed(step, format!("the policy: {}", chain(&e))))?;
     let policy: DerivedNetworkPolicy =
         codec::decode(&bytes).map_err(|e| failed(step, chain(&e)))?;
     policy

@@ -93,13 +93,13 @@ fn query(resolver: IpAddr) -> DnsObservation {
         outcome,
     };
     let id = query_id();
-    let sent = route_source(resolver).and_then(|_| {
+    let sent = (|| {
         let socket = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0))?;
         socket.connect((resolver, 53))?;
         socket.set_read_timeout(Some(DNS_TIMEOUT))?;
         socket.send(&encode_query(id, QUERY_NAME))?;
-        Ok(socket)
-    });
+        Ok::<_, std::io::Error>(socket)
+    })();
     let socket = match sent {
         Ok(socket) => socket,
         Err(_) => return observation(DnsOutcome::Unreachable, Vec::new()),

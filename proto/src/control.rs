@@ -14,7 +14,6 @@ use crate::common::{HostPath, UnixTimeNs};
 use crate::config::ConfigurationFingerprintRecordV1;
 use crate::ids::{
     ConfigurationFingerprint, ContainerId, DomainId, GenerationId, ManifestDigest, SessionId,
-    Sha256Digest,
 };
 use crate::network::{DerivedNetworkPolicy, NetworkReadinessAttestation};
 use crate::process::PidfsProcessIdentityV1;
@@ -172,14 +171,11 @@ pub struct DomainStatus {
 /// The generation's network, as `lazaret status` shows it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NetworkStatus {
-    /// The policy installed in the enforcement namespace.
+    /// The policy installed in the enforcement namespace (its digest is
+    /// the attestation's `derived_policy_digest`).
     pub policy: DerivedNetworkPolicy,
-    /// Its digest.
-    pub policy_digest: Sha256Digest,
     /// The accepted readiness attestation.
     pub attestation: NetworkReadinessAttestation,
-    /// The fingerprint of the readiness identity it attests.
-    pub readiness_fingerprint: Sha256Digest,
     /// The connectivity helper (slirp4netns).
     pub connectivity_helper: PidfsProcessIdentityV1,
 }

@@ -18,6 +18,7 @@ pub mod control;
 pub mod ids;
 pub mod layout;
 pub mod mailbox;
+pub mod memfd;
 pub mod network;
 pub mod ownership;
 pub mod process;

@@ -437,18 +437,15 @@ impl DerivedNetworkPolicy {
         routes
     }
 
-    /// The route that decides `address`: the longest prefix containing it.
-    pub fn deciding_route(&self, address: IpAddr) -> Option<PrefixRule> {
-        self.expected_routes()
-            .into_iter()
-            .filter(|r| r.network.contains(address))
-            .max_by_key(|r| r.network.prefix_len)
-    }
-
     /// What the policy does with traffic to `address`: the longest matching
     /// route's action, else the family's default; a disabled family is
     /// denied.
     pub fn action_for(&self, address: IpAddr) -> PolicyAction {
+        self.decide(&self.expected_routes(), address)
+    }
+
+    /// [`Self::action_for`], with the expected routes already computed.
+    fn decide(&self, routes: &[PrefixRule], address: IpAddr) -> PolicyAction {
         let family = AddressFamily::of(&address);
         let enabled = self
             .address_families
@@ -457,7 +454,7 @@ impl DerivedNetworkPolicy {
         if !enabled {
             return PolicyAction::Deny;
         }
-        match self.deciding_route(address) {
+        match longest_match(routes, address) {
             Some(route) => route.action,
             None => self
                 .default_actions
@@ -473,17 +470,13 @@ impl DerivedNetworkPolicy {
     /// policy denies it. Probing sends no packet: it asks the kernel for a
     /// route by connecting a datagram socket.
     pub fn probe_plan(&self, gateway: Ipv4Addr) -> ProbePlan {
+        let routes = self.expected_routes();
         let mut plan = ProbePlan::default();
-        let mut add = |address: IpAddr, action: PolicyAction| {
-            let list = match action {
-                PolicyAction::Allow => &mut plan.permitted,
-                PolicyAction::Deny => &mut plan.denied,
-            };
-            if !list.contains(&address) {
-                list.push(address);
-            }
+        let mut add = |address: IpAddr, action: PolicyAction| match action {
+            PolicyAction::Allow => plan.permitted.push(address),
+            PolicyAction::Deny => plan.denied.push(address),
         };
-        for route in self.expected_routes() {
+        for route in &routes {
             let IpAddr::V4(network) = route.network.address else {
                 continue;
             };
@@ -498,7 +491,7 @@ impl DerivedNetworkPolicy {
             if let Some(address) = candidates
                 .into_iter()
                 .map(|a| IpAddr::V4(Ipv4Addr::from(a)))
-                .find(|a| self.deciding_route(*a) == Some(route))
+                .find(|a| longest_match(&routes, *a) == Some(*route))
             {
                 add(address, route.action);
             }
@@ -506,18 +499,30 @@ impl DerivedNetworkPolicy {
         let unlisted = UNLISTED_CANDIDATES
             .into_iter()
             .map(|a| IpAddr::V4(Ipv4Addr::from(a)))
-            .find(|a| self.deciding_route(*a).is_none());
+            .find(|a| longest_match(&routes, *a).is_none());
         if let Some(address) = unlisted {
-            add(address, self.action_for(address));
+            add(address, self.decide(&routes, address));
         }
         let gateway = IpAddr::V4(gateway);
-        if self.action_for(gateway) == PolicyAction::Deny {
+        if self.decide(&routes, gateway) == PolicyAction::Deny {
             add(gateway, PolicyAction::Deny);
         }
-        plan.denied.sort();
-        plan.permitted.sort();
+        for list in [&mut plan.denied, &mut plan.permitted] {
+            list.sort();
+            list.dedup();
+        }
         plan
     }
+}
+
+/// The route among `routes` that decides `address`: the longest prefix
+/// containing it.
+fn longest_match(routes: &[PrefixRule], address: IpAddr) -> Option<PrefixRule> {
+    routes
+        .iter()
+        .filter(|r| r.network.contains(address))
+        .max_by_key(|r| r.network.prefix_len)
+        .copied()
 }
 
 /// Addresses tried, in order, as the unlisted destination of a probe.

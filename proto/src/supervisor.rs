@@ -8,7 +8,11 @@
 //! trusts no field of a report until it has re-proven the identities the
 //! descriptors carry.
 
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+
 use serde::{Deserialize, Serialize};
+
+use crate::channel::Limits;
 
 use crate::codec::WireRecord;
 use crate::common::HostPath;
@@ -21,6 +25,31 @@ use crate::sidecar::AttestParameters;
 /// The index of a descriptor in the packet that carries a message.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FdIndex(pub u16);
+
+impl FdIndex {
+    /// The descriptor this index names among a packet's `fds`.
+    pub fn get(self, fds: &[OwnedFd]) -> Option<BorrowedFd<'_>> {
+        fds.get(usize::from(self.0)).map(AsFd::as_fd)
+    }
+
+    /// The descriptor this index names, keeping it and closing the rest.
+    pub fn pick(self, fds: Vec<OwnedFd>) -> Option<OwnedFd> {
+        fds.into_iter().nth(usize::from(self.0))
+    }
+
+    /// Takes the descriptor this index names out of a packet's `fds`, for
+    /// packets that carry several to keep.
+    pub fn take(self, fds: &mut [Option<OwnedFd>]) -> Option<OwnedFd> {
+        fds.get_mut(usize::from(self.0)).and_then(Option::take)
+    }
+}
+
+/// The limits of the coordinator ↔ supervisor channel, the same at both
+/// ends: enough descriptors for every State Anchor and volume of one plan.
+pub const PLAN_LIMITS: Limits = Limits {
+    max_bytes: 64 * 1024,
+    max_fds: 253,
+};
 
 /// One persistent directory of the State Anchor: an overlay of the prepared
 /// lower's directory and the Domain's upper, shown at `sandbox_path`.
@@ -136,6 +165,17 @@ impl ExecSignal {
             ExecSignal::Quit => "QUIT",
             ExecSignal::Terminate => "TERM",
             ExecSignal::Kill => "KILL",
+        }
+    }
+}
+
+impl From<crate::terminal::TerminalSignalKind> for ExecSignal {
+    fn from(kind: crate::terminal::TerminalSignalKind) -> Self {
+        use crate::terminal::TerminalSignalKind as Kind;
+        match kind {
+            Kind::Interrupt => Self::Interrupt,
+            Kind::Quit => Self::Quit,
+            Kind::Terminate => Self::Terminate,
         }
     }
 }

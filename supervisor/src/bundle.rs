@@ -9,14 +9,12 @@
 //! memfd; the bundle holding them is on the Domain mount namespace's private
 //! tmpfs, in memory only. Trusts the staged paths it is given.
 
-use std::io;
 use std::net::Ipv4Addr;
 use std::os::fd::BorrowedFd;
 use std::path::Path;
 
 use lazaret_proto::config::VolumeAccess;
 use lazaret_proto::layout::{CONTROL_AREA, WORKSPACE};
-use rustix::fs::SealFlags;
 use serde_json::{Value, json};
 
 use crate::mounts::Staged;
@@ -53,28 +51,20 @@ fn bind(destination: &str, source: &Path, read_only: bool) -> Value {
     })
 }
 
+/// The most environment bytes a sandbox takes (Linux's own limit for the
+/// arguments and environment of one program).
+const MAX_ENVIRONMENT: usize = 2 * 1024 * 1024;
+
 /// Reads the sandbox environment from the coordinator's sealed memfd:
 /// `NAME=value` entries, each ended by a NUL byte. Refuses a memfd that is
 /// not sealed against writes, or an entry without a name.
 pub fn read_environment(fd: BorrowedFd<'_>) -> Result<Vec<String>, String> {
-    let seals = rustix::fs::fcntl_get_seals(fd)
-        .map_err(|e| format!("the environment is not a memfd: {e}"))?;
-    let needed = SealFlags::WRITE | SealFlags::GROW | SealFlags::SHRINK;
-    if !seals.contains(needed) {
-        return Err("the environment memfd is not sealed".into());
-    }
-    let mut bytes = Vec::new();
-    let mut offset = 0u64;
-    let mut buf = [0u8; 4096];
-    loop {
-        let n = rustix::io::pread(fd, &mut buf, offset)
-            .map_err(|e| format!("cannot read the environment: {e}"))?;
-        if n == 0 {
-            break;
-        }
-        bytes.extend_from_slice(&buf[..n]);
-        offset += n as u64;
-    }
+    let bytes = lazaret_proto::memfd::read_sealed(fd, MAX_ENVIRONMENT).map_err(|e| {
+        format!(
+            "the sandbox environment: {}",
+            lazaret_proto::error_chain(&e)
+        )
+    })?;
     let mut entries = Vec::new();
     for entry in bytes.split(|b| *b == 0).filter(|e| !e.is_empty()) {
         let entry = String::from_utf8(entry.to_vec())
@@ -156,14 +146,19 @@ pub fn write(
     hostname: &str,
     environment: &[String],
     resolvers: &[Ipv4Addr],
-) -> io::Result<()> {
+) -> Result<(), String> {
+    let write = |name: &str, bytes: &[u8]| {
+        let path = staged.bundle.join(name);
+        std::fs::write(&path, bytes).map_err(|e| format!("cannot write {}: {e}", path.display()))
+    };
     let resolv_conf: String = resolvers
         .iter()
         .map(|r| format!("nameserver {r}\n"))
         .collect();
-    std::fs::write(staged.bundle.join(RESOLV_CONF), resolv_conf)?;
-    let text = serde_json::to_vec_pretty(&spec(staged, hostname, environment))?;
-    std::fs::write(staged.bundle.join("config.json"), text)
+    write(RESOLV_CONF, resolv_conf.as_bytes())?;
+    let text = serde_json::to_vec_pretty(&spec(staged, hostname, environment))
+        .map_err(|e| format!("cannot encode the runtime specification: {e}"))?;
+    write("config.json", &text)
 }
 
 /// The sandbox's `/etc/resolv.conf`, staged beside `config.json`.

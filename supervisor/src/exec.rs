@@ -11,7 +11,6 @@
 //! request and descriptors.
 
 use std::collections::{HashMap, HashSet};
-use std::io::Write;
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -19,7 +18,6 @@ use std::sync::{Arc, Condvar, Mutex};
 
 use lazaret_proto::ids::SessionId;
 use lazaret_proto::supervisor::{ExecRequest, ExecSignal, ExecStdio};
-use rustix::fs::{MemfdFlags, SealFlags};
 use rustix::process::{Pid, PidfdFlags, WaitOptions, WaitStatus, pidfd_open};
 use serde_json::json;
 
@@ -122,18 +120,6 @@ fn process_spec(request: &ExecRequest, environment: &[String]) -> serde_json::Va
     })
 }
 
-/// A sealed memfd holding `bytes`.
-fn sealed(name: &str, bytes: &[u8]) -> std::io::Result<OwnedFd> {
-    let fd = rustix::fs::memfd_create(name, MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)?;
-    let mut file = std::fs::File::from(fd);
-    file.write_all(bytes)?;
-    rustix::fs::fcntl_add_seals(
-        &file,
-        SealFlags::SHRINK | SealFlags::GROW | SealFlags::WRITE | SealFlags::SEAL,
-    )?;
-    Ok(OwnedFd::from(file))
-}
-
 /// A session process that started.
 #[derive(Debug)]
 pub struct Started {
@@ -216,7 +202,7 @@ pub fn spawn(
 ) -> Result<Started, String> {
     let spec =
         serde_json::to_vec(&process_spec(request, environment)).map_err(|e| e.to_string())?;
-    let spec = sealed("lazaret-process", &spec)
+    let spec = lazaret_proto::memfd::sealed_bytes("lazaret-process", &spec)
         .map_err(|e| format!("cannot hold the process spec: {e}"))?;
     let (input, output) = stdio;
     let dup = |fd: BorrowedFd<'_>| {

@@ -46,10 +46,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
 use std::sync::Arc;
 
-use lazaret_proto::channel::{ChannelError, Endpoint, Limits, Received};
+use lazaret_proto::channel::{ChannelError, Endpoint, Received};
 use lazaret_proto::error_chain as chain;
 use lazaret_proto::supervisor::{
-    ExecRequest, ExecStdio, FdIndex, SandboxPlan, SupervisorError, SupervisorReport,
+    ExecRequest, ExecStdio, FdIndex, PLAN_LIMITS, SandboxPlan, SupervisorError, SupervisorReport,
     SupervisorRequest, SupervisorStep,
 };
 use rustix::process::{Pid, PidfdFlags, Signal, pidfd_open};
@@ -145,7 +145,12 @@ fn pid1() -> ExitCode {
         }
     };
     let SupervisorRequest::Start(plan) = message else {
-        eprintln!("lazaret-supervisor: the first request must be Start");
+        let error = failed(
+            SupervisorStep::Request,
+            format!("the first request must be Start, not {message:?}"),
+        );
+        eprintln!("lazaret-supervisor: {}", error.detail);
+        let _ = channel.send(&SupervisorReport::Failed(error), &[]);
         return ExitCode::FAILURE;
     };
     match start(&channel, &plan, &fds) {
@@ -165,21 +170,13 @@ fn pid1() -> ExitCode {
     }
 }
 
-/// Enough descriptors for every State Anchor and volume of one plan.
-const PLAN_LIMITS: Limits = Limits {
-    max_bytes: 64 * 1024,
-    max_fds: 253,
-};
-
-fn fd_at<'a>(fds: &'a [OwnedFd], index: FdIndex) -> Result<BorrowedFd<'a>, SupervisorError> {
-    fds.get(usize::from(index.0))
-        .map(AsFd::as_fd)
-        .ok_or_else(|| {
-            failed(
-                SupervisorStep::Request,
-                format!("descriptor {} is missing", index.0),
-            )
-        })
+fn fd_at(fds: &[OwnedFd], index: FdIndex) -> Result<BorrowedFd<'_>, SupervisorError> {
+    index.get(fds).ok_or_else(|| {
+        failed(
+            SupervisorStep::Request,
+            format!("descriptor {} is missing", index.0),
+        )
+    })
 }
 
 /// What serving a running sandbox needs.
@@ -199,21 +196,26 @@ fn start(
     mounts::private_proc().map_err(|e| failed(SupervisorStep::Mounts, chain(&e)))?;
     // The coordinator's descriptors name host mounts; reopen each mount
     // source as the same object inside the Domain mount namespace.
-    let rebased = |index: FdIndex| {
-        mounts::rebase(fd_at(fds, index)?, "a mount source")
+    let rebased = |index: FdIndex, what: &str| {
+        mounts::rebase(fd_at(fds, index)?, what)
             .map_err(|e| failed(SupervisorStep::Mounts, chain(&e)))
     };
-    let rootfs = rebased(plan.rootfs)?;
-    let workspace = rebased(plan.workspace)?;
+    let rootfs = rebased(plan.rootfs, "the image's root filesystem")?;
+    let workspace = rebased(plan.workspace, "the workspace")?;
     let anchor_dirs = plan
         .anchors
         .iter()
-        .map(|a| rebased(a.state_dir))
+        .map(|a| rebased(a.state_dir, &format!("the state of {}", a.sandbox_path)))
         .collect::<Result<Vec<_>, _>>()?;
     let volume_sources = plan
         .volumes
         .iter()
-        .map(|v| rebased(v.source))
+        .map(|v| {
+            rebased(
+                v.source,
+                &format!("the source of volume {}", v.sandbox_path),
+            )
+        })
         .collect::<Result<Vec<_>, _>>()?;
     let sources = mounts::Sources {
         rootfs: rootfs.as_fd(),
@@ -263,16 +265,17 @@ fn start(
     };
     send(
         channel,
+        SupervisorStep::Namespaces,
         &report,
         &[own_pidfd.as_fd(), user_fd.as_fd(), net_fd.as_fd()],
     )?;
-    drop((user_fd, net_fd));
+    drop(user_fd);
 
     let staged = mounts::stage(runtime_dir, &sources)
         .map_err(|e| failed(SupervisorStep::Mounts, chain(&e)))?;
     bundle::write(&staged, "lazaret", &environment, &plan.resolvers)
         .map_err(|e| failed(SupervisorStep::Bundle, e))?;
-    if !await_network(channel)? {
+    if !await_network(channel, net_fd.as_fd())? {
         return Ok(None);
     }
     let container_id = plan.container_id.to_string();
@@ -294,7 +297,7 @@ fn start(
         runtime_root: staged.runsc_root.as_os_str().as_encoded_bytes().into(),
         bundle: staged.bundle.as_os_str().as_encoded_bytes().into(),
     };
-    send(channel, &report, &descriptors)?;
+    send(channel, SupervisorStep::Identities, &report, &descriptors)?;
     Ok(Some(Running {
         runsc,
         runsc_root: staged.runsc_root,
@@ -305,7 +308,7 @@ fn start(
 /// Serves the requests before the sandbox runs: `AttestNetwork` (any
 /// number of times), then `RunSandbox`, which needs an attestation. False
 /// when asked to stop instead.
-fn await_network(channel: &Channel) -> Result<bool, SupervisorError> {
+fn await_network(channel: &Channel, namespace: BorrowedFd<'_>) -> Result<bool, SupervisorError> {
     let mut attested = false;
     loop {
         let Received { message, fds } = channel
@@ -314,10 +317,11 @@ fn await_network(channel: &Channel) -> Result<bool, SupervisorError> {
         match message {
             SupervisorRequest::AttestNetwork { parameters, policy } => {
                 let policy = fd_at(&fds, policy)?;
-                let attestation = network::attest(parameters, policy)
+                let attestation = network::attest(parameters, namespace, policy)
                     .map_err(|detail| failed(SupervisorStep::Network, detail))?;
                 send(
                     channel,
+                    SupervisorStep::Network,
                     &SupervisorReport::NetworkAttested(Box::new(attestation)),
                     &[],
                 )?;
@@ -341,14 +345,19 @@ fn await_network(channel: &Channel) -> Result<bool, SupervisorError> {
     }
 }
 
+/// Sends a report made at `step`; a failure to send fails that step.
 fn send(
     channel: &Channel,
+    step: SupervisorStep,
     report: &SupervisorReport,
     fds: &[BorrowedFd<'_>],
 ) -> Result<(), SupervisorError> {
-    channel
-        .send(report, fds)
-        .map_err(|e| failed(SupervisorStep::Identities, chain(&e)))
+    channel.send(report, fds).map_err(|e| {
+        failed(
+            step,
+            format!("cannot report to the coordinator: {}", chain(&e)),
+        )
+    })
 }
 
 fn pidfd_of(pid: u32) -> std::io::Result<OwnedFd> {

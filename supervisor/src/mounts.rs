@@ -45,6 +45,17 @@ pub enum MountError {
         #[source]
         source: io::Error,
     },
+    /// A mount source could not be reopened inside the Domain mount
+    /// namespace as the object the coordinator opened.
+    #[error("cannot reopen {what} ({path}) inside the Domain mount namespace: {reason}")]
+    Reopen {
+        /// Which source.
+        what: String,
+        /// Its path, as far as known.
+        path: String,
+        /// What went wrong.
+        reason: String,
+    },
     /// A persistent directory is not a directory in the image.
     #[error("{path} in the image is not a directory")]
     NotADirectory {
@@ -65,6 +76,8 @@ fn create_dir(path: &Path) -> Result<(), MountError> {
     })
 }
 
+/// Mounts a filesystem of type `fstype` (its source named the same) at
+/// `target`; `what` says what it is for, in errors.
 fn mount(
     what: &str,
     target: &Path,
@@ -72,18 +85,15 @@ fn mount(
     flags: MountFlags,
     data: &str,
 ) -> Result<(), MountError> {
-    let data = std::ffi::CString::new(data).map_err(|_| MountError::Mount {
-        what: format!("{fstype} ({what})"),
+    let failed = |source| MountError::Mount {
+        what: what.to_owned(),
         target: target.display().to_string(),
-        source: io::Error::from(io::ErrorKind::InvalidInput),
-    })?;
-    rustix::mount::mount(what, target, fstype, flags, Some(data.as_c_str())).map_err(|e| {
-        MountError::Mount {
-            what: format!("{fstype} ({what})"),
-            target: target.display().to_string(),
-            source: e.into(),
-        }
-    })
+        source,
+    };
+    let data = std::ffi::CString::new(data)
+        .map_err(|_| failed(io::Error::from(io::ErrorKind::InvalidInput)))?;
+    rustix::mount::mount(fstype, target, fstype, flags, Some(data.as_c_str()))
+        .map_err(|e| failed(e.into()))
 }
 
 fn bind(source: BorrowedFd<'_>, target: &Path, what: &str) -> Result<(), MountError> {
@@ -157,13 +167,17 @@ pub struct Sources<'a> {
 /// the object found must be the same one (device and inode) the
 /// coordinator opened; anything else is refused.
 pub fn rebase(fd: BorrowedFd<'_>, what: &str) -> Result<OwnedFd, MountError> {
-    let refuse = |reason: String| MountError::Mount {
+    let link = fd_path(fd);
+    let path = std::fs::read_link(&link).map_err(|e| MountError::Reopen {
         what: what.to_owned(),
-        target: fd_path(fd),
-        source: io::Error::other(reason),
+        path: link.clone(),
+        reason: format!("cannot read its path: {e}"),
+    })?;
+    let refuse = |reason: String| MountError::Reopen {
+        what: what.to_owned(),
+        path: path.display().to_string(),
+        reason,
     };
-    let path = std::fs::read_link(fd_path(fd))
-        .map_err(|e| refuse(format!("cannot read its path: {e}")))?;
     let again = rustix::fs::openat2(
         rustix::fs::CWD,
         &path,
@@ -171,11 +185,13 @@ pub fn rebase(fd: BorrowedFd<'_>, what: &str) -> Result<OwnedFd, MountError> {
         Mode::empty(),
         ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
     )
-    .map_err(|e| refuse(format!("cannot reopen {}: {e}", path.display())))?;
+    .map_err(|e| refuse(e.to_string()))?;
     let before = rustix::fs::fstat(fd).map_err(|e| refuse(e.to_string()))?;
     let after = rustix::fs::fstat(&again).map_err(|e| refuse(e.to_string()))?;
     if (before.st_dev, before.st_ino) != (after.st_dev, after.st_ino) {
-        return Err(refuse(format!("{} was replaced", path.display())));
+        return Err(refuse(
+            "it was replaced after the coordinator opened it; run `lazaret up` again".into(),
+        ));
     }
     Ok(again)
 }
@@ -218,7 +234,7 @@ pub fn private_proc() -> Result<(), MountError> {
         source: e.into(),
     })?;
     mount(
-        "proc",
+        "the Domain's /proc",
         Path::new("/proc"),
         "proc",
         MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC,
@@ -232,7 +248,7 @@ pub fn stage(runtime_dir: &Path, sources: &Sources<'_>) -> Result<Staged, MountE
     let scratch = runtime_dir.join("mnt");
     create_dir(&scratch)?;
     mount(
-        "lazaret",
+        "the staging tmpfs",
         &scratch,
         "tmpfs",
         MountFlags::NOSUID | MountFlags::NODEV,
@@ -260,7 +276,7 @@ pub fn stage(runtime_dir: &Path, sources: &Sources<'_>) -> Result<Staged, MountE
         scratch.join("root/work").display()
     );
     mount(
-        "overlay",
+        "the root filesystem overlay",
         &rootfs,
         "overlay",
         MountFlags::empty(),
@@ -281,7 +297,8 @@ pub fn stage(runtime_dir: &Path, sources: &Sources<'_>) -> Result<Staged, MountE
         create_dir(&target)?;
         let options =
             format!("lowerdir={lower},upperdir={state}/upper,workdir={state}/work,userxattr");
-        mount("overlay", &target, "overlay", MountFlags::empty(), &options)?;
+        let what = format!("the persistent dir {}", anchor.sandbox_path);
+        mount(&what, &target, "overlay", MountFlags::empty(), &options)?;
         anchors.push((anchor.sandbox_path.to_owned(), target));
     }
 

@@ -8,7 +8,7 @@
 //! reaps it. Trusts the Host Coordinator's request; does not trust the
 //! sidecar's report beyond relaying it (the Host Coordinator verifies it).
 
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::BorrowedFd;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -19,7 +19,6 @@ use lazaret_proto::network::NetworkReadinessAttestation;
 use lazaret_proto::sidecar::{AttestParameters, AttestRequest, SidecarReport, SidecarRequest};
 use lazaret_proto::supervisor::FdIndex;
 use rustix::event::{PollFd, PollFlags, poll};
-use rustix::fs::{Mode, OFlags};
 
 use crate::sys::with_net_admin_only;
 
@@ -41,19 +40,15 @@ fn sidecar_binary() -> Result<PathBuf, String> {
     }
 }
 
-/// Runs the sidecar on `policy` in this process's network namespace and
-/// returns its attestation, or why there is none.
+/// Runs the sidecar on `policy` in `namespace`, the network namespace
+/// this process runs in, and returns its attestation, or why there is
+/// none.
 pub fn attest(
     parameters: AttestParameters,
+    namespace: BorrowedFd<'_>,
     policy: BorrowedFd<'_>,
 ) -> Result<NetworkReadinessAttestation, String> {
     let binary = sidecar_binary()?;
-    let namespace: OwnedFd = rustix::fs::open(
-        "/proc/thread-self/ns/net",
-        OFlags::RDONLY | OFlags::CLOEXEC,
-        Mode::empty(),
-    )
-    .map_err(|e| format!("cannot open the enforcement namespace: {e}"))?;
     let (ours, theirs) = pair::<SidecarRequest, SidecarReport>()
         .map_err(|e| format!("cannot make the sidecar's channel: {}", chain(&e)))?;
     let mut command = Command::new(&binary);
@@ -72,18 +67,24 @@ pub fn attest(
         policy: FdIndex(1),
     });
     let result = ours
-        .send(&request, &[namespace.as_fd(), policy])
+        .send(&request, &[namespace, policy])
         .map_err(|e| format!("cannot reach the sidecar: {}", chain(&e)))
         .and_then(|()| {
-            let mut fds = [PollFd::new(&ours, PollFlags::IN)];
-            let timeout = rustix::event::Timespec::try_from(ATTEST_TIMEOUT).ok();
-            match poll(&mut fds, timeout.as_ref()) {
-                Ok(n) if n > 0 => {}
-                _ => {
-                    return Err(format!(
-                        "the sidecar did not attest within {} s",
-                        ATTEST_TIMEOUT.as_secs()
-                    ));
+            let deadline = std::time::Instant::now() + ATTEST_TIMEOUT;
+            loop {
+                let left = deadline.saturating_duration_since(std::time::Instant::now());
+                let timeout = rustix::event::Timespec::try_from(left).ok();
+                let mut fds = [PollFd::new(&ours, PollFlags::IN)];
+                match poll(&mut fds, timeout.as_ref()) {
+                    Ok(0) => {
+                        return Err(format!(
+                            "the sidecar did not attest within {} s",
+                            ATTEST_TIMEOUT.as_secs()
+                        ));
+                    }
+                    Ok(_) => break,
+                    Err(rustix::io::Errno::INTR) => continue,
+                    Err(e) => return Err(format!("cannot wait for the sidecar: {e}")),
                 }
             }
             match ours.recv() {

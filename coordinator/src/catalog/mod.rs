@@ -236,6 +236,14 @@ pub struct StorageCatalog {
     locks: RetainedDir,
 }
 
+/// Whom a preparation is for, and the image as the user wrote it.
+#[derive(Clone, Copy)]
+struct Target<'a> {
+    domain: DomainId,
+    generation: GenerationId,
+    shown: &'a str,
+}
+
 /// One prepare operation's staging directory, held locked.
 #[derive(Debug)]
 struct Staging {
@@ -767,6 +775,11 @@ impl StorageCatalog {
         progress: &mut dyn FnMut(Progress),
     ) -> Result<PreparedLower, CatalogError> {
         let shown = source.to_string();
+        let target = Target {
+            domain,
+            generation,
+            shown: &shown,
+        };
         let image_error = |source: ImageError| CatalogError::Image {
             image: shown.clone(),
             source,
@@ -791,9 +804,7 @@ impl StorageCatalog {
                     resolved.tag.as_deref().or(tag.as_deref()),
                 );
                 let staging = self.begin(identity)?;
-                self.complete(
-                    staging, &layout, &resolved, domain, generation, &shown, progress,
-                )
+                self.complete(staging, &layout, &resolved, target, progress)
             }
             ImageSource::OciArchive { path, tag } => {
                 let canonical = std::fs::canonicalize(path)
@@ -804,24 +815,13 @@ impl StorageCatalog {
                     })
                     .map_err(image_error)?;
                 let staging = self.begin(identity_of(source, &canonical, None))?;
-                let opened = (|| {
-                    let layout = self.staged_layout(&staging, |dir| {
+                self.stage(staging, target, progress, |staging, progress| {
+                    let layout = self.staged_layout(staging, |dir| {
                         image::extract_archive(&canonical, dir, progress).map(drop)
                     })?;
                     let resolved = layout.resolve(tag.as_deref())?;
-                    Ok::<_, ImageError>((layout, resolved))
-                })();
-                let (layout, resolved) = match opened {
-                    Ok(opened) => opened,
-                    Err(e) => {
-                        self.abandon(staging);
-                        return Err(image_error(e));
-                    }
-                };
-                self.announce(&resolved, progress);
-                self.complete(
-                    staging, &layout, &resolved, domain, generation, &shown, progress,
-                )
+                    Ok((layout, resolved))
+                })
             }
             ImageSource::Registry { reference } => {
                 progress(Progress::Resolving {
@@ -839,7 +839,7 @@ impl StorageCatalog {
                     image: shown.clone(),
                 });
                 let destination = self.staging.label().join(&staging.name).join(STAGED_LAYOUT);
-                let fetched = (|| {
+                self.stage(staging, target, progress, |staging, _| {
                     image::fetch::copy_registry(reference, digest, &destination, FETCH_TAG)?;
                     let dir = open_dir_path(staging.dir.as_fd(), STAGED_LAYOUT).map_err(|e| {
                         ImageError::Io {
@@ -861,20 +861,35 @@ impl StorageCatalog {
                         });
                     }
                     Ok((layout, resolved))
-                })();
-                let (layout, resolved) = match fetched {
-                    Ok(fetched) => fetched,
-                    Err(e) => {
-                        self.abandon(staging);
-                        return Err(image_error(e));
-                    }
-                };
-                self.announce(&resolved, progress);
-                self.complete(
-                    staging, &layout, &resolved, domain, generation, &shown, progress,
-                )
+                })
             }
         }
+    }
+
+    /// Fills a staging entry with `build`, abandoning it if that fails,
+    /// then announces the image and completes the preparation.
+    fn stage(
+        &self,
+        staging: Staging,
+        target: Target<'_>,
+        progress: &mut dyn FnMut(Progress),
+        build: impl FnOnce(
+            &Staging,
+            &mut dyn FnMut(Progress),
+        ) -> Result<(OciLayout, ResolvedImage), ImageError>,
+    ) -> Result<PreparedLower, CatalogError> {
+        let (layout, resolved) = match build(&staging, progress) {
+            Ok(built) => built,
+            Err(source) => {
+                self.abandon(staging);
+                return Err(CatalogError::Image {
+                    image: target.shown.to_owned(),
+                    source,
+                });
+            }
+        };
+        self.announce(&resolved, progress);
+        self.complete(staging, &layout, &resolved, target, progress)
     }
 
     fn announce(&self, resolved: &ResolvedImage, progress: &mut dyn FnMut(Progress)) {
@@ -1009,15 +1024,16 @@ impl StorageCatalog {
     /// Under the digest lock: leases an artifact another process finished
     /// meanwhile, or unpacks, then moves the artifact into place and
     /// records it. Abandons the operation on any failure.
-    #[allow(clippy::too_many_arguments)]
     fn complete(
         &self,
         staging: Staging,
         layout: &OciLayout,
         resolved: &ResolvedImage,
-        domain: DomainId,
-        generation: GenerationId,
-        shown: &str,
+        Target {
+            domain,
+            generation,
+            shown,
+        }: Target<'_>,
         progress: &mut dyn FnMut(Progress),
     ) -> Result<PreparedLower, CatalogError> {
         let result = (|| {

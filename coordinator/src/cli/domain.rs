@@ -287,8 +287,8 @@ fn network_json(network: &NetworkStatus) -> Value {
     };
     json!({
         "state": "attested",
-        "policy_digest": network.policy_digest.to_hex(),
-        "readiness_fingerprint": network.readiness_fingerprint.to_hex(),
+        "policy_digest": a.derived_policy_digest.to_hex(),
+        "readiness_fingerprint": a.readiness_identity().fingerprint().map(|d| d.to_hex()).unwrap_or_default(),
         "allow": prefixes(PolicyAction::Allow),
         "deny": prefixes(PolicyAction::Deny),
         "unlisted": "unreachable",
@@ -339,7 +339,7 @@ fn status_text(status: &DomainStatus) -> String {
         routes = v["network"]["observed_routes"],
         denied = status.network.attestation.denied_destinations.len(),
         permitted = status.network.attestation.permitted_destinations.len(),
-        policy = &status.network.policy_digest.to_hex()[..16],
+        policy = &status.network.attestation.derived_policy_digest.to_hex()[..16],
         allow = join_or_none(&v["network"]["allow"]),
         deny = join_or_none(&v["network"]["deny"]),
         helper = status.network.connectivity_helper.host_pid,

@@ -310,6 +310,27 @@ fn matches_host(descriptor: &Descriptor) -> bool {
         .is_some_and(|p| p.os == os && p.architecture == arch)
 }
 
+/// The manifest for this host's platform among `manifests`; the error
+/// names the layout (`layout`) and the platforms it offers.
+fn host_manifest(
+    manifests: &[Descriptor],
+    layout: impl FnOnce() -> String,
+) -> Result<&Descriptor, ImageError> {
+    manifests.iter().find(|d| matches_host(d)).ok_or_else(|| {
+        let (os, arch) = host_platform();
+        ImageError::NoPlatform {
+            layout: layout(),
+            platform: format!("{os}/{arch}"),
+            available: manifests
+                .iter()
+                .filter_map(|d| d.platform.as_ref())
+                .map(|p| format!("{}/{}", p.os, p.architecture))
+                .collect::<Vec<_>>()
+                .join(", "),
+        }
+    })
+}
+
 impl OciLayout {
     /// Opens the layout directory at `path` (the user's path; symbolic
     /// links in it are followed once, here) and checks its `oci-layout`
@@ -542,23 +563,7 @@ impl OciLayout {
                         path: self.path_of(&Self::blob_name(&digest)),
                         source,
                     })?;
-                let (os, arch) = host_platform();
-                descriptor = nested
-                    .manifests
-                    .iter()
-                    .find(|d| matches_host(d))
-                    .cloned()
-                    .ok_or_else(|| ImageError::NoPlatform {
-                        layout: self.label(),
-                        platform: format!("{os}/{arch}"),
-                        available: nested
-                            .manifests
-                            .iter()
-                            .filter_map(|d| d.platform.as_ref())
-                            .map(|p| format!("{}/{}", p.os, p.architecture))
-                            .collect::<Vec<_>>()
-                            .join(", "),
-                    })?;
+                descriptor = host_manifest(&nested.manifests, || self.label())?.clone();
                 continue;
             }
             if !is_manifest(&media_type) {
@@ -671,22 +676,7 @@ pub fn select_raw(raw: &[u8], origin: &str) -> Result<ManifestDigest, ImageError
                 path: origin.to_owned(),
                 source,
             })?;
-        let (os, arch) = host_platform();
-        let entry = index
-            .manifests
-            .iter()
-            .find(|d| matches_host(d))
-            .ok_or_else(|| ImageError::NoPlatform {
-                layout: origin.to_owned(),
-                platform: format!("{os}/{arch}"),
-                available: index
-                    .manifests
-                    .iter()
-                    .filter_map(|d| d.platform.as_ref())
-                    .map(|p| format!("{}/{}", p.os, p.architecture))
-                    .collect::<Vec<_>>()
-                    .join(", "),
-            })?;
+        let entry = host_manifest(&index.manifests, || origin.to_owned())?;
         return Ok(ManifestDigest(parse_digest(&entry.digest, origin)?));
     }
     if !is_manifest(&media_type) {

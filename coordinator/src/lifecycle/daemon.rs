@@ -29,7 +29,7 @@ use std::process::{Child, Command, ExitCode, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lazaret_proto::channel::{ChannelError, Endpoint, Limits, Received};
+use lazaret_proto::channel::{ChannelError, Endpoint, Received};
 use lazaret_proto::common::{HostPath, UnixTimeNs};
 use lazaret_proto::config::ConfigurationFingerprintRecordV1;
 use lazaret_proto::control::{
@@ -44,7 +44,8 @@ use lazaret_proto::ownership::{
 use lazaret_proto::process::PersistedHostProcessOwnership;
 use lazaret_proto::store::{Domain, Generation, GenerationState, Participant, ParticipantState};
 use lazaret_proto::supervisor::{
-    AnchorMount, FdIndex, SandboxPlan, SupervisorReport, SupervisorRequest, VolumeMount,
+    AnchorMount, FdIndex, PLAN_LIMITS, SandboxPlan, SupervisorReport, SupervisorRequest,
+    VolumeMount,
 };
 use lazaret_proto::trust::GenerationIdentity;
 use rustix::event::{PollFd, PollFlags, poll};
@@ -65,12 +66,6 @@ use crate::store::{DomainStore, Slot};
 type Startup = Endpoint<StartupEvent, ControlRequest>;
 type SupervisorChannel = Endpoint<SupervisorRequest, SupervisorReport>;
 type ControlPeer = Endpoint<ControlResponse, ControlRequest>;
-
-/// Enough descriptors for every State Anchor and volume of one plan.
-const PLAN_LIMITS: Limits = Limits {
-    max_bytes: 64 * 1024,
-    max_fds: 253,
-};
 
 /// How long the supervisor may take to stop the sandbox.
 const STOP_TIMEOUT: Duration = Duration::from_secs(20);
@@ -1046,7 +1041,7 @@ fn publish_sessions(
 /// The resolved sandbox environment in a sealed memfd: `NAME=value\0`
 /// entries. The values exist only in this process's memory and the memfd.
 fn environment_memfd(resolved: &ResolvedDomainConfiguration) -> std::io::Result<OwnedFd> {
-    crate::network::sealed_memfd("lazaret-environment", |file| {
+    lazaret_proto::memfd::sealed("lazaret-environment", |file| {
         for (name, value) in resolved.environment() {
             std::io::Write::write_all(file, name.as_str().as_bytes())?;
             std::io::Write::write_all(file, b"=")?;
@@ -1206,8 +1201,8 @@ fn await_namespaces(supervisor: &Supervisor) -> Result<Namespaces, Failure> {
     };
     let mut fds: Vec<Option<OwnedFd>> = fds.into_iter().map(Some).collect();
     let mut take = |index: FdIndex, what: &str| {
-        fds.get_mut(usize::from(index.0))
-            .and_then(Option::take)
+        index
+            .take(&mut fds)
             .ok_or_else(|| failure(step, format!("the supervisor sent no {what}")))
     };
     let holder = take(holder, "holder pidfd")?;
@@ -1247,9 +1242,8 @@ fn await_sandbox(supervisor: &Supervisor) -> Result<(HostPath, HeldProcess), Fai
     else {
         return Err(unexpected(step, &message));
     };
-    let pidfd = fds
-        .into_iter()
-        .nth(usize::from(sandbox.0))
+    let pidfd = sandbox
+        .pick(fds)
         .ok_or_else(|| failure(step, "the supervisor sent no sandbox pidfd"))?;
     let sandbox = HeldProcess::from_pidfd(pidfd).map_err(|e| at(step)(&e))?;
     Ok((runtime_root, sandbox))

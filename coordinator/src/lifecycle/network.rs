@@ -159,9 +159,7 @@ pub(super) fn attach(
     reporter.progress(STEP, summary(&attestation));
     Ok(NetworkStatus {
         policy,
-        policy_digest,
         attestation: *attestation,
-        readiness_fingerprint,
         connectivity_helper: running.held.identity,
     })
 }

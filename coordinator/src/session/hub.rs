@@ -26,7 +26,7 @@ use lazaret_proto::supervisor::{
 };
 use lazaret_proto::terminal::{
     MAX_TERMINAL_CHUNK, PtyIdentity, SessionExit, SessionExitOutcome, SessionTerminalEvent,
-    SessionTerminalMessage, TerminalOutput, TerminalSignalKind,
+    SessionTerminalMessage, TerminalOutput,
 };
 use rustix::event::{PollFd, PollFlags, poll};
 use rustix::process::{Signal, pidfd_send_signal};
@@ -115,7 +115,7 @@ impl Hub {
             SupervisorReport::ExecStarted {
                 session_id,
                 process,
-            } => match fds.into_iter().nth(usize::from(process.0)) {
+            } => match process.pick(fds) {
                 Some(pidfd) => (session_id, HubEvent::Started(pidfd)),
                 None => (
                     session_id,
@@ -702,11 +702,7 @@ fn pump(
                         }
                     }
                     SessionTerminalEvent::Signal(signal) => {
-                        signaller.send(match signal.signal {
-                            TerminalSignalKind::Interrupt => ExecSignal::Interrupt,
-                            TerminalSignalKind::Quit => ExecSignal::Quit,
-                            TerminalSignalKind::Terminate => ExecSignal::Terminate,
-                        });
+                        signaller.send(signal.signal.into());
                     }
                     SessionTerminalEvent::Close(_) => {
                         // End of input: closing our end of the input pipe
