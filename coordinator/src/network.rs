@@ -105,7 +105,7 @@ impl ConnectivityHelper {
         let (exit_read, exit_write) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
             .map_err(|e| format!("cannot make a pipe: {e}"))?;
         // The child inherits these under the same numbers.
-        let path = |fd: BorrowedFd<'_>| format!("/proc/self/fd/{}", fd.as_raw_fd());
+        let path = crate::config::confined::proc_self_fd;
         let number = |fd: &OwnedFd| fd.as_raw_fd().to_string();
         let mut command = Command::new(&binary);
         command

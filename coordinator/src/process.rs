@@ -78,10 +78,19 @@ impl HeldProcess {
     }
 }
 
-/// The current boot's id.
+/// The current boot's id, read once per process: it cannot change while
+/// the process runs.
 pub fn boot_id() -> io::Result<BootId> {
-    let text = std::fs::read_to_string("/proc/sys/kernel/random/boot_id")?;
-    BootId::parse_kernel_text(text.trim()).ok_or_else(|| io::Error::other("unreadable boot id"))
+    static BOOT_ID: std::sync::OnceLock<BootId> = std::sync::OnceLock::new();
+    if let Some(id) = BOOT_ID.get() {
+        return Ok(*id);
+    }
+    let path = "/proc/sys/kernel/random/boot_id";
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| io::Error::new(e.kind(), format!("cannot read {path}: {e}")))?;
+    let id = BootId::parse_kernel_text(text.trim())
+        .ok_or_else(|| io::Error::other(format!("{path} does not hold a boot id")))?;
+    Ok(*BOOT_ID.get_or_init(|| id))
 }
 
 /// The pid (in this process's pid namespace) of the process behind a pidfd,

@@ -763,7 +763,13 @@ fn peer_credentials(fd: BorrowedFd<'_>) -> Result<PeerCredentials, ChannelError>
     })
 }
 
-fn require_peer_uid(fd: BorrowedFd<'_>, expected: Uid) -> Result<PeerCredentials, ChannelError> {
+/// Fails unless the effective uid of the peer of the Unix socket `fd` is
+/// `expected`; returns its credentials when it is. For sockets that carry
+/// another protocol than an [`Endpoint`]'s.
+pub fn require_peer_uid(
+    fd: BorrowedFd<'_>,
+    expected: Uid,
+) -> Result<PeerCredentials, ChannelError> {
     let credentials = peer_credentials(fd)?;
     if credentials.uid != expected {
         return Err(ChannelError::PeerUidMismatch {

@@ -40,6 +40,18 @@ impl From<&[u8]> for HostPath {
     }
 }
 
+impl From<&std::path::Path> for HostPath {
+    fn from(path: &std::path::Path) -> Self {
+        Self(path.as_os_str().as_bytes().to_vec())
+    }
+}
+
+impl From<&std::path::PathBuf> for HostPath {
+    fn from(path: &std::path::PathBuf) -> Self {
+        Self::from(path.as_path())
+    }
+}
+
 impl From<&str> for HostPath {
     fn from(text: &str) -> Self {
         Self(text.as_bytes().to_vec())

@@ -294,8 +294,8 @@ fn start(
     let report = SupervisorReport::SandboxRunning {
         sandbox: FdIndex(0),
         gofer: gofer.as_ref().map(|_| FdIndex(1)),
-        runtime_root: staged.runsc_root.as_os_str().as_encoded_bytes().into(),
-        bundle: staged.bundle.as_os_str().as_encoded_bytes().into(),
+        runtime_root: staged.runsc_root.as_path().into(),
+        bundle: staged.bundle.as_path().into(),
     };
     send(channel, SupervisorStep::Identities, &report, &descriptors)?;
     Ok(Some(Running {

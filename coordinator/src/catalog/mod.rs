@@ -333,20 +333,15 @@ fn encode<T: WireRecord>(record: &T) -> Result<Vec<u8>, CatalogError> {
     })
 }
 
-fn host_path(path: &Path) -> HostPath {
-    use std::os::unix::ffi::OsStrExt;
-    HostPath::from(path.as_os_str().as_bytes())
-}
-
 /// The source identity recorded for a source.
 fn identity_of(source: &ImageSource, canonical: &Path, tag: Option<&str>) -> ImageSourceIdentity {
     match source {
         ImageSource::OciLayout { .. } => ImageSourceIdentity::OciLayout {
-            path: host_path(canonical),
+            path: HostPath::from(canonical),
             tag: tag.unwrap_or_default().to_owned(),
         },
         ImageSource::OciArchive { .. } => ImageSourceIdentity::OciArchive {
-            path: host_path(canonical),
+            path: HostPath::from(canonical),
         },
         ImageSource::Registry { reference } => ImageSourceIdentity::Registry {
             reference: reference.to_string(),

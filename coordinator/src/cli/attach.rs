@@ -20,19 +20,12 @@ use lazaret_proto::terminal::{
 use rustix::event::{PollFd, PollFlags, poll};
 use rustix::termios::{OptionalActions, Termios};
 
-use super::{Failure, Globals};
+use super::{Failure, Globals, failure};
 use crate::config::HostEnvironment;
 use crate::lifecycle::{DomainPaths, chain};
 use crate::session::link::TlsLink;
-use crate::session::tls::{ClientCredential, SERVER_NAME, read_publication};
+use crate::session::tls::{ClientCredential, read_publication, server_name};
 use crate::session::{CREDENTIAL_DIR, SESSION_SOCKET};
-
-fn failure(message: impl Into<String>) -> Failure {
-    Failure {
-        message: message.into(),
-        status: 1,
-    }
-}
 
 /// Puts the terminal back as it was, whatever ends the session.
 struct RawMode {
@@ -77,22 +70,48 @@ fn window_size() -> (u16, u16) {
 pub fn attach(globals: &Globals, profile: &str, command: Vec<String>) -> Result<u8, Failure> {
     let workspace = globals.workspace_dir()?;
     let paths = DomainPaths::locate(profile, &workspace, &HostEnvironment::capture())?;
+    // A Domain that is not running has no runtime dir or no listener.
+    let absent = |e: &std::io::Error| {
+        matches!(
+            e.kind(),
+            std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
+        )
+    };
     let dir = rustix::fs::open(
         &paths.runtime_dir,
         rustix::fs::OFlags::PATH | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC,
         rustix::fs::Mode::empty(),
     )
-    .map_err(|_| not_running(profile))?;
-    let socket = lazaret_proto::channel::socket_path_at(dir.as_fd(), SESSION_SOCKET);
-    let stream = UnixStream::connect(&socket).map_err(|_| not_running(profile))?;
+    .map_err(|e| match std::io::Error::from(e) {
+        e if absent(&e) => not_running(profile),
+        e => failure(format!("cannot open {}: {e}", paths.runtime_dir.display())),
+    })?;
+    let credential_path = paths.runtime_dir.join(CREDENTIAL_DIR);
     let credential_dir =
-        crate::config::RetainedDir::open_ambient(&paths.runtime_dir.join(CREDENTIAL_DIR))
-            .map_err(|_| not_running(profile))?;
+        crate::config::RetainedDir::open_ambient(&credential_path).map_err(|e| match &e {
+            crate::config::ConfinedError::Missing { .. } => not_running(profile),
+            crate::config::ConfinedError::Io { source, .. } if absent(source) => {
+                not_running(profile)
+            }
+            e => failure(format!(
+                "cannot open the session credential directory: {}",
+                chain(e)
+            )),
+        })?;
     let credential = ClientCredential::load(&credential_dir)
         .map_err(|e| failure(format!("cannot load the session credential: {}", chain(&e))))?;
-    let server_name =
-        rustls::pki_types::ServerName::try_from(SERVER_NAME).map_err(|e| failure(e.to_string()))?;
-    let conn = rustls::ClientConnection::new(credential.client_config(), server_name)
+    let socket = lazaret_proto::channel::socket_path_at(dir.as_fd(), SESSION_SOCKET);
+    let stream = UnixStream::connect(&socket).map_err(|e| {
+        if absent(&e) {
+            not_running(profile)
+        } else {
+            failure(format!(
+                "cannot connect to {}: {e}",
+                paths.runtime_dir.join(SESSION_SOCKET).display()
+            ))
+        }
+    })?;
+    let conn = rustls::ClientConnection::new(credential.client_config(), server_name())
         .map_err(|e| failure(format!("cannot start TLS: {e}")))?;
     let mut link = TlsLink::handshake(conn, stream, Duration::from_secs(60)).map_err(|e| {
         failure(format!(
@@ -101,23 +120,10 @@ pub fn attach(globals: &Globals, profile: &str, command: Vec<String>) -> Result<
         ))
     })?;
 
-    let terminal = std::io::stdin().is_terminal();
-    let (rows, columns) = window_size();
-    let open = OpenSession {
-        command: (!command.is_empty()).then_some(command),
-        terminal,
-        rows,
-        columns,
-        term: terminal.then(|| std::env::var("TERM").ok()).flatten(),
-        // Without a terminal, the process reads and writes this CLI's own
-        // standard input and output when neither is a regular file (the
-        // sandbox would use its own file offsets there): nothing is relayed.
-        direct_stdio: !terminal
-            && !regular_file(rustix::stdio::stdin())
-            && !regular_file(rustix::stdio::stdout()),
-    };
     let manifest = credential.manifest();
-    // The publication beside the credential must name the same generation.
+    // The publication beside the credential must name the same generation
+    // (checked after the handshake, so that a credential of another
+    // generation is refused by TLS itself first).
     let publication = read_publication(&credential_dir).map_err(|e| {
         failure(format!(
             "cannot read the session publication: {}",
@@ -134,6 +140,22 @@ pub fn attach(globals: &Globals, profile: &str, command: Vec<String>) -> Result<
             paths.runtime_dir.display()
         )));
     }
+
+    let terminal = std::io::stdin().is_terminal();
+    let (rows, columns) = window_size();
+    let open = OpenSession {
+        command: (!command.is_empty()).then_some(command),
+        terminal,
+        rows,
+        columns,
+        term: terminal.then(|| std::env::var("TERM").ok()).flatten(),
+        // Without a terminal, the process reads and writes this CLI's own
+        // standard input and output when neither is a regular file (the
+        // sandbox would use its own file offsets there): nothing is relayed.
+        direct_stdio: !terminal
+            && !regular_file(rustix::stdio::stdin())
+            && !regular_file(rustix::stdio::stdout()),
+    };
     let lost =
         |e: &dyn std::error::Error| failure(format!("the session connection failed: {}", chain(e)));
     if open.direct_stdio {

@@ -13,20 +13,13 @@ use lazaret_proto::ids::to_hex;
 use lazaret_proto::network::{DnsOutcome, PolicyAction};
 use serde_json::{Value, json};
 
-use super::{Failure, Globals, print};
+use super::{Failure, Globals, failure, print};
 use crate::config::HostEnvironment;
 use crate::lifecycle::client::{self, ClientError, CoordinatorMode};
 use crate::lifecycle::{DomainPaths, chain};
 
 /// How long `down` waits for the coordinator to exit after stopping.
 const EXIT_WAIT: Duration = Duration::from_secs(30);
-
-fn failure(message: impl Into<String>) -> Failure {
-    Failure {
-        message: message.into(),
-        status: 1,
-    }
-}
 
 impl From<ClientError> for Failure {
     fn from(error: ClientError) -> Self {

@@ -38,6 +38,14 @@ struct Failure {
     status: u8,
 }
 
+/// A failure with exit status 1.
+fn failure(message: impl Into<String>) -> Failure {
+    Failure {
+        message: message.into(),
+        status: 1,
+    }
+}
+
 impl From<ConfigError> for Failure {
     fn from(error: ConfigError) -> Self {
         Failure {

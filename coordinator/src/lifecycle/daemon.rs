@@ -172,7 +172,7 @@ fn load(args: &Args) -> Result<ResolvedDomainConfiguration, Failure> {
 
 /// Opens the Domain's lock file and tries to take it without blocking.
 /// `None` when another process holds it.
-fn try_lock(runtime: &RetainedDir, blocking: bool) -> Result<Option<OwnedFd>, Failure> {
+fn try_lock(runtime: &RetainedDir) -> Result<Option<OwnedFd>, Failure> {
     let fd = rustix::fs::openat2(
         runtime.fd(),
         super::LOCK_FILE,
@@ -186,12 +186,7 @@ fn try_lock(runtime: &RetainedDir, blocking: bool) -> Result<Option<OwnedFd>, Fa
             format!("cannot open the Domain lock: {e}"),
         )
     })?;
-    let operation = if blocking {
-        FlockOperation::LockExclusive
-    } else {
-        FlockOperation::NonBlockingLockExclusive
-    };
-    match rustix::fs::flock(&fd, operation) {
+    match rustix::fs::flock(&fd, FlockOperation::NonBlockingLockExclusive) {
         Ok(()) => Ok(Some(fd)),
         Err(rustix::io::Errno::WOULDBLOCK) => Ok(None),
         Err(e) => Err(failure(
@@ -237,7 +232,7 @@ fn open_stores(resolved: &ResolvedDomainConfiguration) -> Result<Owned, Failure>
     let domain = Domain {
         domain_id: resolved.domain_id(),
         profile_name: resolved.profile().as_str().to_owned(),
-        canonical_workspace: label_bytes(auth.workspace.label()),
+        canonical_workspace: HostPath::from(auth.workspace.label()),
     };
     let store = DomainStore::open(&auth.domain_storage, &domain)
         .map_err(|e| at(StartupStep::Ownership)(&e))?;
@@ -247,10 +242,6 @@ fn open_stores(resolved: &ResolvedDomainConfiguration) -> Result<Owned, Failure>
         store: Arc::new(store),
         catalog,
     })
-}
-
-fn label_bytes(path: &Path) -> HostPath {
-    HostPath(path.as_os_str().as_encoded_bytes().to_vec())
 }
 
 /// Finishes a stale generation, if the store records one.
@@ -290,7 +281,7 @@ pub fn recover(args: Args) -> ExitCode {
     let outcome = (|| {
         let resolved = load(&args)?;
         let auth = resolved.authorities();
-        let Some(_lock) = try_lock(&auth.domain_runtime, false)? else {
+        let Some(_lock) = try_lock(&auth.domain_runtime)? else {
             let paths = DomainPaths::new(
                 resolved.domain_id(),
                 auth.domain_runtime.label().to_path_buf(),
@@ -350,7 +341,7 @@ fn already_running(
 }
 
 /// The names of the configuration fields that differ between two records.
-pub fn differences(
+fn differences(
     running: &ConfigurationFingerprintRecordV1,
     loaded: &ConfigurationFingerprintRecordV1,
 ) -> Vec<String> {
@@ -429,7 +420,7 @@ pub fn start(args: Args) -> ExitCode {
         auth.domain_runtime.label().to_path_buf(),
     );
 
-    let lock = match try_lock(&auth.domain_runtime, false) {
+    let lock = match try_lock(&auth.domain_runtime) {
         Ok(Some(lock)) => lock,
         Ok(None) => {
             return match already_running(&paths, &resolved) {
@@ -468,12 +459,20 @@ pub fn start(args: Args) -> ExitCode {
         Err(failure) => return reporter.fail(failure),
     }
 
-    let mut generation = match begin_generation(&owned, &resolved) {
-        Ok(generation) => generation,
+    let (mut generation, coordinator) = match begin_generation(&owned, &resolved) {
+        Ok(begun) => begun,
         Err(failure) => return reporter.fail(failure),
     };
     let mut starting = Starting::default();
-    let live = match bring_up(&reporter, &owned, &resolved, &mut generation, &mut starting) {
+    let brought_up = bring_up(
+        &reporter,
+        &owned,
+        &resolved,
+        &mut generation,
+        &mut starting,
+        coordinator,
+    );
+    let live = match brought_up {
         Ok(live) => live,
         Err(failure) => {
             starting.stop();
@@ -507,10 +506,12 @@ pub fn start(args: Args) -> ExitCode {
     code
 }
 
+/// Records a new generation owned by this coordinator, which it returns
+/// held.
 fn begin_generation(
     owned: &Owned,
     resolved: &ResolvedDomainConfiguration,
-) -> Result<Generation, Failure> {
+) -> Result<(Generation, HeldProcess), Failure> {
     let store_failure = at(StartupStep::State);
     let me = HeldProcess::current().map_err(|e| store_failure(&e))?;
     let generation = Generation {
@@ -529,7 +530,7 @@ fn begin_generation(
         .store
         .put_generation(&generation)
         .map_err(|e| store_failure(&e))?;
-    Ok(generation)
+    Ok((generation, me))
 }
 
 /// Refuses a workspace that is a git repository: this version cannot yet
@@ -544,7 +545,15 @@ fn refuse_git_workspace(resolved: &ResolvedDomainConfiguration) -> Result<(), Fa
         rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
     ) {
         Err(rustix::io::Errno::NOENT) => Ok(()),
-        _ => Err(failure(
+        Err(e) => Err(failure(
+            StartupStep::Configuration,
+            format!(
+                "cannot tell whether {} is a git repository: {}/.git: {e}",
+                workspace.label().display(),
+                workspace.label().display()
+            ),
+        )),
+        Ok(_) => Err(failure(
             StartupStep::Configuration,
             format!(
                 "{} is a git repository; this version of Lazaret cannot yet protect one \
@@ -634,7 +643,7 @@ impl Live {
         DomainStatus {
             domain_id: resolved.domain_id(),
             profile: resolved.profile().as_str().to_owned(),
-            workspace: label_bytes(resolved.authorities().workspace.label()),
+            workspace: HostPath::from(resolved.authorities().workspace.label()),
             generation_id: generation.generation_id,
             state: generation.state,
             started_at: generation.started_at,
@@ -693,6 +702,7 @@ fn bring_up(
     resolved: &ResolvedDomainConfiguration,
     generation: &mut Generation,
     starting: &mut Starting,
+    coordinator: HeldProcess,
 ) -> Result<Live, Failure> {
     let auth = resolved.authorities();
     let uid = rustix::process::getuid().as_raw();
@@ -743,7 +753,7 @@ fn bring_up(
     lower.ownership = ParticipantOwnership::PreparedLower(PreparedLowerOwnership {
         prepared_artifact_id: Some(prepared.artifact_id),
         selected_manifest_digest: Some(prepared.manifest_digest),
-        rootfs_path: Some(label_bytes(&prepared.rootfs_path)),
+        rootfs_path: Some(HostPath::from(&prepared.rootfs_path)),
         ..PreparedLowerOwnership::default()
     });
     record(Slot::PREPARED_LOWER, &lower, StartupStep::Image)?;
@@ -766,8 +776,8 @@ fn bring_up(
             ParticipantState::Intent,
             ParticipantOwnership::StateAnchor(StateAnchorOwnership {
                 lower_artifact_id: Some(prepared.artifact_id),
-                upper_path: Some(label_bytes(&state_dir.join("upper"))),
-                work_path: Some(label_bytes(&state_dir.join("work"))),
+                upper_path: Some(HostPath::from(&state_dir.join("upper"))),
+                work_path: Some(HostPath::from(&state_dir.join("work"))),
                 sandbox_path: Some(dir.clone()),
                 ..StateAnchorOwnership::default()
             }),
@@ -839,7 +849,7 @@ fn bring_up(
     // The sandbox.
     let mut sandbox_record = SandboxOwnership {
         container_id: Some(container_id),
-        bundle_path: Some(label_bytes(&generation_dir.label().join("mnt/bundle"))),
+        bundle_path: Some(HostPath::from(&generation_dir.label().join("mnt/bundle"))),
         ..SandboxOwnership::default()
     };
     let mut sandbox = participant(
@@ -856,9 +866,18 @@ fn bring_up(
         ParticipantOwnership::Helper(HelperOwnership::default()),
     );
     record(Slot::NAMESPACE_HOLDER, &holder_record, StartupStep::Sandbox)?;
+    // One sealed memfd of the resolved environment serves the sandbox and
+    // every session process.
+    let environment = environment_memfd(resolved).map_err(|e| {
+        failure(
+            StartupStep::Sandbox,
+            format!("cannot pass the sandbox environment: {e}"),
+        )
+    })?;
     send_plan(
         supervisor,
         resolved,
+        environment.as_fd(),
         &prepared,
         &anchor_dirs,
         &generation_dir,
@@ -909,7 +928,7 @@ fn bring_up(
         generation,
         ParticipantState::Intent,
         ParticipantOwnership::Publication(PublicationOwnership {
-            socket_path: Some(label_bytes(&socket)),
+            socket_path: Some(HostPath::from(&socket)),
             identity_path: None,
         }),
     );
@@ -932,13 +951,13 @@ fn bring_up(
             .expect("the supervisor was started above")
             .channel,
     );
-    let (sessions, hub) = publish_sessions(resolved, generation, store, supervisor_link)?;
+    let (sessions, hub) =
+        publish_sessions(resolved, generation, store, supervisor_link, environment)?;
 
     generation.state = GenerationState::Running;
     store
         .put_generation(generation)
         .map_err(|e| at(StartupStep::Sandbox)(&e))?;
-    let coordinator = HeldProcess::current().map_err(|e| at(StartupStep::Sandbox)(&e))?;
     let supervisor = starting
         .supervisor
         .take()
@@ -971,6 +990,7 @@ fn publish_sessions(
     generation: &Generation,
     store: &Arc<DomainStore>,
     supervisor: Arc<SupervisorChannel>,
+    environment: OwnedFd,
 ) -> Result<(UnixListener, Arc<Hub>), Failure> {
     let auth = resolved.authorities();
     let step = at(StartupStep::Sandbox);
@@ -994,8 +1014,8 @@ fn publish_sessions(
         generation,
         ParticipantState::Intent,
         ParticipantOwnership::Publication(PublicationOwnership {
-            socket_path: Some(label_bytes(&socket)),
-            identity_path: Some(label_bytes(credential_dir.label())),
+            socket_path: Some(HostPath::from(&socket)),
+            identity_path: Some(HostPath::from(credential_dir.label())),
         }),
     );
     store
@@ -1027,7 +1047,6 @@ fn publish_sessions(
             },
         )
         .map_err(|e| step(&e))?;
-    let environment = environment_memfd(resolved).map_err(|e| step(&e))?;
     let hub = Hub::new(
         supervisor,
         environment,
@@ -1072,6 +1091,7 @@ pub(super) struct Namespaces {
 fn send_plan(
     supervisor: &mut Supervisor,
     resolved: &ResolvedDomainConfiguration,
+    environment: BorrowedFd<'_>,
     prepared: &PreparedLower,
     anchor_dirs: &[RetainedDir],
     generation_dir: &RetainedDir,
@@ -1081,17 +1101,7 @@ fn send_plan(
     policy: &DerivedNetworkPolicy,
 ) -> Result<(), Failure> {
     let auth = resolved.authorities();
-    let environment = environment_memfd(resolved).map_err(|e| {
-        failure(
-            StartupStep::Sandbox,
-            format!("cannot pass the sandbox environment: {e}"),
-        )
-    })?;
-    let mut fds: Vec<BorrowedFd<'_>> = vec![
-        prepared.rootfs.fd(),
-        auth.workspace.fd(),
-        environment.as_fd(),
-    ];
+    let mut fds: Vec<BorrowedFd<'_>> = vec![prepared.rootfs.fd(), auth.workspace.fd(), environment];
     let next =
         |fds: &mut Vec<BorrowedFd<'_>>| FdIndex(u16::try_from(fds.len()).unwrap_or(u16::MAX));
     let anchors = resolved
@@ -1134,8 +1144,8 @@ fn send_plan(
         domain_id: resolved.domain_id(),
         generation_id: generation.generation_id,
         container_id,
-        runtime_dir: label_bytes(generation_dir.label()),
-        runsc: label_bytes(runsc),
+        runtime_dir: HostPath::from(generation_dir.label()),
+        runsc: HostPath::from(runsc),
         rootfs: FdIndex(0),
         workspace: FdIndex(1),
         environment: FdIndex(2),

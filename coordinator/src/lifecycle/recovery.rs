@@ -18,7 +18,7 @@ use lazaret_proto::store::{Generation, GenerationState, Participant, Participant
 use crate::catalog::StorageCatalog;
 use crate::config::RetainedDir;
 use crate::process::{Proof, kill_and_wait, prove};
-use crate::store::{DomainStore, StoreError};
+use crate::store::{DomainStore, Slot, StoreError};
 
 use super::DomainPaths;
 
@@ -137,7 +137,14 @@ pub fn release_generation(
                 killed += usize::from(stop_recorded("sandbox", n, &sandbox.container_process)?);
             }
             ParticipantOwnership::Helper(helper) => {
-                killed += usize::from(stop_recorded("supervisor", n, &helper.runtime_supervisor)?);
+                // The namespace holder (the supervisor's pid 1) is recorded
+                // in the same field as the supervisor.
+                let process = if slot == Slot::NAMESPACE_HOLDER {
+                    "namespace holder"
+                } else {
+                    "supervisor"
+                };
+                killed += usize::from(stop_recorded(process, n, &helper.runtime_supervisor)?);
                 killed += usize::from(stop_recorded(
                     "connectivity helper",
                     n,

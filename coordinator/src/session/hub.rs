@@ -185,14 +185,13 @@ impl Hub {
     }
 
     fn serve(self: &Arc<Self>, stream: UnixStream) -> Result<(), SessionError> {
-        let peer = rustix::net::sockopt::socket_peercred(&stream)
-            .map_err(|e| SessionError::Peer(e.to_string()))?;
-        if peer.uid != rustix::process::getuid() {
-            return Err(SessionError::Peer(format!(
-                "uid {} is not this Domain's owner",
-                peer.uid.as_raw()
-            )));
-        }
+        use lazaret_proto::channel::{ChannelError, require_peer_uid};
+        require_peer_uid(stream.as_fd(), rustix::process::getuid()).map_err(|e| match e {
+            ChannelError::PeerUidMismatch { found, .. } => {
+                SessionError::Peer(format!("uid {found} is not this Domain's owner"))
+            }
+            e => SessionError::Peer(crate::lifecycle::chain(&e)),
+        })?;
         let conn = rustls::ServerConnection::new(Arc::clone(&self.server))?;
         let mut link = TlsLink::handshake(conn, stream, Duration::from_secs(10))?;
         let open: OpenSession = link.recv()?;
@@ -262,6 +261,18 @@ impl Hub {
         });
     }
 
+    /// Tells the client its session will not open, and records it closed.
+    fn refuse(
+        &self,
+        link: &mut TlsLink,
+        session_id: SessionId,
+        reason: String,
+    ) -> Result<(), SessionError> {
+        let sent = link.send(&SessionOpened::Refused { reason });
+        self.record(session_id, SessionTerminalState::Closed, true);
+        sent.map_err(Into::into)
+    }
+
     fn run(
         &self,
         link: &mut TlsLink,
@@ -274,11 +285,8 @@ impl Hub {
         let mut io = match SessionIo::open(open, link.take_received_fds()) {
             Ok(io) => io,
             Err(e) => {
-                link.send(&SessionOpened::Refused {
-                    reason: format!("cannot open the session's terminal: {e}"),
-                })?;
-                self.record(session_id, SessionTerminalState::Closed, true);
-                return Ok(());
+                let reason = format!("cannot open the session's terminal: {e}");
+                return self.refuse(link, session_id, reason);
             }
         };
         let args = open
@@ -305,25 +313,16 @@ impl Hub {
 
         let process = loop {
             if !readable(wake, Duration::from_secs(30)) {
-                link.send(&SessionOpened::Refused {
-                    reason: "the sandbox did not start the session within 30 s".into(),
-                })?;
-                self.record(session_id, SessionTerminalState::Closed, true);
-                return Ok(());
+                let reason = "the sandbox did not start the session within 30 s".into();
+                return self.refuse(link, session_id, reason);
             }
             drain(wake);
             match inbox.try_recv() {
                 Ok(HubEvent::Started(pidfd)) => break pidfd,
-                Ok(HubEvent::Failed(reason)) => {
-                    link.send(&SessionOpened::Refused { reason })?;
-                    self.record(session_id, SessionTerminalState::Closed, true);
-                    return Ok(());
-                }
+                Ok(HubEvent::Failed(reason)) => return self.refuse(link, session_id, reason),
                 Ok(HubEvent::DomainDown) => {
-                    link.send(&SessionOpened::Refused {
-                        reason: "the Domain is going down".into(),
-                    })?;
-                    return Ok(());
+                    let reason = "the Domain is going down".into();
+                    return self.refuse(link, session_id, reason);
                 }
                 Ok(HubEvent::Exited { .. }) | Err(_) => {}
             }
@@ -613,8 +612,8 @@ fn pump(
             PollFd::new(&link_fd, PollFlags::IN),
             PollFd::new(&wake, PollFlags::IN),
         ];
-        let output = io.output().map(|fd| fd.try_clone_to_owned()).transpose()?;
-        if let Some(output) = output.as_ref().filter(|_| output_open) {
+        let output = io.output().filter(|_| output_open);
+        if let Some(output) = &output {
             fds.push(PollFd::new(output, PollFlags::IN));
         }
         // Frames already buffered (some arrive with the session's opening)
@@ -633,7 +632,7 @@ fn pump(
         let output_ready = fds.get(2).is_some_and(|f| !f.revents().is_empty());
         drop(fds);
 
-        if let Some(output) = output.as_ref().filter(|_| output_ready) {
+        if let Some(output) = output.filter(|_| output_ready) {
             // Relay what is there now, a few chunks per wakeup.
             for _ in 0..READS_PER_WAKEUP {
                 match rustix::io::read(output, &mut buf) {

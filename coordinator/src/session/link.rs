@@ -145,16 +145,6 @@ impl TlsLink {
         self.stream.as_fd()
     }
 
-    /// The peer's certificate chain, as presented in the handshake.
-    pub fn peer_certificates(&self) -> Option<&[rustls::pki_types::CertificateDer<'static>]> {
-        self.conn.peer_certificates()
-    }
-
-    /// The underlying socket.
-    pub fn stream(&self) -> &UnixStream {
-        &self.stream
-    }
-
     /// Sends one frame and flushes it to the socket.
     pub fn send<T: WireRecord>(&mut self, record: &T) -> Result<(), LinkError> {
         write_frame(&mut self.conn.writer(), record)?;

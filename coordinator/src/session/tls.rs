@@ -551,8 +551,8 @@ impl GenerationCredentials {
             protocol_version: ProtocolVersion::V1,
             generation_identity: self.manifest.generation_identity.clone(),
             tls_ca_certificate_der: self.ca_der.to_vec(),
-            socket_path: HostPath(socket_path.as_os_str().as_encoded_bytes().to_vec()),
-            client_credential_path: HostPath(dir.label().as_os_str().as_encoded_bytes().to_vec()),
+            socket_path: HostPath::from(socket_path),
+            client_credential_path: HostPath::from(dir.label()),
         };
         let bytes = codec::encode(&publication).map_err(|source| TlsError::Encode { source })?;
         write_new_file(dir, PUBLICATION_FILE, &bytes)

@@ -272,21 +272,6 @@ impl DomainStore {
         Ok(())
     }
 
-    /// The session terminals of a generation.
-    pub fn session_terminals(
-        &self,
-        generation: GenerationId,
-    ) -> Result<Vec<SessionTerminal>, StoreError> {
-        let txn = self.db.begin_read()?;
-        let table = txn.open_table(tables::SESSION_TERMINALS)?;
-        let mut out = Vec::new();
-        for row in table.range((generation.0, 0)..=(generation.0, u128::MAX))? {
-            let (_, value) = row?;
-            out.push(decode(value.value())?);
-        }
-        Ok(out)
-    }
-
     /// The participants of a generation, by slot.
     pub fn participants(
         &self,
