@@ -104,6 +104,24 @@ fn fdinfo_pid(pidfd: BorrowedFd<'_>) -> io::Result<u32> {
         .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "the process has exited"))
 }
 
+/// This process's durable identity: by pidfs inode where pidfds live on
+/// pidfs, else by pid and start time (for display only).
+pub fn own_identity() -> io::Result<HostProcessIdentity> {
+    if let Ok(held) = HeldProcess::current() {
+        return Ok(held.record());
+    }
+    let host_pid = rustix::process::getpid()
+        .as_raw_nonzero()
+        .get()
+        .unsigned_abs();
+    Ok(HostProcessIdentity::LegacyUnverifiedV1(
+        lazaret_proto::process::LegacyUnverifiedProcessIdentityV1 {
+            host_pid,
+            start_time_ticks: start_time(host_pid)?,
+        },
+    ))
+}
+
 /// Field 22 of `/proc/PID/stat`: start time in clock ticks since boot.
 fn start_time(pid: u32) -> io::Result<u64> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;

@@ -1092,14 +1092,7 @@ fn prepared(m: &Model) -> Fixture {
 }
 
 fn explain(e: &ConfigError) -> String {
-    let mut text = e.to_string();
-    let mut source = std::error::Error::source(e);
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
+    lazaret_proto::error_chain(e)
 }
 
 /// Renders `m` with `r` and loads it; a failure carries the document.

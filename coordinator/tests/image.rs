@@ -230,11 +230,7 @@ impl OciWriter {
 }
 
 fn host_arch() -> &'static str {
-    match std::env::consts::ARCH {
-        "x86_64" => "amd64",
-        "aarch64" => "arm64",
-        other => other,
-    }
+    lazaret_coordinator::image::layout::host_platform().1
 }
 
 // ---------------------------------------------------------------- fixture

@@ -16,12 +16,12 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use lazaret_tests::domain::{SERIAL, UserHost, busybox_image, lazaret_processes, test_user};
+use lazaret_tests::domain::{UserHost, lazaret_processes, test_user};
 use lazaret_tests::{bin, collect};
 use libtest_mimic::{Failed, Trial};
 use serde_json::Value;
 
-use crate::domain::{Result, assert_nothing_left, config, down, runnable, text, up};
+use crate::domain::{Result, assert_nothing_left, default_host, down, runnable, text, up};
 
 /// How long one attached command may run.
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(60);
@@ -229,16 +229,8 @@ fn stderr(output: &Output) -> String {
     String::from_utf8_lossy(&output.stderr).into_owned()
 }
 
-/// A host with the test user's configuration of profile `p`.
-fn host() -> UserHost {
-    let host = UserHost::new();
-    host.write_config(&config(&busybox_image(), "\"/root\""));
-    host
-}
-
 fn commands_through_pipes() -> Result {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let host = host();
+    let (_serial, host) = default_host();
     let ws = host.workspace.clone();
     up(&host, &ws)?;
 
@@ -279,8 +271,7 @@ fn commands_through_pipes() -> Result {
 }
 
 fn ten_sessions_at_once() -> Result {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let host = host();
+    let (_serial, host) = default_host();
     let ws = host.workspace.clone();
     up(&host, &ws)?;
 
@@ -435,8 +426,7 @@ fn has_line(screen: &str, line: &str) -> bool {
 }
 
 fn interactive_terminal() -> Result {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let host = host();
+    let (_serial, host) = default_host();
     let ws = host.workspace.clone();
     up(&host, &ws)?;
 
@@ -534,8 +524,7 @@ fn interactive_terminal() -> Result {
 }
 
 fn down_with_a_session() -> Result {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let host = host();
+    let (_serial, host) = default_host();
     let ws = host.workspace.clone();
     up(&host, &ws)?;
 
@@ -561,8 +550,7 @@ fn down_with_a_session() -> Result {
 }
 
 fn a_killed_cli() -> Result {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let host = host();
+    let (_serial, host) = default_host();
     let ws = host.workspace.clone();
     up(&host, &ws)?;
 
@@ -615,8 +603,7 @@ fn sandbox_processes(host: &UserHost, status: &Value, args: &str) -> Vec<String>
 /// A CLI killed outright takes its process inside the sandbox with it, not
 /// only the host's `runsc exec` (which cannot pass SIGKILL on).
 fn a_killed_cli_leaves_no_sandbox_process() -> Result {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let host = host();
+    let (_serial, host) = default_host();
     let ws = host.workspace.clone();
     let status = up(&host, &ws)?;
 
@@ -706,8 +693,7 @@ fn put_credential(dir: &Path, files: &[(&str, &[u8])]) -> Result {
 }
 
 fn refusals() -> Result {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let host = host();
+    let (_serial, host) = default_host();
     let ws = host.workspace.clone();
     let status = up(&host, &ws)?;
     let domain_id = status["domain_id"].as_str().ok_or("domain id")?.to_owned();

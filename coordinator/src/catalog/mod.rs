@@ -56,10 +56,6 @@ use lazaret_proto::catalog::{
 use lazaret_proto::codec::{self, DecodeError, EncodeError, WireRecord};
 use lazaret_proto::common::{HostPath, UnixTimeNs};
 use lazaret_proto::ids::{DomainId, GenerationId, ManifestDigest, OperationId, PreparedArtifactId};
-use lazaret_proto::process::{
-    BootId, HostProcessIdentity, LegacyUnverifiedProcessIdentityV1, PidfsProcessAuthorityV1,
-    PidfsProcessIdentityV1,
-};
 use redb::backends::FileBackend;
 use redb::{Database, ReadableDatabase, ReadableTable, TableHandle};
 use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -92,8 +88,6 @@ const STAGED_ARTIFACT: &str = "artifact";
 const STAGED_LAYOUT: &str = "layout";
 /// The tag a registry image is copied under.
 const FETCH_TAG: &str = "lazaret";
-/// The magic number of pidfs (`fstatfs(2)` `f_type`).
-const PIDFS_MAGIC: u64 = 0x5049_4446;
 
 /// Why a Storage Catalog operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -252,60 +246,6 @@ struct Staging {
     /// The staging directory, opened for reading and `flock`ed: its lock
     /// tells recovery that the preparer lives.
     dir: OwnedFd,
-}
-
-fn random16() -> io::Result<[u8; 16]> {
-    let mut bytes = [0u8; 16];
-    File::open("/dev/urandom")?.read_exact(&mut bytes)?;
-    Ok(bytes)
-}
-
-/// This process's durable identity: by pidfs inode when pidfds live on
-/// pidfs, else by pid and start time (for display only).
-fn own_identity() -> io::Result<HostProcessIdentity> {
-    let stat = std::fs::read_to_string("/proc/self/stat")?;
-    let after = stat
-        .rsplit_once(')')
-        .map(|(_, rest)| rest)
-        .ok_or_else(|| io::Error::other("malformed /proc/self/stat"))?;
-    // Field 22 is the 20th after the `(comm)` field.
-    let start_time_ticks = after
-        .split_whitespace()
-        .nth(19)
-        .and_then(|f| f.parse::<u64>().ok())
-        .ok_or_else(|| io::Error::other("malformed /proc/self/stat"))?;
-    let pid = rustix::process::getpid();
-    let host_pid = pid.as_raw_nonzero().get().unsigned_abs();
-    let pidfs = || -> io::Result<Option<HostProcessIdentity>> {
-        let pidfd = rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty())?;
-        if rustix::fs::fstatfs(&pidfd)?.f_type as u64 != PIDFS_MAGIC {
-            return Ok(None);
-        }
-        let stat = rustix::fs::fstat(&pidfd)?;
-        let boot_id =
-            BootId::parse_kernel_text(&std::fs::read_to_string("/proc/sys/kernel/random/boot_id")?)
-                .ok_or_else(|| io::Error::other("malformed boot_id"))?;
-        Ok(Some(HostProcessIdentity::PidfsV1 {
-            authority: PidfsProcessAuthorityV1 {
-                boot_id,
-                pidfs_st_dev: stat.st_dev,
-                pidfs_st_ino: stat.st_ino,
-            },
-            identity: PidfsProcessIdentityV1 {
-                host_pid,
-                start_time_ticks,
-            },
-        }))
-    };
-    Ok(pidfs()
-        .ok()
-        .flatten()
-        .unwrap_or(HostProcessIdentity::LegacyUnverifiedV1(
-            LegacyUnverifiedProcessIdentityV1 {
-                host_pid,
-                start_time_ticks,
-            },
-        )))
 }
 
 /// `flock(2)`, retried when interrupted.
@@ -792,10 +732,9 @@ impl StorageCatalog {
                     });
                     return Ok(lower);
                 }
-                let canonical = std::fs::canonicalize(path).unwrap_or_else(|_| path.clone());
                 let identity = identity_of(
                     source,
-                    &canonical,
+                    layout.path(),
                     resolved.tag.as_deref().or(tag.as_deref()),
                 );
                 let staging = self.begin(identity)?;
@@ -812,7 +751,7 @@ impl StorageCatalog {
                 let staging = self.begin(identity_of(source, &canonical, None))?;
                 self.stage(staging, target, progress, |staging, progress| {
                     let layout = self.staged_layout(staging, |dir| {
-                        image::extract_archive(&canonical, dir, progress).map(drop)
+                        image::extract_archive(&canonical, dir, progress)
                     })?;
                     let resolved = layout.resolve(tag.as_deref())?;
                     Ok((layout, resolved))
@@ -920,17 +859,10 @@ impl StorageCatalog {
     /// Records a prepare operation, then creates and locks its staging
     /// directory.
     fn begin(&self, source_identity: ImageSourceIdentity) -> Result<Staging, CatalogError> {
-        let random = |what: &'static str| {
-            random16().map_err(|source| CatalogError::Io {
-                operation: what,
-                path: "/dev/urandom".to_owned(),
-                source,
-            })
-        };
-        let operation_id = OperationId(random("draw an operation id from")?);
-        let expected_artifact_id = PreparedArtifactId(random("draw an artifact id from")?);
+        let operation_id = OperationId(crate::session::random_bytes());
+        let expected_artifact_id = PreparedArtifactId(crate::session::random_bytes());
         let name = operation_id.to_hex();
-        let preparer = own_identity().map_err(|source| CatalogError::Io {
+        let preparer = crate::process::own_identity().map_err(|source| CatalogError::Io {
             operation: "read the identity of this process from",
             path: "/proc/self".to_owned(),
             source,

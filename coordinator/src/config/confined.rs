@@ -259,7 +259,6 @@ fn canonical_existing_prefix(path: &Path) -> Result<(PathBuf, Vec<PathBuf>), Con
 /// it: the only way the loader's consumers reach a configured object.
 pub struct ConfinedPathPlan {
     retained_ancestor: OwnedFd,
-    ancestor: ObjectIdentity,
     relative_suffix: PathBuf,
     canonical_label: PathBuf,
 }
@@ -267,7 +266,6 @@ pub struct ConfinedPathPlan {
 impl fmt::Debug for ConfinedPathPlan {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ConfinedPathPlan")
-            .field("ancestor", &self.ancestor)
             .field("relative_suffix", &self.relative_suffix)
             .field("canonical_label", &self.canonical_label)
             .finish_non_exhaustive()
@@ -287,10 +285,8 @@ impl ConfinedPathPlan {
         };
         let parent = canonical.parent().unwrap_or(Path::new("/"));
         let retained_ancestor = open_ambient_dir(parent)?;
-        let ancestor = identity(retained_ancestor.as_fd(), parent)?;
         Ok(Self {
             retained_ancestor,
-            ancestor,
             relative_suffix: PathBuf::from(name),
             canonical_label: canonical.to_path_buf(),
         })
@@ -306,7 +302,6 @@ impl ConfinedPathPlan {
                 label: label(&dir.label),
                 source,
             })?,
-            ancestor: dir.identity,
             relative_suffix: suffix.to_path_buf(),
             canonical_label: joined,
         })
@@ -345,16 +340,6 @@ impl ConfinedPathPlan {
         }
         let identity = identity(fd.as_fd(), &self.canonical_label)?;
         Ok(Opened { fd, stat, identity })
-    }
-
-    /// The identity of the retained ancestor.
-    pub fn ancestor_identity(&self) -> ObjectIdentity {
-        self.ancestor
-    }
-
-    /// The normalized suffix beneath the ancestor.
-    pub fn relative_suffix(&self) -> &Path {
-        &self.relative_suffix
     }
 
     /// The canonical pathname: for messages and digests only.

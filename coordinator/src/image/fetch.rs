@@ -144,7 +144,16 @@ fn skopeo(args: &[&str]) -> Command {
     command
 }
 
-fn run_skopeo(command: Command, timeout: Duration, reference: &str) -> Result<Vec<u8>, ImageError> {
+/// Runs skopeo for at most the seconds `timeout_var` sets (else
+/// `default_secs`). A manifest request that times out means the registry is
+/// unreachable; a copy that times out was too slow, and says how to wait
+/// longer.
+fn run_skopeo(
+    command: Command,
+    (timeout_var, default_secs): (&'static str, u64),
+    reference: &str,
+) -> Result<Vec<u8>, ImageError> {
+    let timeout = timeout_from(timeout_var, default_secs);
     let outcome = run_bounded(command, timeout).map_err(|source| {
         if source.kind() == std::io::ErrorKind::NotFound {
             ImageError::SkopeoMissing { source }
@@ -174,20 +183,20 @@ fn run_skopeo(command: Command, timeout: Duration, reference: &str) -> Result<Ve
         }
         Outcome::TimedOut { stderr } => {
             let said = message(&stderr);
-            Err(ImageError::RegistryUnreachable {
-                reference: reference.to_owned(),
-                detail: if said.is_empty() {
-                    format!(
-                        "skopeo got no answer within {} s and was stopped",
-                        timeout.as_secs()
-                    )
-                } else {
-                    format!(
-                        "skopeo got no answer within {} s and was stopped; it said: {said}",
-                        timeout.as_secs()
-                    )
-                },
-            })
+            let mut detail = format!(
+                "skopeo did not finish within {} s and was stopped (set {timeout_var} to \
+                 wait longer)",
+                timeout.as_secs()
+            );
+            if !said.is_empty() {
+                detail.push_str(&format!("; it said: {said}"));
+            }
+            let reference = reference.to_owned();
+            if timeout_var == COPY_TIMEOUT_VAR {
+                Err(ImageError::RegistryFetch { reference, detail })
+            } else {
+                Err(ImageError::RegistryUnreachable { reference, detail })
+            }
         }
     }
 }
@@ -202,7 +211,7 @@ pub fn resolve_registry(reference: &RegistryReference) -> Result<ManifestDigest,
     let target = format!("docker://{shown}");
     let raw = run_skopeo(
         skopeo(&["inspect", "--retry-times", "0", "--raw", &target]),
-        timeout_from(PROBE_TIMEOUT_VAR, 60),
+        (PROBE_TIMEOUT_VAR, 60),
         &shown,
     )?;
     super::layout::select_raw(&raw, &shown)
@@ -236,7 +245,7 @@ pub fn copy_with_skopeo(
     let dest = format!("oci:{}:{tag}", destination.display());
     run_skopeo(
         skopeo(&["copy", "--quiet", "--retry-times", "0", source, &dest]),
-        timeout_from(COPY_TIMEOUT_VAR, 3600),
+        (COPY_TIMEOUT_VAR, 3600),
         shown,
     )
     .map(drop)

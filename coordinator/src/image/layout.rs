@@ -31,6 +31,10 @@ pub const REF_NAME: &str = "org.opencontainers.image.ref.name";
 /// The largest manifest, index or configuration read, in bytes.
 const MAX_DOCUMENT: u64 = 4 << 20;
 
+/// What an unsupported manifest's error tells the user to do.
+const MANIFEST_HINT: &str = "only OCI image manifests and Docker v2 schema 2 manifests are \
+     supported; convert the image with `skopeo copy --format oci`";
+
 const OCI_INDEX: &str = "application/vnd.oci.image.index.v1+json";
 const DOCKER_LIST: &str = "application/vnd.docker.distribution.manifest.list.v2+json";
 const OCI_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
@@ -145,7 +149,7 @@ struct ConfigDocument {
     config: Option<ExecConfig>,
 }
 
-#[derive(Deserialize)]
+#[derive(Default, Deserialize)]
 #[serde(rename_all = "PascalCase")]
 struct ExecConfig {
     #[serde(default)]
@@ -180,13 +184,7 @@ impl ImageConfig {
                 host: format!("{os}/{architecture}"),
             });
         }
-        let exec = document.config.unwrap_or(ExecConfig {
-            env: None,
-            entrypoint: None,
-            cmd: None,
-            working_dir: None,
-            user: None,
-        });
+        let exec = document.config.unwrap_or_default();
         Ok(Self {
             os: document.os,
             architecture: document.architecture,
@@ -382,6 +380,11 @@ impl OciLayout {
         self.label.display().to_string()
     }
 
+    /// The layout's canonical path, as resolved when it was opened.
+    pub fn path(&self) -> &Path {
+        &self.label
+    }
+
     fn path_of(&self, name: &str) -> String {
         self.label.join(name).display().to_string()
     }
@@ -447,6 +450,11 @@ impl OciLayout {
 
     fn blob_name(digest: &[u8; 32]) -> String {
         format!("blobs/sha256/{}", lazaret_proto::ids::to_hex(digest))
+    }
+
+    /// The path of the blob with `digest`, for messages.
+    pub fn blob_path(&self, digest: &[u8; 32]) -> String {
+        self.path_of(&Self::blob_name(digest))
     }
 
     /// Opens the blob a layer names, for streaming; the caller verifies the
@@ -560,7 +568,7 @@ impl OciLayout {
                 let nested: IndexDocument =
                     serde_json::from_slice(&bytes).map_err(|source| ImageError::Json {
                         what: "nested image index",
-                        path: self.path_of(&Self::blob_name(&digest)),
+                        path: self.blob_path(&digest),
                         source,
                     })?;
                 descriptor = host_manifest(&nested.manifests, || self.label())?.clone();
@@ -570,7 +578,7 @@ impl OciLayout {
                 return Err(ImageError::UnsupportedMediaType {
                     what: "manifest",
                     media_type,
-                    hint: "only OCI image manifests and Docker v2 schema 2 manifests are supported; convert the image with `skopeo copy --format oci`",
+                    hint: MANIFEST_HINT,
                 });
             }
             return self.read_manifest(digest, &bytes, selected_tag);
@@ -588,7 +596,7 @@ impl OciLayout {
         bytes: &[u8],
         tag: Option<String>,
     ) -> Result<ResolvedImage, ImageError> {
-        let path = self.path_of(&Self::blob_name(&digest));
+        let path = self.blob_path(&digest);
         let manifest: ManifestDocument =
             serde_json::from_slice(bytes).map_err(|source| ImageError::Json {
                 what: "image manifest",
@@ -601,7 +609,7 @@ impl OciLayout {
             return Err(ImageError::UnsupportedMediaType {
                 what: "manifest",
                 media_type: media_type.clone(),
-                hint: "only OCI image manifests and Docker v2 schema 2 manifests are supported",
+                hint: MANIFEST_HINT,
             });
         }
         if !manifest.config.media_type.is_empty()
@@ -683,7 +691,7 @@ pub fn select_raw(raw: &[u8], origin: &str) -> Result<ManifestDigest, ImageError
         return Err(ImageError::UnsupportedMediaType {
             what: "manifest",
             media_type,
-            hint: "only OCI image manifests and Docker v2 schema 2 manifests are supported",
+            hint: MANIFEST_HINT,
         });
     }
     Ok(ManifestDigest(Sha256::digest(raw).into()))

@@ -366,20 +366,18 @@ impl std::fmt::Display for Progress {
 /// Bytes between two progress reports.
 const PROGRESS_STEP: u64 = 1 << 20;
 
-/// A reader that hashes and counts what passes through it and reports
-/// progress, so a blob is verified as it is unpacked.
-struct VerifyingReader<'p, R> {
+/// A reader that counts what passes through it and reports progress every
+/// [`PROGRESS_STEP`] bytes.
+struct CountingReader<'p, R> {
     inner: R,
-    hasher: Sha256,
     read: u64,
     reported: u64,
     report: &'p mut dyn FnMut(u64),
 }
 
-impl<R: Read> Read for VerifyingReader<'_, R> {
+impl<R: Read> Read for CountingReader<'_, R> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         let n = self.inner.read(buf)?;
-        self.hasher.update(&buf[..n]);
         self.read += n as u64;
         if self.read - self.reported >= PROGRESS_STEP {
             self.reported = self.read;
@@ -389,14 +387,37 @@ impl<R: Read> Read for VerifyingReader<'_, R> {
     }
 }
 
-impl<'p, R: Read> VerifyingReader<'p, R> {
+impl<'p, R: Read> CountingReader<'p, R> {
     fn new(inner: R, report: &'p mut dyn FnMut(u64)) -> Self {
         Self {
             inner,
-            hasher: Sha256::new(),
             read: 0,
             reported: 0,
             report,
+        }
+    }
+}
+
+/// A [`CountingReader`] that also hashes what passes through it, so a blob
+/// is verified as it is unpacked.
+struct VerifyingReader<'p, R> {
+    counting: CountingReader<'p, R>,
+    hasher: Sha256,
+}
+
+impl<R: Read> Read for VerifyingReader<'_, R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.counting.read(buf)?;
+        self.hasher.update(&buf[..n]);
+        Ok(n)
+    }
+}
+
+impl<'p, R: Read> VerifyingReader<'p, R> {
+    fn new(inner: R, report: &'p mut dyn FnMut(u64)) -> Self {
+        Self {
+            counting: CountingReader::new(inner, report),
+            hasher: Sha256::new(),
         }
     }
 
@@ -407,12 +428,13 @@ impl<'p, R: Read> VerifyingReader<'p, R> {
             path: blob.to_owned(),
             source,
         })?;
-        (self.report)(self.read);
-        if self.read != size {
+        let read = self.counting.read;
+        (self.counting.report)(read);
+        if read != size {
             return Err(ImageError::SizeMismatch {
                 blob: blob.to_owned(),
                 expected: size,
-                actual: self.read,
+                actual: read,
             });
         }
         let actual: [u8; 32] = self.hasher.finalize().into();
@@ -448,7 +470,7 @@ pub fn unpack_layers(
     let mut base = 0u64;
     for (index, layer) in image.layers.iter().enumerate() {
         let name = layer.name();
-        let blob = format!("{}/blobs/sha256/{}", layout.label(), layer.digest.to_hex());
+        let blob = layout.blob_path(&layer.digest.0);
         progress(Progress::Unpacking {
             layer: index + 1,
             layers,
@@ -483,7 +505,7 @@ pub fn extract_archive(
     archive: &Path,
     destination: OwnedFd,
     progress: &mut dyn FnMut(Progress),
-) -> Result<UnpackStats, ImageError> {
+) -> Result<(), ImageError> {
     let label = archive.display().to_string();
     let io_error = |operation: &'static str| {
         let label = label.clone();
@@ -527,7 +549,7 @@ pub fn extract_archive(
         })
     };
     report(0);
-    let mut reader = VerifyingReader::new(buffered, &mut report);
+    let mut reader = CountingReader::new(buffered, &mut report);
     let mut unpacker = Unpacker::new(destination, false);
     let compression = if gzip {
         Compression::Gzip
@@ -537,7 +559,8 @@ pub fn extract_archive(
     unpacker.apply_layer(decompressed(&mut reader, compression), &label)?;
     drop(reader);
     report(bytes_total);
-    unpacker.finish(&label)
+    // The extracted layout is read, not kept: no need to measure it.
+    unpacker.finish_unmeasured(&label).map(drop)
 }
 
 #[cfg(test)]

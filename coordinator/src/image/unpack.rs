@@ -234,11 +234,12 @@ impl Unpacker {
             self.stats.directories += 1;
             return Ok(());
         };
-        if self.whiteouts && name.starts_with(WHITEOUT) {
-            return self.apply_whiteout(parents, name, at);
-        }
-        if !self.whiteouts && name.starts_with(WHITEOUT) {
-            return Err(at.refuse("is a whiteout, which has no meaning here"));
+        if name.starts_with(WHITEOUT) {
+            return if self.whiteouts {
+                self.apply_whiteout(parents, name, at)
+            } else {
+                Err(at.refuse("is a whiteout, which has no meaning here"))
+            };
         }
         let key = join(&parts);
         let parent = self
@@ -595,6 +596,12 @@ impl Unpacker {
         };
         let root = fsops::open_dir_read(self.root.as_fd(), ".").map_err(|e| at.io("open", e))?;
         self.stats.disk_bytes = fsops::disk_usage(root.as_fd()).map_err(|e| at.io("measure", e))?;
+        self.finish_unmeasured(label)
+    }
+
+    /// Applies directory modes and times, deepest first, without measuring
+    /// the tree (`disk_bytes` stays 0), and returns what was done.
+    pub fn finish_unmeasured(mut self, label: &str) -> Result<UnpackStats, ImageError> {
         let mut dirs: Vec<(Vec<u8>, DirMeta)> =
             std::mem::take(&mut self.dirs).into_iter().collect();
         dirs.sort_by_key(|(key, _)| {

@@ -135,15 +135,6 @@ pub fn minimal(extra: &str) -> String {
 pub fn message(result: Result<ResolvedDomainConfiguration, ConfigError>) -> String {
     match result {
         Ok(_) => panic!("expected the load to fail"),
-        Err(e) => {
-            let mut text = e.to_string();
-            let mut source = std::error::Error::source(&e);
-            while let Some(cause) = source {
-                text.push_str(": ");
-                text.push_str(&cause.to_string());
-                source = cause.source();
-            }
-            text
-        }
+        Err(e) => lazaret_proto::error_chain(&e),
     }
 }
