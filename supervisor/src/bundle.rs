@@ -78,6 +78,29 @@ pub fn read_environment(fd: BorrowedFd<'_>) -> Result<Vec<String>, String> {
     Ok(entries)
 }
 
+/// An OCI process running `args` as root of the sandbox with `env` in
+/// `cwd`, with the sandbox's capabilities (never CAP_NET_ADMIN or
+/// CAP_NET_RAW) and no new privileges, plus the fields in `extra`: the
+/// sandbox's init and every session process start from this one shape.
+pub fn process(args: &[String], env: Vec<String>, cwd: &str, extra: Value) -> Value {
+    let mut process = json!({
+        "user": {"uid": 0, "gid": 0},
+        "args": args,
+        "env": env,
+        "cwd": cwd,
+        "capabilities": {
+            "bounding": CAPABILITIES,
+            "effective": CAPABILITIES,
+            "permitted": CAPABILITIES,
+        },
+        "noNewPrivileges": true,
+    });
+    if let (Some(fields), Value::Object(extra)) = (process.as_object_mut(), extra) {
+        fields.extend(extra);
+    }
+    process
+}
+
 /// The runtime specification of the sandbox.
 pub fn spec(staged: &Staged, hostname: &str, environment: &[String]) -> Value {
     let mut env = vec![format!("PATH={SANDBOX_PATH}")];
@@ -115,20 +138,10 @@ pub fn spec(staged: &Staged, hostname: &str, environment: &[String]) -> Value {
 
     json!({
         "ociVersion": "1.0.2",
-        "process": {
+        "process": process(&[format!("{CONTROL_AREA}/bin/lazaret-init")], env, "/", json!({
             "terminal": false,
-            "user": {"uid": 0, "gid": 0},
-            "args": [format!("{CONTROL_AREA}/bin/lazaret-init")],
-            "env": env,
-            "cwd": "/",
-            "capabilities": {
-                "bounding": CAPABILITIES,
-                "effective": CAPABILITIES,
-                "permitted": CAPABILITIES,
-            },
             "rlimits": [{"type": "RLIMIT_NOFILE", "hard": 1024, "soft": 1024}],
-            "noNewPrivileges": true,
-        },
+        })),
         "root": {"path": staged.rootfs, "readonly": false},
         "hostname": hostname,
         "mounts": mounts,

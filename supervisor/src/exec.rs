@@ -12,7 +12,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Condvar, Mutex};
 
@@ -21,7 +21,8 @@ use lazaret_proto::supervisor::{ExecRequest, ExecSignal, ExecStdio};
 use rustix::process::{Pid, PidfdFlags, WaitOptions, WaitStatus, pidfd_open};
 use serde_json::json;
 
-use crate::bundle::{CAPABILITIES, SANDBOX_PATH};
+use crate::bundle::SANDBOX_PATH;
+use crate::runsc::Runsc;
 
 #[derive(Debug, Default)]
 struct Children {
@@ -104,20 +105,12 @@ fn process_spec(request: &ExecRequest, environment: &[String]) -> serde_json::Va
         }
         ExecStdio::Pipes { .. } => (false, json!({"height": 0, "width": 0})),
     };
-    json!({
-        "terminal": terminal,
-        "consoleSize": size,
-        "user": {"uid": 0, "gid": 0},
-        "args": request.args,
-        "env": env,
-        "cwd": request.cwd,
-        "capabilities": {
-            "bounding": CAPABILITIES,
-            "effective": CAPABILITIES,
-            "permitted": CAPABILITIES,
-        },
-        "noNewPrivileges": true,
-    })
+    crate::bundle::process(
+        &request.args,
+        env,
+        &request.cwd,
+        json!({"terminal": terminal, "consoleSize": size}),
+    )
 }
 
 /// A session process that started.
@@ -133,7 +126,7 @@ pub struct Started {
 /// Where `runsc exec` writes the sandbox-internal pid of a session's
 /// process, so signals can reach it (`runsc exec` of this runsc release
 /// does not pass signals on).
-pub fn internal_pid_file(runtime: &Runtime<'_>, session_id: SessionId) -> PathBuf {
+pub fn internal_pid_file(runtime: &Runsc<'_>, session_id: SessionId) -> PathBuf {
     runtime
         .root
         .join(format!("session-{}.pid", session_id.to_hex()))
@@ -143,7 +136,7 @@ pub fn internal_pid_file(runtime: &Runtime<'_>, session_id: SessionId) -> PathBu
 /// `runsc kill --pid`.
 pub fn signal(
     reaper: &Reaper,
-    runtime: &Runtime<'_>,
+    runtime: &Runsc<'_>,
     session_id: SessionId,
     signal: ExecSignal,
 ) -> Result<(), String> {
@@ -151,16 +144,8 @@ pub fn signal(
     let pid = std::fs::read_to_string(&file)
         .map_err(|e| format!("the session's process is not known (yet): {e}"))?;
     let pid = pid.trim();
-    let mut command = Command::new(runtime.runsc);
-    command
-        .args(["--rootless", "--ignore-cgroups", "--network=host", "--root"])
-        .arg(runtime.root)
-        .args(["kill", "--pid", pid, runtime.container_id, signal.name()])
-        .env_clear()
-        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
+    let mut command = runtime.command(["kill", "--pid", pid, runtime.container_id, signal.name()]);
+    command.stderr(Stdio::null());
     // The reaper owns every wait of this process: spawn and wait through it.
     let child = reaper
         .spawn(&mut command)
@@ -180,22 +165,11 @@ pub struct Exit {
     pub signaled: bool,
 }
 
-/// Where `runsc exec` runs against.
-#[derive(Debug)]
-pub struct Runtime<'a> {
-    /// The runsc executable.
-    pub runsc: &'a Path,
-    /// Its state directory.
-    pub root: &'a Path,
-    /// The container.
-    pub container_id: &'a str,
-}
-
 /// Starts a session's `runsc exec`; `stdio` are the descriptors named by
 /// the request (the PTY slave, or the input and output pipes).
 pub fn spawn(
     reaper: &Reaper,
-    runtime: &Runtime<'_>,
+    runtime: &Runsc<'_>,
     request: &ExecRequest,
     environment: &[String],
     stdio: (BorrowedFd<'_>, BorrowedFd<'_>),
@@ -210,18 +184,17 @@ pub fn spawn(
             .map(Stdio::from)
             .map_err(|e| format!("cannot pass the session's streams: {e}"))
     };
-    let mut command = Command::new(runtime.runsc);
+    let pid_file = internal_pid_file(runtime, request.session_id);
+    let process = format!("/proc/1/fd/{}", spec.as_raw_fd());
+    let mut command = runtime.command([
+        "exec".as_ref(),
+        "--internal-pid-file".as_ref(),
+        pid_file.as_os_str(),
+        "--process".as_ref(),
+        process.as_ref(),
+        runtime.container_id.as_ref(),
+    ]);
     command
-        .args(["--rootless", "--ignore-cgroups", "--network=host", "--root"])
-        .arg(runtime.root)
-        .arg("exec")
-        .arg("--internal-pid-file")
-        .arg(internal_pid_file(runtime, request.session_id))
-        .arg("--process")
-        .arg(format!("/proc/1/fd/{}", spec.as_raw_fd()))
-        .arg(runtime.container_id)
-        .env_clear()
-        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
         .stdin(dup(input)?)
         .stdout(dup(output)?)
         .stderr(dup(output)?);

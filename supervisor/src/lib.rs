@@ -186,6 +186,17 @@ struct Running {
     container_id: String,
 }
 
+impl Running {
+    /// The runsc that serves this sandbox.
+    fn runsc(&self) -> runsc::Runsc<'_> {
+        runsc::Runsc {
+            runsc: &self.runsc,
+            root: &self.runsc_root,
+            container_id: &self.container_id,
+        }
+    }
+}
+
 /// Prepares the sandbox, waits for an attested network, and runs it;
 /// `None` when stopped before it ran.
 fn start(
@@ -278,13 +289,13 @@ fn start(
     if !await_network(channel, net_fd.as_fd())? {
         return Ok(None);
     }
-    let container_id = plan.container_id.to_string();
-    let runtime = runsc::Runsc {
-        runsc: &runsc,
-        root: &staged.runsc_root,
-        container_id: &container_id,
+    let running = Running {
+        runsc,
+        runsc_root: staged.runsc_root.clone(),
+        container_id: plan.container_id.to_string(),
     };
-    runtime
+    running
+        .runsc()
         .run_detached(&staged.bundle)
         .map_err(|e| failed(SupervisorStep::Runtime, chain(&e)))?;
 
@@ -298,11 +309,7 @@ fn start(
         bundle: staged.bundle.as_path().into(),
     };
     send(channel, SupervisorStep::Identities, &report, &descriptors)?;
-    Ok(Some(Running {
-        runsc,
-        runsc_root: staged.runsc_root,
-        container_id,
-    }))
+    Ok(Some(running))
 }
 
 /// Serves the requests before the sandbox runs: `AttestNetwork` (any
@@ -442,12 +449,7 @@ fn serve(channel: Arc<Channel>, running: &Running, reaper: Arc<exec::Reaper>) ->
                 message: SupervisorRequest::SignalExec { session_id, signal },
                 ..
             }) => {
-                let runtime = exec::Runtime {
-                    runsc: &running.runsc,
-                    root: &running.runsc_root,
-                    container_id: &running.container_id,
-                };
-                if let Err(e) = exec::signal(&reaper, &runtime, session_id, signal) {
+                if let Err(e) = exec::signal(&reaper, &running.runsc(), session_id, signal) {
                     eprintln!("lazaret-supervisor: signal for session {session_id}: {e}");
                 }
             }
@@ -483,10 +485,5 @@ fn start_exec(
         ExecStdio::Terminal { slave, .. } => (at(slave)?, at(slave)?),
         ExecStdio::Pipes { input, output } => (at(input)?, at(output)?),
     };
-    let runtime = exec::Runtime {
-        runsc: &running.runsc,
-        root: &running.runsc_root,
-        container_id: &running.container_id,
-    };
-    exec::spawn(reaper, &runtime, request, &environment, stdio)
+    exec::spawn(reaper, &running.runsc(), request, &environment, stdio)
 }

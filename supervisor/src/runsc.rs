@@ -35,6 +35,15 @@ pub enum RunscError {
         #[source]
         source: std::io::Error,
     },
+    /// The file that collects runsc's messages could not be made.
+    #[error("cannot make a file for runsc's messages in {root}")]
+    Log {
+        /// The runsc state directory.
+        root: String,
+        /// What the kernel said.
+        #[source]
+        source: std::io::Error,
+    },
     /// runsc exited with a failure.
     #[error("`runsc {operation}` failed: {stderr}")]
     Failed {
@@ -57,7 +66,13 @@ pub struct Runsc<'a> {
 }
 
 impl Runsc<'_> {
-    fn command(&self, args: &[&str]) -> Command {
+    /// `runsc` with the rootless flags, this state directory and `args`,
+    /// with a clean environment and no standard input or output.
+    pub fn command<I, S>(&self, args: I) -> Command
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<std::ffi::OsStr>,
+    {
         let mut command = Command::new(self.runsc);
         command
             .args(["--rootless", "--ignore-cgroups", "--network=host", "--root"])
@@ -78,10 +93,14 @@ impl Runsc<'_> {
         // runsc's sandbox and gofer outlive `run -detach` and inherit its
         // standard error, so a pipe would never reach end of file: its
         // messages go to an unlinked temporary file instead.
-        let mut stderr = tempfile_in(self.root).map_err(spawn)?;
+        let log = |source| RunscError::Log {
+            root: self.root.display().to_string(),
+            source,
+        };
+        let mut stderr = tempfile_in(self.root).map_err(log)?;
         let status = self
             .command(args)
-            .stderr(stderr.try_clone().map_err(spawn)?)
+            .stderr(stderr.try_clone().map_err(log)?)
             .status()
             .map_err(spawn)?;
         if status.success() {

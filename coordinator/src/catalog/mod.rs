@@ -725,11 +725,8 @@ impl StorageCatalog {
                 let resolved = layout.resolve(tag.as_deref()).map_err(image_error)?;
                 self.announce(&resolved, progress);
                 if let Some(lower) =
-                    self.lease_existing(resolved.manifest_digest, domain, generation)?
+                    self.lease_existing(resolved.manifest_digest, target, progress)?
                 {
-                    progress(Progress::Reused {
-                        artifact_id: lower.artifact_id,
-                    });
                     return Ok(lower);
                 }
                 let identity = identity_of(
@@ -762,10 +759,7 @@ impl StorageCatalog {
                     image: shown.clone(),
                 });
                 let digest = image::fetch::resolve_registry(reference).map_err(image_error)?;
-                if let Some(lower) = self.lease_existing(digest, domain, generation)? {
-                    progress(Progress::Reused {
-                        artifact_id: lower.artifact_id,
-                    });
+                if let Some(lower) = self.lease_existing(digest, target, progress)? {
                     return Ok(lower);
                 }
                 let staging = self.begin(identity_of(source, Path::new(""), None))?;
@@ -956,21 +950,17 @@ impl StorageCatalog {
         staging: Staging,
         layout: &OciLayout,
         resolved: &ResolvedImage,
-        Target {
+        target: Target<'_>,
+        progress: &mut dyn FnMut(Progress),
+    ) -> Result<PreparedLower, CatalogError> {
+        let Target {
             domain,
             generation,
             shown,
-        }: Target<'_>,
-        progress: &mut dyn FnMut(Progress),
-    ) -> Result<PreparedLower, CatalogError> {
+        } = target;
         let result = (|| {
             let _digest_lock = self.lock_digest(resolved.manifest_digest)?;
-            if let Some(lower) =
-                self.lease_existing(resolved.manifest_digest, domain, generation)?
-            {
-                progress(Progress::Reused {
-                    artifact_id: lower.artifact_id,
-                });
+            if let Some(lower) = self.lease_existing(resolved.manifest_digest, target, progress)? {
                 return Ok((lower, false));
             }
             let stats = self
@@ -1219,16 +1209,20 @@ impl StorageCatalog {
         })
     }
 
-    /// Leases the Available artifact of `digest`, if there is a sound one.
-    /// A damaged artifact that no one leases is forgotten (and `None`
-    /// returned, so that it is prepared again).
+    /// Leases the Available artifact of `digest` to `target`, if there is
+    /// a sound one, and tells `progress` it was reused. A damaged artifact
+    /// that no one leases is forgotten (and `None` returned, so that it is
+    /// prepared again).
     fn lease_existing(
         &self,
         digest: ManifestDigest,
-        domain: DomainId,
-        generation: GenerationId,
+        target: Target<'_>,
+        progress: &mut dyn FnMut(Progress),
     ) -> Result<Option<PreparedLower>, CatalogError> {
-        self.with_db(|db| {
+        let Target {
+            domain, generation, ..
+        } = target;
+        let leased = self.with_db(|db| {
             let path = self.db_path();
             let txn = db
                 .begin_write()
@@ -1314,6 +1308,12 @@ impl StorageCatalog {
             }
             txn.commit().map_err(self.db_error("commit"))?;
             Ok(Some(lower))
-        })
+        })?;
+        if let Some(lower) = &leased {
+            progress(Progress::Reused {
+                artifact_id: lower.artifact_id,
+            });
+        }
+        Ok(leased)
     }
 }

@@ -166,6 +166,11 @@ pub fn down(globals: &Globals, profile: &str) -> Result<(), Failure> {
         Ok(other) => Err(failure(format!(
             "unexpected answer from the coordinator: {other:?}"
         ))),
+        Err(e) if !client::no_coordinator(&e) => Err(failure(format!(
+            "cannot ask the Domain's coordinator to stop at {}: {}",
+            paths.control_socket().display(),
+            chain(&e)
+        ))),
         Err(_) => {
             // No coordinator answers: finish whatever a crashed one left.
             let outcome = client::run_coordinator(
@@ -410,12 +415,19 @@ pub fn status(
             let (_, paths) = locate(globals, profile)?;
             match client::request(&paths, ControlRequest::Status) {
                 Ok(ControlResponse::Status(status)) => vec![*status],
+                Err(e) if !client::no_coordinator(&e) => {
+                    return Err(failure(format!(
+                        "cannot ask the Domain's coordinator at {}: {}",
+                        paths.control_socket().display(),
+                        chain(&e)
+                    )));
+                }
                 _ => Vec::new(),
             }
         }
         None => {
             let workspace = crate::config::confined::canonicalize(&globals.workspace_dir()?)
-                .map_err(|e| failure(e.to_string()))?;
+                .map_err(|e| failure(format!("cannot resolve the workspace: {}", chain(&e))))?;
             let here = workspace.as_os_str().as_encoded_bytes().to_vec();
             running_domains()?
                 .into_iter()

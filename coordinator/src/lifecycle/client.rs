@@ -60,6 +60,22 @@ pub fn request(
     Ok(peer.recv()?.message)
 }
 
+/// Whether a failed [`request`] means no coordinator serves the Domain
+/// (no runtime dir or socket, nobody listening, or it died while
+/// answering), rather than one that answered wrongly.
+pub fn no_coordinator(error: &ChannelError) -> bool {
+    match error {
+        ChannelError::Socket { source, .. } => {
+            matches!(
+                *source,
+                rustix::io::Errno::NOENT | rustix::io::Errno::CONNREFUSED
+            )
+        }
+        ChannelError::Disconnected => true,
+        _ => false,
+    }
+}
+
 /// Which coordinator mode to run.
 #[derive(Debug, Clone, Copy)]
 pub enum CoordinatorMode {

@@ -49,12 +49,13 @@ use lazaret_proto::supervisor::{
 };
 use lazaret_proto::trust::GenerationIdentity;
 use rustix::event::{PollFd, PollFlags, poll};
-use rustix::fs::{FlockOperation, Mode, OFlags, ResolveFlags};
+use rustix::fs::{FlockOperation, Mode, OFlags};
 
 use super::recovery::release_generation;
 use super::{DomainPaths, chain};
 use crate::catalog::{PreparedLower, StorageCatalog};
 use crate::config::{self, HostEnvironment, LoadRequest, ResolvedDomainConfiguration, RetainedDir};
+use crate::image::fsops::open_beneath;
 use crate::image::parse_reference;
 use crate::network::{ConnectivityHelper, derive_policy};
 use crate::process::{HeldProcess, kill_and_wait, pidfd_of_child, readable, wait_exit};
@@ -173,12 +174,11 @@ fn load(args: &Args) -> Result<ResolvedDomainConfiguration, Failure> {
 /// Opens the Domain's lock file and tries to take it without blocking.
 /// `None` when another process holds it.
 fn try_lock(runtime: &RetainedDir) -> Result<Option<OwnedFd>, Failure> {
-    let fd = rustix::fs::openat2(
+    let fd = open_beneath(
         runtime.fd(),
         super::LOCK_FILE,
-        OFlags::RDWR | OFlags::CREATE | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+        OFlags::RDWR | OFlags::CREATE,
         Mode::RUSR | Mode::WUSR,
-        ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_XDEV,
     )
     .map_err(|e| {
         failure(
@@ -198,12 +198,11 @@ fn try_lock(runtime: &RetainedDir) -> Result<Option<OwnedFd>, Failure> {
 
 /// Sends standard output and error to the Domain log.
 fn redirect_to_log(runtime: &RetainedDir) -> Result<(), Failure> {
-    let fd = rustix::fs::openat2(
+    let fd = open_beneath(
         runtime.fd(),
         super::LOG_FILE,
-        OFlags::WRONLY | OFlags::CREATE | OFlags::APPEND | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+        OFlags::WRONLY | OFlags::CREATE | OFlags::APPEND,
         Mode::RUSR | Mode::WUSR,
-        ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_XDEV,
     )
     .map_err(|e| {
         failure(

@@ -245,20 +245,21 @@ impl Hub {
             .ok()
             .and_then(|r| r.get(&session_id).map(|r| r.summary.opened_at))
             .unwrap_or(now);
-        let _ = self.store.put_session(&Session {
+        let session = Session {
             generation_id: self.generation,
             session_id,
             cli_id: CliId(session_id.0),
             opened_at,
             closed_at: closed.then_some(now),
-        });
-        let _ = self.store.put_session_terminal(&SessionTerminal {
+        };
+        let terminal = SessionTerminal {
             generation_id: self.generation,
             session_id,
             state,
             pty,
             guest_process: None,
-        });
+        };
+        let _ = self.store.put_session_state(&session, &terminal);
     }
 
     /// Tells the client its session will not open, and records it closed.

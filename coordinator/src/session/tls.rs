@@ -39,7 +39,7 @@ use rcgen::{
     BasicConstraints, CertificateParams, CertifiedIssuer, DistinguishedName, DnType,
     ExtendedKeyUsagePurpose, IsCa, KeyPair, KeyUsagePurpose,
 };
-use rustix::fs::{AtFlags, FileType, Mode, OFlags, RenameFlags, ResolveFlags};
+use rustix::fs::{AtFlags, FileType, Mode, OFlags, RenameFlags};
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName};
@@ -48,6 +48,7 @@ use rustls::{ClientConfig, RootCertStore, ServerConfig};
 use sha2::{Digest, Sha256};
 
 use crate::config::RetainedDir;
+use crate::image::fsops::open_beneath;
 
 /// The DNS name in the server certificate, and the name a client asks for.
 /// It is under `.invalid`, so it can never name a real host.
@@ -76,13 +77,6 @@ pub const PUBLICATION_FILE: &str = "publication.bin";
 
 /// No credential file is anywhere near this long.
 const MAX_CREDENTIAL_FILE_LEN: u64 = 64 * 1024;
-
-/// Opens beneath a credential directory never follow a symbolic link,
-/// leave it, or cross a mount.
-const CONFINED: ResolveFlags = ResolveFlags::BENEATH
-    .union(ResolveFlags::NO_SYMLINKS)
-    .union(ResolveFlags::NO_MAGICLINKS)
-    .union(ResolveFlags::NO_XDEV);
 
 /// Why a generation's TLS material could not be made, written, loaded or
 /// turned into a configuration.
@@ -610,17 +604,11 @@ fn check_private_dir(dir: &RetainedDir) -> Result<(), TlsError> {
 fn write_new_file(dir: &RetainedDir, name: &str, bytes: &[u8]) -> Result<(), TlsError> {
     let path = dir.label().join(name);
     let partial = partial_name(name);
-    let fd = rustix::fs::openat2(
+    let fd = open_beneath(
         dir.fd(),
         &partial,
-        OFlags::WRONLY
-            | OFlags::CREATE
-            | OFlags::EXCL
-            | OFlags::NOFOLLOW
-            | OFlags::CLOEXEC
-            | OFlags::NOCTTY,
+        OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL,
         Mode::RUSR | Mode::WUSR,
-        CONFINED,
     )
     .map_err(|errno| open_error("create", dir.label().join(&partial), errno))?;
     let result = (|| {
@@ -672,12 +660,11 @@ pub fn remove_client_credential(dir: &RetainedDir) -> Result<(), TlsError> {
 fn read_private_file(dir: &RetainedDir, name: &str) -> Result<Vec<u8>, TlsError> {
     let path = dir.label().join(name);
     // O_NONBLOCK: opening a FIFO planted here must not wait for a writer.
-    let fd = rustix::fs::openat2(
+    let fd = open_beneath(
         dir.fd(),
         name,
-        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC | OFlags::NOCTTY,
+        OFlags::RDONLY | OFlags::NONBLOCK,
         Mode::empty(),
-        CONFINED,
     )
     .map_err(|errno| open_error("open", path.clone(), errno))?;
     let stat = rustix::fs::fstat(&fd).map_err(|errno| io_error("stat", &path, errno.into()))?;

@@ -19,7 +19,7 @@ use lazaret_proto::store::{
     Domain, Generation, GenerationState, Participant, Session, SessionTerminal, StoreMetadata,
 };
 use redb::{Database, ReadableDatabase, ReadableTable};
-use rustix::fs::{Mode, OFlags, ResolveFlags};
+use rustix::fs::{Mode, OFlags};
 
 use crate::config::RetainedDir;
 
@@ -128,12 +128,11 @@ impl DomainStore {
     /// Opens (creating if missing) the store of `domain` in `dir`.
     pub fn open(dir: &RetainedDir, domain: &Domain) -> Result<Self, StoreError> {
         let path = dir.label().join(STORE_FILE).display().to_string();
-        let file: File = rustix::fs::openat2(
+        let file: File = crate::image::fsops::open_beneath(
             dir.fd(),
             STORE_FILE,
-            OFlags::RDWR | OFlags::CREATE | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+            OFlags::RDWR | OFlags::CREATE,
             Mode::RUSR | Mode::WUSR,
-            ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_XDEV,
         )
         .map_err(|e| StoreError::Open {
             path: path.clone(),
@@ -244,28 +243,22 @@ impl DomainStore {
         Ok(())
     }
 
-    /// Writes a session row.
-    pub fn put_session(&self, session: &Session) -> Result<(), StoreError> {
+    /// Writes a session's row and its terminal's row in one transaction.
+    pub fn put_session_state(
+        &self,
+        session: &Session,
+        terminal: &SessionTerminal,
+    ) -> Result<(), StoreError> {
+        let key = |generation: GenerationId, session: lazaret_proto::ids::SessionId| {
+            (generation.0, u128::from_be_bytes(session.0))
+        };
         let txn = self.db.begin_write()?;
         txn.open_table(tables::SESSIONS)?.insert(
-            (
-                session.generation_id.0,
-                u128::from_be_bytes(session.session_id.0),
-            ),
+            key(session.generation_id, session.session_id),
             encode(session)?.as_slice(),
         )?;
-        txn.commit()?;
-        Ok(())
-    }
-
-    /// Writes a session terminal row.
-    pub fn put_session_terminal(&self, terminal: &SessionTerminal) -> Result<(), StoreError> {
-        let txn = self.db.begin_write()?;
         txn.open_table(tables::SESSION_TERMINALS)?.insert(
-            (
-                terminal.generation_id.0,
-                u128::from_be_bytes(terminal.session_id.0),
-            ),
+            key(terminal.generation_id, terminal.session_id),
             encode(terminal)?.as_slice(),
         )?;
         txn.commit()?;
