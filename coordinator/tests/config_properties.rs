@@ -256,25 +256,37 @@ fn eq(r: &mut Rng) -> &'static str {
     r.pick(&[" = ", "=", " =\t", "\t= ", "  =  "])
 }
 
-fn array_text(r: &mut Rng, items: Vec<String>) -> String {
-    if r.chance(40) {
-        let mut out = String::from("[");
+/// `items` between `open` and `close`, one a line, each indented by one of
+/// `indents`, with comments and blank lines between them and, at random, a
+/// trailing comma.
+fn multiline(
+    r: &mut Rng,
+    (open, close): (char, char),
+    indents: &[&'static str],
+    items: Vec<String>,
+) -> String {
+    let mut out = String::from(open);
+    out.push_str(&trailing(r));
+    out.push('\n');
+    let n = items.len();
+    for (i, item) in items.into_iter().enumerate() {
+        filler(r, &mut out);
+        out.push_str(r.pick(indents));
+        out.push_str(&item);
+        if i + 1 < n || r.chance(50) {
+            out.push(',');
+        }
         out.push_str(&trailing(r));
         out.push('\n');
-        let n = items.len();
-        for (i, item) in items.into_iter().enumerate() {
-            filler(r, &mut out);
-            out.push_str(r.pick(&["", "  ", "\t"]));
-            out.push_str(&item);
-            if i + 1 < n || r.chance(50) {
-                out.push(',');
-            }
-            out.push_str(&trailing(r));
-            out.push('\n');
-        }
-        filler(r, &mut out);
-        out.push(']');
-        out
+    }
+    filler(r, &mut out);
+    out.push(close);
+    out
+}
+
+fn array_text(r: &mut Rng, items: Vec<String>) -> String {
+    if r.chance(40) {
+        multiline(r, ('[', ']'), &["", "  ", "\t"], items)
     } else {
         let sep = r.pick(&[", ", ",", " , "]);
         let trail = if !items.is_empty() && r.chance(20) {
@@ -294,23 +306,7 @@ fn inline_text(r: &mut Rng, items: Vec<String>) -> String {
         return r.pick(&["{}", "{ }"]).to_owned();
     }
     if r.chance(25) {
-        let mut out = String::from("{");
-        out.push_str(&trailing(r));
-        out.push('\n');
-        let n = items.len();
-        for (i, item) in items.into_iter().enumerate() {
-            filler(r, &mut out);
-            out.push_str("  ");
-            out.push_str(&item);
-            if i + 1 < n || r.chance(50) {
-                out.push(',');
-            }
-            out.push_str(&trailing(r));
-            out.push('\n');
-        }
-        filler(r, &mut out);
-        out.push('}');
-        out
+        multiline(r, ('{', '}'), &["  "], items)
     } else {
         format!("{{ {} }}", items.join(", "))
     }

@@ -1061,38 +1061,27 @@ fn oci_archive_is_extracted_and_prepared() {
     );
     assert!(result.unwrap().reused);
 
+    // An archive holding one entry of `kind` at `name` is refused.
     let evil = fx.base.join("images/evil.tar");
-    fs::write(
-        &evil,
-        LayerBuilder::new()
-            .entry(EntryType::Char, "blobs/null", 0o666, None, b"")
-            .tar(),
-    )
-    .unwrap();
-    let (result, _) = prepare(
-        &catalog,
-        &parse_reference(&format!("oci-archive:{}", evil.display())).unwrap(),
-        domain(4),
-        1,
-    );
-    let error = image_error(result.unwrap_err());
+    let refused = |kind: EntryType, name: &str, mode: u32| {
+        fs::write(
+            &evil,
+            LayerBuilder::new().entry(kind, name, mode, None, b"").tar(),
+        )
+        .unwrap();
+        let (result, _) = prepare(
+            &catalog,
+            &parse_reference(&format!("oci-archive:{}", evil.display())).unwrap(),
+            domain(4),
+            1,
+        );
+        image_error(result.unwrap_err())
+    };
+    let error = refused(EntryType::Char, "blobs/null", 0o666);
     assert!(matches!(error, ImageError::RefusedEntry { .. }), "{error}");
 
     // A FIFO in an archive is refused too (it could stall a reader).
-    fs::write(
-        &evil,
-        LayerBuilder::new()
-            .entry(EntryType::Fifo, "index.json", 0o644, None, b"")
-            .tar(),
-    )
-    .unwrap();
-    let (result, _) = prepare(
-        &catalog,
-        &parse_reference(&format!("oci-archive:{}", evil.display())).unwrap(),
-        domain(4),
-        1,
-    );
-    let error = image_error(result.unwrap_err());
+    let error = refused(EntryType::Fifo, "index.json", 0o644);
     assert!(error.to_string().contains("FIFO"), "{error}");
     assert_eq!(fx.staging_entries(), 0);
     assert!(catalog.operations().unwrap().is_empty());

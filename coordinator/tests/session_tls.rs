@@ -198,6 +198,23 @@ fn client_config_with(ca: &[u8], dir: &Path) -> Arc<ClientConfig> {
 
 /// Asserts the server refused the connection with a TLS error matching
 /// `expected`, promptly.
+/// Asserts that the client refuses the server while sending its first
+/// frame, with a TLS error `expected` accepts, and that the server then
+/// fails too.
+fn assert_client_refused(
+    mut stream: StreamOwned<ClientConnection, UnixStream>,
+    server: JoinHandle<io::Result<Served>>,
+    expected: impl Fn(&rustls::Error) -> bool,
+) {
+    let error = write_frame(&mut stream, &input(b"hello")).unwrap_err();
+    let FrameError::Write { source, .. } = &error else {
+        panic!("{error:?}");
+    };
+    assert!(tls_error(source).is_some_and(expected), "{error:?}");
+    drop(stream);
+    assert!(server.join().unwrap().is_err());
+}
+
 fn assert_server_refused(
     server: JoinHandle<io::Result<Served>>,
     started: Instant,
@@ -389,20 +406,10 @@ fn a_client_pinned_to_another_ca_refuses_the_server() {
 
         let (server_sock, client_sock) = pair();
         let server = serve(generation.server_config(), server_sock);
-        let mut stream = connect(client.client_config(), tls::server_name(), client_sock);
-        let error = write_frame(&mut stream, &input(b"hello")).unwrap_err();
-        let FrameError::Write { source, .. } = &error else {
-            panic!("{error:?}");
-        };
-        assert!(
-            matches!(
-                tls_error(source),
-                Some(rustls::Error::InvalidCertificate(_))
-            ),
-            "{error:?}"
-        );
-        drop(stream);
-        assert!(server.join().unwrap().is_err());
+        let stream = connect(client.client_config(), tls::server_name(), client_sock);
+        assert_client_refused(stream, server, |e| {
+            matches!(e, rustls::Error::InvalidCertificate(_))
+        });
     }
 }
 
@@ -414,23 +421,16 @@ fn the_server_certificate_names_only_the_session_coordinator() {
     let (server_sock, client_sock) = pair();
     let server = serve(generation.server_config(), server_sock);
     let name = ServerName::try_from("elsewhere.lazaret.invalid").unwrap();
-    let mut stream = connect(client.client_config(), name, client_sock);
-    let error = write_frame(&mut stream, &input(b"hello")).unwrap_err();
-    let FrameError::Write { source, .. } = &error else {
-        panic!("{error:?}");
-    };
-    assert!(
+    let stream = connect(client.client_config(), name, client_sock);
+    assert_client_refused(stream, server, |e| {
         matches!(
-            tls_error(source),
-            Some(rustls::Error::InvalidCertificate(
+            e,
+            rustls::Error::InvalidCertificate(
                 rustls::CertificateError::NotValidForName
                     | rustls::CertificateError::NotValidForNameContext { .. }
-            ))
-        ),
-        "{error:?}"
-    );
-    drop(stream);
-    assert!(server.join().unwrap().is_err());
+            )
+        )
+    });
 }
 
 #[test]

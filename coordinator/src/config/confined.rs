@@ -414,20 +414,16 @@ impl RetainedDir {
         match rustix::fs::mkdirat(&self.fd, name, Mode::RWXU) {
             Ok(()) => {
                 // A restrictive umask may have removed bits; the mode must
-                // be exactly 0700.
-                let created = self.open_child_dir(name, &child)?;
-                let mode = stat(created.as_fd(), &child)?.st_mode & 0o7777;
-                if mode != 0o700 {
-                    rustix::fs::openat2(
-                        &self.fd,
-                        name,
-                        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
-                        Mode::empty(),
-                        CONFINED,
-                    )
-                    .and_then(|dir| rustix::fs::fchmod(&dir, Mode::RWXU))
-                    .map_err(|e| io_error("set the mode of", &child, e))?;
-                }
+                // be exactly 0700. The check below proves the result.
+                rustix::fs::openat2(
+                    &self.fd,
+                    name,
+                    OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+                    Mode::empty(),
+                    CONFINED,
+                )
+                .and_then(|dir| rustix::fs::fchmod(&dir, Mode::RWXU))
+                .map_err(|e| io_error("set the mode of", &child, e))?;
             }
             Err(rustix::io::Errno::EXIST) => {}
             Err(e) => return Err(io_error("create", &child, e)),

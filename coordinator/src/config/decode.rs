@@ -17,14 +17,7 @@ use lazaret_proto::config::{
 };
 use lazaret_proto::layout::SandboxLayoutV1;
 
-use super::ConfigError;
-
-fn field(field: impl Into<String>, rule: impl Into<String>) -> ConfigError {
-    ConfigError::Field {
-        field: field.into(),
-        rule: rule.into(),
-    }
-}
+use super::{ConfigError, field};
 
 /// Decodes `bytes` and validates the structure of every profile.
 pub fn decode(
@@ -119,6 +112,7 @@ fn check_profile(
 ) -> Result<(), ConfigError> {
     check_destinations(
         &format!("{at}.persistent_dirs"),
+        "",
         &profile.persistent_dirs,
         layout,
     )?;
@@ -127,7 +121,7 @@ fn check_profile(
         .iter()
         .map(|v| v.container.clone())
         .collect();
-    check_destinations(&format!("{at}.volumes"), &containers, layout)?;
+    check_destinations(&format!("{at}.volumes"), ".container", &containers, layout)?;
 
     for (i, volume) in profile.volumes.iter().enumerate() {
         let here = format!("{at}.volumes[{i}]");
@@ -217,21 +211,16 @@ fn check_profile(
     Ok(())
 }
 
-/// Checks a list of sandbox destinations: pairwise distinct, none above or
-/// beneath another, none touching a protected destination of the layout.
+/// Checks a list of sandbox destinations, the entries of `at` (each named
+/// `at[i]` followed by `item`): pairwise distinct, none above or beneath
+/// another, none touching a protected destination of the layout.
 fn check_destinations(
     at: &str,
+    item: &str,
     paths: &[SandboxPath],
     layout: &SandboxLayoutV1,
 ) -> Result<(), ConfigError> {
-    let is_volumes = at.ends_with(".volumes");
-    let name = |i: usize| {
-        if is_volumes {
-            format!("{at}[{i}].container")
-        } else {
-            format!("{at}[{i}]")
-        }
-    };
+    let name = |i: usize| format!("{at}[{i}]{item}");
     for (i, path) in paths.iter().enumerate() {
         if let Some(protected) = layout.conflict(path) {
             return Err(field(

@@ -35,6 +35,14 @@ pub use confined::{ConfinedError, ConfinedPathPlan, ObjectIdentity, Opened, Reta
 pub use hostenv::HostEnvironment;
 pub use resolve::check_executable;
 
+/// A [`ConfigError::Field`]: `field` breaks `rule`.
+fn field(field: impl Into<String>, rule: impl Into<String>) -> ConfigError {
+    ConfigError::Field {
+        field: field.into(),
+        rule: rule.into(),
+    }
+}
+
 /// Why a configuration could not be loaded. Every variant names the field,
 /// variable or file at fault and the rule it broke.
 #[derive(Debug, thiserror::Error)]

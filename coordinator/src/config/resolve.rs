@@ -30,15 +30,8 @@ use super::hostenv::HostEnvironment;
 use super::source::ConfigSource;
 use super::{
     ConfigError, ConfinedAuthorities, EffectiveNetworkPolicy, ResolvedDomainConfiguration,
-    ResolvedExecutable, ResolvedVolumeSource, SecretValue,
+    ResolvedExecutable, ResolvedVolumeSource, SecretValue, field,
 };
-
-fn field(field: impl Into<String>, rule: impl Into<String>) -> ConfigError {
-    ConfigError::Field {
-        field: field.into(),
-        rule: rule.into(),
-    }
-}
 
 fn at(field_name: &str) -> impl Fn(ConfinedError) -> ConfigError + '_ {
     move |e| ConfigError::Path {
