@@ -611,7 +611,9 @@ fn retry<T>(mut call: impl FnMut() -> Result<T, Errno>) -> Result<T, Errno> {
 
 /// A zeroed byte region of `len` bytes starting on a `cmsghdr` boundary, so
 /// rustix does not shorten it and the kernel's descriptor count is exact.
-fn control_space(storage: &mut Vec<MaybeUninit<u8>>, len: usize) -> &mut [MaybeUninit<u8>] {
+/// `len` bytes of `storage`, aligned for a `cmsghdr`, for the control
+/// messages of `sendmsg(2)` and `recvmsg(2)`; `storage` grows to fit.
+pub fn control_space(storage: &mut Vec<MaybeUninit<u8>>, len: usize) -> &mut [MaybeUninit<u8>] {
     if len == 0 {
         return &mut [];
     }

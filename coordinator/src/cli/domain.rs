@@ -212,7 +212,9 @@ pub fn down(globals: &Globals, profile: &str) -> Result<(), Failure> {
 
 /// The running Domains under the Runtime Root.
 fn running_domains() -> Result<Vec<DomainStatus>, Failure> {
-    let root = HostEnvironment::capture().runtime_root()?.join("domains");
+    let root = HostEnvironment::capture()
+        .runtime_root()?
+        .join(crate::config::DOMAINS_DIR);
     let Ok(entries) = std::fs::read_dir(&root) else {
         return Ok(Vec::new());
     };

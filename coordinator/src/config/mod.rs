@@ -35,6 +35,10 @@ pub use confined::{ConfinedError, ConfinedPathPlan, ObjectIdentity, Opened, Reta
 pub use hostenv::HostEnvironment;
 pub use resolve::check_executable;
 
+/// The directory, beneath both the Storage Root and the Runtime Root, that
+/// holds one directory per Domain, named by its Domain ID in hex.
+pub const DOMAINS_DIR: &str = "domains";
+
 /// A [`ConfigError::Field`]: `field` breaks `rule`.
 fn field(field: impl Into<String>, rule: impl Into<String>) -> ConfigError {
     ConfigError::Field {

@@ -167,7 +167,7 @@ pub fn resolve(
     let profile_dir = storage_root
         .ensure_child(&Path::new("profiles").join(profile_name.as_str()), uid)
         .map_err(at(storage_field))?;
-    let domains = Path::new("domains").join(domain_id.to_hex());
+    let domains = Path::new(super::DOMAINS_DIR).join(domain_id.to_hex());
     let domain_storage = storage_root
         .ensure_child(&domains, uid)
         .map_err(at(storage_field))?;

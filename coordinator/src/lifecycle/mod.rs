@@ -72,7 +72,10 @@ impl DomainPaths {
                 rule: e.to_string(),
             }
         })?;
-        let runtime_dir = host.runtime_root()?.join("domains").join(id.to_hex());
+        let runtime_dir = host
+            .runtime_root()?
+            .join(crate::config::DOMAINS_DIR)
+            .join(id.to_hex());
         Ok(Self::new(id, runtime_dir))
     }
 

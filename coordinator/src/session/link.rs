@@ -12,6 +12,7 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
+use lazaret_proto::channel::control_space;
 use lazaret_proto::codec::{MAX_RECORD_LEN, WireRecord};
 use rustix::net::{
     RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags, SendAncillaryBuffer,
@@ -270,19 +271,6 @@ impl TlsLink {
 /// The most descriptors one read accepts; more are closed and refused.
 const MAX_PASSED_FDS: usize = 3;
 
-fn control_buffer(len: usize) -> Vec<std::mem::MaybeUninit<u8>> {
-    // `cmsghdr` alignment: an extra word lets the buffer start aligned.
-    vec![std::mem::MaybeUninit::new(0); len + std::mem::align_of::<usize>()]
-}
-
-fn aligned(
-    storage: &mut [std::mem::MaybeUninit<u8>],
-    len: usize,
-) -> &mut [std::mem::MaybeUninit<u8>] {
-    let offset = storage.as_ptr().align_offset(std::mem::align_of::<usize>());
-    &mut storage[offset..offset + len]
-}
-
 /// Reads bytes with `recvmsg(2)` and keeps the descriptors they carry.
 struct FdReader<'a> {
     stream: &'a UnixStream,
@@ -292,8 +280,8 @@ struct FdReader<'a> {
 impl Read for FdReader<'_> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         let space = rustix::cmsg_space!(ScmRights(MAX_PASSED_FDS));
-        let mut storage = control_buffer(space);
-        let mut control = RecvAncillaryBuffer::new(aligned(&mut storage, space));
+        let mut storage = Vec::new();
+        let mut control = RecvAncillaryBuffer::new(control_space(&mut storage, space));
         let received = rustix::net::recvmsg(
             self.stream,
             &mut [io::IoSliceMut::new(buf)],
@@ -327,9 +315,9 @@ impl Write for FdWriter<'_, '_> {
             return (&*self.stream).write(buf);
         };
         let rights = SendAncillaryMessage::ScmRights(fds);
-        let mut storage = control_buffer(rights.size());
+        let mut storage = Vec::new();
         let len = rights.size();
-        let mut control = SendAncillaryBuffer::new(aligned(&mut storage, len));
+        let mut control = SendAncillaryBuffer::new(control_space(&mut storage, len));
         if !control.push(rights) {
             return Err(io::Error::other("too many descriptors to pass"));
         }

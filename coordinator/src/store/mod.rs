@@ -53,6 +53,17 @@ pub enum StoreError {
     /// A row did not decode.
     #[error("a Domain Store row is unreadable; the store may be from another version")]
     Decode(#[source] DecodeError),
+    /// A participant row names one role and holds another's ownership.
+    #[error(
+        "the participant in slot {slot} of generation {generation} is corrupt (its role and \
+         ownership disagree); the Domain Store is damaged"
+    )]
+    Corrupt {
+        /// The generation.
+        generation: u64,
+        /// The slot.
+        slot: u32,
+    },
     /// A record did not encode.
     #[error("a Domain Store record could not be encoded")]
     Encode(#[source] EncodeError),
@@ -275,7 +286,15 @@ impl DomainStore {
         let mut out = Vec::new();
         for row in table.range((generation.0, 0)..=(generation.0, u32::MAX))? {
             let (key, value) = row?;
-            out.push((Slot(key.value().1), decode(value.value())?));
+            let participant: Participant = decode(value.value())?;
+            let slot = key.value().1;
+            if !participant.is_consistent() {
+                return Err(StoreError::Corrupt {
+                    generation: generation.0,
+                    slot,
+                });
+            }
+            out.push((Slot(slot), participant));
         }
         Ok(out)
     }
