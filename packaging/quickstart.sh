@@ -22,7 +22,7 @@ as_root apt-get update -q
 as_root apt-get install -y -q --no-install-recommends \
     ca-certificates gcc libc6-dev util-linux binutils procps \
     runsc busybox-static umoci skopeo slirp4netns
-bash packaging/tun-access.sh
+bash packaging/device-access.sh
 
 packaging/build.sh
 lazaret="$(pwd)/target/release/lazaret"

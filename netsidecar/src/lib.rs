@@ -42,11 +42,9 @@ use lazaret_proto::sidecar::{
     AttestRequest, SidecarError, SidecarReport, SidecarRequest, SidecarStep,
 };
 use lazaret_proto::supervisor::FdIndex;
+use rustix::thread::CapabilitySet;
 
 type Channel = Endpoint<SidecarReport, SidecarRequest>;
-
-/// CAP_NET_ADMIN's bit in the capability sets.
-const CAP_NET_ADMIN: u64 = rustix::thread::CapabilitySet::NET_ADMIN.bits();
 
 fn failed(step: SidecarStep, detail: impl std::fmt::Display) -> SidecarError {
     SidecarError {
@@ -155,38 +153,11 @@ fn attest(channel: &Channel) -> Result<NetworkReadinessAttestation, SidecarError
 
 /// Refuses to act with any capability but CAP_NET_ADMIN, or without it.
 fn check_privileges() -> Result<(), SidecarError> {
-    let status = std::fs::read_to_string("/proc/self/status").map_err(|e| {
-        failed(
-            SidecarStep::Privileges,
-            format!("cannot read /proc/self/status: {e}"),
-        )
-    })?;
-    let set = |name: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
-    };
-    let sets = [
-        ("effective", set("CapEff:"), CAP_NET_ADMIN),
-        ("permitted", set("CapPrm:"), CAP_NET_ADMIN),
-        ("bounding", set("CapBnd:"), CAP_NET_ADMIN),
-        ("inheritable", set("CapInh:"), 0),
-        ("ambient", set("CapAmb:"), 0),
-    ];
-    for (name, found, wanted) in sets {
-        if found != Some(wanted) {
-            return Err(failed(
-                SidecarStep::Privileges,
-                format!(
-                    "its {name} capability set is {}, not {wanted:#x}: it must run with \
-                     CAP_NET_ADMIN alone, as lazaret-supervisor starts it",
-                    found.map_or("unreadable".into(), |v| format!("{v:#x}"))
-                ),
-            ));
-        }
-    }
-    Ok(())
+    lazaret_proto::privilege::require_exactly(
+        CapabilitySet::NET_ADMIN,
+        "it must run with CAP_NET_ADMIN alone, as lazaret-supervisor starts it",
+    )
+    .map_err(|detail| failed(SidecarStep::Privileges, detail))
 }
 
 /// Proves the descriptor is the network namespace this process runs in and

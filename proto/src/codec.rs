@@ -10,7 +10,7 @@ use serde::{Serialize, de::DeserializeOwned};
 
 /// The largest encoded record any Lazaret codec accepts, in bytes. Individual
 /// records set a tighter [`WireRecord::MAX_ENCODED_LEN`].
-pub const MAX_RECORD_LEN: usize = 1 << 20;
+pub const MAX_RECORD_LEN: usize = 16 << 20;
 
 /// A serialized record that may cross a protocol or durable-storage boundary.
 ///

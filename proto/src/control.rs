@@ -17,6 +17,7 @@ use crate::ids::{
 };
 use crate::network::{DerivedNetworkPolicy, NetworkReadinessAttestation};
 use crate::process::PidfsProcessIdentityV1;
+use crate::router::RoutingSummary;
 use crate::store::GenerationState;
 
 /// A step of `lazaret up`, in the order the coordinator takes them.
@@ -30,6 +31,8 @@ pub enum StartupStep {
     Image,
     /// Recording the generation and preparing the State Anchor.
     State,
+    /// Taking the workspace's routing rules and starting its router.
+    Workspace,
     /// Attaching the network and attesting its policy.
     Network,
     /// Starting the sandbox.
@@ -44,6 +47,7 @@ impl StartupStep {
             StartupStep::Ownership => "ownership",
             StartupStep::Image => "image",
             StartupStep::State => "state",
+            StartupStep::Workspace => "workspace",
             StartupStep::Network => "network",
             StartupStep::Sandbox => "sandbox",
         }
@@ -166,6 +170,32 @@ pub struct DomainStatus {
     pub sessions: Vec<SessionSummary>,
     /// The network the sandbox runs under and the evidence it is in force.
     pub network: NetworkStatus,
+    /// How the workspace is routed.
+    pub workspace_routing: WorkspaceStatus,
+}
+
+/// The generation's workspace routing, as `lazaret status` shows it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkspaceStatus {
+    /// Whether git-ignored paths stay in Domain storage
+    /// (`isolate_gitignored`).
+    pub isolate_ignored: bool,
+    /// The root of the git repository the workspace is, or is in, on the
+    /// host.
+    pub repository: Option<HostPath>,
+    /// Whether that repository ignores the whole workspace, so that
+    /// everything the sandbox writes stays in Domain storage.
+    pub workspace_ignored: bool,
+    /// The Domain's directory holding isolated paths: ignored paths and
+    /// the git metadata the sandbox makes.
+    pub isolated_root: HostPath,
+    /// What the rules hold.
+    pub summary: RoutingSummary,
+    /// The Workspace Router.
+    pub router: PidfsProcessIdentityV1,
+    /// Whether the router still runs. When it does not, every workspace
+    /// operation inside the sandbox fails until `lazaret down`.
+    pub router_running: bool,
 }
 
 /// The generation's network, as `lazaret status` shows it.

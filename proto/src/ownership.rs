@@ -94,9 +94,9 @@ pub struct StateAnchorOwnership {
 /// The workspace routing that sends git-ignored paths to Domain-scoped
 /// storage and keeps the host Git configuration and hooks read-only.
 ///
-/// The seed's field list is partial after `isolated_root`; the mount identity
-/// and a digest of the routed path set are added so recovery can prove it
-/// found the same arrangement.
+/// The seed's field list is partial after `isolated_root`; the mount
+/// identity, the digest of the rules and the router process are added so
+/// recovery can prove what it finds and stop the router.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GitRoutingOwnership {
     /// Where the routed workspace is mounted.
@@ -107,8 +107,11 @@ pub struct GitRoutingOwnership {
     pub isolated_root: Option<HostPath>,
     /// The routed workspace mount, once made.
     pub mount_identity: Option<MountIdentity>,
-    /// SHA-256 of the sorted list of routed relative paths.
+    /// SHA-256 of the encoded [`WorkspaceRules`](crate::router::WorkspaceRules)
+    /// the router was given.
     pub routing_digest: Option<Sha256Digest>,
+    /// The Workspace Router process, which serves the mount.
+    pub router: PersistedHostProcessOwnership,
 }
 
 /// The generation's enforcement network namespace and its attested policy.

@@ -308,6 +308,7 @@ pub(crate) mod tests {
                 isolated_root: None,
                 mount_identity: Some(mount),
                 routing_digest: Some(Sha256Digest([4; 32])),
+                router: PersistedHostProcessOwnership::Committed(pidfs_identity()),
             }),
             ParticipantOwnership::Network(NetworkOwnership::default()),
             ParticipantOwnership::Helper(HelperOwnership {

@@ -20,6 +20,7 @@ use crate::config::{VolumeAccess, VolumeKind};
 use crate::ids::{ContainerId, DomainId, GenerationId, SessionId};
 use crate::network::NetworkReadinessAttestation;
 use crate::ownership::NamespaceIdentity;
+use crate::router::RoutingSummary;
 use crate::sidecar::AttestParameters;
 
 /// The index of a descriptor in the packet that carries a message.
@@ -92,6 +93,13 @@ pub struct SandboxPlan {
     pub rootfs: FdIndex,
     /// The Agent Workspace directory.
     pub workspace: FdIndex,
+    /// The Domain's isolated directory: where the Workspace Router keeps
+    /// git-ignored paths and the git metadata the sandbox makes.
+    pub isolated: FdIndex,
+    /// A sealed memfd holding the encoded
+    /// [`WorkspaceRules`](crate::router::WorkspaceRules), passed to the
+    /// Workspace Router unread.
+    pub workspace_rules: FdIndex,
     /// A sealed memfd holding the sandbox environment the configuration
     /// resolved, as `NAME=value` entries each ended by a NUL byte. Values
     /// never travel in a message or a file.
@@ -228,6 +236,8 @@ pub enum SupervisorStep {
     Identities,
     /// Installing and attesting the network policy.
     Network,
+    /// Mounting the routed workspace and starting its Workspace Router.
+    Workspace,
     /// The request itself was malformed (missing descriptor, bad path).
     Request,
 }
@@ -258,6 +268,14 @@ pub enum SupervisorReport {
         user_namespace_fd: FdIndex,
         /// The network namespace's descriptor.
         network_namespace_fd: FdIndex,
+    },
+    /// The workspace is mounted and its Workspace Router serves it; the
+    /// packet carries the router's pidfd.
+    WorkspaceRouted {
+        /// The pidfd of the Workspace Router.
+        router: FdIndex,
+        /// What it routes by.
+        summary: RoutingSummary,
     },
     /// The Network Sidecar installed the policy and attested it.
     NetworkAttested(Box<NetworkReadinessAttestation>),

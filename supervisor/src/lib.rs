@@ -16,8 +16,10 @@
 //!    object the coordinator opened;
 //! 6. reports the namespaces, with descriptors of the user and network
 //!    namespaces for the connectivity helper, and its own pidfd;
-//! 7. stages the filesystem (root overlay, State Anchor overlays, workspace,
-//!    volumes, control area) on a private tmpfs and writes the OCI bundle;
+//! 7. stages the filesystem (root overlay, State Anchor overlays, volumes,
+//!    control area) on a private tmpfs, mounts the routed workspace there
+//!    and starts its Workspace Router, reports the router, and writes the
+//!    OCI bundle;
 //! 8. on `AttestNetwork`, starts the Network Sidecar in the enforcement
 //!    namespace with CAP_NET_ADMIN alone and relays its attestation;
 //! 9. on `RunSandbox`, and only after an attestation, runs
@@ -40,6 +42,7 @@ mod namespaces;
 mod network;
 mod runsc;
 mod sys;
+mod workspace;
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
@@ -213,6 +216,7 @@ fn start(
     };
     let rootfs = rebased(plan.rootfs, "the image's root filesystem")?;
     let workspace = rebased(plan.workspace, "the workspace")?;
+    let isolated = rebased(plan.isolated, "the Domain's isolated workspace directory")?;
     let anchor_dirs = plan
         .anchors
         .iter()
@@ -230,7 +234,6 @@ fn start(
         .collect::<Result<Vec<_>, _>>()?;
     let sources = mounts::Sources {
         rootfs: rootfs.as_fd(),
-        workspace: workspace.as_fd(),
         anchors: plan
             .anchors
             .iter()
@@ -284,6 +287,24 @@ fn start(
 
     let staged = mounts::stage(runtime_dir, &sources)
         .map_err(|e| failed(SupervisorStep::Mounts, chain(&e)))?;
+    let routed = workspace::route(
+        &staged.workspace,
+        workspace.as_fd(),
+        isolated.as_fd(),
+        fd_at(fds, plan.workspace_rules)?,
+    )
+    .map_err(|detail| failed(SupervisorStep::Workspace, detail))?;
+    let report = SupervisorReport::WorkspaceRouted {
+        router: FdIndex(0),
+        summary: routed.summary,
+    };
+    send(
+        channel,
+        SupervisorStep::Workspace,
+        &report,
+        &[routed.pidfd.as_fd()],
+    )?;
+    drop(routed);
     bundle::write(&staged, "lazaret", &environment, &plan.resolvers)
         .map_err(|e| failed(SupervisorStep::Bundle, e))?;
     if !await_network(channel, net_fd.as_fd())? {
@@ -352,6 +373,27 @@ fn await_network(channel: &Channel, namespace: BorrowedFd<'_>) -> Result<bool, S
     }
 }
 
+/// Waits up to `timeout` for `fd` to become readable (or hang up); false
+/// when the time ran out.
+pub(crate) fn readable_within(
+    fd: BorrowedFd<'_>,
+    timeout: std::time::Duration,
+) -> rustix::io::Result<bool> {
+    use rustix::event::{PollFd, PollFlags, Timespec, poll};
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let timeout = Timespec::try_from(left).ok();
+        let mut fds = [PollFd::new(&fd, PollFlags::IN)];
+        match poll(&mut fds, timeout.as_ref()) {
+            Ok(0) => return Ok(false),
+            Ok(_) => return Ok(true),
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 /// Sends a report made at `step`; a failure to send fails that step.
 fn send(
     channel: &Channel,
@@ -367,7 +409,8 @@ fn send(
     })
 }
 
-fn pidfd_of(pid: u32) -> std::io::Result<OwnedFd> {
+/// A pidfd for a child of this process.
+pub(crate) fn pidfd_of(pid: u32) -> std::io::Result<OwnedFd> {
     let pid = i32::try_from(pid)
         .ok()
         .and_then(Pid::from_raw)

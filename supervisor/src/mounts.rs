@@ -1,6 +1,7 @@
 //! The sandbox's filesystem, staged in the supervisor's private mount
 //! namespace: the root filesystem overlay, the State Anchor overlays, the
-//! workspace and volume binds, and the control area.
+//! volume binds, the control area, and the place of the routed workspace
+//! (which `workspace` mounts).
 //!
 //! Owns every mount a generation makes. All of them live in the Domain
 //! mount namespace, on a private tmpfs beneath the generation's runtime
@@ -78,7 +79,7 @@ fn create_dir(path: &Path) -> Result<(), MountError> {
 
 /// Mounts a filesystem of type `fstype` (its source named the same) at
 /// `target`; `what` says what it is for, in errors.
-fn mount(
+pub(crate) fn mount(
     what: &str,
     target: &Path,
     fstype: &str,
@@ -133,7 +134,7 @@ pub struct Staged {
     pub rootfs: PathBuf,
     /// (sandbox path, staged source) of each persistent directory.
     pub anchors: Vec<(String, PathBuf)>,
-    /// The staged workspace.
+    /// Where the workspace is to be mounted.
     pub workspace: PathBuf,
     /// (sandbox path, staged source, access) of each volume.
     pub volumes: Vec<(String, PathBuf, VolumeAccess)>,
@@ -150,8 +151,6 @@ pub struct Staged {
 pub struct Sources<'a> {
     /// The prepared lower's root filesystem.
     pub rootfs: BorrowedFd<'a>,
-    /// The workspace.
-    pub workspace: BorrowedFd<'a>,
     /// The persistent directories.
     pub anchors: Vec<AnchorSource<'a>>,
     /// The volumes.
@@ -302,9 +301,9 @@ pub fn stage(runtime_dir: &Path, sources: &Sources<'_>) -> Result<Staged, MountE
         anchors.push((anchor.sandbox_path.to_owned(), target));
     }
 
+    // The routed workspace is mounted here by `workspace::route`.
     let workspace = scratch.join("workspace");
     create_dir(&workspace)?;
-    bind(sources.workspace, &workspace, "the workspace")?;
 
     let mut volumes = Vec::with_capacity(sources.volumes.len());
     for (i, volume) in sources.volumes.iter().enumerate() {

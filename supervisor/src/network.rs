@@ -8,7 +8,7 @@
 //! reaps it. Trusts the Host Coordinator's request; does not trust the
 //! sidecar's report beyond relaying it (the Host Coordinator verifies it).
 
-use std::os::fd::BorrowedFd;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -18,9 +18,10 @@ use lazaret_proto::error_chain as chain;
 use lazaret_proto::network::NetworkReadinessAttestation;
 use lazaret_proto::sidecar::{AttestParameters, AttestRequest, SidecarReport, SidecarRequest};
 use lazaret_proto::supervisor::FdIndex;
-use rustix::event::{PollFd, PollFlags, poll};
 
-use crate::sys::with_net_admin_only;
+use rustix::thread::CapabilitySet;
+
+use crate::sys::with_capabilities_only;
 
 /// How long installing and probing may take, DNS timeout included.
 const ATTEST_TIMEOUT: Duration = Duration::from_secs(30);
@@ -56,7 +57,7 @@ pub fn attest(
         .env_clear()
         .stdin(Stdio::from(theirs.into_fd()))
         .stdout(Stdio::null());
-    with_net_admin_only(&mut command);
+    with_capabilities_only(&mut command, CapabilitySet::NET_ADMIN, false);
     let mut child = command
         .spawn()
         .map_err(|e| format!("cannot start {}: {e}", binary.display()))?;
@@ -70,22 +71,15 @@ pub fn attest(
         .send(&request, &[namespace, policy])
         .map_err(|e| format!("cannot reach the sidecar: {}", chain(&e)))
         .and_then(|()| {
-            let deadline = std::time::Instant::now() + ATTEST_TIMEOUT;
-            loop {
-                let left = deadline.saturating_duration_since(std::time::Instant::now());
-                let timeout = rustix::event::Timespec::try_from(left).ok();
-                let mut fds = [PollFd::new(&ours, PollFlags::IN)];
-                match poll(&mut fds, timeout.as_ref()) {
-                    Ok(0) => {
-                        return Err(format!(
-                            "the sidecar did not attest within {} s",
-                            ATTEST_TIMEOUT.as_secs()
-                        ));
-                    }
-                    Ok(_) => break,
-                    Err(rustix::io::Errno::INTR) => continue,
-                    Err(e) => return Err(format!("cannot wait for the sidecar: {e}")),
+            match crate::readable_within(ours.as_fd(), ATTEST_TIMEOUT) {
+                Ok(true) => {}
+                Ok(false) => {
+                    return Err(format!(
+                        "the sidecar did not attest within {} s",
+                        ATTEST_TIMEOUT.as_secs()
+                    ));
                 }
+                Err(e) => return Err(format!("cannot wait for the sidecar: {e}")),
             }
             match ours.recv() {
                 Ok(Received {

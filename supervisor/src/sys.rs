@@ -50,24 +50,31 @@ pub fn with_controlling_terminal(command: &mut std::process::Command) {
     }
 }
 
-/// Leaves a spawned child CAP_NET_ADMIN alone: between fork and exec it
-/// drops every other capability from its bounding set and sets
-/// `no_new_privs`. Executing as root of the user namespace then grants
-/// exactly the bounding set, so the program starts with CAP_NET_ADMIN in
-/// the Domain user namespace and nothing else.
-pub fn with_net_admin_only(command: &mut std::process::Command) {
-    use rustix::thread::CapabilitySet;
+/// Leaves a spawned child the capabilities `kept` and no other: between
+/// fork and exec it optionally moves into a new, empty network namespace
+/// (while it still may), drops every other capability from its bounding
+/// set and sets `no_new_privs`. Executing as root of the user namespace
+/// then grants exactly the bounding set, so the program starts with `kept`
+/// in the Domain user namespace and nothing else.
+pub fn with_capabilities_only(
+    command: &mut std::process::Command,
+    kept: rustix::thread::CapabilitySet,
+    new_network: bool,
+) {
+    use rustix::thread::{CapabilitySet, UnshareFlags};
     use std::os::unix::process::CommandExt;
     // SAFETY: the closure runs in the child between fork and exec, where
-    // only async-signal-safe work is allowed. It iterates a bit set held on
-    // the stack and makes raw `prctl` calls through rustix (no allocation,
-    // no locks, no shared state), returning errors by value.
+    // only async-signal-safe work is allowed. It makes raw `unshare` and
+    // `prctl` calls through rustix and iterates a bit set held on the
+    // stack (no allocation, no locks, no shared state), returning errors by
+    // value. `unshare` is given `CLONE_NEWNET` only, which invalidates no
+    // descriptor; the child has one thread.
     unsafe {
-        command.pre_exec(|| {
-            for capability in CapabilitySet::all()
-                .difference(CapabilitySet::NET_ADMIN)
-                .iter()
-            {
+        command.pre_exec(move || {
+            if new_network {
+                rustix::thread::unshare_unsafe(UnshareFlags::NEWNET)?;
+            }
+            for capability in CapabilitySet::all().difference(kept).iter() {
                 match rustix::thread::remove_capability_from_bounding_set(capability) {
                     // Capabilities newer than the running kernel do not exist.
                     Ok(()) | Err(rustix::io::Errno::INVAL) => {}

@@ -42,7 +42,6 @@ pub fn trials() -> Vec<Trial> {
             concurrent_ups,
         ),
         Trial::test("domain::volumes_mount_with_their_access", volumes),
-        Trial::test("domain::a_git_workspace_is_refused", git_workspace),
         Trial::test(
             "domain::loopback_works_beside_the_policy_tap_only",
             loopback_only,
@@ -466,20 +465,6 @@ fn volumes() -> Result {
     assert_eq!(std::fs::read_to_string(&state)?, "kept\n");
     assert_eq!(std::fs::read_to_string(&notes)?, "read me\n");
     down(&host, &ws)?;
-    Ok(())
-}
-
-fn git_workspace() -> Result {
-    let (_serial, host) = default_host();
-    let ws = host.workspace.clone();
-    let git = host.user_dir("project/.git");
-    let out = host.lazaret(&ws, &["up", "p"]);
-    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("is a git repository"), "{err}");
-    assert!(err.contains(".git/hooks"), "{err}");
-    assert!(host.status(&ws, "p").is_none(), "nothing runs");
-    std::fs::remove_dir(&git)?;
     Ok(())
 }
 

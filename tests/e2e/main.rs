@@ -8,6 +8,7 @@ mod cli;
 mod domain;
 mod net;
 mod network;
+mod workspace;
 
 use libtest_mimic::{Arguments, Trial};
 
@@ -18,6 +19,7 @@ fn main() {
     trials.extend(attach::trials());
     trials.extend(net::trials());
     trials.extend(network::trials());
+    trials.extend(workspace::trials());
     let conclusion = libtest_mimic::run(&args, trials);
     // The test user and image this run made go, whatever the outcome.
     lazaret_tests::domain::cleanup();

@@ -33,7 +33,7 @@ static CREATED_USER: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBo
 /// Removes the test user if this run created it, and the image it built.
 /// Called once when every test has run.
 pub fn cleanup() {
-    if let Some(image) = IMAGE.get() {
+    for image in [IMAGE.get(), GIT_IMAGE.get()].into_iter().flatten() {
         if let Some(dir) = image
             .strip_prefix("oci:")
             .and_then(|i| i.strip_suffix(":latest"))
@@ -78,27 +78,70 @@ pub fn test_user() -> (u32, u32) {
 /// The image reference of this run's busybox image, once built.
 static IMAGE: OnceLock<String> = OnceLock::new();
 
+/// The image reference of this run's busybox image with git, once built.
+static GIT_IMAGE: OnceLock<String> = OnceLock::new();
+
+/// Builds a busybox image named `name` into a fresh layout, with `extra`
+/// copied over its root filesystem; returns `oci:<dir>:latest`.
+fn build_image(name: &str, extra: Option<&Path>) -> String {
+    let dir = std::env::temp_dir().join(format!("lazaret-e2e-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut command = Command::new("bash");
+    command
+        .arg(repo_root().join("packaging/build-busybox-image.sh"))
+        .arg(&dir)
+        .arg("latest");
+    if let Some(extra) = extra {
+        command.env("LAZARET_IMAGE_EXTRA", extra);
+    }
+    let output = command.output().expect("run build-busybox-image.sh");
+    assert!(
+        output.status.success(),
+        "building the {name} image failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    make_readable(&dir);
+    format!("oci:{}:latest", dir.display())
+}
+
 /// The local busybox OCI image, built once per test run:
 /// `oci:<dir>:latest`, readable by the test user.
 pub fn busybox_image() -> String {
-    IMAGE
+    IMAGE.get_or_init(|| build_image("image", None)).clone()
+}
+
+/// The busybox image with the host's `/usr/bin/git` and the libraries
+/// `ldd` lists for it, built once per test run.
+pub fn git_image() -> String {
+    GIT_IMAGE
         .get_or_init(|| {
-            let dir =
-                std::env::temp_dir().join(format!("lazaret-e2e-image-{}", std::process::id()));
-            let _ = std::fs::remove_dir_all(&dir);
-            let output = Command::new("bash")
-                .arg(repo_root().join("packaging/build-busybox-image.sh"))
-                .arg(&dir)
-                .arg("latest")
-                .output()
-                .expect("run build-busybox-image.sh");
+            let extra = tempfile::tempdir().expect("scratch for the git image");
+            let root = extra.path();
+            let copy = |from: &Path, to: &Path| {
+                let to = root.join(to.strip_prefix("/").unwrap_or(to));
+                std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+                // The file a link names, under the link's name.
+                std::fs::copy(from, &to)
+                    .unwrap_or_else(|e| panic!("copy {} for the git image: {e}", from.display()));
+            };
+            let git = Path::new("/usr/bin/git");
             assert!(
-                output.status.success(),
-                "building the busybox image failed: {}",
-                String::from_utf8_lossy(&output.stderr)
+                git.is_file(),
+                "the git image needs /usr/bin/git (apt-get install -y git)"
             );
-            make_readable(&dir);
-            format!("oci:{}:latest", dir.display())
+            copy(git, Path::new("/bin/git"));
+            copy(git, Path::new("/usr/lib/git-core/git"));
+            let ldd = Command::new("ldd").arg(git).output().expect("run ldd");
+            for line in String::from_utf8_lossy(&ldd.stdout).lines() {
+                let path = line
+                    .split_whitespace()
+                    .find(|word| word.starts_with('/'))
+                    .map(Path::new);
+                if let Some(path) = path {
+                    copy(path, path);
+                }
+            }
+            build_image("git-image", Some(root))
         })
         .clone()
 }

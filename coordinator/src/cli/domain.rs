@@ -242,11 +242,27 @@ fn status_json(status: &DomainStatus) -> Value {
     let uptime = lazaret_proto::common::UnixTimeNs::now()
         .as_secs()
         .saturating_sub(status.started_at.as_secs());
+    let routing = &status.workspace_routing;
+    // A dead participant never looks alive: a generation whose router
+    // exited serves no workspace.
+    let (state, problems) = if routing.router_running {
+        (format!("{:?}", status.state).to_lowercase(), Vec::new())
+    } else {
+        (
+            "degraded".to_owned(),
+            vec![
+                "the Workspace Router exited: every workspace operation in the sandbox fails; \
+                 run `lazaret down` and `lazaret up` again"
+                    .to_owned(),
+            ],
+        )
+    };
     json!({
         "profile": status.profile,
         "domain_id": status.domain_id.to_hex(),
         "workspace": String::from_utf8_lossy(&status.workspace.0),
-        "state": format!("{:?}", status.state).to_lowercase(),
+        "state": state,
+        "problems": problems,
         "generation": status.generation_id.0,
         "uptime_seconds": uptime,
         "configuration_fingerprint": status.configuration_fingerprint.to_hex(),
@@ -266,6 +282,20 @@ fn status_json(status: &DomainStatus) -> Value {
             "opened_at_unix": s.opened_at.as_secs(),
         })).collect::<Vec<_>>(),
         "network": network_json(&status.network),
+        "workspace_routing": {
+            "isolate_gitignored": routing.isolate_ignored,
+            "repository": routing.repository.as_ref().map(|r| String::from_utf8_lossy(&r.0).into_owned()),
+            "workspace_ignored": routing.workspace_ignored,
+            "isolated_root": String::from_utf8_lossy(&routing.isolated_root.0),
+            "scopes": routing.summary.scopes,
+            "ignore_files": routing.summary.ignore_files,
+            "tracked_ignored": routing.summary.tracked_ignored,
+            "router": {
+                "pid": routing.router.host_pid,
+                "start_time_ticks": routing.router.start_time_ticks,
+                "running": routing.router_running,
+            },
+        },
     })
 }
 
@@ -320,6 +350,29 @@ fn network_json(network: &NetworkStatus) -> Value {
     })
 }
 
+/// One line on how the workspace is routed, and whether it still is.
+fn routing_text(status: &DomainStatus) -> String {
+    let r = &status.workspace_routing;
+    let router = if r.router_running {
+        format!("router pid {}", r.router.host_pid)
+    } else {
+        "ROUTER EXITED: the workspace is unavailable inside; run `lazaret down`".to_owned()
+    };
+    let repository = match &r.repository {
+        Some(root) => format!("git repository {}", String::from_utf8_lossy(&root.0)),
+        None => "no git repository".to_owned(),
+    };
+    let ignored = match (r.isolate_ignored, r.workspace_ignored) {
+        (false, _) => "ignored paths shared (isolate_gitignored = false)".to_owned(),
+        (true, true) => "the repository ignores the whole workspace: all isolated".to_owned(),
+        (true, false) => format!(
+            "ignored paths isolated ({} ignore files, {} tracked kept)",
+            r.summary.ignore_files, r.summary.tracked_ignored
+        ),
+    };
+    format!("{repository}; {ignored}; git config and hooks read-only; {router}")
+}
+
 fn status_text(status: &DomainStatus) -> String {
     let v = status_json(status);
     format!(
@@ -329,6 +382,8 @@ fn status_text(status: &DomainStatus) -> String {
          \x20 sandbox          container {container}, pid {sandbox}\n\
          \x20 supervisor       pid {supervisor}; coordinator pid {coordinator}\n\
          \x20 persistent dirs  {dirs}\n\
+         \x20 workspace        {routing}\n\
+         \x20   isolated in    {isolated}\n\
          \x20 sessions         {sessions}\n\
          \x20 network          attested: {routes} routes read back, {denied} denied and \
          {permitted} permitted destinations probed (policy {policy})\n\
@@ -336,6 +391,10 @@ fn status_text(status: &DomainStatus) -> String {
          \x20   deny           {deny}; anything unlisted; IPv6\n\
          \x20   egress         slirp4netns pid {helper}, host loopback disabled\n\
          \x20   dns            {dns}\n",
+        routing = routing_text(status),
+        isolated = v["workspace_routing"]["isolated_root"]
+            .as_str()
+            .unwrap_or_default(),
         routes = v["network"]["observed_routes"],
         denied = status.network.attestation.denied_destinations.len(),
         permitted = status.network.attestation.permitted_destinations.len(),

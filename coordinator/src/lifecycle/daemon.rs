@@ -34,6 +34,7 @@ use lazaret_proto::common::{HostPath, UnixTimeNs};
 use lazaret_proto::config::ConfigurationFingerprintRecordV1;
 use lazaret_proto::control::{
     ControlRequest, ControlResponse, DomainStatus, NetworkStatus, StartupEvent, StartupStep,
+    WorkspaceStatus,
 };
 use lazaret_proto::ids::{ContainerId, GenerationId, GenerationNonce};
 use lazaret_proto::network::DerivedNetworkPolicy;
@@ -410,9 +411,6 @@ pub fn start(args: Args) -> ExitCode {
         Ok(resolved) => resolved,
         Err(failure) => return reporter.fail(failure),
     };
-    if let Err(failure) = refuse_git_workspace(&resolved) {
-        return reporter.fail(failure);
-    }
     let auth = resolved.authorities();
     let paths = DomainPaths::new(
         resolved.domain_id(),
@@ -532,39 +530,6 @@ fn begin_generation(
     Ok((generation, me))
 }
 
-/// Refuses a workspace that is a git repository: this version cannot yet
-/// keep its git-ignored files (`.env`, build outputs) out of the sandbox, nor
-/// keep `.git/config` and `.git/hooks` read-only — and a hook the sandbox
-/// wrote would run on the host at the next commit.
-fn refuse_git_workspace(resolved: &ResolvedDomainConfiguration) -> Result<(), Failure> {
-    let workspace = &resolved.authorities().workspace;
-    match rustix::fs::statat(
-        workspace.fd(),
-        ".git",
-        rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
-    ) {
-        Err(rustix::io::Errno::NOENT) => Ok(()),
-        Err(e) => Err(failure(
-            StartupStep::Configuration,
-            format!(
-                "cannot tell whether {} is a git repository: {}/.git: {e}",
-                workspace.label().display(),
-                workspace.label().display()
-            ),
-        )),
-        Ok(_) => Err(failure(
-            StartupStep::Configuration,
-            format!(
-                "{} is a git repository; this version of Lazaret cannot yet protect one \
-                 (keep git-ignored files such as .env out of the sandbox, and keep .git/config \
-                 and .git/hooks read-only, so that no hook written inside runs on the host); \
-                 run it on a directory without .git until that protection arrives",
-                workspace.label().display()
-            ),
-        )),
-    }
-}
-
 /// What a generation that is still starting holds, for stopping it if
 /// starting fails.
 #[derive(Default)]
@@ -631,6 +596,8 @@ struct Live {
     runtime_root: HostPath,
     helper: ConnectivityHelper,
     network: NetworkStatus,
+    router: HeldProcess,
+    workspace: WorkspaceStatus,
 }
 
 impl Live {
@@ -657,6 +624,7 @@ impl Live {
             sandbox: self.sandbox.identity,
             sessions: self.hub.sessions(),
             network: self.network.clone(),
+            workspace_routing: self.workspace.clone(),
         }
     }
 }
@@ -803,6 +771,10 @@ fn bring_up(
         )
         .map_err(|e| at(StartupStep::State)(&e))?;
 
+    // The workspace routing: its rules and isolated directory.
+    let workspace =
+        super::workspace::prepare(reporter, store, generation, resolved, &generation_dir)?;
+
     // The Runtime Supervisor.
     reporter.progress(StartupStep::Sandbox, "starting the Runtime Supervisor");
     let sandbox_failure = |message: String| failure(StartupStep::Sandbox, message);
@@ -876,12 +848,16 @@ fn bring_up(
     send_plan(
         supervisor,
         resolved,
-        environment.as_fd(),
-        &prepared,
-        &anchor_dirs,
-        &generation_dir,
-        &runsc,
-        container_id,
+        PlanInputs {
+            environment: environment.as_fd(),
+            prepared: &prepared,
+            anchor_dirs: &anchor_dirs,
+            isolated: &workspace.isolated,
+            rules: workspace.rules.as_fd(),
+            generation_dir: &generation_dir,
+            runsc: &runsc,
+            container_id,
+        },
         generation,
         &policy,
     )?;
@@ -892,6 +868,8 @@ fn bring_up(
         ..HelperOwnership::default()
     });
     record(Slot::NAMESPACE_HOLDER, &holder_record, StartupStep::Sandbox)?;
+    reporter.progress(StartupStep::Workspace, "starting the Workspace Router");
+    let routed = super::workspace::await_router(supervisor, store, generation, workspace)?;
 
     // The network: slirp4netns attached, the policy installed and attested.
     let network = super::network::attach(
@@ -978,6 +956,8 @@ fn bring_up(
         runtime_root,
         helper,
         network,
+        router: routed.router,
+        workspace: routed.status,
     })
 }
 
@@ -1084,30 +1064,50 @@ pub(super) struct Namespaces {
     pub(super) network_fd: OwnedFd,
 }
 
+/// What a plan is built from: descriptors and the generation's paths.
+struct PlanInputs<'a> {
+    /// The sealed environment memfd.
+    environment: BorrowedFd<'a>,
+    /// The prepared lower.
+    prepared: &'a PreparedLower,
+    /// Each persistent dir's state directory.
+    anchor_dirs: &'a [RetainedDir],
+    /// The Domain's isolated workspace directory.
+    isolated: &'a RetainedDir,
+    /// The sealed workspace rules memfd.
+    rules: BorrowedFd<'a>,
+    /// The generation's runtime directory.
+    generation_dir: &'a RetainedDir,
+    /// The runsc executable.
+    runsc: &'a Path,
+    /// The runsc container ID.
+    container_id: ContainerId,
+}
+
 /// Sends the plan: the supervisor builds the namespaces, mounts and bundle,
 /// and waits for the network before it runs the sandbox.
-#[allow(clippy::too_many_arguments)]
 fn send_plan(
     supervisor: &mut Supervisor,
     resolved: &ResolvedDomainConfiguration,
-    environment: BorrowedFd<'_>,
-    prepared: &PreparedLower,
-    anchor_dirs: &[RetainedDir],
-    generation_dir: &RetainedDir,
-    runsc: &Path,
-    container_id: ContainerId,
+    sources: PlanInputs<'_>,
     generation: &Generation,
     policy: &DerivedNetworkPolicy,
 ) -> Result<(), Failure> {
     let auth = resolved.authorities();
-    let mut fds: Vec<BorrowedFd<'_>> = vec![prepared.rootfs.fd(), auth.workspace.fd(), environment];
+    let mut fds: Vec<BorrowedFd<'_>> = vec![
+        sources.prepared.rootfs.fd(),
+        auth.workspace.fd(),
+        sources.environment,
+        sources.isolated.fd(),
+        sources.rules,
+    ];
     let next =
         |fds: &mut Vec<BorrowedFd<'_>>| FdIndex(u16::try_from(fds.len()).unwrap_or(u16::MAX));
     let anchors = resolved
         .record()
         .persistent_dirs
         .iter()
-        .zip(anchor_dirs)
+        .zip(sources.anchor_dirs)
         .map(|(path, dir)| {
             let index = next(&mut fds);
             fds.push(dir.fd());
@@ -1142,12 +1142,14 @@ fn send_plan(
     let plan = SandboxPlan {
         domain_id: resolved.domain_id(),
         generation_id: generation.generation_id,
-        container_id,
-        runtime_dir: HostPath::from(generation_dir.label()),
-        runsc: HostPath::from(runsc),
+        container_id: sources.container_id,
+        runtime_dir: HostPath::from(sources.generation_dir.label()),
+        runsc: HostPath::from(sources.runsc),
         rootfs: FdIndex(0),
         workspace: FdIndex(1),
         environment: FdIndex(2),
+        isolated: FdIndex(3),
+        workspace_rules: FdIndex(4),
         anchors,
         volumes,
         resolvers,
@@ -1264,18 +1266,23 @@ fn serve(
     owned: &Owned,
     resolved: &ResolvedDomainConfiguration,
     mut generation: Generation,
-    live: Live,
+    mut live: Live,
 ) -> ExitCode {
     let uid = rustix::process::getuid();
     let mut pending_down: Option<ControlPeer> = None;
     loop {
-        let mut fds = [
+        let mut fds = vec![
             PollFd::new(&live.listener, PollFlags::IN),
             PollFd::new(&live.supervisor.held.pidfd, PollFlags::IN),
             PollFd::new(&*live.supervisor.channel, PollFlags::IN),
             PollFd::new(&live.sessions, PollFlags::IN),
             PollFd::new(&live.helper.held.pidfd, PollFlags::IN),
         ];
+        // A router that exited is not watched again (its pidfd stays
+        // readable).
+        if live.workspace.router_running {
+            fds.push(PollFd::new(&live.router.pidfd, PollFlags::IN));
+        }
         match poll(&mut fds, None) {
             Ok(_) => {}
             Err(rustix::io::Errno::INTR) => continue,
@@ -1284,7 +1291,20 @@ fn serve(
                 break;
             }
         }
-        let [listener, pidfd, channel, sessions, helper] = fds.map(|f| f.revents());
+        let revents: Vec<PollFlags> = fds.iter().map(PollFd::revents).collect();
+        drop(fds);
+        let [listener, pidfd, channel, sessions, helper] =
+            [revents[0], revents[1], revents[2], revents[3], revents[4]];
+        if revents.get(5).is_some_and(|r| !r.is_empty()) {
+            // The workspace fails closed: the FUSE connection is aborted
+            // and every operation on it fails. The generation stays, so
+            // sessions can end in order; status says what happened.
+            log(
+                "the Workspace Router exited; every workspace operation in the sandbox fails \
+                 until `lazaret down`",
+            );
+            live.workspace.router_running = false;
+        }
         if !pidfd.is_empty() {
             log("the Runtime Supervisor exited unexpectedly; releasing the generation");
             break;

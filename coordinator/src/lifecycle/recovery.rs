@@ -2,8 +2,8 @@
 //! generation ends, whether its coordinator stops it in order or a later CLI
 //! invocation finds it stale after a crash.
 //!
-//! Owns the release order (publication, sandbox, supervisor, State Anchor,
-//! prepared-lower lease) and the rule that a recorded process is signalled
+//! Owns the release order (publication, sandbox, supervisor, network, workspace
+//! routing, State Anchor, prepared-lower lease) and the rule that a recorded process is signalled
 //! only after its pidfs identity is proven again. Trusts the Domain Store's
 //! rows for what to look for, and the kernel for what is really there.
 
@@ -164,7 +164,14 @@ pub fn release_generation(
                         source,
                     })?;
             }
-            ParticipantOwnership::GitRouting(_) | ParticipantOwnership::Network(_) => {}
+            ParticipantOwnership::GitRouting(routing) => {
+                // The router lives in the Domain pid namespace and ends
+                // with it; one that outlived it is stopped here. Its mount
+                // ended with the Domain mount namespace; the isolated
+                // directory is the Domain's persistent state.
+                killed += usize::from(stop_recorded("workspace router", n, &routing.router)?);
+            }
+            ParticipantOwnership::Network(_) => {}
         }
         store.put_participant(slot, &next)?;
     }

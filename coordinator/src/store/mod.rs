@@ -122,6 +122,8 @@ impl Slot {
     pub const NETWORK: Slot = Slot(6);
     /// The connectivity helper, slirp4netns.
     pub const CONNECTIVITY_HELPER: Slot = Slot(7);
+    /// The workspace routing: its mount, isolated directory and router.
+    pub const GIT_ROUTING: Slot = Slot(8);
 
     /// The State Anchor of persistent dir `index`.
     pub fn state_anchor(index: usize) -> Slot {

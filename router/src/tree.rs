@@ -1,0 +1,1085 @@
+//! The merged workspace the sandbox sees: the host workspace and the
+//! Domain's isolated directory, routed path by path.
+//!
+//! Owns every operation the Workspace Router performs on the two
+//! directories. Each one reaches its object through a directory
+//! descriptor of one side and a path resolved beneath it with no symbolic
+//! link, magic link or mount crossing, and acts on the last component with
+//! a `*at` call that does not follow it, so nothing the sandbox plants (a
+//! link, a rename race) can point the router outside the two trees. The
+//! routing and protection decisions come from the [`Classifier`]; the
+//! kernel's answer for the chosen side is the only other input. Modes the
+//! sandbox sets lose setuid, setgid and group and other write bits, and
+//! the router creates no device node and sets no extended attribute.
+//!
+//! Trusts the supervisor's descriptors and the rules it was given; trusts
+//! nothing the sandbox sends beyond the fact that it asked.
+
+use std::collections::{HashMap, HashSet};
+use std::ffi::OsStr;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+use lazaret_routing::classify::{
+    Classifier, DirState, HEAD_NAME, HostFacts, Protection, Route, join,
+};
+use rustix::fs::{
+    AtFlags, FileType, Mode, OFlags, RenameFlags, ResolveFlags, Stat, StatVfs, Timestamps,
+};
+use rustix::io::Errno;
+
+use crate::nodes::{Kind, Node, Nodes, ROOT};
+
+/// Every operation's result: the errno the sandbox sees on failure.
+pub type Result<T> = std::result::Result<T, Errno>;
+
+/// The mode bits the sandbox may set: no setuid, setgid or sticky bit, no
+/// group or other write permission.
+pub const MODE_MASK: u32 = 0o755;
+
+/// The error a protected path gives.
+pub const PROTECTED: Errno = Errno::ROFS;
+
+/// Names whose protection depends on a `HEAD` beside them.
+fn needs_head(name: &[u8]) -> bool {
+    matches!(
+        name,
+        b"config" | b"config.worktree" | b"commondir" | b"hooks"
+    )
+}
+
+fn resolve() -> ResolveFlags {
+    ResolveFlags::BENEATH
+        | ResolveFlags::NO_SYMLINKS
+        | ResolveFlags::NO_MAGICLINKS
+        | ResolveFlags::NO_XDEV
+}
+
+fn os(bytes: &[u8]) -> &OsStr {
+    OsStr::from_bytes(bytes)
+}
+
+/// The kind of an object from its mode.
+pub fn kind_of(stat: &Stat) -> Kind {
+    match FileType::from_raw_mode(stat.st_mode) {
+        FileType::Directory => Kind::Dir,
+        FileType::RegularFile => Kind::File,
+        FileType::Symlink => Kind::Symlink,
+        _ => Kind::Special,
+    }
+}
+
+/// The open flags the router passes on: the access mode and the flags
+/// that change how data is written; never one that changes what is opened.
+fn open_flags(flags: i32) -> OFlags {
+    let given = OFlags::from_bits_retain(flags as u32);
+    given
+        & (OFlags::RWMODE
+            | OFlags::APPEND
+            | OFlags::TRUNC
+            | OFlags::EXCL
+            | OFlags::SYNC
+            | OFlags::DSYNC)
+}
+
+fn writes(flags: OFlags) -> bool {
+    flags.intersects(OFlags::WRONLY | OFlags::RDWR | OFlags::TRUNC | OFlags::APPEND)
+}
+
+/// One entry of a directory listing.
+#[derive(Clone, Debug)]
+pub struct DirEntry {
+    /// Its name.
+    pub name: Vec<u8>,
+    /// Its kind.
+    pub kind: Kind,
+    /// An inode number for `d_ino` (never 0).
+    pub ino: u64,
+}
+
+/// A visible entry found by name.
+#[derive(Debug)]
+struct Found {
+    path: Vec<u8>,
+    route: Route,
+    stat: Stat,
+    kind: Kind,
+    state: Option<DirState>,
+    protection: Protection,
+}
+
+impl Found {
+    fn node(&self) -> Node {
+        Node::new(
+            self.path.clone(),
+            self.route,
+            self.kind,
+            self.state.clone(),
+            self.protection,
+        )
+    }
+}
+
+/// Where a new entry goes.
+#[derive(Debug)]
+struct Plan {
+    path: Vec<u8>,
+    route: Route,
+    state: DirState,
+    protection: Protection,
+}
+
+/// What a node's parent directory and name are, for `*at` calls.
+struct Entry {
+    dir: OwnedFd,
+    name: Vec<u8>,
+}
+
+/// Times to set.
+#[derive(Clone, Copy, Debug)]
+pub enum SetTime {
+    /// This time.
+    At(std::time::SystemTime),
+    /// Now.
+    Now,
+}
+
+/// What `setattr` changes.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SetAttr {
+    /// New permission bits.
+    pub mode: Option<u32>,
+    /// New owner.
+    pub uid: Option<u32>,
+    /// New group.
+    pub gid: Option<u32>,
+    /// New size.
+    pub size: Option<u64>,
+    /// New access time.
+    pub atime: Option<SetTime>,
+    /// New modification time.
+    pub mtime: Option<SetTime>,
+}
+
+/// The merged workspace.
+#[derive(Debug)]
+pub struct Tree {
+    host: OwnedFd,
+    isolated: OwnedFd,
+    classifier: Classifier,
+    nodes: RwLock<Nodes>,
+    files: Mutex<HashMap<u64, Arc<OwnedFd>>>,
+    dirs: Mutex<HashMap<u64, Arc<Vec<DirEntry>>>>,
+    next_handle: AtomicU64,
+}
+
+impl Tree {
+    /// The tree over `host` (the workspace) and `isolated` (the Domain's
+    /// isolated directory), routed by `classifier`.
+    pub fn new(host: OwnedFd, isolated: OwnedFd, classifier: Classifier) -> Result<Self> {
+        let state = classifier.root();
+        let root = Node::new(
+            Vec::new(),
+            Route::Host,
+            Kind::Dir,
+            Some(state),
+            Protection::Fixed,
+        );
+        rustix::fs::fstat(&host)?;
+        rustix::fs::fstat(&isolated)?;
+        Ok(Tree {
+            host,
+            isolated,
+            classifier,
+            nodes: RwLock::new(Nodes::new(root)),
+            files: Mutex::new(HashMap::new()),
+            dirs: Mutex::new(HashMap::new()),
+            next_handle: AtomicU64::new(1),
+        })
+    }
+
+    fn side(&self, route: Route) -> BorrowedFd<'_> {
+        match route {
+            Route::Host => self.host.as_fd(),
+            Route::Isolated => self.isolated.as_fd(),
+        }
+    }
+
+    fn node(&self, ino: u64) -> Result<Node> {
+        self.nodes
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(ino)
+            .cloned()
+            .ok_or(Errno::STALE)
+    }
+
+    fn dir_node(&self, ino: u64) -> Result<(Node, DirState)> {
+        let node = self.node(ino)?;
+        let state = node.state.clone().ok_or(Errno::NOTDIR)?;
+        Ok((node, state))
+    }
+
+    /// Opens the directory `path` of one side.
+    fn open_dir(&self, route: Route, path: &[u8], flags: OFlags) -> Result<OwnedFd> {
+        let path: &[u8] = if path.is_empty() { b"." } else { path };
+        rustix::fs::openat2(
+            self.side(route),
+            os(path),
+            flags | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+            resolve(),
+        )
+    }
+
+    /// Opens the isolated directory `path`, creating it and its parents
+    /// (mode 0700) as needed.
+    fn isolated_dir(&self, path: &[u8]) -> Result<OwnedFd> {
+        match self.open_dir(Route::Isolated, path, OFlags::PATH) {
+            Err(Errno::NOENT) => {}
+            other => return other,
+        }
+        let mut dir = self.open_dir(Route::Isolated, b"", OFlags::PATH)?;
+        for component in path.split(|b| *b == b'/').filter(|c| !c.is_empty()) {
+            match rustix::fs::mkdirat(&dir, os(component), Mode::from_raw_mode(0o700)) {
+                Ok(()) | Err(Errno::EXIST) => {}
+                Err(e) => return Err(e),
+            }
+            dir = rustix::fs::openat2(
+                &dir,
+                os(component),
+                OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                Mode::empty(),
+                resolve(),
+            )?;
+        }
+        Ok(dir)
+    }
+
+    /// The directory to create an entry of `route` in.
+    fn target_dir(&self, route: Route, path: &[u8]) -> Result<OwnedFd> {
+        match route {
+            Route::Host => self.open_dir(Route::Host, path, OFlags::PATH),
+            Route::Isolated => self.isolated_dir(path),
+        }
+    }
+
+    /// A node's parent directory and name; the root is `.` of its side.
+    fn entry(&self, node: &Node) -> Result<Entry> {
+        if node.path.is_empty() {
+            return Ok(Entry {
+                dir: self.open_dir(Route::Host, b"", OFlags::PATH)?,
+                name: b".".to_vec(),
+            });
+        }
+        let (parent, name) = split(&node.path);
+        Ok(Entry {
+            dir: self.open_dir(node.route, parent, OFlags::PATH)?,
+            name: name.to_vec(),
+        })
+    }
+
+    fn exists_at(dir: BorrowedFd<'_>, name: &[u8]) -> Result<Option<Stat>> {
+        match rustix::fs::statat(dir, os(name), AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(stat) => Ok(Some(stat)),
+            Err(Errno::NOENT) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// What the host has around `name` in `host_dir`.
+    fn facts(host_dir: Option<BorrowedFd<'_>>, name: &[u8], exists: bool) -> Result<HostFacts> {
+        let dir_holds_head = match host_dir {
+            Some(dir) if needs_head(name) => Self::exists_at(dir, HEAD_NAME)?.is_some(),
+            _ => false,
+        };
+        Ok(HostFacts {
+            exists,
+            dir_holds_head,
+        })
+    }
+
+    /// The visible entry `name` of the directory at `dir_path`.
+    fn find(&self, dir_path: &[u8], dir: &DirState, name: &[u8]) -> Result<Option<Found>> {
+        let path = join(dir_path, name);
+        let host_dir = if dir.is_isolated() {
+            None
+        } else {
+            Some(self.open_dir(Route::Host, dir_path, OFlags::PATH)?)
+        };
+        let host_stat = match &host_dir {
+            Some(fd) => Self::exists_at(fd.as_fd(), name)?,
+            None => None,
+        };
+        let facts = Self::facts(
+            host_dir.as_ref().map(AsFd::as_fd),
+            name,
+            host_stat.is_some(),
+        )?;
+        if let Some(stat) = host_stat {
+            let kind = kind_of(&stat);
+            let (route, state) =
+                self.classifier
+                    .child(dir, dir_path, name, kind == Kind::Dir, facts);
+            if route == Route::Host {
+                let protection = self
+                    .classifier
+                    .protection(dir, name, kind == Kind::Dir, facts);
+                return Ok(Some(Found {
+                    path,
+                    route,
+                    stat,
+                    kind,
+                    state: (kind == Kind::Dir).then_some(state),
+                    protection,
+                }));
+            }
+        }
+        let isolated_dir = match self.open_dir(Route::Isolated, dir_path, OFlags::PATH) {
+            Ok(fd) => fd,
+            Err(Errno::NOENT | Errno::NOTDIR) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let Some(stat) = Self::exists_at(isolated_dir.as_fd(), name)? else {
+            return Ok(None);
+        };
+        let kind = kind_of(&stat);
+        let (route, state) = self
+            .classifier
+            .child(dir, dir_path, name, kind == Kind::Dir, facts);
+        if route != Route::Isolated {
+            // Kept from an earlier generation whose rules isolated it.
+            return Ok(None);
+        }
+        Ok(Some(Found {
+            path,
+            route,
+            stat,
+            kind,
+            state: (kind == Kind::Dir).then_some(state),
+            protection: Protection::None,
+        }))
+    }
+
+    /// Where a new entry `name` of the directory `parent` goes; refuses a
+    /// protected position.
+    fn plan(&self, parent: &Node, dir: &DirState, name: &[u8], is_dir: bool) -> Result<Plan> {
+        if name.is_empty() || name.contains(&b'/') || name == b"." || name == b".." {
+            return Err(Errno::INVAL);
+        }
+        if dir.is_read_only() {
+            return Err(PROTECTED);
+        }
+        let host_dir = if dir.is_isolated() {
+            None
+        } else {
+            Some(self.open_dir(Route::Host, &parent.path, OFlags::PATH)?)
+        };
+        let exists = match &host_dir {
+            Some(fd) => Self::exists_at(fd.as_fd(), name)?.is_some(),
+            None => false,
+        };
+        let facts = Self::facts(host_dir.as_ref().map(AsFd::as_fd), name, exists)?;
+        let (route, state) = self
+            .classifier
+            .child(dir, &parent.path, name, is_dir, facts);
+        let protection = match route {
+            Route::Host => self.classifier.protection(dir, name, is_dir, facts),
+            Route::Isolated => Protection::None,
+        };
+        if protection >= Protection::Fixed {
+            return Err(PROTECTED);
+        }
+        Ok(Plan {
+            path: join(&parent.path, name),
+            route,
+            state,
+            protection,
+        })
+    }
+
+    fn register(&self, found: &Found) -> u64 {
+        self.nodes
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .lookup(found.node())
+    }
+
+    /// Registers a newly made entry and returns its number and attributes.
+    fn made(&self, plan: Plan, stat: Stat) -> (u64, Stat) {
+        let kind = kind_of(&stat);
+        let found = Found {
+            path: plan.path,
+            route: plan.route,
+            stat,
+            kind,
+            state: (kind == Kind::Dir).then_some(plan.state),
+            protection: plan.protection,
+        };
+        (self.register(&found), stat)
+    }
+
+    /// `lookup`: the entry `name` of directory `parent`.
+    pub fn lookup(&self, parent: u64, name: &[u8]) -> Result<(u64, Stat)> {
+        let (node, state) = self.dir_node(parent)?;
+        let found = self.find(&node.path, &state, name)?.ok_or(Errno::NOENT)?;
+        Ok((self.register(&found), found.stat))
+    }
+
+    /// `forget`: the kernel drops `count` lookups of `ino`.
+    pub fn forget(&self, ino: u64, count: u64) {
+        self.nodes
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .forget(ino, count);
+    }
+
+    /// `getattr`.
+    pub fn getattr(&self, ino: u64) -> Result<Stat> {
+        let node = self.node(ino)?;
+        let entry = self.entry(&node)?;
+        rustix::fs::statat(&entry.dir, os(&entry.name), AtFlags::SYMLINK_NOFOLLOW)
+    }
+
+    /// `setattr`: what the sandbox may change, with its mode bits masked.
+    pub fn setattr(&self, ino: u64, set: SetAttr, handle: Option<u64>) -> Result<Stat> {
+        let node = self.node(ino)?;
+        if node.protection >= Protection::Fixed {
+            return Err(PROTECTED);
+        }
+        let entry = self.entry(&node)?;
+        let name = os(&entry.name);
+        if let Some(mode) = set.mode {
+            // fchmod on a descriptor of the object itself: a name replaced
+            // by a link in between cannot redirect it.
+            let fd = rustix::fs::openat(
+                &entry.dir,
+                name,
+                OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
+                Mode::empty(),
+            )
+            .map_err(|e| {
+                if e == Errno::LOOP {
+                    Errno::OPNOTSUPP
+                } else {
+                    e
+                }
+            })?;
+            rustix::fs::fchmod(&fd, Mode::from_raw_mode(mode & MODE_MASK))?;
+        }
+        if set.uid.is_some() || set.gid.is_some() {
+            rustix::fs::chownat(
+                &entry.dir,
+                name,
+                set.uid.map(rustix::fs::Uid::from_raw),
+                set.gid.map(rustix::fs::Gid::from_raw),
+                AtFlags::SYMLINK_NOFOLLOW,
+            )?;
+        }
+        if let Some(size) = set.size {
+            match handle.and_then(|h| self.file(h).ok()) {
+                Some(fd) => rustix::fs::ftruncate(&*fd, size)?,
+                None => {
+                    let fd = rustix::fs::openat(
+                        &entry.dir,
+                        name,
+                        OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
+                        Mode::empty(),
+                    )?;
+                    if kind_of(&rustix::fs::fstat(&fd)?) != Kind::File {
+                        return Err(Errno::INVAL);
+                    }
+                    rustix::fs::ftruncate(&fd, size)?;
+                }
+            }
+        }
+        if set.atime.is_some() || set.mtime.is_some() {
+            let spec = |t: Option<SetTime>| match t {
+                None => rustix::fs::Timespec {
+                    tv_sec: 0,
+                    tv_nsec: rustix::fs::UTIME_OMIT,
+                },
+                Some(SetTime::Now) => rustix::fs::Timespec {
+                    tv_sec: 0,
+                    tv_nsec: rustix::fs::UTIME_NOW,
+                },
+                Some(SetTime::At(time)) => {
+                    let since = time
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .unwrap_or_default();
+                    rustix::fs::Timespec {
+                        tv_sec: i64::try_from(since.as_secs()).unwrap_or(i64::MAX),
+                        tv_nsec: i64::from(since.subsec_nanos()),
+                    }
+                }
+            };
+            let times = Timestamps {
+                last_access: spec(set.atime),
+                last_modification: spec(set.mtime),
+            };
+            rustix::fs::utimensat(&entry.dir, name, &times, AtFlags::SYMLINK_NOFOLLOW)?;
+        }
+        rustix::fs::statat(&entry.dir, name, AtFlags::SYMLINK_NOFOLLOW)
+    }
+
+    /// `readlink`.
+    pub fn readlink(&self, ino: u64) -> Result<Vec<u8>> {
+        let node = self.node(ino)?;
+        let entry = self.entry(&node)?;
+        Ok(rustix::fs::readlinkat(&entry.dir, os(&entry.name), Vec::new())?.into_bytes())
+    }
+
+    /// `mknod`: regular files, FIFOs and sockets; never a device.
+    pub fn mknod(&self, parent: u64, name: &[u8], mode: u32, umask: u32) -> Result<(u64, Stat)> {
+        let file_type = FileType::from_raw_mode(mode);
+        if !matches!(
+            file_type,
+            FileType::RegularFile | FileType::Fifo | FileType::Socket
+        ) {
+            return Err(Errno::PERM);
+        }
+        let (node, state) = self.dir_node(parent)?;
+        let plan = self.plan(&node, &state, name, false)?;
+        let dir = self.target_dir(plan.route, &node.path)?;
+        let perm = Mode::from_raw_mode(mode & !umask & MODE_MASK);
+        rustix::fs::mknodat(&dir, os(name), file_type, perm, 0)?;
+        let stat = rustix::fs::statat(&dir, os(name), AtFlags::SYMLINK_NOFOLLOW)?;
+        Ok(self.made(plan, stat))
+    }
+
+    /// `mkdir`.
+    pub fn mkdir(&self, parent: u64, name: &[u8], mode: u32, umask: u32) -> Result<(u64, Stat)> {
+        let (node, state) = self.dir_node(parent)?;
+        let plan = self.plan(&node, &state, name, true)?;
+        let dir = self.target_dir(plan.route, &node.path)?;
+        let perm = Mode::from_raw_mode(mode & !umask & MODE_MASK);
+        rustix::fs::mkdirat(&dir, os(name), perm)?;
+        let stat = rustix::fs::statat(&dir, os(name), AtFlags::SYMLINK_NOFOLLOW)?;
+        Ok(self.made(plan, stat))
+    }
+
+    /// `symlink`.
+    pub fn symlink(&self, parent: u64, name: &[u8], target: &[u8]) -> Result<(u64, Stat)> {
+        let (node, state) = self.dir_node(parent)?;
+        let plan = self.plan(&node, &state, name, false)?;
+        let dir = self.target_dir(plan.route, &node.path)?;
+        rustix::fs::symlinkat(os(target), &dir, os(name))?;
+        let stat = rustix::fs::statat(&dir, os(name), AtFlags::SYMLINK_NOFOLLOW)?;
+        Ok(self.made(plan, stat))
+    }
+
+    /// `create`: a new regular file, opened.
+    pub fn create(
+        &self,
+        parent: u64,
+        name: &[u8],
+        mode: u32,
+        umask: u32,
+        flags: i32,
+    ) -> Result<(u64, Stat, u64)> {
+        let (node, state) = self.dir_node(parent)?;
+        let plan = self.plan(&node, &state, name, false)?;
+        let dir = self.target_dir(plan.route, &node.path)?;
+        let fd = rustix::fs::openat(
+            &dir,
+            os(name),
+            open_flags(flags) | OFlags::CREATE | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::from_raw_mode(mode & !umask & MODE_MASK),
+        )?;
+        let stat = rustix::fs::fstat(&fd)?;
+        if kind_of(&stat) != Kind::File {
+            return Err(Errno::INVAL);
+        }
+        let (ino, stat) = self.made(plan, stat);
+        Ok((ino, stat, self.keep_file(fd)))
+    }
+
+    /// `link`: a new name for a file, on the same side only.
+    pub fn link(&self, ino: u64, parent: u64, name: &[u8]) -> Result<(u64, Stat)> {
+        let node = self.node(ino)?;
+        if node.protection != Protection::None {
+            return Err(PROTECTED);
+        }
+        if node.kind == Kind::Dir {
+            return Err(Errno::PERM);
+        }
+        let (dir_node, state) = self.dir_node(parent)?;
+        let plan = self.plan(&dir_node, &state, name, false)?;
+        if plan.route != node.route {
+            return Err(Errno::XDEV);
+        }
+        let source = self.entry(&node)?;
+        let dir = self.target_dir(plan.route, &dir_node.path)?;
+        rustix::fs::linkat(
+            &source.dir,
+            os(&source.name),
+            &dir,
+            os(name),
+            AtFlags::empty(),
+        )?;
+        let stat = rustix::fs::statat(&dir, os(name), AtFlags::SYMLINK_NOFOLLOW)?;
+        Ok(self.made(plan, stat))
+    }
+
+    /// `unlink` and `rmdir`.
+    pub fn remove(&self, parent: u64, name: &[u8], dir: bool) -> Result<()> {
+        let (node, state) = self.dir_node(parent)?;
+        let found = self.find(&node.path, &state, name)?.ok_or(Errno::NOENT)?;
+        match (dir, found.kind == Kind::Dir) {
+            (false, true) => return Err(Errno::ISDIR),
+            (true, false) => return Err(Errno::NOTDIR),
+            _ => {}
+        }
+        if found.protection >= Protection::Fixed {
+            return Err(PROTECTED);
+        }
+        if let (true, Route::Host, Some(state)) = (dir, found.route, &found.state) {
+            if !self.isolated_entries(&found.path, state)?.is_empty() {
+                return Err(Errno::NOTEMPTY);
+            }
+        }
+        let parent_dir = self.open_dir(found.route, &node.path, OFlags::PATH)?;
+        let flags = if dir {
+            AtFlags::REMOVEDIR
+        } else {
+            AtFlags::empty()
+        };
+        rustix::fs::unlinkat(&parent_dir, os(name), flags)?;
+        if dir && found.route == Route::Host {
+            // The isolated side's directory of the same path holds nothing
+            // visible; remove it if it holds nothing at all.
+            if let Ok(shadow) = self.open_dir(Route::Isolated, &node.path, OFlags::PATH) {
+                let _ = rustix::fs::unlinkat(&shadow, os(name), AtFlags::REMOVEDIR);
+            }
+        }
+        self.nodes
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .unlink(&found.path);
+        Ok(())
+    }
+
+    /// `rename`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn rename(
+        &self,
+        parent: u64,
+        name: &[u8],
+        new_parent: u64,
+        new_name: &[u8],
+        flags: RenameFlags,
+    ) -> Result<()> {
+        let (from_dir, from_state) = self.dir_node(parent)?;
+        let (to_dir, to_state) = self.dir_node(new_parent)?;
+        let source = self
+            .find(&from_dir.path, &from_state, name)?
+            .ok_or(Errno::NOENT)?;
+        let is_dir = source.kind == Kind::Dir;
+        if source.protection >= Protection::Fixed
+            || (is_dir && source.protection == Protection::InGitDir)
+        {
+            return Err(PROTECTED);
+        }
+        let plan = self.plan(&to_dir, &to_state, new_name, is_dir)?;
+        if is_dir && plan.protection == Protection::InGitDir {
+            return Err(PROTECTED);
+        }
+        if source.path == plan.path {
+            return Ok(());
+        }
+        // A visible entry already at the target on the other side cannot
+        // be replaced from this one.
+        if let Some(existing) = self.find(&to_dir.path, &to_state, new_name)? {
+            if existing.route != plan.route || existing.protection >= Protection::Fixed {
+                return Err(if existing.protection >= Protection::Fixed {
+                    PROTECTED
+                } else {
+                    Errno::XDEV
+                });
+            }
+        }
+        let from = self.open_dir(source.route, &from_dir.path, OFlags::PATH)?;
+        let to = self.target_dir(plan.route, &to_dir.path)?;
+        if source.route == plan.route {
+            rustix::fs::renameat_with(&from, os(name), &to, os(new_name), flags)?;
+            if is_dir && source.route == Route::Host {
+                self.move_isolated_dir(&source.path, &plan.path);
+            }
+        } else {
+            if is_dir || flags.contains(RenameFlags::EXCHANGE) {
+                return Err(Errno::XDEV);
+            }
+            move_across(&from, name, &to, new_name, source.kind, flags)?;
+        }
+        self.moved(&source.path, &plan);
+        Ok(())
+    }
+
+    /// Moves the isolated side's directory of a renamed host directory
+    /// with it, so the ignored entries stay beneath it.
+    fn move_isolated_dir(&self, from: &[u8], to: &[u8]) {
+        let (from_parent, from_name) = split(from);
+        let Ok(source) = self.open_dir(Route::Isolated, from_parent, OFlags::PATH) else {
+            return;
+        };
+        if Self::exists_at(source.as_fd(), from_name)
+            .ok()
+            .flatten()
+            .is_none()
+        {
+            return;
+        }
+        let (to_parent, to_name) = split(to);
+        if let Ok(target) = self.isolated_dir(to_parent) {
+            let _ = rustix::fs::renameat(&source, os(from_name), &target, os(to_name));
+        }
+    }
+
+    /// Updates the inode table after a rename: the moved subtree's paths,
+    /// and the moved entry's route, state and protection.
+    fn moved(&self, from: &[u8], plan: &Plan) {
+        let mut nodes = self.nodes.write().unwrap_or_else(|e| e.into_inner());
+        nodes.rename(from, &plan.path);
+        nodes.update(&plan.path, |node| {
+            node.route = plan.route;
+            node.protection = plan.protection;
+            if node.state.is_some() {
+                node.state = Some(plan.state.clone());
+            }
+        });
+    }
+
+    /// The entries of the isolated side's directory of the host directory
+    /// at `path` that the merged view shows.
+    fn isolated_entries(&self, path: &[u8], state: &DirState) -> Result<Vec<DirEntry>> {
+        let fd = match self.open_dir(Route::Isolated, path, OFlags::RDONLY) {
+            Ok(fd) => fd,
+            Err(Errno::NOENT | Errno::NOTDIR) => return Ok(Vec::new()),
+            Err(e) => return Err(e),
+        };
+        let host = self.open_dir(Route::Host, path, OFlags::PATH)?;
+        let mut out = Vec::new();
+        for (name, kind, ino) in list(fd.as_fd())? {
+            let exists = Self::exists_at(host.as_fd(), &name)?.is_some();
+            let facts = Self::facts(Some(host.as_fd()), &name, exists)?;
+            let (route, _) = self
+                .classifier
+                .child(state, path, &name, kind == Kind::Dir, facts);
+            if route == Route::Isolated {
+                out.push(DirEntry { name, kind, ino });
+            }
+        }
+        Ok(out)
+    }
+
+    /// `open`: a regular file, writable only if not protected.
+    pub fn open(&self, ino: u64, flags: i32) -> Result<u64> {
+        let node = self.node(ino)?;
+        let flags = open_flags(flags) & !(OFlags::EXCL);
+        if writes(flags) && node.protection != Protection::None {
+            return Err(PROTECTED);
+        }
+        let entry = self.entry(&node)?;
+        let fd = rustix::fs::openat(
+            &entry.dir,
+            os(&entry.name),
+            flags | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?;
+        if kind_of(&rustix::fs::fstat(&fd)?) != Kind::File {
+            return Err(Errno::INVAL);
+        }
+        Ok(self.keep_file(fd))
+    }
+
+    fn keep_file(&self, fd: OwnedFd) -> u64 {
+        let handle = self.next_handle.fetch_add(1, Ordering::Relaxed);
+        self.files
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(handle, Arc::new(fd));
+        handle
+    }
+
+    /// The descriptor of an open file.
+    pub fn file(&self, handle: u64) -> Result<Arc<OwnedFd>> {
+        self.files
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&handle)
+            .cloned()
+            .ok_or(Errno::BADF)
+    }
+
+    /// `read`.
+    pub fn read(&self, handle: u64, offset: u64, size: u32) -> Result<Vec<u8>> {
+        let fd = self.file(handle)?;
+        let mut buf = vec![0u8; size as usize];
+        let mut done = 0;
+        while done < buf.len() {
+            match rustix::io::pread(&*fd, &mut buf[done..], offset + done as u64) {
+                Ok(0) => break,
+                Ok(n) => done += n,
+                Err(Errno::INTR) => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        buf.truncate(done);
+        Ok(buf)
+    }
+
+    /// `write`.
+    pub fn write(&self, handle: u64, offset: u64, data: &[u8]) -> Result<u32> {
+        let fd = self.file(handle)?;
+        let mut done = 0;
+        while done < data.len() {
+            match rustix::io::pwrite(&*fd, &data[done..], offset + done as u64) {
+                Ok(n) => done += n,
+                Err(Errno::INTR) => continue,
+                Err(e) if done == 0 => return Err(e),
+                Err(_) => break,
+            }
+        }
+        Ok(u32::try_from(done).unwrap_or(u32::MAX))
+    }
+
+    /// `fsync`.
+    pub fn fsync(&self, handle: u64, data_only: bool) -> Result<()> {
+        let fd = self.file(handle)?;
+        if data_only {
+            rustix::fs::fdatasync(&*fd)
+        } else {
+            rustix::fs::fsync(&*fd)
+        }
+    }
+
+    /// `fallocate`.
+    pub fn fallocate(&self, handle: u64, offset: u64, length: u64, mode: i32) -> Result<()> {
+        let fd = self.file(handle)?;
+        let mode = rustix::fs::FallocateFlags::from_bits(mode as u32).ok_or(Errno::OPNOTSUPP)?;
+        rustix::fs::fallocate(&*fd, mode, offset, length)
+    }
+
+    /// `release`.
+    pub fn release(&self, handle: u64) {
+        self.files
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&handle);
+    }
+
+    /// `opendir`: the merged listing, taken now.
+    pub fn opendir(&self, ino: u64) -> Result<u64> {
+        let (node, state) = self.dir_node(ino)?;
+        let entries = match node.route {
+            Route::Isolated => {
+                let dir = self.open_dir(Route::Isolated, &node.path, OFlags::RDONLY)?;
+                list(dir.as_fd())?
+                    .into_iter()
+                    .map(|(name, kind, ino)| DirEntry { name, kind, ino })
+                    .collect()
+            }
+            Route::Host => {
+                let dir = self.open_dir(Route::Host, &node.path, OFlags::RDONLY)?;
+                let listed = list(dir.as_fd())?;
+                let holds_head = listed.iter().any(|(n, _, _)| n == HEAD_NAME);
+                let mut entries = Vec::with_capacity(listed.len());
+                for (name, kind, ino) in listed {
+                    let facts = HostFacts {
+                        exists: true,
+                        dir_holds_head: holds_head && needs_head(&name),
+                    };
+                    let is_dir = kind == Kind::Dir;
+                    let (route, _) = self
+                        .classifier
+                        .child(&state, &node.path, &name, is_dir, facts);
+                    if route == Route::Host {
+                        entries.push(DirEntry { name, kind, ino });
+                    }
+                }
+                let shown: HashSet<Vec<u8>> = entries.iter().map(|e| e.name.clone()).collect();
+                for entry in self.isolated_entries(&node.path, &state)? {
+                    if !shown.contains(&entry.name) {
+                        entries.push(entry);
+                    }
+                }
+                entries
+            }
+        };
+        let handle = self.next_handle.fetch_add(1, Ordering::Relaxed);
+        self.dirs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(handle, Arc::new(entries));
+        Ok(handle)
+    }
+
+    /// The listing of an open directory.
+    pub fn listing(&self, handle: u64) -> Result<Arc<Vec<DirEntry>>> {
+        self.dirs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&handle)
+            .cloned()
+            .ok_or(Errno::BADF)
+    }
+
+    /// `releasedir`.
+    pub fn releasedir(&self, handle: u64) {
+        self.dirs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&handle);
+    }
+
+    /// `statfs`: the host workspace's filesystem.
+    pub fn statfs(&self) -> Result<StatVfs> {
+        rustix::fs::fstatvfs(&self.host)
+    }
+
+    /// `access`: only writing to a protected path is refused here; the
+    /// sandbox's kernel checks modes itself.
+    pub fn access(&self, ino: u64, write: bool) -> Result<()> {
+        let node = self.node(ino)?;
+        if write && node.protection >= Protection::Fixed {
+            return Err(PROTECTED);
+        }
+        Ok(())
+    }
+
+    /// The root's inode number.
+    pub fn root(&self) -> u64 {
+        ROOT
+    }
+}
+
+/// The parent and last component of a non-empty path.
+fn split(path: &[u8]) -> (&[u8], &[u8]) {
+    match path.iter().rposition(|b| *b == b'/') {
+        Some(i) => (&path[..i], &path[i + 1..]),
+        None => (&[], path),
+    }
+}
+
+/// The entries of a directory opened for reading: name, kind, inode.
+fn list(dir: BorrowedFd<'_>) -> Result<Vec<(Vec<u8>, Kind, u64)>> {
+    let mut out = Vec::new();
+    let mut reader = rustix::fs::Dir::read_from(dir)?;
+    while let Some(entry) = reader.read() {
+        let entry = entry?;
+        let name = entry.file_name().to_bytes();
+        if name == b"." || name == b".." {
+            continue;
+        }
+        let kind = match entry.file_type() {
+            FileType::Directory => Kind::Dir,
+            FileType::RegularFile => Kind::File,
+            FileType::Symlink => Kind::Symlink,
+            FileType::Unknown => {
+                match rustix::fs::statat(dir, entry.file_name(), AtFlags::SYMLINK_NOFOLLOW) {
+                    Ok(stat) => kind_of(&stat),
+                    Err(_) => continue,
+                }
+            }
+            _ => Kind::Special,
+        };
+        out.push((name.to_vec(), kind, entry.ino().max(1)));
+    }
+    Ok(out)
+}
+
+/// Moves a file, link or special file from one side to the other: a copy
+/// under a temporary name, renamed into place, then the source removed.
+fn move_across(
+    from: &OwnedFd,
+    name: &[u8],
+    to: &OwnedFd,
+    new_name: &[u8],
+    kind: Kind,
+    flags: RenameFlags,
+) -> Result<()> {
+    let temp = format!(".lazaret-move-{}", std::process::id()).into_bytes();
+    let temp = [temp.as_slice(), b"-", new_name].concat();
+    let temp = if temp.len() > 255 {
+        temp[..255].to_vec()
+    } else {
+        temp
+    };
+    let stat = rustix::fs::statat(from, os(name), AtFlags::SYMLINK_NOFOLLOW)?;
+    let mode = Mode::from_raw_mode(stat.st_mode & MODE_MASK);
+    match kind {
+        Kind::File => {
+            let source = rustix::fs::openat(
+                from,
+                os(name),
+                OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
+                Mode::empty(),
+            )?;
+            let target = rustix::fs::openat(
+                to,
+                os(&temp),
+                OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                mode,
+            )?;
+            let copied = copy(&source, &target);
+            if let Err(e) = copied {
+                let _ = rustix::fs::unlinkat(to, os(&temp), AtFlags::empty());
+                return Err(e);
+            }
+            let times = Timestamps {
+                last_access: stat_time(stat.st_atime, stat.st_atime_nsec),
+                last_modification: stat_time(stat.st_mtime, stat.st_mtime_nsec),
+            };
+            let _ = rustix::fs::futimens(&target, &times);
+        }
+        Kind::Symlink => {
+            let target = rustix::fs::readlinkat(from, os(name), Vec::new())?;
+            rustix::fs::symlinkat(target.as_c_str(), to, os(&temp))?;
+        }
+        Kind::Special => {
+            let file_type = FileType::from_raw_mode(stat.st_mode);
+            if !matches!(file_type, FileType::Fifo | FileType::Socket) {
+                return Err(Errno::XDEV);
+            }
+            rustix::fs::mknodat(to, os(&temp), file_type, mode, 0)?;
+        }
+        Kind::Dir => return Err(Errno::XDEV),
+    }
+    if let Err(e) = rustix::fs::renameat_with(to, os(&temp), to, os(new_name), flags) {
+        let _ = rustix::fs::unlinkat(to, os(&temp), AtFlags::empty());
+        return Err(e);
+    }
+    rustix::fs::unlinkat(from, os(name), AtFlags::empty())
+}
+
+fn stat_time(sec: i64, nsec: u64) -> rustix::fs::Timespec {
+    rustix::fs::Timespec {
+        tv_sec: sec,
+        tv_nsec: i64::try_from(nsec).unwrap_or(0),
+    }
+}
+
+/// Copies a whole file between two descriptors.
+fn copy(source: &OwnedFd, target: &OwnedFd) -> Result<()> {
+    let mut buf = vec![0u8; 1 << 20];
+    let mut offset = 0u64;
+    loop {
+        let n = match rustix::io::pread(source, &mut buf, offset) {
+            Ok(0) => return Ok(()),
+            Ok(n) => n,
+            Err(Errno::INTR) => continue,
+            Err(e) => return Err(e),
+        };
+        let mut done = 0;
+        while done < n {
+            match rustix::io::pwrite(target, &buf[done..n], offset + done as u64) {
+                Ok(w) => done += w,
+                Err(Errno::INTR) => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        offset += n as u64;
+    }
+}

@@ -1,0 +1,439 @@
+//! The merged workspace's rules, driven through the router's tree layer on
+//! plain scratch directories (no FUSE, no privileges): what is visible,
+//! where new paths go, what is protected, which modes reach the host, and
+//! that nothing the sandbox plants leads the router out of its two trees.
+
+use std::os::fd::OwnedFd;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use lazaret_proto::router::{IgnoreFile, IgnoreScope, RelativePath, WorkspaceRules};
+use lazaret_router::tree::{SetAttr, Tree};
+use lazaret_routing::classify::Classifier;
+use rustix::fs::{Mode, OFlags, RenameFlags};
+use rustix::io::Errno;
+
+struct Scratch {
+    _dir: tempfile::TempDir,
+    host: PathBuf,
+    isolated: PathBuf,
+    outside: PathBuf,
+}
+
+const IGNORE: &str = ".env\nnode_modules/\n*.log\n__pycache__/\n";
+
+fn rules(isolate: bool) -> WorkspaceRules {
+    WorkspaceRules {
+        isolate_ignored: isolate,
+        global_excludes: Vec::new(),
+        scopes: if isolate {
+            vec![IgnoreScope {
+                root: RelativePath::default(),
+                prefix: RelativePath::default(),
+                exclude: Vec::new(),
+                ignore_files: vec![IgnoreFile {
+                    dir: RelativePath::default(),
+                    content: IGNORE.as_bytes().to_vec(),
+                }],
+                tracked_ignored: vec![RelativePath(b"kept.log".to_vec())],
+            }]
+        } else {
+            Vec::new()
+        },
+    }
+}
+
+impl Scratch {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let base = dir.path().to_path_buf();
+        let host = base.join("host");
+        let isolated = base.join("isolated");
+        let outside = base.join("outside");
+        for d in [&host, &isolated, &outside] {
+            std::fs::create_dir(d).unwrap();
+        }
+        std::fs::write(host.join(".gitignore"), IGNORE).unwrap();
+        std::fs::write(host.join(".env"), "SECRET=host\n").unwrap();
+        std::fs::create_dir_all(host.join("node_modules/host-only")).unwrap();
+        std::fs::write(host.join("kept.log"), "tracked\n").unwrap();
+        std::fs::write(host.join("src.txt"), "tracked source\n").unwrap();
+        std::fs::create_dir_all(host.join(".git/hooks")).unwrap();
+        std::fs::create_dir_all(host.join(".git/objects")).unwrap();
+        std::fs::create_dir_all(host.join(".git/refs/heads")).unwrap();
+        std::fs::create_dir_all(host.join(".git/modules/sub/hooks")).unwrap();
+        std::fs::write(host.join(".git/HEAD"), "ref: refs/heads/main\n").unwrap();
+        std::fs::write(host.join(".git/config"), "[core]\n").unwrap();
+        std::fs::write(host.join(".git/modules/sub/config"), "[core]\n").unwrap();
+        std::fs::write(host.join(".git/index"), "index").unwrap();
+        std::fs::write(outside.join("target"), "outside").unwrap();
+        Scratch {
+            _dir: dir,
+            host,
+            isolated,
+            outside,
+        }
+    }
+
+    fn tree(&self, isolate: bool) -> Tree {
+        let open = |p: &Path| -> OwnedFd {
+            rustix::fs::open(
+                p,
+                OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+                Mode::empty(),
+            )
+            .unwrap()
+        };
+        Tree::new(
+            open(&self.host),
+            open(&self.isolated),
+            Classifier::new(&rules(isolate)),
+        )
+        .unwrap()
+    }
+}
+
+/// The inode of a path, looked up component by component.
+fn ino(tree: &Tree, path: &str) -> Result<u64, Errno> {
+    let mut ino = tree.root();
+    for name in path.split('/').filter(|c| !c.is_empty()) {
+        ino = tree.lookup(ino, name.as_bytes())?.0;
+    }
+    Ok(ino)
+}
+
+fn parent_and_name(tree: &Tree, path: &str) -> (u64, String) {
+    let (parent, name) = path.rsplit_once('/').unwrap_or(("", path));
+    (ino(tree, parent).unwrap(), name.to_owned())
+}
+
+fn create(tree: &Tree, path: &str, content: &[u8]) -> Result<u64, Errno> {
+    let (parent, name) = parent_and_name(tree, path);
+    let (ino, _, handle) = tree.create(parent, name.as_bytes(), 0o644, 0o022, libc_wronly())?;
+    tree.write(handle, 0, content)?;
+    tree.release(handle);
+    Ok(ino)
+}
+
+fn libc_wronly() -> i32 {
+    OFlags::WRONLY.bits() as i32
+}
+
+fn read(tree: &Tree, path: &str) -> Result<Vec<u8>, Errno> {
+    let handle = tree.open(ino(tree, path)?, OFlags::RDONLY.bits() as i32)?;
+    let data = tree.read(handle, 0, 1 << 16);
+    tree.release(handle);
+    data
+}
+
+fn names(tree: &Tree, path: &str) -> Vec<String> {
+    let handle = tree.opendir(ino(tree, path).unwrap()).unwrap();
+    let mut names: Vec<String> = tree
+        .listing(handle)
+        .unwrap()
+        .iter()
+        .map(|e| String::from_utf8(e.name.clone()).unwrap())
+        .collect();
+    tree.releasedir(handle);
+    names.sort();
+    names
+}
+
+#[test]
+fn ignored_host_paths_are_invisible_and_new_ones_stay_isolated() {
+    let s = Scratch::new();
+    let tree = s.tree(true);
+    assert_eq!(ino(&tree, ".env"), Err(Errno::NOENT));
+    assert_eq!(ino(&tree, "node_modules"), Err(Errno::NOENT));
+    assert_eq!(read(&tree, "kept.log").unwrap(), b"tracked\n");
+    let listed = names(&tree, "");
+    assert!(!listed.contains(&".env".into()) && !listed.contains(&"node_modules".into()));
+    assert!(listed.contains(&"kept.log".into()) && listed.contains(&".git".into()));
+
+    create(&tree, ".env", b"SECRET=sandbox\n").unwrap();
+    assert_eq!(read(&tree, ".env").unwrap(), b"SECRET=sandbox\n");
+    assert_eq!(
+        std::fs::read(s.host.join(".env")).unwrap(),
+        b"SECRET=host\n"
+    );
+    assert_eq!(
+        std::fs::read(s.isolated.join(".env")).unwrap(),
+        b"SECRET=sandbox\n"
+    );
+
+    let (root, _) = parent_and_name(&tree, "x");
+    tree.mkdir(root, b"a", 0o755, 0).unwrap();
+    tree.mkdir(ino(&tree, "a").unwrap(), b"b", 0o755, 0)
+        .unwrap();
+    create(&tree, "a/b/c.log", b"log").unwrap();
+    create(&tree, "a/b/c.txt", b"txt").unwrap();
+    assert!(s.host.join("a/b/c.txt").exists());
+    assert!(!s.host.join("a/b/c.log").exists());
+    assert!(s.isolated.join("a/b/c.log").exists());
+    assert_eq!(names(&tree, "a/b"), ["c.log", "c.txt"]);
+
+    tree.mkdir(root, b"pkg", 0o755, 0).unwrap();
+    tree.mkdir(ino(&tree, "pkg").unwrap(), b"__pycache__", 0o755, 0)
+        .unwrap();
+    create(&tree, "pkg/__pycache__/m.pyc", b"pyc").unwrap();
+    assert!(!s.host.join("pkg/__pycache__").exists());
+    // A directory whose visible isolated entries remain is not empty.
+    assert_eq!(tree.remove(root, b"pkg", true), Err(Errno::NOTEMPTY));
+
+    // The same tree served again (the next generation) still has them.
+    let again = s.tree(true);
+    assert_eq!(read(&again, "a/b/c.log").unwrap(), b"log");
+    assert_eq!(read(&again, "pkg/__pycache__/m.pyc").unwrap(), b"pyc");
+}
+
+#[test]
+fn git_configuration_and_hooks_are_read_only_and_the_rest_is_writable() {
+    let s = Scratch::new();
+    let tree = s.tree(true);
+    let config = ino(&tree, ".git/config").unwrap();
+    assert_eq!(tree.open(config, libc_wronly()), Err(Errno::ROFS));
+    assert_eq!(read(&tree, ".git/config").unwrap(), b"[core]\n");
+    assert_eq!(
+        tree.setattr(
+            config,
+            SetAttr {
+                size: Some(0),
+                ..SetAttr::default()
+            },
+            None
+        )
+        .err(),
+        Some(Errno::ROFS)
+    );
+    assert_eq!(
+        create(&tree, ".git/hooks/pre-commit", b"#!/bin/sh\n"),
+        Err(Errno::ROFS)
+    );
+    assert_eq!(
+        create(&tree, ".git/modules/sub/hooks/post-checkout", b"x"),
+        Err(Errno::ROFS)
+    );
+    assert_eq!(
+        create(&tree, ".git/config.worktree", b"x"),
+        Err(Errno::ROFS)
+    );
+    let git = ino(&tree, ".git").unwrap();
+    assert_eq!(
+        tree.rename(git, b"config", git, b"config.old", RenameFlags::empty()),
+        Err(Errno::ROFS)
+    );
+    let (root, _) = parent_and_name(&tree, "x");
+    assert_eq!(
+        tree.rename(root, b".git", root, b"old", RenameFlags::empty()),
+        Err(Errno::ROFS)
+    );
+    assert_eq!(tree.remove(git, b"config", false), Err(Errno::ROFS));
+    assert_eq!(
+        tree.link(config, root, b"config-link").err(),
+        Some(Errno::ROFS)
+    );
+    // A planted file cannot be renamed over the configuration.
+    create(&tree, "planted", b"[core]\n\tfsmonitor = touch /tmp/x\n").unwrap();
+    assert_eq!(
+        tree.rename(root, b"planted", git, b"config", RenameFlags::empty()),
+        Err(Errno::ROFS)
+    );
+    // Nor a planted directory moved into git metadata.
+    tree.mkdir(root, b"evil", 0o755, 0).unwrap();
+    let modules = ino(&tree, ".git/modules").unwrap();
+    assert_eq!(
+        tree.rename(root, b"evil", modules, b"evil", RenameFlags::empty()),
+        Err(Errno::ROFS)
+    );
+    // What git writes in normal work stays writable.
+    create(&tree, ".git/index.lock", b"new index").unwrap();
+    tree.rename(git, b"index.lock", git, b"index", RenameFlags::empty())
+        .unwrap();
+    assert_eq!(
+        std::fs::read(s.host.join(".git/index")).unwrap(),
+        b"new index"
+    );
+    create(&tree, ".git/HEAD.lock", b"ref: refs/heads/x\n").unwrap();
+    tree.rename(git, b"HEAD.lock", git, b"HEAD", RenameFlags::empty())
+        .unwrap();
+    create(&tree, ".git/refs/heads/main", b"0123\n").unwrap();
+    tree.mkdir(ino(&tree, ".git/objects").unwrap(), b"ab", 0o755, 0)
+        .unwrap();
+    create(&tree, ".git/objects/ab/cdef", b"blob").unwrap();
+    assert!(s.host.join(".git/objects/ab/cdef").exists());
+}
+
+#[test]
+fn new_git_metadata_never_reaches_the_host() {
+    let s = Scratch::new();
+    // Isolation of ignored paths off: git metadata is routed all the same.
+    let tree = s.tree(false);
+    let (root, _) = parent_and_name(&tree, "x");
+    tree.mkdir(root, b"src", 0o755, 0).unwrap();
+    let src = ino(&tree, "src").unwrap();
+    tree.mkdir(src, b".git", 0o755, 0).unwrap();
+    create(
+        &tree,
+        "src/.git/config",
+        b"[core]\n\tfsmonitor = touch /tmp/planted\n",
+    )
+    .unwrap();
+    create(&tree, "src/.git/HEAD", b"ref: refs/heads/main\n").unwrap();
+    assert!(!s.host.join("src/.git").exists());
+    assert!(s.isolated.join("src/.git/config").exists());
+    assert_eq!(
+        read(&tree, "src/.git/HEAD").unwrap(),
+        b"ref: refs/heads/main\n"
+    );
+
+    // A bare repository layout: HEAD stays isolated, so the host's
+    // discovery never finds one; objects/ and refs/ may land on the host.
+    tree.mkdir(root, b"bare", 0o755, 0).unwrap();
+    let bare = ino(&tree, "bare").unwrap();
+    create(&tree, "bare/HEAD", b"ref: refs/heads/main\n").unwrap();
+    tree.mkdir(bare, b"objects", 0o755, 0).unwrap();
+    tree.mkdir(bare, b"refs", 0o755, 0).unwrap();
+    create(
+        &tree,
+        "bare/config",
+        b"[core]\n\tpager = touch /tmp/planted\n",
+    )
+    .unwrap();
+    assert!(!s.host.join("bare/HEAD").exists());
+
+    // A `.git` file pointing at a directory the sandbox made.
+    tree.mkdir(root, b"wt", 0o755, 0).unwrap();
+    create(&tree, "wt/.git", b"gitdir: ../bare\n").unwrap();
+    assert!(!s.host.join("wt/.git").exists());
+
+    // Moving a host file to a `.git` name moves it to the isolated side.
+    create(&tree, "gitfile", b"gitdir: ../bare\n").unwrap();
+    let wt = ino(&tree, "wt").unwrap();
+    tree.remove(wt, b".git", false).unwrap();
+    tree.rename(root, b"gitfile", wt, b".git", RenameFlags::empty())
+        .unwrap();
+    assert!(!s.host.join("wt/.git").exists() && !s.host.join("gitfile").exists());
+    assert_eq!(read(&tree, "wt/.git").unwrap(), b"gitdir: ../bare\n");
+    // A directory cannot be moved to a `.git` name on the host.
+    tree.mkdir(root, b"d", 0o755, 0).unwrap();
+    assert_eq!(
+        tree.rename(root, b"d", wt, b"HEAD", RenameFlags::empty()),
+        Err(Errno::XDEV)
+    );
+}
+
+#[test]
+fn a_host_directory_holding_head_protects_its_configuration() {
+    let s = Scratch::new();
+    std::fs::create_dir_all(s.host.join("fixtures/repo.git/hooks")).unwrap();
+    std::fs::write(
+        s.host.join("fixtures/repo.git/HEAD"),
+        "ref: refs/heads/main\n",
+    )
+    .unwrap();
+    std::fs::write(s.host.join("fixtures/repo.git/config"), "[core]\n").unwrap();
+    let tree = s.tree(true);
+    let config = ino(&tree, "fixtures/repo.git/config").unwrap();
+    assert_eq!(tree.open(config, libc_wronly()), Err(Errno::ROFS));
+    assert_eq!(
+        create(&tree, "fixtures/repo.git/hooks/post-update", b"x"),
+        Err(Errno::ROFS)
+    );
+    // Removing HEAD lifts nothing the host would use: a new HEAD can
+    // never reach the host again.
+    let repo = ino(&tree, "fixtures/repo.git").unwrap();
+    tree.remove(repo, b"HEAD", false).unwrap();
+    create(&tree, "fixtures/repo.git/HEAD", b"ref: refs/heads/main\n").unwrap();
+    assert!(!s.host.join("fixtures/repo.git/HEAD").exists());
+}
+
+#[test]
+fn modes_never_carry_setuid_setgid_or_group_and_other_write() {
+    let s = Scratch::new();
+    let tree = s.tree(true);
+    let (root, _) = parent_and_name(&tree, "x");
+    let (x, _, handle) = tree.create(root, b"x", 0o6777, 0, libc_wronly()).unwrap();
+    tree.release(handle);
+    let mode = |p: &str| std::fs::metadata(s.host.join(p)).unwrap().mode() & 0o7777;
+    assert_eq!(mode("x"), 0o755);
+    tree.setattr(
+        x,
+        SetAttr {
+            mode: Some(0o6755),
+            ..SetAttr::default()
+        },
+        None,
+    )
+    .unwrap();
+    assert_eq!(mode("x"), 0o755);
+    let (dir, _) = tree.mkdir(root, b"src", 0o1777, 0).unwrap();
+    assert_eq!(mode("src"), 0o755);
+    tree.setattr(
+        dir,
+        SetAttr {
+            mode: Some(0o777),
+            ..SetAttr::default()
+        },
+        None,
+    )
+    .unwrap();
+    assert_eq!(mode("src"), 0o755);
+    tree.mknod(root, b"fifo", 0o010_777, 0).unwrap();
+    assert_eq!(mode("fifo"), 0o755);
+    assert_eq!(
+        tree.mknod(root, b"dev", 0o020_666, 0).err(),
+        Some(Errno::PERM)
+    );
+}
+
+#[test]
+fn planted_links_do_not_lead_out_of_the_trees() {
+    let s = Scratch::new();
+    let tree = s.tree(true);
+    let (root, _) = parent_and_name(&tree, "x");
+    // A link is only a link: reading it gives its target, and operations
+    // on names beneath it fail rather than follow it.
+    tree.symlink(root, b"out", s.outside.as_os_str().as_encoded_bytes())
+        .unwrap();
+    assert_eq!(
+        tree.readlink(ino(&tree, "out").unwrap()).unwrap(),
+        s.outside.as_os_str().as_encoded_bytes()
+    );
+    assert!(tree.lookup(ino(&tree, "out").unwrap(), b"target").is_err());
+    tree.symlink(
+        root,
+        b"outfile",
+        s.outside.join("target").as_os_str().as_encoded_bytes(),
+    )
+    .unwrap();
+    let link = ino(&tree, "outfile").unwrap();
+    assert!(tree.open(link, OFlags::RDONLY.bits() as i32).is_err());
+    assert!(
+        tree.setattr(
+            link,
+            SetAttr {
+                mode: Some(0o777),
+                ..SetAttr::default()
+            },
+            None
+        )
+        .is_err()
+    );
+    assert_eq!(
+        std::fs::metadata(s.outside.join("target"))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o777,
+        0o644
+    );
+    // A directory known to the kernel that is replaced by a link on the
+    // host side is not followed either.
+    tree.mkdir(root, b"dir", 0o755, 0).unwrap();
+    let dir = ino(&tree, "dir").unwrap();
+    std::fs::remove_dir(s.host.join("dir")).unwrap();
+    std::os::unix::fs::symlink(&s.outside, s.host.join("dir")).unwrap();
+    assert!(tree.lookup(dir, b"target").is_err());
+    assert!(tree.create(dir, b"new", 0o644, 0, libc_wronly()).is_err());
+    assert!(!s.outside.join("new").exists());
+}

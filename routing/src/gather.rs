@@ -1,0 +1,500 @@
+//! Taking a generation's [`WorkspaceRules`] from the host, once, when it
+//! starts.
+//!
+//! Owns repository discovery (the workspace's own repository, one that
+//! encloses it, a linked worktree's), the reading of every `.gitignore`
+//! that applies (above the workspace inside its repository, and in every
+//! directory of the workspace that is not itself ignored),
+//! `info/exclude`, the user's `core.excludesFile`, the indexes of the
+//! repository and of the submodules and repositories nested in the
+//! workspace, and the reduction of each index to the tracked paths its
+//! rules would otherwise ignore.
+//!
+//! Runs in the Host Coordinator as the invoking user. Inside the workspace
+//! it reaches files only through the workspace descriptor, beneath it, with
+//! no symbolic link followed (a `.gitignore` that is a link is skipped, as
+//! git skips it); the repository's own files outside the workspace are read
+//! by path, as git reads them. Everything it reads may have been written by
+//! the previous generation's sandbox (tracked `.gitignore` files, the
+//! index): it is parsed as data with bounded sizes, never executed.
+
+use std::ffi::OsStr;
+use std::io::Read;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use lazaret_proto::router::{IgnoreFile, IgnoreScope, RelativePath, WorkspaceRules};
+use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags};
+
+use crate::classify::{Classifier, GIT_DIR_NAME, HEAD_NAME, HostFacts, Route, join};
+use crate::gitconfig::UserConfig;
+
+/// The largest ignore file read (git's own limit is higher; a larger one
+/// is refused rather than silently skipped, which could expose a secret).
+pub const MAX_IGNORE_FILE_LEN: u64 = 1024 * 1024;
+
+/// The largest allocation a hostile index may cause.
+const INDEX_ALLOC_LIMIT: usize = 512 * 1024 * 1024;
+
+/// The largest `.git` file read.
+const MAX_GIT_FILE_LEN: u64 = 4096;
+
+/// Why the rules could not be taken.
+#[derive(Debug, thiserror::Error)]
+pub enum GatherError {
+    /// A file or directory could not be read.
+    #[error("cannot read {path}")]
+    Read {
+        /// What was read.
+        path: String,
+        /// What the kernel said.
+        #[source]
+        source: std::io::Error,
+    },
+    /// An ignore file is larger than Lazaret reads.
+    #[error("{path} is larger than {max} bytes; Lazaret cannot take ignore rules from it")]
+    TooLarge {
+        /// The file.
+        path: String,
+        /// The limit.
+        max: u64,
+    },
+    /// A git index did not decode.
+    #[error(
+        "cannot read the git index {path}: {reason}; run `git status` on the host to rewrite it"
+    )]
+    Index {
+        /// The index file.
+        path: String,
+        /// What gix-index said.
+        reason: String,
+    },
+    /// A `.git` file does not name a git directory.
+    #[error("{path} is not a `gitdir: PATH` file")]
+    GitFile {
+        /// The file.
+        path: String,
+    },
+}
+
+fn read_error(path: impl std::fmt::Display) -> impl FnOnce(std::io::Error) -> GatherError {
+    move |source| GatherError::Read {
+        path: path.to_string(),
+        source,
+    }
+}
+
+/// The rules, and what discovery found.
+#[derive(Debug)]
+pub struct Gathered {
+    /// The rules.
+    pub rules: WorkspaceRules,
+    /// The root of the repository the workspace is (or is in) on the host.
+    pub repository: Option<PathBuf>,
+    /// Whether that repository ignores the whole workspace (everything the
+    /// sandbox writes there then stays in Domain storage).
+    pub workspace_ignored: bool,
+}
+
+/// A repository as discovery finds it.
+#[derive(Debug)]
+struct Repository {
+    /// Its worktree root.
+    worktree: PathBuf,
+    /// Its git directory (a worktree's own for a linked worktree).
+    git_dir: PathBuf,
+    /// Its common directory (the main repository's for a linked worktree).
+    common_dir: PathBuf,
+}
+
+/// Takes the rules for the workspace at `workspace_path`, opened as
+/// `workspace`. With `isolate` false there are no ignore rules to take.
+pub fn gather(
+    workspace: BorrowedFd<'_>,
+    workspace_path: &Path,
+    isolate: bool,
+    user: &UserConfig,
+) -> Result<Gathered, GatherError> {
+    let repository = discover(workspace_path)?;
+    let mut rules = WorkspaceRules {
+        isolate_ignored: isolate,
+        global_excludes: Vec::new(),
+        scopes: Vec::new(),
+    };
+    if !isolate {
+        return Ok(Gathered {
+            rules,
+            repository: repository.map(|r| r.worktree),
+            workspace_ignored: false,
+        });
+    }
+    if let Some(path) = user.excludes_file(repository.as_ref().map(|r| r.common_dir.as_path())) {
+        rules.global_excludes = read_optional(&path)?.unwrap_or_default();
+    }
+    let mut classifier = Classifier::empty(true, &rules.global_excludes);
+    let mut tracked = Vec::new();
+
+    // The top scope: the repository (or none), with the `.gitignore` files
+    // between its root and the workspace.
+    let prefix = repository
+        .as_ref()
+        .and_then(|r| workspace_path.strip_prefix(&r.worktree).ok())
+        .map(|p| p.as_os_str().as_bytes().to_vec())
+        .unwrap_or_default();
+    let mut top = IgnoreScope {
+        root: RelativePath::default(),
+        prefix: RelativePath(prefix.clone()),
+        exclude: Vec::new(),
+        ignore_files: Vec::new(),
+        tracked_ignored: Vec::new(),
+    };
+    if let Some(repo) = &repository {
+        top.exclude = read_optional(&repo.common_dir.join("info/exclude"))?.unwrap_or_default();
+        let mut dir = Vec::new();
+        let mut dirs = vec![Vec::new()];
+        for component in prefix.split(|b| *b == b'/').filter(|c| !c.is_empty()) {
+            dir = join(&dir, component);
+            dirs.push(dir.clone());
+        }
+        dirs.pop(); // the workspace itself is read by the walk
+        for dir in dirs {
+            let path = repo
+                .worktree
+                .join(OsStr::from_bytes(&dir))
+                .join(".gitignore");
+            if let Some(content) = read_optional_nofollow(&path)? {
+                top.ignore_files.push(IgnoreFile {
+                    dir: RelativePath(dir),
+                    content,
+                });
+            }
+        }
+        tracked.push(read_index(&repo.git_dir.join("index"), Some(&prefix))?);
+    } else {
+        tracked.push(Vec::new());
+    }
+    let index = classifier.add_scope(b"", &top.prefix.0, &top.exclude);
+    for file in &top.ignore_files {
+        classifier.add_ignore_file(index, &file.dir.0, &file.content);
+    }
+    for (path, _) in &tracked[0] {
+        classifier.add_tracked(index, path);
+    }
+    rules.scopes.push(top);
+
+    let workspace_ignored = classifier.workspace_is_isolated();
+    if !workspace_ignored {
+        walk(
+            workspace,
+            workspace_path,
+            &mut classifier,
+            &mut rules,
+            &mut tracked,
+        )?;
+    }
+
+    // Keep only the tracked paths that matter: those the rules would ignore.
+    for (i, scope) in rules.scopes.iter_mut().enumerate() {
+        scope.tracked_ignored = tracked[i]
+            .iter()
+            .filter(|(path, gitlink)| classifier.ignored_untracked(i, path, *gitlink))
+            .map(|(path, _)| RelativePath(path.clone()))
+            .collect();
+    }
+    Ok(Gathered {
+        rules,
+        repository: repository.map(|r| r.worktree),
+        workspace_ignored,
+    })
+}
+
+/// Finds the repository holding `start`: the nearest directory at or
+/// above it with a `.git` directory or `.git` file, not crossing into
+/// another filesystem (git's default).
+fn discover(start: &Path) -> Result<Option<Repository>, GatherError> {
+    let device = std::fs::symlink_metadata(start)
+        .map_err(read_error(start.display()))?
+        .dev();
+    let mut dir = start;
+    loop {
+        if let Some((git_dir, common_dir)) = git_dir_of(dir)? {
+            return Ok(Some(Repository {
+                worktree: dir.to_path_buf(),
+                git_dir,
+                common_dir,
+            }));
+        }
+        let Some(parent) = dir.parent() else {
+            return Ok(None);
+        };
+        match std::fs::symlink_metadata(parent) {
+            Ok(meta) if meta.dev() == device => dir = parent,
+            _ => return Ok(None),
+        }
+    }
+}
+
+/// The git and common directories named by `dir/.git`, if it is a git
+/// directory or a `gitdir:` file.
+fn git_dir_of(dir: &Path) -> Result<Option<(PathBuf, PathBuf)>, GatherError> {
+    let dot_git = dir.join(".git");
+    let meta = match std::fs::metadata(&dot_git) {
+        Ok(meta) => meta,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(read_error(dot_git.display())(e)),
+    };
+    let git_dir = if meta.is_dir() {
+        // A `.git` directory without HEAD is not a repository to git.
+        if !dot_git.join("HEAD").exists() {
+            return Ok(None);
+        }
+        dot_git
+    } else {
+        let text = read_bounded(&dot_git, MAX_GIT_FILE_LEN)?;
+        parse_git_file(&text, dir).ok_or_else(|| GatherError::GitFile {
+            path: dot_git.display().to_string(),
+        })?
+    };
+    let common_dir = match read_optional(&git_dir.join("commondir"))? {
+        Some(text) => {
+            let text = String::from_utf8_lossy(&text).trim_end().to_owned();
+            git_dir.join(text)
+        }
+        None => git_dir.clone(),
+    };
+    Ok(Some((git_dir, common_dir)))
+}
+
+/// The directory a `gitdir: PATH` file names, relative to `dir`.
+fn parse_git_file(text: &[u8], dir: &Path) -> Option<PathBuf> {
+    let text = text.strip_prefix(b"gitdir:")?;
+    let text = text.trim_ascii();
+    if text.is_empty() || text.contains(&0) {
+        return None;
+    }
+    Some(dir.join(OsStr::from_bytes(text)))
+}
+
+/// The tracked paths of an index (relative to its worktree) and whether
+/// each is a submodule; with `prefix`, only those inside it. A missing
+/// index tracks nothing.
+fn read_index(path: &Path, prefix: Option<&[u8]>) -> Result<Vec<(Vec<u8>, bool)>, GatherError> {
+    if !path.exists() {
+        return Ok(Vec::new());
+    }
+    let options = gix_index::decode::Options {
+        alloc_limit_bytes: Some(INDEX_ALLOC_LIMIT),
+        thread_limit: Some(1),
+        ..Default::default()
+    };
+    let file = gix_index::File::at(path, gix_index::hash::Kind::Sha1, false, options)
+        .or_else(|_| gix_index::File::at(path, gix_index::hash::Kind::Sha256, false, options))
+        .map_err(|e| GatherError::Index {
+            path: path.display().to_string(),
+            reason: e.to_string(),
+        })?;
+    let inside = |p: &[u8]| match prefix {
+        None | Some(&[]) => true,
+        Some(prefix) => p.starts_with(prefix) && p.get(prefix.len()) == Some(&b'/'),
+    };
+    Ok(file
+        .entries()
+        .iter()
+        .map(|e| {
+            (
+                e.path(&file).to_vec(),
+                e.mode.is_submodule() || e.mode.is_sparse(),
+            )
+        })
+        .filter(|(p, _)| inside(p))
+        .collect())
+}
+
+/// Walks the workspace's host directories that are not ignored, reading
+/// their `.gitignore` files and finding the repositories nested in them.
+fn walk(
+    workspace: BorrowedFd<'_>,
+    workspace_path: &Path,
+    classifier: &mut Classifier,
+    rules: &mut WorkspaceRules,
+    tracked: &mut Vec<Vec<(Vec<u8>, bool)>>,
+) -> Result<(), GatherError> {
+    let mut pending = vec![(Vec::<u8>::new(), classifier.root())];
+    while let Some((dir_path, state)) = pending.pop() {
+        let label = workspace_path.join(OsStr::from_bytes(&dir_path));
+        let fd = match open_dir(workspace, &dir_path) {
+            Ok(fd) => fd,
+            // Gone, or replaced by a link, since it was listed.
+            Err(rustix::io::Errno::NOENT | rustix::io::Errno::LOOP | rustix::io::Errno::NOTDIR) => {
+                continue;
+            }
+            Err(e) => return Err(read_error(label.display())(e.into())),
+        };
+        let entries = list(fd.as_fd()).map_err(read_error(label.display()))?;
+        let has = |name: &[u8]| entries.iter().any(|(n, _)| n == name);
+        if let Some((Some(scope), rel)) = state.scope() {
+            if has(b".gitignore") {
+                if let Some(content) = read_ignore_file(fd.as_fd(), &label.join(".gitignore"))? {
+                    classifier.add_ignore_file(scope, rel, &content);
+                    rules.scopes[scope].ignore_files.push(IgnoreFile {
+                        dir: RelativePath(rel.to_vec()),
+                        content,
+                    });
+                }
+            }
+        }
+        let dir_holds_head = has(HEAD_NAME);
+        for (name, file_type) in &entries {
+            if name == GIT_DIR_NAME {
+                continue;
+            }
+            let is_dir = *file_type == FileType::Directory;
+            let facts = HostFacts {
+                exists: true,
+                dir_holds_head,
+            };
+            let (route, mut child) = classifier.child(&state, &dir_path, name, is_dir, facts);
+            if route != Route::Host || !is_dir || child.scope().is_none() {
+                continue;
+            }
+            let child_path = join(&dir_path, name);
+            let child_label = workspace_path.join(OsStr::from_bytes(&child_path));
+            if let Some((git_dir, common_dir)) = git_dir_of(&child_label)? {
+                let exclude = read_optional(&common_dir.join("info/exclude"))?.unwrap_or_default();
+                let scope = classifier.add_scope(&child_path, b"", &exclude);
+                let paths = read_index(&git_dir.join("index"), None)?;
+                for (path, _) in &paths {
+                    classifier.add_tracked(scope, path);
+                }
+                tracked.push(paths);
+                rules.scopes.push(IgnoreScope {
+                    root: RelativePath(child_path.clone()),
+                    prefix: RelativePath::default(),
+                    exclude,
+                    ignore_files: Vec::new(),
+                    tracked_ignored: Vec::new(),
+                });
+                child = classifier.child(&state, &dir_path, name, is_dir, facts).1;
+            }
+            pending.push((child_path, child));
+        }
+    }
+    Ok(())
+}
+
+/// Opens a directory of the workspace beneath it, following no link and
+/// crossing no mount.
+fn open_dir(workspace: BorrowedFd<'_>, path: &[u8]) -> rustix::io::Result<OwnedFd> {
+    let path: &[u8] = if path.is_empty() { b"." } else { path };
+    rustix::fs::openat2(
+        workspace,
+        OsStr::from_bytes(path),
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+        ResolveFlags::BENEATH
+            | ResolveFlags::NO_SYMLINKS
+            | ResolveFlags::NO_MAGICLINKS
+            | ResolveFlags::NO_XDEV,
+    )
+}
+
+/// The entries of a directory with their types (a link is not a directory).
+fn list(dir: BorrowedFd<'_>) -> std::io::Result<Vec<(Vec<u8>, FileType)>> {
+    let mut out = Vec::new();
+    let mut reader = rustix::fs::Dir::read_from(dir)?;
+    while let Some(entry) = reader.read() {
+        let entry = entry?;
+        let name = entry.file_name().to_bytes();
+        if name == b"." || name == b".." {
+            continue;
+        }
+        let file_type = match entry.file_type() {
+            FileType::Unknown => {
+                rustix::fs::statat(dir, entry.file_name(), AtFlags::SYMLINK_NOFOLLOW)
+                    .map(|s| FileType::from_raw_mode(s.st_mode))
+                    .unwrap_or(FileType::Unknown)
+            }
+            known => known,
+        };
+        out.push((name.to_vec(), file_type));
+    }
+    Ok(out)
+}
+
+/// Reads `dir/.gitignore` if it is a regular file (a link is skipped).
+fn read_ignore_file(dir: BorrowedFd<'_>, label: &Path) -> Result<Option<Vec<u8>>, GatherError> {
+    let fd = match rustix::fs::openat(
+        dir,
+        ".gitignore",
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
+        Mode::empty(),
+    ) {
+        Ok(fd) => fd,
+        Err(rustix::io::Errno::NOENT | rustix::io::Errno::LOOP) => return Ok(None),
+        Err(e) => return Err(read_error(label.display())(e.into())),
+    };
+    read_regular(std::fs::File::from(fd), label).map(Some)
+}
+
+fn read_regular(file: std::fs::File, label: &Path) -> Result<Vec<u8>, GatherError> {
+    let meta = file.metadata().map_err(read_error(label.display()))?;
+    if !meta.is_file() {
+        return Ok(Vec::new());
+    }
+    if meta.len() > MAX_IGNORE_FILE_LEN {
+        return Err(GatherError::TooLarge {
+            path: label.display().to_string(),
+            max: MAX_IGNORE_FILE_LEN,
+        });
+    }
+    let mut content = Vec::new();
+    file.take(MAX_IGNORE_FILE_LEN + 1)
+        .read_to_end(&mut content)
+        .map_err(read_error(label.display()))?;
+    if content.len() as u64 > MAX_IGNORE_FILE_LEN {
+        return Err(GatherError::TooLarge {
+            path: label.display().to_string(),
+            max: MAX_IGNORE_FILE_LEN,
+        });
+    }
+    Ok(content)
+}
+
+/// A file's content, or `None` when it does not exist.
+fn read_optional(path: &Path) -> Result<Option<Vec<u8>>, GatherError> {
+    match std::fs::File::open(path) {
+        Ok(file) => read_regular(file, path).map(Some),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(read_error(path.display())(e)),
+    }
+}
+
+/// Like [`read_optional`], but a link is skipped (in-tree `.gitignore`).
+fn read_optional_nofollow(path: &Path) -> Result<Option<Vec<u8>>, GatherError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    match std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags((OFlags::NOFOLLOW | OFlags::NONBLOCK).bits() as i32)
+        .open(path)
+    {
+        Ok(file) => read_regular(file, path).map(Some),
+        Err(e)
+            if e.kind() == std::io::ErrorKind::NotFound
+                || e.raw_os_error() == Some(rustix::io::Errno::LOOP.raw_os_error()) =>
+        {
+            Ok(None)
+        }
+        Err(e) => Err(read_error(path.display())(e)),
+    }
+}
+
+fn read_bounded(path: &Path, max: u64) -> Result<Vec<u8>, GatherError> {
+    let file = std::fs::File::open(path).map_err(read_error(path.display()))?;
+    let mut content = Vec::new();
+    file.take(max)
+        .read_to_end(&mut content)
+        .map_err(read_error(path.display()))?;
+    Ok(content)
+}

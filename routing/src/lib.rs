@@ -1,0 +1,20 @@
+//! Workspace routing: which paths of the Agent Workspace the sandbox shares
+//! with the host, which stay in the Domain's own storage, and which it may
+//! not change.
+//!
+//! The Host Coordinator takes a generation's [`WorkspaceRules`] from the
+//! host with [`gather`]; the Workspace Router compiles them into a
+//! [`Classifier`] and asks it about every path the sandbox touches. Both use
+//! the same classifier, so the tree the coordinator walks is the tree the
+//! router serves. Nothing here touches the sandbox; it trusts the rules it
+//! is given, and reads the host only as the invoking user, as data.
+//!
+//! [`WorkspaceRules`]: lazaret_proto::router::WorkspaceRules
+//! [`gather`]: gather::gather
+//! [`Classifier`]: classify::Classifier
+
+#![deny(missing_docs)]
+
+pub mod classify;
+pub mod gather;
+pub mod gitconfig;

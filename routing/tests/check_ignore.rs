@@ -1,0 +1,385 @@
+//! The classifier against git itself: fixture repositories whose paths are
+//! classified by `gather` + `Classifier` and by `git check-ignore`, which
+//! must agree on every path. Needs `git` on `PATH`; no privileges.
+
+use std::collections::BTreeSet;
+use std::os::fd::AsFd;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use lazaret_routing::classify::{Classifier, HostFacts, Route};
+use lazaret_routing::gather::gather;
+use lazaret_routing::gitconfig::UserConfig;
+
+/// A scratch repository and the home its git configuration lives in.
+struct Fixture {
+    _dir: tempfile::TempDir,
+    home: PathBuf,
+    repo: PathBuf,
+}
+
+impl Fixture {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let base = std::fs::canonicalize(dir.path()).unwrap();
+        let home = base.join("home");
+        let repo = base.join("repo");
+        std::fs::create_dir_all(&home).unwrap();
+        std::fs::create_dir_all(&repo).unwrap();
+        let fixture = Fixture {
+            _dir: dir,
+            home,
+            repo,
+        };
+        fixture.git(&fixture.repo, &["init", "-q", "."]);
+        fixture
+    }
+
+    fn git(&self, cwd: &Path, args: &[&str]) -> String {
+        let out = self.git_command(cwd).args(args).output().expect("run git");
+        assert!(
+            out.status.success(),
+            "git {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    fn git_command(&self, cwd: &Path) -> Command {
+        let mut command = Command::new("git");
+        command
+            .current_dir(cwd)
+            .env_clear()
+            .env("HOME", &self.home)
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("GIT_CONFIG_NOSYSTEM", "1")
+            .env("GIT_AUTHOR_NAME", "t")
+            .env("GIT_AUTHOR_EMAIL", "t@example.invalid")
+            .env("GIT_COMMITTER_NAME", "t")
+            .env("GIT_COMMITTER_EMAIL", "t@example.invalid");
+        command
+    }
+
+    fn write(&self, path: &str, content: &str) {
+        let path = self.repo.join(path);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, content).unwrap();
+    }
+
+    /// The paths `git check-ignore` (run in `cwd`) reports ignored.
+    fn git_ignored(&self, cwd: &Path, paths: &[String]) -> BTreeSet<String> {
+        let mut child = self
+            .git_command(cwd)
+            .args(["check-ignore", "--stdin", "-z"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let input: Vec<u8> = paths.iter().flat_map(|p| p.bytes().chain([0])).collect();
+        std::io::Write::write_all(&mut child.stdin.take().unwrap(), &input).unwrap();
+        let out = child.wait_with_output().unwrap();
+        // 0: some ignored, 1: none ignored.
+        assert!(
+            matches!(out.status.code(), Some(0 | 1)),
+            "check-ignore failed"
+        );
+        out.stdout
+            .split(|b| *b == 0)
+            .filter(|p| !p.is_empty())
+            .map(|p| String::from_utf8(p.to_vec()).unwrap())
+            .collect()
+    }
+
+    fn user(&self) -> UserConfig {
+        UserConfig {
+            home: Some(self.home.clone()),
+            xdg_config_home: None,
+        }
+    }
+}
+
+/// Every file and directory beneath `root`, relative to it, `.git` skipped.
+fn tree(root: &Path) -> Vec<(String, bool)> {
+    let mut out = Vec::new();
+    let mut pending = vec![root.to_path_buf()];
+    while let Some(dir) = pending.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let entry = entry.unwrap();
+            if entry.file_name() == ".git" {
+                continue;
+            }
+            let path = entry.path();
+            let is_dir = entry.file_type().unwrap().is_dir();
+            let rel = path
+                .strip_prefix(root)
+                .unwrap()
+                .to_str()
+                .unwrap()
+                .to_owned();
+            out.push((rel, is_dir));
+            if is_dir {
+                pending.push(path);
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// The paths the classifier isolates, for the workspace at `workspace`.
+fn classified(fixture: &Fixture, workspace: &Path, paths: &[(String, bool)]) -> BTreeSet<String> {
+    let dir = std::fs::File::open(workspace).unwrap();
+    let gathered = gather(dir.as_fd(), workspace, true, &fixture.user()).expect("gather");
+    let classifier = Classifier::new(&gathered.rules);
+    let host = |_: &[u8]| HostFacts {
+        exists: true,
+        dir_holds_head: false,
+    };
+    paths
+        .iter()
+        .filter(|(path, is_dir)| {
+            classifier.walk(path.as_bytes(), *is_dir, &host).0 == Route::Isolated
+        })
+        .map(|(path, _)| path.clone())
+        .collect()
+}
+
+fn assert_same(ours: &BTreeSet<String>, git: &BTreeSet<String>) {
+    let only_ours: Vec<_> = ours.difference(git).collect();
+    let only_git: Vec<_> = git.difference(ours).collect();
+    assert!(
+        only_ours.is_empty() && only_git.is_empty(),
+        "isolated by Lazaret but not ignored by git: {only_ours:?}\n\
+         ignored by git but not isolated by Lazaret: {only_git:?}"
+    );
+}
+
+const ROOT_RULES: &str = "\
+# comment
+*.log
+!important.log
+/root-only.txt
+build/
+docs/**/*.tmp
+**/cache
+foo/bar
+\\#hash
+*.py[co]
+**/__pycache__/
+node_modules/
+.env
+secret*
+!secret-public*
+dir-only/
+a/**/b
+trailing-space.txt\x20\x20
+";
+
+const SRC_RULES: &str = "*.gen.rs\n!keep.gen.rs\n/local-only\n!src-debug.log\n";
+const DEEP_RULES: &str = "!*.log\ntmp/\n*.txt\n!plain.txt\n";
+
+fn populate(fixture: &Fixture) {
+    fixture.write(".gitignore", ROOT_RULES);
+    fixture.write("src/.gitignore", SRC_RULES);
+    fixture.write("src/deep/.gitignore", DEEP_RULES);
+    fixture.write(".git/info/exclude", "*.bak\n!notbak.bak\n");
+    std::fs::create_dir_all(fixture.home.join(".config/git")).unwrap();
+    std::fs::write(
+        fixture.home.join(".config/git/ignore"),
+        "*.swp\n.DS_Store\n",
+    )
+    .unwrap();
+    let dirs = [
+        "",
+        "src",
+        "src/deep",
+        "src/deep/x",
+        "src/deep/tmp",
+        "docs",
+        "docs/a/b",
+        "a",
+        "a/x/y",
+        "build",
+        "cache",
+        "lib/cache",
+        "dir-only",
+        "node_modules",
+        "pkg/__pycache__",
+        "foo",
+    ];
+    let names = [
+        "important.log",
+        "x.log",
+        "root-only.txt",
+        "thing.tmp",
+        "a.pyc",
+        "a.py",
+        "#hash",
+        ".env",
+        "secret.txt",
+        "secret-public.txt",
+        "keep.gen.rs",
+        "x.gen.rs",
+        "local-only",
+        "src-debug.log",
+        "file.bak",
+        "notbak.bak",
+        "x.swp",
+        ".DS_Store",
+        "b",
+        "bar",
+        "plain.txt",
+        "trailing-space.txt",
+    ];
+    for dir in dirs {
+        for name in names {
+            let path = if dir.is_empty() {
+                name.to_owned()
+            } else {
+                format!("{dir}/{name}")
+            };
+            // A name that is also one of the directories stays a directory.
+            if !dirs.contains(&path.as_str()) {
+                fixture.write(&path, "x");
+            }
+        }
+    }
+    // A file named like a directory-only rule is not ignored.
+    fixture.write("src/dir-only", "x");
+}
+
+#[test]
+fn the_classifier_agrees_with_git_check_ignore() {
+    let fixture = Fixture::new();
+    populate(&fixture);
+    let paths = tree(&fixture.repo);
+    assert!(paths.len() >= 200, "only {} paths", paths.len());
+    let names: Vec<String> = paths.iter().map(|(p, _)| p.clone()).collect();
+    let git = fixture.git_ignored(&fixture.repo, &names);
+    // The fixture exercises both verdicts.
+    assert!(
+        git.len() > 50 && git.len() < names.len() - 50,
+        "{}",
+        git.len()
+    );
+    assert_same(&classified(&fixture, &fixture.repo, &paths), &git);
+}
+
+#[test]
+fn tracked_paths_are_never_ignored() {
+    let fixture = Fixture::new();
+    populate(&fixture);
+    fixture.git(
+        &fixture.repo,
+        &[
+            "add",
+            "-f",
+            "x.log",
+            "build/b",
+            "src/deep/tmp/x.log",
+            ".gitignore",
+        ],
+    );
+    let paths = tree(&fixture.repo);
+    let names: Vec<String> = paths.iter().map(|(p, _)| p.clone()).collect();
+    let git = fixture.git_ignored(&fixture.repo, &names);
+    assert!(!git.contains("x.log") && !git.contains("build/b"));
+    assert!(
+        git.contains("build/x.log"),
+        "build/ stays ignored around build/b"
+    );
+    let ours = classified(&fixture, &fixture.repo, &paths);
+    // `build` itself holds a tracked file: it is the host's directory
+    // (git reports the directory ignored, but its tracked file is not).
+    let git: BTreeSet<String> = git
+        .into_iter()
+        .filter(|p| p != "build" && p != "src/deep/tmp")
+        .collect();
+    assert_same(&ours, &git);
+}
+
+#[test]
+fn a_subdirectory_workspace_takes_the_enclosing_rules() {
+    let fixture = Fixture::new();
+    populate(&fixture);
+    let workspace = fixture.repo.join("src");
+    let paths = tree(&workspace);
+    let names: Vec<String> = paths.iter().map(|(p, _)| format!("src/{p}")).collect();
+    let git: BTreeSet<String> = fixture
+        .git_ignored(&fixture.repo, &names)
+        .into_iter()
+        .map(|p| p.strip_prefix("src/").unwrap().to_owned())
+        .collect();
+    assert!(
+        git.contains(".env"),
+        "the enclosing .gitignore ignores src/.env"
+    );
+    assert_same(&classified(&fixture, &workspace, &paths), &git);
+}
+
+#[test]
+fn an_ignored_workspace_is_isolated_whole() {
+    let fixture = Fixture::new();
+    populate(&fixture);
+    let workspace = fixture.repo.join("node_modules");
+    let dir = std::fs::File::open(&workspace).unwrap();
+    let gathered = gather(dir.as_fd(), &workspace, true, &fixture.user()).unwrap();
+    assert!(gathered.workspace_ignored);
+    assert_eq!(gathered.repository.as_deref(), Some(fixture.repo.as_path()));
+}
+
+#[test]
+fn a_nested_repository_has_its_own_rules() {
+    let fixture = Fixture::new();
+    fixture.write(".gitignore", "*.log\n");
+    let nested = fixture.repo.join("vendor/lib");
+    std::fs::create_dir_all(&nested).unwrap();
+    fixture.git(&nested, &["init", "-q", "."]);
+    fixture.write("vendor/lib/.gitignore", "*.o\n");
+    fixture.write("vendor/lib/.git/info/exclude", "*.tmp\n");
+    for name in ["a.o", "a.log", "a.tmp", "a.c", "keep.o"] {
+        fixture.write(&format!("vendor/lib/{name}"), "x");
+    }
+    fixture.git(&nested, &["add", "-f", "keep.o"]);
+    fixture.write("top.log", "x");
+    let paths = tree(&fixture.repo);
+    let ours = classified(&fixture, &fixture.repo, &paths);
+    let inside: Vec<String> = ["a.o", "a.log", "a.tmp", "a.c", "keep.o"]
+        .iter()
+        .map(|n| n.to_string())
+        .collect();
+    let mut git: BTreeSet<String> = fixture
+        .git_ignored(&nested, &inside)
+        .into_iter()
+        .map(|p| format!("vendor/lib/{p}"))
+        .collect();
+    git.insert("top.log".into());
+    assert_same(&ours, &git);
+}
+
+#[test]
+fn a_linked_worktree_reads_the_main_repository() {
+    let fixture = Fixture::new();
+    fixture.write(".gitignore", "*.log\n");
+    fixture.write("f.txt", "x");
+    fixture.git(&fixture.repo, &["add", "."]);
+    fixture.git(&fixture.repo, &["commit", "-q", "-m", "one"]);
+    fixture.write(".git/info/exclude", "*.bak\n");
+    let worktree = fixture.repo.parent().unwrap().join("wt");
+    fixture.git(
+        &fixture.repo,
+        &["worktree", "add", "-q", worktree.to_str().unwrap()],
+    );
+    for name in ["a.log", "a.bak", "a.txt"] {
+        std::fs::write(worktree.join(name), "x").unwrap();
+    }
+    let dir = std::fs::File::open(&worktree).unwrap();
+    let gathered = gather(dir.as_fd(), &worktree, true, &fixture.user()).unwrap();
+    assert_eq!(gathered.repository.as_deref(), Some(worktree.as_path()));
+    let paths = tree(&worktree);
+    let names: Vec<String> = paths.iter().map(|(p, _)| p.clone()).collect();
+    assert_same(
+        &classified(&fixture, &worktree, &paths),
+        &fixture.git_ignored(&worktree, &names),
+    );
+}

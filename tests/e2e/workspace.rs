@@ -1,0 +1,549 @@
+//! The workspace boundary end to end, as an unprivileged user with real
+//! runsc: a git repository's ignored files stay out of the sandbox and what
+//! the sandbox makes of them stays out of the host; git's configuration and
+//! hooks cannot be written inside while git itself works; git metadata the
+//! sandbox plants never runs on the host; modes lose setuid, setgid and
+//! group/other write; subdirectory, worktree and submodule workspaces; a
+//! killed Workspace Router fails closed. Needs root (to create the test
+//! user and switch to it), runsc, git and a `/dev/fuse` the user can open;
+//! CI provides all of them.
+
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::Output;
+
+use lazaret_tests::domain::{SERIAL, UserHost, git_image};
+use libtest_mimic::{Failed, Trial};
+use serde_json::Value;
+
+use crate::domain::{Result, config, down, runnable, text, up};
+
+pub fn trials() -> Vec<Trial> {
+    let runnable = runnable();
+    [
+        Trial::test(
+            "workspace::ignored_paths_are_isolated_both_ways",
+            ignored_paths_are_isolated,
+        ),
+        Trial::test(
+            "workspace::git_works_inside_but_its_configuration_and_hooks_are_read_only",
+            git_works_inside,
+        ),
+        Trial::test(
+            "workspace::planted_git_metadata_runs_nothing_on_the_host",
+            planted_metadata,
+        ),
+        Trial::test(
+            "workspace::planted_git_metadata_in_a_plain_workspace_runs_nothing",
+            planted_metadata_plain,
+        ),
+        Trial::test(
+            "workspace::modes_lose_setuid_setgid_and_group_other_write",
+            modes,
+        ),
+        Trial::test(
+            "workspace::a_subdirectory_takes_the_enclosing_rules",
+            subdirectory,
+        ),
+        Trial::test(
+            "workspace::a_worktree_and_a_submodule_work",
+            worktree_and_submodule,
+        ),
+        Trial::test("workspace::a_killed_router_fails_closed", killed_router),
+    ]
+    .into_iter()
+    .map(|t| t.with_ignored_flag(!runnable))
+    .collect()
+}
+
+/// The serial lock and a test host whose profile `p` runs the git image.
+fn git_host() -> (std::sync::MutexGuard<'static, ()>, UserHost) {
+    let serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let host = UserHost::new();
+    host.write_config(&config(&git_image(), "\"/root\""));
+    (serial, host)
+}
+
+/// `sh -c SCRIPT` on the host as the test user, in `dir`; fails the test
+/// on a non-zero exit.
+fn sh(host: &UserHost, dir: &Path, script: &str) -> String {
+    let out = host
+        .command(Path::new("/bin/sh"), dir)
+        .args(["-c", script])
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .output()
+        .expect("run sh");
+    assert!(out.status.success(), "host `{script}`: {}", text(&out));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A git repository in `dir` with one commit: a `.gitignore` for `.env`,
+/// `node_modules/`, `*.log` and `__pycache__/`, a tracked `README`, and
+/// the ignored host files `.env` (a secret) and `node_modules/host-only`.
+fn repository(host: &UserHost, dir: &Path) {
+    sh(
+        host,
+        dir,
+        "git init -q -b main . && \
+         printf '.env\\nnode_modules/\\n*.log\\n__pycache__/\\n' > .gitignore && \
+         echo 'hello from the host' > README && \
+         git add .gitignore README && \
+         git -c user.name=host -c user.email=host@example.invalid commit -q -m init && \
+         echo 'SECRET=host-only-value' > .env && \
+         mkdir -p node_modules/host-only && echo x > node_modules/host-only/index.js",
+    );
+}
+
+/// Runs `script` inside the sandbox; returns stdout, failing on non-zero.
+fn inside(host: &UserHost, status: &Value, script: &str) -> std::result::Result<String, Failed> {
+    let out = host.exec(status, script);
+    if !out.status.success() {
+        return Err(format!("inside `{script}`: {}", text(&out)).into());
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Runs `script` inside the sandbox and returns its output, whatever its
+/// exit status.
+fn inside_any(host: &UserHost, status: &Value, script: &str) -> Output {
+    host.exec(status, script)
+}
+
+fn ignored_paths_are_isolated() -> Result {
+    let (_serial, host) = git_host();
+    let ws = host.workspace.clone();
+    repository(&host, &ws);
+    let status = up(&host, &ws)?;
+    assert_eq!(
+        status["workspace_routing"]["isolate_gitignored"], true,
+        "{status}"
+    );
+    assert_eq!(
+        status["workspace_routing"]["repository"].as_str(),
+        ws.to_str(),
+        "{status}"
+    );
+
+    // The host's ignored files are not there; tracked ones are.
+    let seen = inside_any(
+        &host,
+        &status,
+        "cat /workspace/.env; ls /workspace/node_modules",
+    );
+    let seen = text(&seen);
+    assert!(!seen.contains("host-only"), "{seen}");
+    assert!(!seen.contains("SECRET=host-only-value"), "{seen}");
+    assert_eq!(
+        inside(&host, &status, "cat /workspace/README")?,
+        "hello from the host\n"
+    );
+
+    // Edits and new files flow both ways.
+    inside(
+        &host,
+        &status,
+        "echo 'edited inside' >> /workspace/README && echo new > /workspace/new.txt",
+    )?;
+    assert_eq!(
+        std::fs::read_to_string(ws.join("README"))?,
+        "hello from the host\nedited inside\n"
+    );
+    assert_eq!(std::fs::read_to_string(ws.join("new.txt"))?, "new\n");
+    sh(&host, &ws, "echo 'from the host' > host-new.txt");
+    let from_host = wait_inside(
+        &host,
+        &status,
+        "cat /workspace/host-new.txt",
+        "from the host\n",
+    )?;
+    assert_eq!(from_host, "from the host\n");
+
+    // What the sandbox writes to ignored paths stays in the Domain.
+    inside(
+        &host,
+        &status,
+        "mkdir -p /workspace/a/b /workspace/node_modules /workspace/pkg/__pycache__ && \
+         echo log > /workspace/a/b/c.log && echo x > /workspace/node_modules/x && \
+         echo pyc > /workspace/pkg/__pycache__/m.pyc && \
+         echo 'SECRET=sandbox' > /workspace/.env && echo src > /workspace/pkg/m.py",
+    )?;
+    for path in ["a/b/c.log", "node_modules/x", "pkg/__pycache__"] {
+        assert!(!ws.join(path).exists(), "{path} reached the host");
+    }
+    assert!(ws.join("pkg/m.py").exists() && ws.join("a/b").is_dir());
+    assert_eq!(
+        std::fs::read_to_string(ws.join(".env"))?,
+        "SECRET=host-only-value\n"
+    );
+    assert!(!ws.join("node_modules/x").exists() && ws.join("node_modules/host-only").exists());
+
+    // Un-ignoring `.env` inside changes nothing for this generation.
+    inside(
+        &host,
+        &status,
+        "printf 'node_modules/\\n*.log\\n__pycache__/\\n' > /workspace/.gitignore",
+    )?;
+    assert_eq!(
+        inside(&host, &status, "cat /workspace/.env")?,
+        "SECRET=sandbox\n"
+    );
+    sh(&host, &ws, "git checkout -q -- .gitignore");
+
+    // The isolated copies persist across down and up.
+    down(&host, &ws)?;
+    let status = up(&host, &ws)?;
+    assert_eq!(
+        inside(
+            &host,
+            &status,
+            "cat /workspace/a/b/c.log /workspace/node_modules/x /workspace/pkg/__pycache__/m.pyc \
+             /workspace/.env"
+        )?,
+        "log\nx\npyc\nSECRET=sandbox\n"
+    );
+    let isolated = PathBuf::from(
+        status["workspace_routing"]["isolated_root"]
+            .as_str()
+            .ok_or("status names no isolated root")?,
+    );
+    assert!(
+        isolated.join("a/b/c.log").is_file(),
+        "{}",
+        isolated.display()
+    );
+    down(&host, &ws)?;
+    Ok(())
+}
+
+/// Runs `script` inside until it prints `expected` (host edits show up
+/// within the kernel's one-second attribute cache); returns the last
+/// output.
+fn wait_inside(
+    host: &UserHost,
+    status: &Value,
+    script: &str,
+    expected: &str,
+) -> std::result::Result<String, Failed> {
+    let mut last = String::new();
+    for _ in 0..20 {
+        let out = inside_any(host, status, script);
+        last = String::from_utf8_lossy(&out.stdout).into_owned();
+        if last == expected {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(250));
+    }
+    Ok(last)
+}
+
+fn git_works_inside() -> Result {
+    let (_serial, host) = git_host();
+    let ws = host.workspace.clone();
+    repository(&host, &ws);
+    let config_before = std::fs::read(ws.join(".git/config"))?;
+    let status = up(&host, &ws)?;
+    for script in [
+        "echo '[core]' >> /workspace/.git/config",
+        "echo '#!/bin/sh' > /workspace/.git/hooks/pre-commit",
+        "mv /workspace/.git /workspace/old-git",
+        "rm /workspace/.git/config",
+    ] {
+        let out = inside_any(&host, &status, script);
+        assert!(
+            !out.status.success(),
+            "`{script}` succeeded inside: {}",
+            text(&out)
+        );
+    }
+    // gVisor reports a refused chmod as done; the host's mode is unchanged.
+    let mode = |p: &str| std::fs::metadata(ws.join(p)).map(|m| m.mode() & 0o7777);
+    let config_mode = mode(".git/config")?;
+    inside_any(&host, &status, "chmod 0777 /workspace/.git/config");
+    assert_eq!(mode(".git/config")?, config_mode);
+    assert!(!ws.join(".git/hooks/pre-commit").exists());
+    assert_eq!(std::fs::read(ws.join(".git/config"))?, config_before);
+
+    inside(
+        &host,
+        &status,
+        "cd /workspace && echo change >> README && echo added > added.txt && \
+         git add README added.txt && \
+         git -c user.name=agent -c user.email=agent@example.invalid commit -q -m 'from inside' && \
+         git checkout -q -b feature && git checkout -q main && git branch -q -D feature && \
+         echo wip >> README && git stash -q && git stash pop -q && git status --short",
+    )?;
+    let log = sh(&host, &ws, "git log --format=%s");
+    assert_eq!(log, "from inside\ninit\n");
+    sh(&host, &ws, "git fsck --strict");
+    down(&host, &ws)?;
+    Ok(())
+}
+
+/// A marker path the planted commands would create on the host, in a
+/// directory the test user may write to.
+fn marker(host: &UserHost, name: &str) -> PathBuf {
+    host.user_dir("markers").join(name)
+}
+
+/// The three plants, made in `root` (inside the sandbox, or on the host
+/// for the control), each aimed at its own marker:
+/// - `src/.git`, a nested git directory whose `core.fsmonitor` runs on
+///   `git status`;
+/// - `bare`, a bare repository with a commit whose `core.pager` runs on
+///   `git log` in a terminal;
+/// - `wt/.git`, a `gitdir:` file naming `gd`, a git directory made by the
+///   sandbox whose `core.fsmonitor` runs on `git status` in `wt`.
+fn plants(host: &UserHost, root: &str) -> String {
+    format!(
+        "set -e; cd {root}; \
+         mkdir -p src/.git/objects src/.git/refs; echo 'ref: refs/heads/main' > src/.git/HEAD; \
+         printf '[core]\\n\\tfsmonitor = touch {nested}\\n' > src/.git/config; \
+         git init -q --bare -b main bare; git init -q -b main c; cd c; echo x > x; git add x; \
+         git -c user.name=a -c user.email=a@example.invalid commit -q -m x; \
+         git push -q --receive-pack='git receive-pack' ../bare main; cd ..; \
+         printf '[core]\\n\\tbare = true\\n\\tpager = \"touch {pager}; cat\"\\n' > bare/config; \
+         mkdir -p gd/objects gd/refs wt; echo 'ref: refs/heads/main' > gd/HEAD; \
+         printf '[core]\\n\\tfsmonitor = touch {gitfile}\\n' > gd/config; \
+         echo 'gitdir: ../gd' > wt/.git",
+        nested = marker(host, "nested").display(),
+        pager = marker(host, "pager").display(),
+        gitfile = marker(host, "gitfile").display(),
+    )
+}
+
+/// Runs host `git status` and `git log` (on a terminal, so a pager would
+/// run) in each planted directory, as the test user.
+fn host_git_in_plants(host: &UserHost, root: &Path) {
+    for dir in ["src", "bare", "wt"] {
+        for script in ["git status --short", "script -qec 'git log -1' /dev/null"] {
+            let _ = host
+                .command(Path::new("/bin/sh"), &root.join(dir))
+                .args(["-c", script])
+                .env("GIT_CONFIG_NOSYSTEM", "1")
+                .output();
+        }
+    }
+}
+
+const MARKERS: [&str; 3] = ["nested", "pager", "gitfile"];
+
+fn markers(host: &UserHost) -> Vec<&'static str> {
+    MARKERS
+        .into_iter()
+        .filter(|name| marker(host, name).exists())
+        .collect()
+}
+
+/// The plants work: made on the host directly, host git runs every one.
+fn control(host: &UserHost) {
+    let control = host.user_dir("control");
+    sh(host, &control, &plants(host, control.to_str().unwrap()));
+    host_git_in_plants(host, &control);
+    assert_eq!(
+        markers(host),
+        MARKERS,
+        "the plants must run when made on the host (control)"
+    );
+    for name in MARKERS {
+        let _ = std::fs::remove_file(marker(host, name));
+    }
+}
+
+fn planted_in(host: &UserHost, ws: &Path) -> Result {
+    control(host);
+    let status = up(host, ws)?;
+    inside(host, &status, &plants(host, "/workspace"))?;
+    // Inside, the plants are what the sandbox made.
+    assert_eq!(
+        inside(host, &status, "cat /workspace/wt/.git")?,
+        "gitdir: ../gd\n"
+    );
+    down(host, ws)?;
+    for path in ["src/.git", "bare/HEAD", "gd/HEAD", "wt/.git", "c/.git"] {
+        assert!(!ws.join(path).exists(), "{path} reached the host");
+    }
+    host_git_in_plants(host, ws);
+    let ran = markers(host);
+    assert!(ran.is_empty(), "planted commands ran on the host: {ran:?}");
+    Ok(())
+}
+
+fn planted_metadata() -> Result {
+    let (_serial, host) = git_host();
+    let ws = host.workspace.clone();
+    repository(&host, &ws);
+    planted_in(&host, &ws)
+}
+
+fn planted_metadata_plain() -> Result {
+    let (_serial, host) = git_host();
+    let ws = host.workspace.clone();
+    planted_in(&host, &ws)
+}
+
+fn modes() -> Result {
+    let (_serial, host) = git_host();
+    let ws = host.workspace.clone();
+    repository(&host, &ws);
+    let status = up(&host, &ws)?;
+    inside(
+        &host,
+        &status,
+        "cd /workspace && echo x > x && chmod 6755 x && mkdir src && chmod 0777 src && \
+         touch y && chmod 0666 y && mkdir -m 2777 shared && umask 0 && echo z > z",
+    )?;
+    for path in ["x", "src", "y", "shared", "z"] {
+        let mode = std::fs::metadata(ws.join(path))?.mode() & 0o7777;
+        assert_eq!(mode & 0o6022, 0, "{path} has mode {mode:o} on the host");
+    }
+    down(&host, &ws)?;
+    Ok(())
+}
+
+fn subdirectory() -> Result {
+    let (_serial, host) = git_host();
+    let ws = host.workspace.clone();
+    repository(&host, &ws);
+    sh(
+        &host,
+        &ws,
+        "mkdir -p sub && echo 'SECRET=sub-value' > sub/.env && echo tracked > sub/file && \
+         echo build > sub/out.log",
+    );
+    let sub = ws.join("sub");
+    let status = up(&host, &sub)?;
+    assert_eq!(
+        status["workspace_routing"]["repository"].as_str(),
+        ws.to_str(),
+        "{status}"
+    );
+    let seen = text(&inside_any(
+        &host,
+        &status,
+        "cat /workspace/.env /workspace/out.log",
+    ));
+    assert!(
+        !seen.contains("sub-value") && !seen.contains("build"),
+        "{seen}"
+    );
+    assert_eq!(inside(&host, &status, "cat /workspace/file")?, "tracked\n");
+    down(&host, &sub)?;
+    Ok(())
+}
+
+fn worktree_and_submodule() -> Result {
+    let (_serial, host) = git_host();
+    let ws = host.workspace.clone();
+    repository(&host, &ws);
+    // A submodule from another repository on this host.
+    let library = host.user_dir("library");
+    sh(
+        &host,
+        &library,
+        "git init -q -b main . && echo '*.o' > .gitignore && echo lib > lib.c && \
+         git add . && git -c user.name=h -c user.email=h@example.invalid commit -q -m lib",
+    );
+    sh(
+        &host,
+        &ws,
+        &format!(
+            "git -c protocol.file.allow=always submodule add -q {} lib && \
+             git -c user.name=h -c user.email=h@example.invalid commit -q -m sub && \
+             echo 'object' > lib/x.o",
+            library.display()
+        ),
+    );
+    let status = up(&host, &ws)?;
+    assert_eq!(inside(&host, &status, "cat /workspace/lib/lib.c")?, "lib\n");
+    let seen = text(&inside_any(&host, &status, "cat /workspace/lib/x.o"));
+    assert!(
+        !seen.contains("object"),
+        "the submodule's ignored file is visible: {seen}"
+    );
+    let out = inside_any(&host, &status, "echo 'gitdir: /tmp' > /workspace/lib/.git");
+    assert!(
+        !out.status.success(),
+        "a submodule's .git file was rewritten: {}",
+        text(&out)
+    );
+    down(&host, &ws)?;
+
+    // A linked worktree of the repository.
+    let parent = host.user_dir("worktrees");
+    let worktree = parent.join("wt");
+    sh(
+        &host,
+        &ws,
+        &format!(
+            "git worktree add -q {} && echo 'SECRET=wt' > {}/.env",
+            worktree.display(),
+            worktree.display()
+        ),
+    );
+    let status = up(&host, &worktree)?;
+    assert_eq!(
+        status["workspace_routing"]["repository"].as_str(),
+        worktree.to_str(),
+        "{status}"
+    );
+    assert_eq!(
+        inside(&host, &status, "cat /workspace/README")?,
+        "hello from the host\n"
+    );
+    let seen = text(&inside_any(&host, &status, "cat /workspace/.env"));
+    assert!(!seen.contains("SECRET=wt"), "{seen}");
+    let out = inside_any(&host, &status, "echo 'gitdir: /tmp' > /workspace/.git");
+    assert!(
+        !out.status.success(),
+        "the worktree's .git file was rewritten: {}",
+        text(&out)
+    );
+    down(&host, &worktree)?;
+    Ok(())
+}
+
+fn killed_router() -> Result {
+    let (_serial, host) = git_host();
+    let ws = host.workspace.clone();
+    repository(&host, &ws);
+    let status = up(&host, &ws)?;
+    assert_eq!(
+        inside(&host, &status, "cat /workspace/README")?,
+        "hello from the host\n"
+    );
+    let pid = status["workspace_routing"]["router"]["pid"]
+        .as_u64()
+        .ok_or("status names no router")?;
+    let killed = std::process::Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .status()?;
+    assert!(killed.success());
+    // The workspace fails closed: errors, not the host's files.
+    let mut failed = false;
+    for _ in 0..40 {
+        let out = inside_any(&host, &status, "cat /workspace/README && ls /workspace");
+        if !out.status.success() && !String::from_utf8_lossy(&out.stdout).contains("hello") {
+            failed = true;
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(250));
+    }
+    assert!(
+        failed,
+        "the workspace still answered after its router was killed"
+    );
+    let now = host.status(&ws, "p").ok_or("status shows no Domain")?;
+    assert_eq!(now["state"], "degraded", "{now}");
+    assert_eq!(
+        now["workspace_routing"]["router"]["running"], false,
+        "{now}"
+    );
+    down(&host, &ws)?;
+    let status = up(&host, &ws)?;
+    assert_eq!(
+        inside(&host, &status, "cat /workspace/README")?,
+        "hello from the host\n"
+    );
+    down(&host, &ws)?;
+    Ok(())
+}
