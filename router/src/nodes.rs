@@ -152,6 +152,23 @@ impl Nodes {
         }
     }
 
+    /// The node now at `path`, if the kernel holds one.
+    pub fn at(&self, path: &[u8]) -> Option<&Node> {
+        self.by_path.get(path).and_then(|ino| self.by_ino.get(ino))
+    }
+
+    /// The paths strictly below `path` the kernel holds, parents first.
+    pub fn below(&self, path: &[u8]) -> Vec<Vec<u8>> {
+        let mut out: Vec<Vec<u8>> = self
+            .by_path
+            .keys()
+            .filter(|p| p.as_slice() != path && is_within(p, path))
+            .cloned()
+            .collect();
+        out.sort_by_key(|p| p.iter().filter(|b| **b == b'/').count());
+        out
+    }
+
     /// Changes the node now at `path`, if the kernel holds one.
     pub fn update(&mut self, path: &[u8], change: impl FnOnce(&mut Node)) {
         if let Some(node) = self

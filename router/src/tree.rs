@@ -738,17 +738,45 @@ impl Tree {
     }
 
     /// Updates the inode table after a rename: the moved subtree's paths,
-    /// and the moved entry's route, state and protection.
+    /// then the route, state and protection of every moved node the
+    /// kernel holds, parents first, as a lookup at the new place would
+    /// find them.
     fn moved(&self, from: &[u8], plan: &Plan) {
-        let mut nodes = self.nodes.write().unwrap_or_else(|e| e.into_inner());
-        nodes.rename(from, &plan.path);
-        nodes.update(&plan.path, |node| {
-            node.route = plan.route;
-            node.protection = plan.protection;
-            if node.state.is_some() {
-                node.state = Some(plan.state.clone());
+        let moved = {
+            let mut nodes = self.nodes.write().unwrap_or_else(|e| e.into_inner());
+            nodes.rename(from, &plan.path);
+            nodes.update(&plan.path, |node| {
+                node.route = plan.route;
+                node.protection = plan.protection;
+                if node.state.is_some() {
+                    node.state = Some(plan.state.clone());
+                }
+            });
+            nodes.below(&plan.path)
+        };
+        for path in moved {
+            let (parent, name) = split(&path);
+            let Some(parent_state) = self.state_of(parent) else {
+                continue;
+            };
+            if let Ok(Some(found)) = self.find(parent, &parent_state, name) {
+                let mut nodes = self.nodes.write().unwrap_or_else(|e| e.into_inner());
+                nodes.update(&path, |node| {
+                    node.route = found.route;
+                    node.protection = found.protection;
+                    node.state = found.state;
+                });
             }
-        });
+        }
+    }
+
+    /// The state of the directory node at `path`, if the kernel holds it.
+    fn state_of(&self, path: &[u8]) -> Option<DirState> {
+        self.nodes
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .at(path)
+            .and_then(|node| node.state.clone())
     }
 
     /// The entries of the isolated side's directory of the host directory

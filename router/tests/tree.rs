@@ -20,7 +20,7 @@ struct Scratch {
     outside: PathBuf,
 }
 
-const IGNORE: &str = ".env\nnode_modules/\n*.log\n__pycache__/\n";
+const IGNORE: &str = ".env\nnode_modules/\n*.log\n__pycache__/\n/moved/**/*.tmp\n";
 
 fn rules(isolate: bool) -> WorkspaceRules {
     WorkspaceRules {
@@ -184,6 +184,30 @@ fn ignored_host_paths_are_invisible_and_new_ones_stay_isolated() {
     let again = s.tree(true);
     assert_eq!(read(&again, "a/b/c.log").unwrap(), b"log");
     assert_eq!(read(&again, "pkg/__pycache__/m.pyc").unwrap(), b"pyc");
+}
+
+#[test]
+fn a_renamed_directory_routes_its_new_entries_by_its_new_place() {
+    let s = Scratch::new();
+    let tree = s.tree(true);
+    let (root, _) = parent_and_name(&tree, "x");
+    let (a, _) = tree.mkdir(root, b"a", 0o755, 0).unwrap();
+    let (b, _) = tree.mkdir(a, b"b", 0o755, 0).unwrap();
+    create(&tree, "a/x.tmp", b"host").unwrap();
+    create(&tree, "a/b/x.log", b"isolated").unwrap();
+    assert!(s.host.join("a/x.tmp").exists());
+    tree.rename(root, b"a", root, b"moved", RenameFlags::empty())
+        .unwrap();
+    // The kernel keeps using the numbers it holds.
+    let (_, _, handle) = tree.create(a, b"y.tmp", 0o644, 0, libc_wronly()).unwrap();
+    tree.release(handle);
+    assert!(!s.host.join("moved/y.tmp").exists());
+    assert!(s.isolated.join("moved/y.tmp").exists());
+    let (_, _, handle) = tree.create(b, b"z.tmp", 0o644, 0, libc_wronly()).unwrap();
+    tree.release(handle);
+    assert!(s.isolated.join("moved/b/z.tmp").exists());
+    // The isolated entries moved with their directory.
+    assert_eq!(read(&tree, "moved/b/x.log").unwrap(), b"isolated");
 }
 
 #[test]

@@ -499,18 +499,26 @@ fn journal() -> Result {
     let journal = std::os::unix::net::UnixDatagram::bind(&socket_path)?;
     std::os::unix::fs::chown(&socket_path, Some(host.uid()), None)?;
     journal.set_read_timeout(Some(std::time::Duration::from_secs(10)))?;
+    // The journal reads as the coordinator writes, as systemd's does.
+    let reader = std::thread::spawn(move || {
+        let mut entries = Vec::new();
+        let mut buf = vec![0u8; 4096];
+        while !entries.iter().any(|e: &String| e.contains("running")) {
+            let Ok(n) = journal.recv(&mut buf) else { break };
+            entries.push(String::from_utf8_lossy(&buf[..n]).into_owned());
+        }
+        entries
+    });
     let env = [("LAZARET_JOURNAL_SOCKET", socket_path.to_str().unwrap())];
     let out = host.lazaret_with_env(&ws, &["up", "p"], &env);
     assert!(out.status.success(), "{}", text(&out));
     let status = host.status(&ws, "p").ok_or("not running")?;
     let domain = status["domain_id"].as_str().unwrap().to_owned();
-    let mut entries = Vec::new();
-    let mut buf = vec![0u8; 4096];
-    while !entries.iter().any(|e: &String| e.contains("running")) {
-        let n = journal.recv(&mut buf)?;
-        entries.push(String::from_utf8_lossy(&buf[..n]).into_owned());
-    }
-    let running = entries.iter().find(|e| e.contains("running")).unwrap();
+    let entries = reader.join().map_err(|_| "the journal reader failed")?;
+    let running = entries
+        .iter()
+        .find(|e| e.contains("running"))
+        .ok_or("no `running` entry reached the journal")?;
     assert!(
         running.contains("MESSAGE=generation 1 running\n"),
         "{running}"

@@ -43,8 +43,13 @@ pub fn socket_path() -> Option<PathBuf> {
 
 /// Chooses the sink once, for the Domain `domain`: the journal if its
 /// socket exists, else standard error. Returns whether it is the journal.
+///
+/// The journal socket never blocks the coordinator: a line the journal
+/// cannot take at once (its queue is full, or it is gone) goes to standard
+/// error instead.
 pub fn init(domain: &str) -> bool {
-    let sink = match (socket_path(), UnixDatagram::unbound()) {
+    let unbound = UnixDatagram::unbound().and_then(|s| s.set_nonblocking(true).map(|()| s));
+    let sink = match (socket_path(), unbound) {
         (Some(path), Ok(socket)) => Sink::Journal {
             socket,
             path,
