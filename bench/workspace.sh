@@ -6,7 +6,9 @@
 # one 256 MiB file. Lazaret runs twice: with `isolate_gitignored = true`
 # (the default; the workspace is a git repository with ignore rules) and
 # with `false`. The work runs through `runsc exec` in every case, so only
-# the filesystem differs. Prints medians and ratios against the bind mount.
+# the filesystem differs; the time of an empty `runsc exec` (measured in
+# the same run, per sandbox) is subtracted from each phase. Prints medians
+# and ratios against the bind mount.
 #
 # usage: bench/workspace.sh [ROUNDS] [FILES] [MIB]   (default 3, 5000, 256)
 # Run it as the user Lazaret runs as; it uses scratch directories only.
@@ -55,11 +57,12 @@ read) find "$dir" -type f | xargs cat > /dev/null ;;
 find) find "$dir" | wc -l > /dev/null ;;
 write) dd if=/dev/zero of="$dir.big" bs=1M count="$mib" 2>/dev/null ;;
 readbig) dd if="$dir.big" of=/dev/null bs=1M 2>/dev/null ;;
+floor) : ;;
 clean) rm -rf "$dir" "$dir.big" ;;
 esac
 SH
 
-phases=(create stat read find write readbig)
+phases=(floor create stat read find write readbig)
 
 # run_phases LABEL EXEC...: runs each phase ROUNDS times through EXEC (a
 # command that runs `sh -c SCRIPT ARGS` inside), recording milliseconds in
@@ -112,7 +115,7 @@ export -f run_phases now ms
 export rounds files mib scratch
 bare_out=$(unshare -Urnm bash -c '
     set -eu
-    phases=(create stat read find write readbig)
+    phases=(floor create stat read find write readbig)
     r="runsc --rootless --ignore-cgroups --network=host --root $scratch/bare/state"
     $r run -detach --bundle "$scratch/bare" bare
     run_phases bare $r exec bare
@@ -125,9 +128,13 @@ done <<<"$bare_out"
 
 printf 'rounds: %s; %s files in %s directories; one %s MiB file\n' \
     "$rounds" "$files" "$((files / 10 + files / 100))" "$mib"
+bf=$(median "${bare_floor[@]}"); rf=$(median "${routed_floor[@]}"); sf=$(median "${shared_floor[@]}")
+printf 'an empty runsc exec (subtracted below): bind %s ms, routed %s ms, shared %s ms\n' "$bf" "$rf" "$sf"
+net() { local t=$(( $1 - $2 )); echo $(( t > 1 ? t : 1 )); }
 printf '%-9s %12s %12s %12s %10s %10s\n' phase "bind (ms)" "routed (ms)" "shared (ms)" routed/bind shared/bind
-for phase in "${phases[@]}"; do
+for phase in "${phases[@]:1}"; do
     eval "b=\$(median \"\${bare_${phase}[@]}\"); r=\$(median \"\${routed_${phase}[@]}\"); s=\$(median \"\${shared_${phase}[@]}\")"
+    b=$(net "$b" "$bf"); r=$(net "$r" "$rf"); s=$(net "$s" "$sf")
     printf '%-9s %12s %12s %12s %10s %10s\n' "$phase" "$b" "$r" "$s" "$(ratio "$r" "$b")" "$(ratio "$s" "$b")"
 done
 echo "targets: create, stat, read and find within 1.5x of the bind mount (time ratio <= 1.5);"

@@ -15,8 +15,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use fuser::{
     AccessFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation,
     INodeNo, InitFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate,
-    ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite,
-    ReplyXattr, Request, TimeOrNow, WriteFlags,
+    ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs,
+    ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use rustix::fs::Stat;
 
@@ -25,7 +25,11 @@ use crate::tree::{SetAttr, SetTime, Tree};
 
 /// How long the kernel may keep names and attributes without asking
 /// again: short, so the developer's edits on the host show up inside
-/// promptly.
+/// promptly. File contents are not cached in the kernel at all
+/// (`FOPEN_DIRECT_IO`): every read and write reaches the host file, in
+/// requests of up to 1 MiB (the page cache would split reads into 128 KiB
+/// readahead requests and could serve stale data after a host edit);
+/// shared mappings still work (`FUSE_DIRECT_IO_ALLOW_MMAP`).
 const TTL: Duration = Duration::from_secs(1);
 
 /// The largest read or write one request carries.
@@ -109,6 +113,8 @@ impl Filesystem for Router {
             InitFlags::FUSE_AUTO_INVAL_DATA,
             InitFlags::FUSE_CACHE_SYMLINKS,
             InitFlags::FUSE_ATOMIC_O_TRUNC,
+            InitFlags::FUSE_DO_READDIRPLUS,
+            InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP,
         ] {
             let _ = config.add_capabilities(flag);
         }
@@ -274,7 +280,7 @@ impl Filesystem for Router {
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         match self.tree.open(ino.0, flags.0) {
-            Ok(handle) => reply.opened(FileHandle(handle), FopenFlags::empty()),
+            Ok(handle) => reply.opened(FileHandle(handle), FopenFlags::FOPEN_DIRECT_IO),
             Err(e) => reply.error(errno(e)),
         }
     }
@@ -290,10 +296,17 @@ impl Filesystem for Router {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        match self.tree.read(fh.0, offset, size.min(MAX_IO)) {
-            Ok(data) => reply.data(&data),
-            Err(e) => reply.error(errno(e)),
+        thread_local! {
+            // One read buffer per serving thread, reused: a fresh 1 MiB
+            // allocation per request would cost a page fault per page.
+            static BUFFER: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
         }
+        BUFFER.with_borrow_mut(
+            |buf| match self.tree.read(fh.0, offset, size.min(MAX_IO), buf) {
+                Ok(()) => reply.data(buf),
+                Err(e) => reply.error(errno(e)),
+            },
+        );
     }
 
     fn write(
@@ -312,17 +325,6 @@ impl Filesystem for Router {
             Ok(n) => reply.written(n),
             Err(e) => reply.error(errno(e)),
         }
-    }
-
-    fn flush(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
-        _lock_owner: LockOwner,
-        reply: ReplyEmpty,
-    ) {
-        reply.ok();
     }
 
     fn release(
@@ -368,8 +370,8 @@ impl Filesystem for Router {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        let entries = match self.tree.listing(fh.0) {
-            Ok(entries) => entries,
+        let listing = match self.tree.listing(fh.0) {
+            Ok(listing) => listing,
             Err(e) => return reply.error(errno(e)),
         };
         // Offsets 1 and 2 are `.` and `..`; entry i is at i + 3.
@@ -377,7 +379,7 @@ impl Filesystem for Router {
         let all = dots
             .iter()
             .map(|(name, ino)| (*name, *ino, FileType::Directory))
-            .chain(entries.iter().map(|e| {
+            .chain(listing.entries.iter().map(|e| {
                 let kind = match e.kind {
                     Kind::Dir => FileType::Directory,
                     Kind::File => FileType::RegularFile,
@@ -392,6 +394,45 @@ impl Filesystem for Router {
             }
         }
         reply.ok();
+    }
+
+    fn readdirplus(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
+        // `.` and `..` (offsets 1 and 2) carry the directory's own
+        // attributes and count as no lookup.
+        if offset < 2 {
+            let stat = match self.tree.getattr(ino.0) {
+                Ok(stat) => stat,
+                Err(e) => return reply.error(errno(e)),
+            };
+            for (name, next) in [(".", 1u64), ("..", 2)].into_iter().skip(offset as usize) {
+                let dir = attr(ino.0, &stat);
+                if reply.add(ino, next, name, &TTL, &dir, Generation(0)) {
+                    return reply.ok();
+                }
+            }
+        }
+        let from = offset.saturating_sub(2) as usize;
+        let listed = self.tree.readdirplus(fh.0, from, |ino, next, name, stat| {
+            reply.add(
+                INodeNo(ino),
+                next,
+                OsStr::from_bytes(name),
+                &TTL,
+                &attr(ino, stat),
+                Generation(0),
+            )
+        });
+        match listed {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(e)),
+        }
     }
 
     fn releasedir(
@@ -496,7 +537,7 @@ impl Filesystem for Router {
                 &attr(ino, &stat),
                 Generation(0),
                 FileHandle(handle),
-                FopenFlags::empty(),
+                FopenFlags::FOPEN_DIRECT_IO,
             ),
             Err(e) => reply.error(errno(e)),
         }

@@ -97,6 +97,18 @@ pub struct DirEntry {
     pub kind: Kind,
     /// An inode number for `d_ino` (never 0).
     pub ino: u64,
+    route: Route,
+    state: DirState,
+    protection: Protection,
+}
+
+/// A directory's entries, as listed when it was opened.
+#[derive(Debug)]
+pub struct Listing {
+    /// The directory's path.
+    path: Vec<u8>,
+    /// Its visible entries.
+    pub entries: Vec<DirEntry>,
 }
 
 /// A visible entry found by name.
@@ -171,7 +183,7 @@ pub struct Tree {
     classifier: Classifier,
     nodes: RwLock<Nodes>,
     files: Mutex<HashMap<u64, Arc<OwnedFd>>>,
-    dirs: Mutex<HashMap<u64, Arc<Vec<DirEntry>>>>,
+    dirs: Mutex<HashMap<u64, Arc<Listing>>>,
     next_handle: AtomicU64,
 }
 
@@ -792,11 +804,18 @@ impl Tree {
         for (name, kind, ino) in list(fd.as_fd())? {
             let exists = Self::exists_at(host.as_fd(), &name)?.is_some();
             let facts = Self::facts(Some(host.as_fd()), &name, exists)?;
-            let (route, _) = self
-                .classifier
-                .child(state, path, &name, kind == Kind::Dir, facts);
+            let (route, state) =
+                self.classifier
+                    .child(state, path, &name, kind == Kind::Dir, facts);
             if route == Route::Isolated {
-                out.push(DirEntry { name, kind, ino });
+                out.push(DirEntry {
+                    name,
+                    kind,
+                    ino,
+                    route,
+                    state,
+                    protection: Protection::None,
+                });
             }
         }
         Ok(out)
@@ -841,21 +860,24 @@ impl Tree {
             .ok_or(Errno::BADF)
     }
 
-    /// `read`.
-    pub fn read(&self, handle: u64, offset: u64, size: u32) -> Result<Vec<u8>> {
+    /// `read`: up to `size` bytes at `offset` into `buf` (cleared first;
+    /// its capacity is reused, and nothing is zeroed).
+    pub fn read(&self, handle: u64, offset: u64, size: u32, buf: &mut Vec<u8>) -> Result<()> {
         let fd = self.file(handle)?;
-        let mut buf = vec![0u8; size as usize];
-        let mut done = 0;
-        while done < buf.len() {
-            match rustix::io::pread(&*fd, &mut buf[done..], offset + done as u64) {
+        let size = size as usize;
+        buf.clear();
+        buf.reserve_exact(size.max(1));
+        while buf.len() < size {
+            let at = offset + buf.len() as u64;
+            match rustix::io::pread(&*fd, rustix::buffer::spare_capacity(buf), at) {
                 Ok(0) => break,
-                Ok(n) => done += n,
+                Ok(_) => {}
                 Err(Errno::INTR) => continue,
                 Err(e) => return Err(e),
             }
         }
-        buf.truncate(done);
-        Ok(buf)
+        buf.truncate(size);
+        Ok(())
     }
 
     /// `write`.
@@ -906,7 +928,14 @@ impl Tree {
                 let dir = self.open_dir(Route::Isolated, &node.path, OFlags::RDONLY)?;
                 list(dir.as_fd())?
                     .into_iter()
-                    .map(|(name, kind, ino)| DirEntry { name, kind, ino })
+                    .map(|(name, kind, ino)| DirEntry {
+                        name,
+                        kind,
+                        ino,
+                        route: Route::Isolated,
+                        state: DirState::isolated(),
+                        protection: Protection::None,
+                    })
                     .collect()
             }
             Route::Host => {
@@ -920,11 +949,19 @@ impl Tree {
                         dir_holds_head: holds_head && needs_head(&name),
                     };
                     let is_dir = kind == Kind::Dir;
-                    let (route, _) = self
+                    let (route, child) = self
                         .classifier
                         .child(&state, &node.path, &name, is_dir, facts);
                     if route == Route::Host {
-                        entries.push(DirEntry { name, kind, ino });
+                        let protection = self.classifier.protection(&state, &name, is_dir, facts);
+                        entries.push(DirEntry {
+                            name,
+                            kind,
+                            ino,
+                            route,
+                            state: child,
+                            protection,
+                        });
                     }
                 }
                 let shown: HashSet<Vec<u8>> = entries.iter().map(|e| e.name.clone()).collect();
@@ -936,22 +973,68 @@ impl Tree {
                 entries
             }
         };
+        let listing = Listing {
+            path: node.path,
+            entries,
+        };
         let handle = self.next_handle.fetch_add(1, Ordering::Relaxed);
         self.dirs
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .insert(handle, Arc::new(entries));
+            .insert(handle, Arc::new(listing));
         Ok(handle)
     }
 
     /// The listing of an open directory.
-    pub fn listing(&self, handle: u64) -> Result<Arc<Vec<DirEntry>>> {
+    pub fn listing(&self, handle: u64) -> Result<Arc<Listing>> {
         self.dirs
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .get(&handle)
             .cloned()
             .ok_or(Errno::BADF)
+    }
+
+    /// `readdirplus`: the entries of an open directory from `from` on,
+    /// each with its attributes and counted as a lookup, handed to `emit`
+    /// (its inode, the offset of the next entry, its name, its attributes)
+    /// until `emit` says the reply is full. An entry that vanished since the
+    /// listing is skipped.
+    pub fn readdirplus(
+        &self,
+        handle: u64,
+        from: usize,
+        mut emit: impl FnMut(u64, u64, &[u8], &Stat) -> bool,
+    ) -> Result<()> {
+        let listing = self.listing(handle)?;
+        let mut sides: [Option<OwnedFd>; 2] = [None, None];
+        for (i, entry) in listing.entries.iter().enumerate().skip(from) {
+            let side = usize::from(entry.route == Route::Isolated);
+            if sides[side].is_none() {
+                sides[side] = Some(self.open_dir(entry.route, &listing.path, OFlags::PATH)?);
+            }
+            let Some(dir) = &sides[side] else { continue };
+            let Some(stat) = Self::exists_at(dir.as_fd(), &entry.name)? else {
+                continue;
+            };
+            let kind = kind_of(&stat);
+            let found = Found {
+                path: join(&listing.path, &entry.name),
+                route: entry.route,
+                stat,
+                kind,
+                state: (kind == Kind::Dir).then(|| entry.state.clone()),
+                protection: entry.protection,
+            };
+            let ino = self.register(&found);
+            // Offsets 1 and 2 are `.` and `..`; entry i is at i + 3.
+            if emit(ino, i as u64 + 3, &entry.name, &stat) {
+                // It did not fit: the kernel never saw this lookup.
+                self.forget(ino, 1);
+                break;
+            }
+        }
+        Ok(())
     }
 
     /// `releasedir`.

@@ -121,9 +121,10 @@ fn libc_wronly() -> i32 {
 
 fn read(tree: &Tree, path: &str) -> Result<Vec<u8>, Errno> {
     let handle = tree.open(ino(tree, path)?, OFlags::RDONLY.bits() as i32)?;
-    let data = tree.read(handle, 0, 1 << 16);
+    let mut data = Vec::new();
+    let read = tree.read(handle, 0, 1 << 16, &mut data);
     tree.release(handle);
-    data
+    read.map(|()| data)
 }
 
 fn names(tree: &Tree, path: &str) -> Vec<String> {
@@ -131,6 +132,7 @@ fn names(tree: &Tree, path: &str) -> Vec<String> {
     let mut names: Vec<String> = tree
         .listing(handle)
         .unwrap()
+        .entries
         .iter()
         .map(|e| String::from_utf8(e.name.clone()).unwrap())
         .collect();
