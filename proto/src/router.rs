@@ -114,6 +114,12 @@ pub struct WorkspaceRules {
     /// apply), then the submodules and repositories nested in it. Empty
     /// when ignored paths are not isolated.
     pub scopes: Vec<IgnoreScope>,
+    /// Paths in the workspace that the host's git configuration makes git
+    /// read as configuration or run (`core.hooksPath`, included files, a
+    /// program named by path), relative to the workspace; each is
+    /// read-only inside, with everything below it, and the directories
+    /// holding it cannot be moved.
+    pub read_only: Vec<RelativePath>,
 }
 
 impl WireRecord for WorkspaceRules {
@@ -130,7 +136,10 @@ impl WorkspaceRules {
                 .chain(s.ignore_files.iter().map(|f| &f.dir))
                 .chain(&s.tracked_ignored)
         });
-        scoped.into_iter().find(|p| !p.is_valid())
+        scoped
+            .into_iter()
+            .chain(&self.read_only)
+            .find(|p| !p.is_valid())
     }
 }
 
@@ -191,6 +200,8 @@ pub struct RoutingSummary {
     pub ignore_files: u32,
     /// Tracked paths the rules would otherwise ignore.
     pub tracked_ignored: u32,
+    /// Paths the host's git configuration reads or runs, made read-only.
+    pub read_only: u32,
 }
 
 impl RoutingSummary {
@@ -201,6 +212,7 @@ impl RoutingSummary {
             scopes: count(rules.scopes.len()),
             ignore_files: count(rules.scopes.iter().map(|s| s.ignore_files.len()).sum()),
             tracked_ignored: count(rules.scopes.iter().map(|s| s.tracked_ignored.len()).sum()),
+            read_only: count(rules.read_only.len()),
         }
     }
 }
@@ -258,6 +270,7 @@ mod tests {
                 }],
                 tracked_ignored: vec![path("sub/keep.log")],
             }],
+            read_only: vec![path(".husky")],
         }
     }
 
@@ -274,6 +287,7 @@ mod tests {
                 scopes: 1,
                 ignore_files: 1,
                 tracked_ignored: 1,
+                read_only: 1,
             }
         );
         round_trip(&RouterRequest::Serve(ServeRequest {

@@ -185,6 +185,10 @@ pub struct Tree {
     files: Mutex<HashMap<u64, Arc<OwnedFd>>>,
     dirs: Mutex<HashMap<u64, Arc<Listing>>>,
     next_handle: AtomicU64,
+    /// Held across every change to names (create, link, remove, rename),
+    /// from its checks to its effect, so that no other request of the
+    /// sandbox can swap a name between the two.
+    names: Mutex<()>,
 }
 
 impl Tree {
@@ -209,6 +213,7 @@ impl Tree {
             files: Mutex::new(HashMap::new()),
             dirs: Mutex::new(HashMap::new()),
             next_handle: AtomicU64::new(1),
+            names: Mutex::new(()),
         })
     }
 
@@ -217,6 +222,10 @@ impl Tree {
             Route::Host => self.host.as_fd(),
             Route::Isolated => self.isolated.as_fd(),
         }
+    }
+
+    fn lock_names(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.names.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn node(&self, ino: u64) -> Result<Node> {
@@ -336,9 +345,9 @@ impl Tree {
                 self.classifier
                     .child(dir, dir_path, name, kind == Kind::Dir, facts);
             if route == Route::Host {
-                let protection = self
-                    .classifier
-                    .protection(dir, name, kind == Kind::Dir, facts);
+                let protection =
+                    self.classifier
+                        .protection(dir, dir_path, name, kind == Kind::Dir, facts);
                 return Ok(Some(Found {
                     path,
                     route,
@@ -398,7 +407,9 @@ impl Tree {
             .classifier
             .child(dir, &parent.path, name, is_dir, facts);
         let protection = match route {
-            Route::Host => self.classifier.protection(dir, name, is_dir, facts),
+            Route::Host => self
+                .classifier
+                .protection(dir, &parent.path, name, is_dir, facts),
             Route::Isolated => Protection::None,
         };
         if protection >= Protection::Fixed {
@@ -545,6 +556,7 @@ impl Tree {
 
     /// `mknod`: regular files, FIFOs and sockets; never a device.
     pub fn mknod(&self, parent: u64, name: &[u8], mode: u32, umask: u32) -> Result<(u64, Stat)> {
+        let _names = self.lock_names();
         let file_type = FileType::from_raw_mode(mode);
         if !matches!(
             file_type,
@@ -563,6 +575,7 @@ impl Tree {
 
     /// `mkdir`.
     pub fn mkdir(&self, parent: u64, name: &[u8], mode: u32, umask: u32) -> Result<(u64, Stat)> {
+        let _names = self.lock_names();
         let (node, state) = self.dir_node(parent)?;
         let plan = self.plan(&node, &state, name, true)?;
         let dir = self.target_dir(plan.route, &node.path)?;
@@ -574,6 +587,7 @@ impl Tree {
 
     /// `symlink`.
     pub fn symlink(&self, parent: u64, name: &[u8], target: &[u8]) -> Result<(u64, Stat)> {
+        let _names = self.lock_names();
         let (node, state) = self.dir_node(parent)?;
         let plan = self.plan(&node, &state, name, false)?;
         let dir = self.target_dir(plan.route, &node.path)?;
@@ -591,6 +605,7 @@ impl Tree {
         umask: u32,
         flags: i32,
     ) -> Result<(u64, Stat, u64)> {
+        let _names = self.lock_names();
         let (node, state) = self.dir_node(parent)?;
         let plan = self.plan(&node, &state, name, false)?;
         let dir = self.target_dir(plan.route, &node.path)?;
@@ -610,6 +625,7 @@ impl Tree {
 
     /// `link`: a new name for a file, on the same side only.
     pub fn link(&self, ino: u64, parent: u64, name: &[u8]) -> Result<(u64, Stat)> {
+        let _names = self.lock_names();
         let node = self.node(ino)?;
         if node.protection != Protection::None {
             return Err(PROTECTED);
@@ -637,6 +653,7 @@ impl Tree {
 
     /// `unlink` and `rmdir`.
     pub fn remove(&self, parent: u64, name: &[u8], dir: bool) -> Result<()> {
+        let _names = self.lock_names();
         let (node, state) = self.dir_node(parent)?;
         let found = self.find(&node.path, &state, name)?.ok_or(Errno::NOENT)?;
         match (dir, found.kind == Kind::Dir) {
@@ -683,6 +700,7 @@ impl Tree {
         new_name: &[u8],
         flags: RenameFlags,
     ) -> Result<()> {
+        let _names = self.lock_names();
         let (from_dir, from_state) = self.dir_node(parent)?;
         let (to_dir, to_state) = self.dir_node(new_parent)?;
         let source = self
@@ -690,12 +708,12 @@ impl Tree {
             .ok_or(Errno::NOENT)?;
         let is_dir = source.kind == Kind::Dir;
         if source.protection >= Protection::Fixed
-            || (is_dir && source.protection == Protection::InGitDir)
+            || (is_dir && source.protection == Protection::Unmovable)
         {
             return Err(PROTECTED);
         }
         let plan = self.plan(&to_dir, &to_state, new_name, is_dir)?;
-        if is_dir && plan.protection == Protection::InGitDir {
+        if is_dir && plan.protection == Protection::Unmovable {
             return Err(PROTECTED);
         }
         if source.path == plan.path {
@@ -953,7 +971,9 @@ impl Tree {
                         .classifier
                         .child(&state, &node.path, &name, is_dir, facts);
                     if route == Route::Host {
-                        let protection = self.classifier.protection(&state, &name, is_dir, facts);
+                        let protection = self
+                            .classifier
+                            .protection(&state, &node.path, &name, is_dir, facts);
                         entries.push(DirEntry {
                             name,
                             kind,

@@ -40,6 +40,10 @@ fn rules(isolate: bool) -> WorkspaceRules {
         } else {
             Vec::new()
         },
+        read_only: vec![
+            RelativePath(b".husky".to_vec()),
+            RelativePath(b"tools/hooks".to_vec()),
+        ],
     }
 }
 
@@ -287,6 +291,40 @@ fn git_configuration_and_hooks_are_read_only_and_the_rest_is_writable() {
         .unwrap();
     create(&tree, ".git/objects/ab/cdef", b"blob").unwrap();
     assert!(s.host.join(".git/objects/ab/cdef").exists());
+}
+
+#[test]
+fn what_the_host_configuration_runs_is_read_only() {
+    let s = Scratch::new();
+    std::fs::create_dir_all(s.host.join(".husky")).unwrap();
+    std::fs::write(s.host.join(".husky/pre-commit"), "#!/bin/sh\nnpm test\n").unwrap();
+    let tree = s.tree(true);
+    let hook = ino(&tree, ".husky/pre-commit").unwrap();
+    assert_eq!(tree.open(hook, libc_wronly()), Err(Errno::ROFS));
+    assert_eq!(
+        create(&tree, ".husky/post-checkout", b"x"),
+        Err(Errno::ROFS)
+    );
+    let (root, _) = parent_and_name(&tree, "x");
+    assert_eq!(
+        tree.rename(root, b".husky", root, b"old", RenameFlags::empty()),
+        Err(Errno::ROFS)
+    );
+    // A hooks directory the host configures but does not have cannot be
+    // made, and nothing can be moved into place above it.
+    let (tools, _) = tree.mkdir(root, b"tools", 0o755, 0).unwrap();
+    assert_eq!(
+        tree.mkdir(tools, b"hooks", 0o755, 0).err(),
+        Some(Errno::ROFS)
+    );
+    let (evil, _) = tree.mkdir(root, b"evil", 0o755, 0).unwrap();
+    tree.mkdir(evil, b"hooks", 0o755, 0).unwrap();
+    tree.remove(root, b"tools", true).unwrap();
+    assert_eq!(
+        tree.rename(root, b"evil", root, b"tools", RenameFlags::empty()),
+        Err(Errno::ROFS)
+    );
+    assert!(!s.host.join("tools/hooks").exists());
 }
 
 #[test]

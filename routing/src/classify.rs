@@ -59,10 +59,11 @@ pub enum Route {
 pub enum Protection {
     /// Anything its mode allows.
     None,
-    /// A directory inside the host's git metadata: it may gain and lose
-    /// entries and be removed, but not be renamed or be the target of a
-    /// rename, so nothing moves into or out of a protected position.
-    InGitDir,
+    /// A directory inside the host's git metadata, or holding a path the
+    /// host's git configuration reads or runs: it may gain and lose entries
+    /// and be removed, but not be renamed or be the target of a rename, so
+    /// nothing moves into or out of a protected position.
+    Unmovable,
     /// A `.git` directory of the host: it cannot be renamed, replaced,
     /// removed or changed itself; its entries follow their own protection.
     Fixed,
@@ -178,6 +179,11 @@ pub struct Classifier {
     scopes: Vec<Scope>,
     /// Nested scopes by workspace-relative root.
     scope_roots: HashMap<Vec<u8>, usize>,
+    /// Paths the host's git configuration reads or runs, read-only with
+    /// everything below them.
+    read_only: HashSet<Vec<u8>>,
+    /// The directories holding them, unmovable.
+    unmovable: HashSet<Vec<u8>>,
 }
 
 /// `dir` joined with `name`; the empty path is the root.
@@ -269,6 +275,9 @@ impl Classifier {
     /// Compiles `rules`.
     pub fn new(rules: &WorkspaceRules) -> Self {
         let mut classifier = Classifier::empty(rules.isolate_ignored, &rules.global_excludes);
+        for path in &rules.read_only {
+            classifier.add_read_only(path.as_bytes());
+        }
         for scope in &rules.scopes {
             let index = classifier.add_scope(
                 scope.root.as_bytes(),
@@ -293,7 +302,18 @@ impl Classifier {
             global: compile(global_excludes),
             scopes: Vec::new(),
             scope_roots: HashMap::new(),
+            read_only: HashSet::new(),
+            unmovable: HashSet::new(),
         }
+    }
+
+    /// Makes `path` (workspace-relative) read-only, with everything below
+    /// it, and the directories holding it unmovable.
+    pub fn add_read_only(&mut self, path: &[u8]) {
+        for ancestor in proper_ancestors(path) {
+            self.unmovable.insert(ancestor.to_vec());
+        }
+        self.read_only.insert(path.to_vec());
     }
 
     /// Adds a scope rooted at `root` (workspace-relative; the first scope's
@@ -359,8 +379,8 @@ impl Classifier {
         is_dir: bool,
         host: HostFacts,
     ) -> (Route, DirState) {
-        let read_only =
-            dir.read_only || self.protection(dir, name, is_dir, host) == Protection::ReadOnly;
+        let read_only = dir.read_only
+            || self.protection(dir, dir_path, name, is_dir, host) == Protection::ReadOnly;
         let (route, mut state) = self.route_child(dir, dir_path, name, is_dir, host);
         state.read_only = read_only && route == Route::Host;
         (route, state)
@@ -449,6 +469,7 @@ impl Classifier {
     pub fn protection(
         &self,
         dir: &DirState,
+        dir_path: &[u8],
         name: &[u8],
         is_dir: bool,
         host: HostFacts,
@@ -456,6 +477,22 @@ impl Classifier {
         if dir.read_only {
             return Protection::ReadOnly;
         }
+        if !dir.is_isolated() && !self.read_only.is_empty() {
+            let path = join(dir_path, name);
+            if self.read_only.contains(&path) {
+                return Protection::ReadOnly;
+            }
+            if is_dir && self.unmovable.contains(&path) {
+                return self
+                    .by_kind(dir, name, is_dir, host)
+                    .max(Protection::Unmovable);
+            }
+        }
+        self.by_kind(dir, name, is_dir, host)
+    }
+
+    /// The protection git metadata gives the entry `name` of `dir`.
+    fn by_kind(&self, dir: &DirState, name: &[u8], is_dir: bool, host: HostFacts) -> Protection {
         match &dir.kind {
             DirKind::Isolated => Protection::None,
             DirKind::GitDir { rel } => gitdir_protection(&join(rel, name), is_dir),
@@ -538,7 +575,7 @@ fn gitdir_protection(rel: &[u8], is_dir: bool) -> Protection {
     if read_only {
         Protection::ReadOnly
     } else if is_dir {
-        Protection::InGitDir
+        Protection::Unmovable
     } else {
         Protection::None
     }

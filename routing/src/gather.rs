@@ -122,7 +122,15 @@ pub fn gather(
         isolate_ignored: isolate,
         global_excludes: Vec::new(),
         scopes: Vec::new(),
+        read_only: Vec::new(),
     };
+    let files = user.files(
+        repository.as_ref().map(|r| r.git_dir.as_path()),
+        repository.as_ref().map(|r| r.common_dir.as_path()),
+    );
+    if let Some(repo) = &repository {
+        protect_programs(user, &files, &repo.worktree, workspace_path, &mut rules);
+    }
     if !isolate {
         return Ok(Gathered {
             rules,
@@ -130,7 +138,7 @@ pub fn gather(
             workspace_ignored: false,
         });
     }
-    if let Some(path) = user.excludes_file(repository.as_ref().map(|r| r.common_dir.as_path())) {
+    if let Some(path) = user.excludes_file(&files) {
         rules.global_excludes = read_optional(&path)?.unwrap_or_default();
     }
     let mut classifier = Classifier::empty(true, &rules.global_excludes);
@@ -189,6 +197,7 @@ pub fn gather(
         walk(
             workspace,
             workspace_path,
+            user,
             &mut classifier,
             &mut rules,
             &mut tracked,
@@ -208,6 +217,29 @@ pub fn gather(
         repository: repository.map(|r| r.worktree),
         workspace_ignored,
     })
+}
+
+/// Adds to `rules.read_only` every path inside the workspace that the
+/// configuration `files` of a repository whose worktree is `worktree`
+/// makes git read or run (its hooks directory, included files, programs
+/// named by path), so the sandbox cannot plant what the host's git would
+/// run. The workspace itself is never made read-only whole.
+fn protect_programs(
+    user: &UserConfig,
+    files: &[PathBuf],
+    worktree: &Path,
+    workspace_path: &Path,
+    rules: &mut WorkspaceRules,
+) {
+    for path in user.program_paths(files, worktree) {
+        let Ok(inside) = path.strip_prefix(workspace_path) else {
+            continue;
+        };
+        let inside = RelativePath(inside.as_os_str().as_bytes().to_vec());
+        if !inside.0.is_empty() && inside.is_valid() && !rules.read_only.contains(&inside) {
+            rules.read_only.push(inside);
+        }
+    }
 }
 
 /// Finds the repository holding `start`: the nearest directory at or
@@ -317,6 +349,7 @@ fn read_index(path: &Path, prefix: Option<&[u8]>) -> Result<Vec<(Vec<u8>, bool)>
 fn walk(
     workspace: BorrowedFd<'_>,
     workspace_path: &Path,
+    user: &UserConfig,
     classifier: &mut Classifier,
     rules: &mut WorkspaceRules,
     tracked: &mut Vec<Vec<(Vec<u8>, bool)>>,
@@ -362,6 +395,8 @@ fn walk(
             let child_path = join(&dir_path, name);
             let child_label = workspace_path.join(OsStr::from_bytes(&child_path));
             if let Some((git_dir, common_dir)) = git_dir_of(&child_label)? {
+                let files = user.files(Some(&git_dir), Some(&common_dir));
+                protect_programs(user, &files, &child_label, workspace_path, rules);
                 let exclude = read_optional(&common_dir.join("info/exclude"))?.unwrap_or_default();
                 let scope = classifier.add_scope(&child_path, b"", &exclude);
                 let paths = read_index(&git_dir.join("index"), None)?;

@@ -1,15 +1,18 @@
-//! The one git configuration value routing needs: `core.excludesFile`.
+//! What routing needs from git's configuration files: the user's
+//! `core.excludesFile`, and every path the configuration makes git read or
+//! run (`core.hooksPath`, `include.path`, `includeIf.*.path`, and any value
+//! that names a program by path, such as `core.fsmonitor` or a
+//! `filter.*.clean` script).
 //!
-//! Owns reading that key from git's configuration files in git's order
-//! (system, global, then the repository's own; the last one set wins) and
-//! git's default when none sets it. It reads the files as the invoking user
-//! and trusts them as the user's own; it follows no `include`, which the
-//! documentation says.
-//!
-//! A whole git configuration parser would be a large dependency for one key
-//! whose syntax is plain: `[core]` then `excludesFile = PATH`.
+//! Owns reading git's configuration files in git's order (system, global,
+//! then the repository's own, the last one set winning) and git's default
+//! excludes file when none sets one. It reads the files as the invoking
+//! user and trusts them as the user's own; an included file is read one
+//! level deep. A whole git configuration parser would be a large
+//! dependency for these few lookups, whose syntax is plain: `[section]` or
+//! `[section "subsection"]`, then `key = value` lines.
 
-use std::path::{Path, PathBuf};
+use std::path::{Component, Path, PathBuf};
 
 /// The largest configuration file read.
 const MAX_CONFIG_LEN: u64 = 1024 * 1024;
@@ -23,6 +26,19 @@ pub struct UserConfig {
     pub xdg_config_home: Option<PathBuf>,
 }
 
+/// One `key = value` of a configuration file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Entry {
+    /// The section, lowercased (`core`, `includeif`).
+    pub section: String,
+    /// The subsection as written, if any.
+    pub subsection: Option<String>,
+    /// The key, lowercased.
+    pub key: String,
+    /// The value, unquoted, without its comment; empty for a bare key.
+    pub value: String,
+}
+
 impl UserConfig {
     /// `$XDG_CONFIG_HOME/git`, else `$HOME/.config/git`.
     fn xdg_git_dir(&self) -> Option<PathBuf> {
@@ -33,35 +49,130 @@ impl UserConfig {
             .or_else(|| self.home.as_ref().map(|h| h.join(".config/git")))
     }
 
-    /// The file `core.excludesFile` names for a repository whose common
-    /// directory is `common_dir` (none outside a repository), or git's
-    /// default; `None` when there is none.
-    pub fn excludes_file(&self, common_dir: Option<&Path>) -> Option<PathBuf> {
+    /// The configuration files git reads for a repository whose git and
+    /// common directories are given (none outside a repository), in git's
+    /// order.
+    pub fn files(&self, git_dir: Option<&Path>, common_dir: Option<&Path>) -> Vec<PathBuf> {
         let mut files = vec![PathBuf::from("/etc/gitconfig")];
         files.extend(self.xdg_git_dir().map(|d| d.join("config")));
         files.extend(self.home.as_ref().map(|h| h.join(".gitconfig")));
         files.extend(common_dir.map(|d| d.join("config")));
+        files.extend(git_dir.map(|d| d.join("config.worktree")));
+        files
+    }
+
+    /// The file `core.excludesFile` names in `files`, or git's default;
+    /// `None` when there is none.
+    pub fn excludes_file(&self, files: &[PathBuf]) -> Option<PathBuf> {
         let configured = files
             .iter()
             .filter_map(|f| read(f))
-            .filter_map(|text| excludes_file_in(&text))
+            .flat_map(|text| entries(&text))
+            .filter(|e| e.section == "core" && e.subsection.is_none() && e.key == "excludesfile")
+            .map(|e| e.value)
             .next_back();
         match configured {
-            Some(value) => self.expand(&value),
+            Some(value) => self.expand(&value, None),
             None => self.xdg_git_dir().map(|d| d.join("ignore")),
         }
     }
 
-    /// Expands a leading `~/` to the home directory; a relative path names
-    /// nothing Lazaret can find (git resolves it against its working
-    /// directory).
-    fn expand(&self, value: &str) -> Option<PathBuf> {
+    /// Every path `files` (and the files they include, one level deep)
+    /// make git read as configuration or run: include targets, and the
+    /// first word of any value that is a path. A relative include is taken
+    /// from its file's directory; any other relative path from `worktree`,
+    /// where git runs hooks and filters.
+    pub fn program_paths(&self, files: &[PathBuf], worktree: &Path) -> Vec<PathBuf> {
+        let mut out = Vec::new();
+        for file in files {
+            let Some(text) = read(file) else { continue };
+            let dir = file.parent().unwrap_or(Path::new("/"));
+            for entry in entries(&text) {
+                let include = entry.key == "path"
+                    && matches!(entry.section.as_str(), "include" | "includeif");
+                if include {
+                    if let Some(target) = self.expand(&entry.value, Some(dir)) {
+                        if let Some(text) = read(&target) {
+                            let inner = target.parent().unwrap_or(Path::new("/")).to_path_buf();
+                            out.extend(
+                                entries(&text)
+                                    .iter()
+                                    .filter_map(|e| self.program_path(e, &inner, worktree)),
+                            );
+                        }
+                        out.push(target);
+                    }
+                    continue;
+                }
+                out.extend(self.program_path(&entry, dir, worktree));
+            }
+        }
+        out
+    }
+
+    /// The path an entry's value names as its first word, if it has one
+    /// and the entry is one git runs or reads: the hooks directory, the
+    /// programs of `core`, diff and merge drivers, filters, credential
+    /// helpers, signing programs, editors, pagers and aliases.
+    fn program_path(&self, entry: &Entry, dir: &Path, worktree: &Path) -> Option<PathBuf> {
+        if entry.key == "path" && matches!(entry.section.as_str(), "include" | "includeif") {
+            return self.expand(&entry.value, Some(dir));
+        }
+        // A directory, always a path; programs are run through the shell,
+        // where a word without `/` is looked up in PATH.
+        if entry.section == "core" && entry.key == "hookspath" {
+            return self.expand(entry.value.trim(), Some(worktree));
+        }
+        let runs = match entry.section.as_str() {
+            "core" => matches!(
+                entry.key.as_str(),
+                "hookspath" | "fsmonitor" | "pager" | "editor" | "sshcommand" | "askpass"
+            ),
+            "diff" | "difftool" | "mergetool" | "merge" | "filter" | "credential" | "gpg"
+            | "sequence" | "pager" | "alias" => true,
+            _ => false,
+        };
+        if !runs {
+            return None;
+        }
+        let value = entry.value.trim_start().trim_start_matches('!');
+        let word = value.split_whitespace().next()?;
+        let word = word.trim_matches(|c| c == '\'' || c == '"');
+        if !word.contains('/') || word.contains("://") {
+            return None;
+        }
+        self.expand(word, Some(worktree))
+    }
+
+    /// Expands a leading `~/` to the home directory and a relative path
+    /// against `base`; without a base a relative path names nothing
+    /// Lazaret can find (git resolves it against its working directory).
+    fn expand(&self, value: &str, base: Option<&Path>) -> Option<PathBuf> {
         if let Some(rest) = value.strip_prefix("~/") {
-            return self.home.as_ref().map(|h| h.join(rest));
+            return self.home.as_ref().map(|h| normalize(&h.join(rest)));
         }
         let path = PathBuf::from(value);
-        path.is_absolute().then_some(path)
+        if path.is_absolute() {
+            return Some(normalize(&path));
+        }
+        base.map(|b| normalize(&b.join(path)))
     }
+}
+
+/// `path` without `.` components and with each `..` applied to what is
+/// before it, without looking at the filesystem.
+pub fn normalize(path: &Path) -> PathBuf {
+    let mut out = PathBuf::new();
+    for component in path.components() {
+        match component {
+            Component::CurDir => {}
+            Component::ParentDir => {
+                out.pop();
+            }
+            other => out.push(other),
+        }
+    }
+    out
 }
 
 fn read(path: &Path) -> Option<String> {
@@ -74,42 +185,54 @@ fn read(path: &Path) -> Option<String> {
         .map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
 }
 
-/// The last `core.excludesFile` value set in one configuration text.
-pub fn excludes_file_in(text: &str) -> Option<String> {
-    let mut in_core = false;
-    let mut found = None;
+/// The entries of one configuration text, in order.
+pub fn entries(text: &str) -> Vec<Entry> {
+    let mut out = Vec::new();
+    let mut section = String::new();
+    let mut subsection = None;
     for line in text.lines() {
-        let line = line.trim_start();
+        let mut line = line.trim_start();
         if let Some(rest) = line.strip_prefix('[') {
             let Some((header, after)) = rest.split_once(']') else {
-                in_core = false;
+                section.clear();
                 continue;
             };
-            in_core = header.trim().eq_ignore_ascii_case("core");
+            let header = header.trim();
+            (section, subsection) = match header.split_once(char::is_whitespace) {
+                Some((name, sub)) => (
+                    name.to_ascii_lowercase(),
+                    Some(sub.trim().trim_matches('"').to_owned()),
+                ),
+                None => match header.split_once('.') {
+                    Some((name, sub)) => (name.to_ascii_lowercase(), Some(sub.to_owned())),
+                    None => (header.to_ascii_lowercase(), None),
+                },
+            };
             // A key may follow the header on the same line.
-            if in_core {
-                if let Some(value) = key_value(after.trim_start()) {
-                    found = Some(value);
-                }
-            }
+            line = after.trim_start();
+        }
+        if section.is_empty() || line.is_empty() || line.starts_with(['#', ';']) {
             continue;
         }
-        if in_core {
-            if let Some(value) = key_value(line) {
-                found = Some(value);
-            }
+        let (key, value) = match line.split_once('=') {
+            Some((key, value)) => (key.trim(), unquote(value)),
+            None => (line.trim(), String::new()),
+        };
+        if key.is_empty() || !key.chars().all(|c| c.is_ascii_alphanumeric() || c == '-') {
+            continue;
         }
+        out.push(Entry {
+            section: section.clone(),
+            subsection: subsection.clone(),
+            key: key.to_ascii_lowercase(),
+            value,
+        });
     }
-    found
+    out
 }
 
-/// The value of an `excludesFile = VALUE` line, unquoted and without its
-/// comment.
-fn key_value(line: &str) -> Option<String> {
-    let (key, value) = line.split_once('=')?;
-    if !key.trim().eq_ignore_ascii_case("excludesfile") {
-        return None;
-    }
+/// A value unquoted, with its escapes applied and its comment removed.
+fn unquote(value: &str) -> String {
     let mut out = String::new();
     let mut quoted = false;
     let mut chars = value.trim().chars();
@@ -126,25 +249,32 @@ fn key_value(line: &str) -> Option<String> {
             c => out.push(c),
         }
     }
-    let value = out.trim_end().to_owned();
-    (!value.is_empty()).then_some(value)
+    out.trim_end().to_owned()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn excludes(text: &str) -> Option<String> {
+        entries(text)
+            .into_iter()
+            .filter(|e| e.section == "core" && e.subsection.is_none() && e.key == "excludesfile")
+            .map(|e| e.value)
+            .next_back()
+    }
+
     #[test]
     fn the_last_core_excludes_file_wins() {
         let text = "[user]\n\texcludesFile = /not/this\n[core]\n\teditor = vi\n\
                     \texcludesfile = ~/first\n[Core]\n  ExcludesFile = \"/with space/x\" # note\n\
                     [core \"sub\"]\n\texcludesFile = /nor/this\n";
-        assert_eq!(excludes_file_in(text).as_deref(), Some("/with space/x"));
+        assert_eq!(excludes(text).as_deref(), Some("/with space/x"));
         assert_eq!(
-            excludes_file_in("[core] excludesFile = /a\n").as_deref(),
+            excludes("[core] excludesFile = /a\n").as_deref(),
             Some("/a")
         );
-        assert_eq!(excludes_file_in("[core]\nbare = false\n"), None);
+        assert_eq!(excludes("[core]\nbare = false\n"), None);
     }
 
     #[test]
@@ -154,15 +284,48 @@ mod tests {
             xdg_config_home: None,
         };
         assert_eq!(
-            user.excludes_file(None),
+            user.excludes_file(&[]),
             Some(PathBuf::from("/nonexistent-home/.config/git/ignore"))
         );
         let user = UserConfig {
             home: Some("/h".into()),
             xdg_config_home: Some("/x".into()),
         };
-        assert_eq!(user.expand("~/ig"), Some(PathBuf::from("/h/ig")));
-        assert_eq!(user.expand("relative"), None);
+        assert_eq!(user.expand("~/ig", None), Some(PathBuf::from("/h/ig")));
+        assert_eq!(user.expand("relative", None), None);
         assert_eq!(user.xdg_git_dir(), Some(PathBuf::from("/x/git")));
+    }
+
+    #[test]
+    fn program_paths_are_found_and_resolved() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("config");
+        let included = dir.path().join("more.config");
+        std::fs::write(
+            &config,
+            "[core]\n\thooksPath = .husky\n\tfsmonitor = \"tools/watch.sh --fast\"\n\
+             \tpager = less\n[include]\n\tpath = more.config\n\
+             [remote \"origin\"]\n\turl = ../sibling/x.git\n\
+             [branch \"main\"]\n\tmerge = refs/heads/main\n\
+             [alias]\n\tt = !scripts/test.sh --all\n",
+        )
+        .unwrap();
+        std::fs::write(
+            &included,
+            "[filter \"x\"]\n\tclean = ./scripts/../bin/clean\n",
+        )
+        .unwrap();
+        let user = UserConfig::default();
+        let mut paths = user.program_paths(&[config], Path::new("/w"));
+        paths.sort();
+        let mut expected = vec![
+            PathBuf::from("/w/.husky"),
+            PathBuf::from("/w/scripts/test.sh"),
+            PathBuf::from("/w/bin/clean"),
+            PathBuf::from("/w/tools/watch.sh"),
+            included,
+        ];
+        expected.sort();
+        assert_eq!(paths, expected);
     }
 }

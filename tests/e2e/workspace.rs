@@ -240,6 +240,15 @@ fn git_works_inside() -> Result {
     let (_serial, host) = git_host();
     let ws = host.workspace.clone();
     repository(&host, &ws);
+    // Hooks kept in the worktree, as husky sets them up.
+    sh(
+        &host,
+        &ws,
+        "mkdir .husky && printf '#!/bin/sh\\nexit 0\\n' > .husky/pre-commit && \
+         chmod +x .husky/pre-commit && git config core.hooksPath .husky && \
+         git add .husky && git -c user.name=host -c user.email=host@example.invalid \
+         commit -q -m hooks",
+    );
     let config_before = std::fs::read(ws.join(".git/config"))?;
     let status = up(&host, &ws)?;
     for script in [
@@ -247,6 +256,8 @@ fn git_works_inside() -> Result {
         "echo '#!/bin/sh' > /workspace/.git/hooks/pre-commit",
         "mv /workspace/.git /workspace/old-git",
         "rm /workspace/.git/config",
+        "echo 'touch /tmp/x' >> /workspace/.husky/pre-commit",
+        "mv /workspace/.husky /workspace/husky-old",
     ] {
         let out = inside_any(&host, &status, script);
         assert!(
@@ -273,7 +284,7 @@ fn git_works_inside() -> Result {
          echo wip >> README && git stash -q && git stash pop -q && git status --short",
     )?;
     let log = sh(&host, &ws, "git log --format=%s");
-    assert_eq!(log, "from inside\ninit\n");
+    assert_eq!(log, "from inside\nhooks\ninit\n");
     sh(&host, &ws, "git fsck --strict");
     down(&host, &ws)?;
     Ok(())

@@ -290,6 +290,7 @@ fn status_json(status: &DomainStatus) -> Value {
             "scopes": routing.summary.scopes,
             "ignore_files": routing.summary.ignore_files,
             "tracked_ignored": routing.summary.tracked_ignored,
+            "configured_read_only": routing.summary.read_only,
             "router": {
                 "pid": routing.router.host_pid,
                 "start_time_ticks": routing.router.start_time_ticks,
@@ -370,7 +371,11 @@ fn routing_text(status: &DomainStatus) -> String {
             r.summary.ignore_files, r.summary.tracked_ignored
         ),
     };
-    format!("{repository}; {ignored}; git config and hooks read-only; {router}")
+    let configured = match r.summary.read_only {
+        0 => String::new(),
+        n => format!(" and {n} paths its configuration runs"),
+    };
+    format!("{repository}; {ignored}; git config and hooks{configured} read-only; {router}")
 }
 
 fn status_text(status: &DomainStatus) -> String {
