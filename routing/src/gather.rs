@@ -53,6 +53,19 @@ pub enum GatherError {
         #[source]
         source: std::io::Error,
     },
+    /// A directory of the workspace cannot be read, so its `.gitignore`
+    /// (if any) cannot be; going on could expose what it ignores.
+    #[error(
+        "cannot read {path} ({source}); Lazaret reads every .gitignore in the workspace before \
+         the sandbox starts: make it readable (chmod u+rx) or list it in a .gitignore"
+    )]
+    Unreadable {
+        /// The directory.
+        path: String,
+        /// What the kernel said.
+        #[source]
+        source: std::io::Error,
+    },
     /// An ignore file is larger than Lazaret reads.
     #[error("{path} is larger than {max} bytes; Lazaret cannot take ignore rules from it")]
     TooLarge {
@@ -275,6 +288,12 @@ fn git_dir_of(dir: &Path) -> Result<Option<(PathBuf, PathBuf)>, GatherError> {
     let meta = match std::fs::metadata(&dot_git) {
         Ok(meta) => meta,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+            return Err(GatherError::Unreadable {
+                path: dir.display().to_string(),
+                source: e,
+            });
+        }
         Err(e) => return Err(read_error(dot_git.display())(e)),
     };
     let git_dir = if meta.is_dir() {
@@ -363,9 +382,17 @@ fn walk(
             Err(rustix::io::Errno::NOENT | rustix::io::Errno::LOOP | rustix::io::Errno::NOTDIR) => {
                 continue;
             }
-            Err(e) => return Err(read_error(label.display())(e.into())),
+            Err(e) => {
+                return Err(GatherError::Unreadable {
+                    path: label.display().to_string(),
+                    source: e.into(),
+                });
+            }
         };
-        let entries = list(fd.as_fd()).map_err(read_error(label.display()))?;
+        let entries = list(fd.as_fd()).map_err(|source| GatherError::Unreadable {
+            path: label.display().to_string(),
+            source,
+        })?;
         let has = |name: &[u8]| entries.iter().any(|(n, _)| n == name);
         if let Some((Some(scope), rel)) = state.scope() {
             if has(b".gitignore") {

@@ -50,6 +50,10 @@ pub fn trials() -> Vec<Trial> {
             worktree_and_submodule,
         ),
         Trial::test("workspace::a_killed_router_fails_closed", killed_router),
+        Trial::test(
+            "workspace::a_directory_made_unreadable_inside_stops_the_next_up",
+            unreadable_directory,
+        ),
     ]
     .into_iter()
     .map(|t| t.with_ignored_flag(!runnable))
@@ -556,5 +560,43 @@ fn killed_router() -> Result {
         "hello from the host\n"
     );
     down(&host, &ws)?;
+    Ok(())
+}
+
+/// The sandbox hides a `.gitignore` from the next generation by making its
+/// directory unreadable to the coordinator: the next `up` refuses rather
+/// than run without those rules.
+fn unreadable_directory() -> Result {
+    let (_serial, host) = git_host();
+    let ws = host.workspace.clone();
+    repository(&host, &ws);
+    sh(
+        &host,
+        &ws,
+        "mkdir config && echo secret.env > config/.gitignore && \
+         echo SECRET=locked > config/secret.env && git add config/.gitignore && \
+         git -c user.name=h -c user.email=h@example.invalid commit -q -m config",
+    );
+    let status = up(&host, &ws)?;
+    let seen = text(&inside_any(
+        &host,
+        &status,
+        "cat /workspace/config/secret.env",
+    ));
+    assert!(!seen.contains("SECRET=locked"), "{seen}");
+    inside(&host, &status, "chmod 000 /workspace/config")?;
+    down(&host, &ws)?;
+    let out = host.lazaret(&ws, &["up", "p"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("config") && err.contains("make it readable"),
+        "{err}"
+    );
+    assert!(host.status(&ws, "p").is_none(), "nothing runs");
+    std::fs::set_permissions(
+        ws.join("config"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )?;
     Ok(())
 }
