@@ -95,6 +95,30 @@ fn attr(ino: u64, stat: &Stat) -> FileAttr {
     }
 }
 
+/// Answers a request that makes or finds an entry.
+fn entry(reply: ReplyEntry, result: crate::tree::Result<(u64, Stat)>) {
+    match result {
+        Ok((ino, stat)) => reply.entry(&TTL, &attr(ino, &stat), Generation(0)),
+        Err(e) => reply.error(errno(e)),
+    }
+}
+
+/// Answers a request that returns nothing.
+fn empty(reply: ReplyEmpty, result: crate::tree::Result<()>) {
+    match result {
+        Ok(()) => reply.ok(),
+        Err(e) => reply.error(errno(e)),
+    }
+}
+
+/// Answers a request that opens a file or directory.
+fn opened(reply: ReplyOpen, result: crate::tree::Result<u64>) {
+    match result {
+        Ok(handle) => reply.opened(FileHandle(handle), FopenFlags::FOPEN_DIRECT_IO),
+        Err(e) => reply.error(errno(e)),
+    }
+}
+
 fn set_time(time: Option<TimeOrNow>) -> Option<SetTime> {
     time.map(|t| match t {
         TimeOrNow::SpecificTime(at) => SetTime::At(at),
@@ -122,10 +146,7 @@ impl Filesystem for Router {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        match self.tree.lookup(parent.0, name.as_bytes()) {
-            Ok((ino, stat)) => reply.entry(&TTL, &attr(ino, &stat), Generation(0)),
-            Err(e) => reply.error(errno(e)),
-        }
+        entry(reply, self.tree.lookup(parent.0, name.as_bytes()));
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
@@ -188,10 +209,10 @@ impl Filesystem for Router {
         _rdev: u32,
         reply: ReplyEntry,
     ) {
-        match self.tree.mknod(parent.0, name.as_bytes(), mode, umask) {
-            Ok((ino, stat)) => reply.entry(&TTL, &attr(ino, &stat), Generation(0)),
-            Err(e) => reply.error(errno(e)),
-        }
+        entry(
+            reply,
+            self.tree.mknod(parent.0, name.as_bytes(), mode, umask),
+        );
     }
 
     fn mkdir(
@@ -203,24 +224,18 @@ impl Filesystem for Router {
         umask: u32,
         reply: ReplyEntry,
     ) {
-        match self.tree.mkdir(parent.0, name.as_bytes(), mode, umask) {
-            Ok((ino, stat)) => reply.entry(&TTL, &attr(ino, &stat), Generation(0)),
-            Err(e) => reply.error(errno(e)),
-        }
+        entry(
+            reply,
+            self.tree.mkdir(parent.0, name.as_bytes(), mode, umask),
+        );
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        match self.tree.remove(parent.0, name.as_bytes(), false) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(e)),
-        }
+        empty(reply, self.tree.remove(parent.0, name.as_bytes(), false));
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        match self.tree.remove(parent.0, name.as_bytes(), true) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(e)),
-        }
+        empty(reply, self.tree.remove(parent.0, name.as_bytes(), true));
     }
 
     fn symlink(
@@ -232,10 +247,10 @@ impl Filesystem for Router {
         reply: ReplyEntry,
     ) {
         let target = target.as_os_str().as_bytes();
-        match self.tree.symlink(parent.0, link_name.as_bytes(), target) {
-            Ok((ino, stat)) => reply.entry(&TTL, &attr(ino, &stat), Generation(0)),
-            Err(e) => reply.error(errno(e)),
-        }
+        entry(
+            reply,
+            self.tree.symlink(parent.0, link_name.as_bytes(), target),
+        );
     }
 
     fn rename(
@@ -252,16 +267,14 @@ impl Filesystem for Router {
         if flags.contains(rustix::fs::RenameFlags::WHITEOUT) {
             return reply.error(Errno::EINVAL);
         }
-        match self.tree.rename(
+        let renamed = self.tree.rename(
             parent.0,
             name.as_bytes(),
             newparent.0,
             newname.as_bytes(),
             flags,
-        ) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(e)),
-        }
+        );
+        empty(reply, renamed);
     }
 
     fn link(
@@ -272,17 +285,14 @@ impl Filesystem for Router {
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
-        match self.tree.link(ino.0, newparent.0, newname.as_bytes()) {
-            Ok((ino, stat)) => reply.entry(&TTL, &attr(ino, &stat), Generation(0)),
-            Err(e) => reply.error(errno(e)),
-        }
+        entry(
+            reply,
+            self.tree.link(ino.0, newparent.0, newname.as_bytes()),
+        );
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        match self.tree.open(ino.0, flags.0) {
-            Ok(handle) => reply.opened(FileHandle(handle), FopenFlags::FOPEN_DIRECT_IO),
-            Err(e) => reply.error(errno(e)),
-        }
+        opened(reply, self.tree.open(ino.0, flags.0));
     }
 
     fn read(
@@ -349,10 +359,7 @@ impl Filesystem for Router {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
-        match self.tree.fsync(fh.0, datasync) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(e)),
-        }
+        empty(reply, self.tree.fsync(fh.0, datasync));
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
@@ -512,10 +519,10 @@ impl Filesystem for Router {
     }
 
     fn access(&self, _req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
-        match self.tree.access(ino.0, mask.contains(AccessFlags::W_OK)) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(e)),
-        }
+        empty(
+            reply,
+            self.tree.access(ino.0, mask.contains(AccessFlags::W_OK)),
+        );
     }
 
     fn create(
@@ -553,9 +560,6 @@ impl Filesystem for Router {
         mode: i32,
         reply: ReplyEmpty,
     ) {
-        match self.tree.fallocate(fh.0, offset, length, mode) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(e)),
-        }
+        empty(reply, self.tree.fallocate(fh.0, offset, length, mode));
     }
 }

@@ -25,9 +25,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use lazaret_routing::classify::{
     Classifier, DirState, HEAD_NAME, HostFacts, Protection, Route, join,
 };
-use rustix::fs::{
-    AtFlags, FileType, Mode, OFlags, RenameFlags, ResolveFlags, Stat, StatVfs, Timestamps,
-};
+use rustix::fs::{AtFlags, FileType, Mode, OFlags, RenameFlags, Stat, StatVfs, Timestamps};
 use rustix::io::Errno;
 
 use crate::nodes::{Kind, Node, Nodes, ROOT};
@@ -48,13 +46,6 @@ fn needs_head(name: &[u8]) -> bool {
         name,
         b"config" | b"config.worktree" | b"commondir" | b"hooks"
     )
-}
-
-fn resolve() -> ResolveFlags {
-    ResolveFlags::BENEATH
-        | ResolveFlags::NO_SYMLINKS
-        | ResolveFlags::NO_MAGICLINKS
-        | ResolveFlags::NO_XDEV
 }
 
 fn os(bytes: &[u8]) -> &OsStr {
@@ -175,6 +166,43 @@ pub struct SetAttr {
     pub mtime: Option<SetTime>,
 }
 
+/// Open files or directories by handle number.
+#[derive(Debug)]
+struct Handles<T> {
+    open: Mutex<HashMap<u64, Arc<T>>>,
+    next: AtomicU64,
+}
+
+impl<T> Handles<T> {
+    fn new() -> Self {
+        Handles {
+            open: Mutex::new(HashMap::new()),
+            next: AtomicU64::new(1),
+        }
+    }
+
+    fn table(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<T>>> {
+        self.open.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Keeps `value`; returns its handle.
+    fn insert(&self, value: T) -> u64 {
+        let handle = self.next.fetch_add(1, Ordering::Relaxed);
+        self.table().insert(handle, Arc::new(value));
+        handle
+    }
+
+    /// What `handle` names.
+    fn get(&self, handle: u64) -> Result<Arc<T>> {
+        self.table().get(&handle).cloned().ok_or(Errno::BADF)
+    }
+
+    /// Forgets `handle`.
+    fn remove(&self, handle: u64) {
+        self.table().remove(&handle);
+    }
+}
+
 /// The merged workspace.
 #[derive(Debug)]
 pub struct Tree {
@@ -182,9 +210,8 @@ pub struct Tree {
     isolated: OwnedFd,
     classifier: Classifier,
     nodes: RwLock<Nodes>,
-    files: Mutex<HashMap<u64, Arc<OwnedFd>>>,
-    dirs: Mutex<HashMap<u64, Arc<Listing>>>,
-    next_handle: AtomicU64,
+    files: Handles<OwnedFd>,
+    dirs: Handles<Listing>,
     /// Held across every change to names (create, link, remove, rename),
     /// from its checks to its effect, so that no other request of the
     /// sandbox can swap a name between the two.
@@ -210,9 +237,8 @@ impl Tree {
             isolated,
             classifier,
             nodes: RwLock::new(Nodes::new(root)),
-            files: Mutex::new(HashMap::new()),
-            dirs: Mutex::new(HashMap::new()),
-            next_handle: AtomicU64::new(1),
+            files: Handles::new(),
+            dirs: Handles::new(),
             names: Mutex::new(()),
         })
     }
@@ -245,14 +271,7 @@ impl Tree {
 
     /// Opens the directory `path` of one side.
     fn open_dir(&self, route: Route, path: &[u8], flags: OFlags) -> Result<OwnedFd> {
-        let path: &[u8] = if path.is_empty() { b"." } else { path };
-        rustix::fs::openat2(
-            self.side(route),
-            os(path),
-            flags | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-            Mode::empty(),
-            resolve(),
-        )
+        lazaret_routing::fs::open_dir(self.side(route), path, flags)
     }
 
     /// Opens the isolated directory `path`, creating it and its parents
@@ -268,13 +287,7 @@ impl Tree {
                 Ok(()) | Err(Errno::EXIST) => {}
                 Err(e) => return Err(e),
             }
-            dir = rustix::fs::openat2(
-                &dir,
-                os(component),
-                OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-                Mode::empty(),
-                resolve(),
-            )?;
+            dir = lazaret_routing::fs::open_dir(dir.as_fd(), component, OFlags::PATH)?;
         }
         Ok(dir)
     }
@@ -860,22 +873,12 @@ impl Tree {
     }
 
     fn keep_file(&self, fd: OwnedFd) -> u64 {
-        let handle = self.next_handle.fetch_add(1, Ordering::Relaxed);
-        self.files
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(handle, Arc::new(fd));
-        handle
+        self.files.insert(fd)
     }
 
     /// The descriptor of an open file.
     pub fn file(&self, handle: u64) -> Result<Arc<OwnedFd>> {
-        self.files
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&handle)
-            .cloned()
-            .ok_or(Errno::BADF)
+        self.files.get(handle)
     }
 
     /// `read`: up to `size` bytes at `offset` into `buf` (cleared first;
@@ -932,10 +935,7 @@ impl Tree {
 
     /// `release`.
     pub fn release(&self, handle: u64) {
-        self.files
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&handle);
+        self.files.remove(handle);
     }
 
     /// `opendir`: the merged listing, taken now.
@@ -997,22 +997,12 @@ impl Tree {
             path: node.path,
             entries,
         };
-        let handle = self.next_handle.fetch_add(1, Ordering::Relaxed);
-        self.dirs
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(handle, Arc::new(listing));
-        Ok(handle)
+        Ok(self.dirs.insert(listing))
     }
 
     /// The listing of an open directory.
     pub fn listing(&self, handle: u64) -> Result<Arc<Listing>> {
-        self.dirs
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&handle)
-            .cloned()
-            .ok_or(Errno::BADF)
+        self.dirs.get(handle)
     }
 
     /// `readdirplus`: the entries of an open directory from `from` on,
@@ -1059,10 +1049,7 @@ impl Tree {
 
     /// `releasedir`.
     pub fn releasedir(&self, handle: u64) {
-        self.dirs
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&handle);
+        self.dirs.remove(handle);
     }
 
     /// `statfs`: the host workspace's filesystem.
@@ -1096,29 +1083,20 @@ fn split(path: &[u8]) -> (&[u8], &[u8]) {
 
 /// The entries of a directory opened for reading: name, kind, inode.
 fn list(dir: BorrowedFd<'_>) -> Result<Vec<(Vec<u8>, Kind, u64)>> {
-    let mut out = Vec::new();
-    let mut reader = rustix::fs::Dir::read_from(dir)?;
-    while let Some(entry) = reader.read() {
-        let entry = entry?;
-        let name = entry.file_name().to_bytes();
-        if name == b"." || name == b".." {
-            continue;
-        }
-        let kind = match entry.file_type() {
-            FileType::Directory => Kind::Dir,
-            FileType::RegularFile => Kind::File,
-            FileType::Symlink => Kind::Symlink,
-            FileType::Unknown => {
-                match rustix::fs::statat(dir, entry.file_name(), AtFlags::SYMLINK_NOFOLLOW) {
-                    Ok(stat) => kind_of(&stat),
-                    Err(_) => continue,
-                }
-            }
-            _ => Kind::Special,
-        };
-        out.push((name.to_vec(), kind, entry.ino().max(1)));
-    }
-    Ok(out)
+    let listed = lazaret_routing::fs::list(dir)
+        .map_err(|e| e.raw_os_error().map_or(Errno::IO, Errno::from_raw_os_error))?;
+    Ok(listed
+        .into_iter()
+        .map(|entry| {
+            let kind = match entry.file_type {
+                FileType::Directory => Kind::Dir,
+                FileType::RegularFile => Kind::File,
+                FileType::Symlink => Kind::Symlink,
+                _ => Kind::Special,
+            };
+            (entry.name, kind, entry.ino)
+        })
+        .collect())
 }
 
 /// Moves a file, link or special file from one side to the other: a copy

@@ -20,13 +20,13 @@
 
 use std::ffi::OsStr;
 use std::io::Read;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use lazaret_proto::router::{IgnoreFile, IgnoreScope, RelativePath, WorkspaceRules};
-use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags};
+use rustix::fs::{FileType, Mode, OFlags};
 
 use crate::classify::{Classifier, GIT_DIR_NAME, HEAD_NAME, HostFacts, Route, join};
 use crate::gitconfig::UserConfig;
@@ -376,7 +376,7 @@ fn walk(
     let mut pending = vec![(Vec::<u8>::new(), classifier.root())];
     while let Some((dir_path, state)) = pending.pop() {
         let label = workspace_path.join(OsStr::from_bytes(&dir_path));
-        let fd = match open_dir(workspace, &dir_path) {
+        let fd = match crate::fs::open_dir(workspace, &dir_path, OFlags::RDONLY) {
             Ok(fd) => fd,
             // Gone, or replaced by a link, since it was listed.
             Err(rustix::io::Errno::NOENT | rustix::io::Errno::LOOP | rustix::io::Errno::NOTDIR) => {
@@ -389,11 +389,11 @@ fn walk(
                 });
             }
         };
-        let entries = list(fd.as_fd()).map_err(|source| GatherError::Unreadable {
+        let entries = crate::fs::list(fd.as_fd()).map_err(|source| GatherError::Unreadable {
             path: label.display().to_string(),
             source,
         })?;
-        let has = |name: &[u8]| entries.iter().any(|(n, _)| n == name);
+        let has = |name: &[u8]| entries.iter().any(|e| e.name == name);
         if let Some((Some(scope), rel)) = state.scope() {
             if has(b".gitignore") {
                 if let Some(content) = read_ignore_file(fd.as_fd(), &label.join(".gitignore"))? {
@@ -406,11 +406,12 @@ fn walk(
             }
         }
         let dir_holds_head = has(HEAD_NAME);
-        for (name, file_type) in &entries {
+        for entry in &entries {
+            let name = &entry.name;
             if name == GIT_DIR_NAME {
                 continue;
             }
-            let is_dir = *file_type == FileType::Directory;
+            let is_dir = entry.file_type == FileType::Directory;
             let facts = HostFacts {
                 exists: true,
                 dir_holds_head,
@@ -444,45 +445,6 @@ fn walk(
         }
     }
     Ok(())
-}
-
-/// Opens a directory of the workspace beneath it, following no link and
-/// crossing no mount.
-fn open_dir(workspace: BorrowedFd<'_>, path: &[u8]) -> rustix::io::Result<OwnedFd> {
-    let path: &[u8] = if path.is_empty() { b"." } else { path };
-    rustix::fs::openat2(
-        workspace,
-        OsStr::from_bytes(path),
-        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-        Mode::empty(),
-        ResolveFlags::BENEATH
-            | ResolveFlags::NO_SYMLINKS
-            | ResolveFlags::NO_MAGICLINKS
-            | ResolveFlags::NO_XDEV,
-    )
-}
-
-/// The entries of a directory with their types (a link is not a directory).
-fn list(dir: BorrowedFd<'_>) -> std::io::Result<Vec<(Vec<u8>, FileType)>> {
-    let mut out = Vec::new();
-    let mut reader = rustix::fs::Dir::read_from(dir)?;
-    while let Some(entry) = reader.read() {
-        let entry = entry?;
-        let name = entry.file_name().to_bytes();
-        if name == b"." || name == b".." {
-            continue;
-        }
-        let file_type = match entry.file_type() {
-            FileType::Unknown => {
-                rustix::fs::statat(dir, entry.file_name(), AtFlags::SYMLINK_NOFOLLOW)
-                    .map(|s| FileType::from_raw_mode(s.st_mode))
-                    .unwrap_or(FileType::Unknown)
-            }
-            known => known,
-        };
-        out.push((name.to_vec(), file_type));
-    }
-    Ok(out)
 }
 
 /// Reads `dir/.gitignore` if it is a regular file (a link is skipped).

@@ -16,5 +16,6 @@
 #![deny(missing_docs)]
 
 pub mod classify;
+pub mod fs;
 pub mod gather;
 pub mod gitconfig;

@@ -37,6 +37,7 @@
 
 mod bundle;
 mod exec;
+mod helper;
 mod mounts;
 mod namespaces;
 mod network;

@@ -68,6 +68,14 @@ fn git_host() -> (std::sync::MutexGuard<'static, ()>, UserHost) {
     (serial, host)
 }
 
+/// [`git_host`] whose workspace is a [`repository`], and the workspace.
+fn repository_host() -> (std::sync::MutexGuard<'static, ()>, UserHost, PathBuf) {
+    let (serial, host) = git_host();
+    let ws = host.workspace.clone();
+    repository(&host, &ws);
+    (serial, host, ws)
+}
+
 /// `sh -c SCRIPT` on the host as the test user, in `dir`; fails the test
 /// on a non-zero exit.
 fn sh(host: &UserHost, dir: &Path, script: &str) -> String {
@@ -114,9 +122,7 @@ fn inside_any(host: &UserHost, status: &Value, script: &str) -> Output {
 }
 
 fn ignored_paths_are_isolated() -> Result {
-    let (_serial, host) = git_host();
-    let ws = host.workspace.clone();
-    repository(&host, &ws);
+    let (_serial, host, ws) = repository_host();
     let status = up(&host, &ws)?;
     assert_eq!(
         status["workspace_routing"]["isolate_gitignored"], true,
@@ -241,9 +247,7 @@ fn wait_inside(
 }
 
 fn git_works_inside() -> Result {
-    let (_serial, host) = git_host();
-    let ws = host.workspace.clone();
-    repository(&host, &ws);
+    let (_serial, host, ws) = repository_host();
     // Hooks kept in the worktree, as husky sets them up.
     sh(
         &host,
@@ -384,9 +388,7 @@ fn planted_in(host: &UserHost, ws: &Path) -> Result {
 }
 
 fn planted_metadata() -> Result {
-    let (_serial, host) = git_host();
-    let ws = host.workspace.clone();
-    repository(&host, &ws);
+    let (_serial, host, ws) = repository_host();
     planted_in(&host, &ws)
 }
 
@@ -397,9 +399,7 @@ fn planted_metadata_plain() -> Result {
 }
 
 fn modes() -> Result {
-    let (_serial, host) = git_host();
-    let ws = host.workspace.clone();
-    repository(&host, &ws);
+    let (_serial, host, ws) = repository_host();
     let status = up(&host, &ws)?;
     inside(
         &host,
@@ -416,9 +416,7 @@ fn modes() -> Result {
 }
 
 fn subdirectory() -> Result {
-    let (_serial, host) = git_host();
-    let ws = host.workspace.clone();
-    repository(&host, &ws);
+    let (_serial, host, ws) = repository_host();
     sh(
         &host,
         &ws,
@@ -447,9 +445,7 @@ fn subdirectory() -> Result {
 }
 
 fn worktree_and_submodule() -> Result {
-    let (_serial, host) = git_host();
-    let ws = host.workspace.clone();
-    repository(&host, &ws);
+    let (_serial, host, ws) = repository_host();
     // A submodule from another repository on this host.
     let library = host.user_dir("library");
     sh(
@@ -518,9 +514,7 @@ fn worktree_and_submodule() -> Result {
 }
 
 fn killed_router() -> Result {
-    let (_serial, host) = git_host();
-    let ws = host.workspace.clone();
-    repository(&host, &ws);
+    let (_serial, host, ws) = repository_host();
     let status = up(&host, &ws)?;
     assert_eq!(
         inside(&host, &status, "cat /workspace/README")?,
@@ -567,9 +561,7 @@ fn killed_router() -> Result {
 /// directory unreadable to the coordinator: the next `up` refuses rather
 /// than run without those rules.
 fn unreadable_directory() -> Result {
-    let (_serial, host) = git_host();
-    let ws = host.workspace.clone();
-    repository(&host, &ws);
+    let (_serial, host, ws) = repository_host();
     sh(
         &host,
         &ws,
