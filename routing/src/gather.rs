@@ -66,6 +66,18 @@ pub enum GatherError {
         #[source]
         source: std::io::Error,
     },
+    /// The workspace is git metadata itself (a `.git` directory or a
+    /// directory inside one), where the sandbox could write what git runs.
+    #[error(
+        "{path} is inside the git directory {git_dir}; run Lazaret on the repository's \
+         worktree, not on its git metadata"
+    )]
+    InsideGitDir {
+        /// The workspace.
+        path: String,
+        /// The git directory holding it.
+        git_dir: String,
+    },
     /// An ignore file is larger than Lazaret reads.
     #[error("{path} is larger than {max} bytes; Lazaret cannot take ignore rules from it")]
     TooLarge {
@@ -131,6 +143,7 @@ pub fn gather(
     user: &UserConfig,
 ) -> Result<Gathered, GatherError> {
     let repository = discover(workspace_path)?;
+    refuse_git_metadata(workspace_path, repository.as_ref())?;
     let mut rules = WorkspaceRules {
         isolate_ignored: isolate,
         global_excludes: Vec::new(),
@@ -253,6 +266,48 @@ fn protect_programs(
             rules.read_only.push(inside);
         }
     }
+}
+
+/// Refuses a workspace that is, or is inside, a `.git` directory or the
+/// git directory of the repository discovery found: inside, git's
+/// configuration and hooks would be ordinary files.
+fn refuse_git_metadata(
+    workspace_path: &Path,
+    repository: Option<&Repository>,
+) -> Result<(), GatherError> {
+    let refuse = |git_dir: &Path| GatherError::InsideGitDir {
+        path: workspace_path.display().to_string(),
+        git_dir: git_dir.display().to_string(),
+    };
+    let mut ancestor = PathBuf::new();
+    for component in workspace_path.components() {
+        ancestor.push(component);
+        if component.as_os_str() == OsStr::new(".git") {
+            return Err(refuse(&ancestor));
+        }
+    }
+    if let Some(repo) = repository {
+        for dir in [&repo.git_dir, &repo.common_dir] {
+            let dir = crate::gitconfig::normalize(dir);
+            if workspace_path.starts_with(&dir) {
+                return Err(refuse(&dir));
+            }
+        }
+    }
+    // A git directory no worktree names (a bare repository, a separate git
+    // directory): what git's discovery would take for one.
+    for ancestor in workspace_path.ancestors().skip(1) {
+        if is_git_directory(ancestor) {
+            return Err(refuse(ancestor));
+        }
+    }
+    Ok(())
+}
+
+/// Whether git's discovery takes `dir` for a git directory: it holds a
+/// `HEAD` and `objects` and `refs` directories.
+fn is_git_directory(dir: &Path) -> bool {
+    dir.join("HEAD").is_file() && dir.join("objects").is_dir() && dir.join("refs").is_dir()
 }
 
 /// Finds the repository holding `start`: the nearest directory at or

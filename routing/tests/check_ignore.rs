@@ -383,3 +383,34 @@ fn a_linked_worktree_reads_the_main_repository() {
         &fixture.git_ignored(&worktree, &names),
     );
 }
+
+#[test]
+fn a_workspace_inside_git_metadata_is_refused() {
+    let fixture = Fixture::new();
+    std::fs::create_dir_all(fixture.repo.join(".git/hooks")).unwrap();
+    for workspace in [fixture.repo.join(".git"), fixture.repo.join(".git/hooks")] {
+        let dir = std::fs::File::open(&workspace).unwrap();
+        let error = gather(dir.as_fd(), &workspace, true, &fixture.user())
+            .expect_err("a git directory is no workspace");
+        assert!(error.to_string().contains("inside the git directory"), "{error}");
+    }
+    // A separate git directory (`git init --separate-git-dir`), found
+    // through the worktree's `.git` file.
+    let separate = fixture.repo.parent().unwrap().join("separate");
+    let worktree = fixture.repo.parent().unwrap().join("wt");
+    std::fs::create_dir_all(&worktree).unwrap();
+    fixture.git(
+        &worktree,
+        &["init", "-q", "--separate-git-dir", separate.to_str().unwrap(), "."],
+    );
+    let inside = separate.join("hooks");
+    std::fs::create_dir_all(&inside).unwrap();
+    let dir = std::fs::File::open(&inside).unwrap();
+    let error = gather(dir.as_fd(), &inside, true, &fixture.user())
+        .expect_err("a separate git directory's hooks are no workspace");
+    assert!(error.to_string().contains("inside the git directory"), "{error}");
+    // A bare repository itself may be a workspace: its configuration and
+    // hooks are read-only there like a `.git` directory's.
+    let dir = std::fs::File::open(&separate).unwrap();
+    assert!(gather(dir.as_fd(), &separate, true, &fixture.user()).is_ok());
+}

@@ -97,7 +97,7 @@ pub(super) fn prepare(
         failure(
             STEP,
             format!(
-                "cannot take the workspace's git ignore rules: {}",
+                "cannot route the workspace: {}",
                 super::chain(&e)
             ),
         )
