@@ -153,8 +153,8 @@ impl Filesystem for Router {
         self.tree.forget(ino.0, nlookup);
     }
 
-    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        match self.tree.getattr(ino.0) {
+    fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
+        match self.tree.getattr(ino.0, fh.map(|h| h.0)) {
             Ok(stat) => reply.attr(&TTL, &attr(ino.0, &stat)),
             Err(e) => reply.error(errno(e)),
         }
@@ -377,6 +377,11 @@ impl Filesystem for Router {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
+        if offset == 0 {
+            if let Err(e) = self.tree.rewind(fh.0, ino.0) {
+                return reply.error(errno(e));
+            }
+        }
         let listing = match self.tree.listing(fh.0) {
             Ok(listing) => listing,
             Err(e) => return reply.error(errno(e)),
@@ -411,10 +416,15 @@ impl Filesystem for Router {
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
+        if offset == 0 {
+            if let Err(e) = self.tree.rewind(fh.0, ino.0) {
+                return reply.error(errno(e));
+            }
+        }
         // `.` and `..` (offsets 1 and 2) carry the directory's own
         // attributes and count as no lookup.
         if offset < 2 {
-            let stat = match self.tree.getattr(ino.0) {
+            let stat = match self.tree.getattr(ino.0, None) {
                 Ok(stat) => stat,
                 Err(e) => return reply.error(errno(e)),
             };

@@ -40,6 +40,9 @@ pub struct Node {
     pub state: Option<DirState>,
     /// What the sandbox may do to it.
     pub protection: Protection,
+    /// It was removed or replaced: its path names something else now, or
+    /// nothing.
+    pub removed: bool,
     /// How many lookups the kernel holds.
     lookups: u64,
 }
@@ -59,6 +62,7 @@ impl Node {
             kind,
             state,
             protection,
+            removed: false,
             lookups: 0,
         }
     }
@@ -135,7 +139,7 @@ impl Nodes {
     /// The path `from` (and everything below it) is now `to`.
     pub fn rename(&mut self, from: &[u8], to: &[u8]) {
         // Whatever was at `to` is replaced.
-        self.by_path.remove(to);
+        self.unlink(to);
         let moved: Vec<(Vec<u8>, u64)> = self
             .by_path
             .iter()
@@ -182,7 +186,11 @@ impl Nodes {
 
     /// The path no longer names the object it named (it was removed).
     pub fn unlink(&mut self, path: &[u8]) {
-        self.by_path.remove(path);
+        if let Some(ino) = self.by_path.remove(path) {
+            if let Some(node) = self.by_ino.get_mut(&ino) {
+                node.removed = true;
+            }
+        }
     }
 
     /// Whether the table holds only the root.

@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use lazaret_routing::classify::{
-    Classifier, DirState, HEAD_NAME, HostFacts, Protection, Route, join,
+    Classifier, DirState, HEAD_NAME, HostFacts, Protection, Route, join, needs_head,
 };
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, RenameFlags, Stat, StatVfs, Timestamps};
 use rustix::io::Errno;
@@ -40,12 +40,17 @@ pub const MODE_MASK: u32 = 0o755;
 /// The error a protected path gives.
 pub const PROTECTED: Errno = Errno::ROFS;
 
-/// Names whose protection depends on a `HEAD` beside them.
-fn needs_head(name: &[u8]) -> bool {
-    matches!(
-        name,
-        b"config" | b"config.worktree" | b"commondir" | b"hooks"
-    )
+/// How many entries a directory rename may look at before it is refused
+/// rather than checked further.
+pub const RECLASSIFY_LIMIT: usize = 100_000;
+
+/// `dir` joined with a relative path that may be empty.
+fn join_rel(dir: &[u8], rel: &[u8]) -> Vec<u8> {
+    if rel.is_empty() {
+        dir.to_vec()
+    } else {
+        join(dir, rel)
+    }
 }
 
 fn os(bytes: &[u8]) -> &OsStr {
@@ -100,6 +105,8 @@ pub struct Listing {
     path: Vec<u8>,
     /// Its visible entries.
     pub entries: Vec<DirEntry>,
+    /// Whether a read from its start has used it.
+    read: std::sync::atomic::AtomicBool,
 }
 
 /// A visible entry found by name.
@@ -195,6 +202,17 @@ impl<T> Handles<T> {
     /// What `handle` names.
     fn get(&self, handle: u64) -> Result<Arc<T>> {
         self.table().get(&handle).cloned().ok_or(Errno::BADF)
+    }
+
+    /// Puts `value` in place of what `handle` names.
+    fn replace(&self, handle: u64, value: T) -> Result<()> {
+        match self.table().get_mut(&handle) {
+            Some(slot) => {
+                *slot = Arc::new(value);
+                Ok(())
+            }
+            None => Err(Errno::BADF),
+        }
     }
 
     /// Forgets `handle`.
@@ -300,8 +318,12 @@ impl Tree {
         }
     }
 
-    /// A node's parent directory and name; the root is `.` of its side.
+    /// A node's parent directory and name; the root is `.` of its side. A
+    /// removed node has none: its path names something else now.
     fn entry(&self, node: &Node) -> Result<Entry> {
+        if node.removed {
+            return Err(Errno::STALE);
+        }
         if node.path.is_empty() {
             return Ok(Entry {
                 dir: self.open_dir(Route::Host, b"", OFlags::PATH)?,
@@ -472,9 +494,13 @@ impl Tree {
             .forget(ino, count);
     }
 
-    /// `getattr`.
-    pub fn getattr(&self, ino: u64) -> Result<Stat> {
+    /// `getattr`; a removed file still open answers from its handle.
+    pub fn getattr(&self, ino: u64, handle: Option<u64>) -> Result<Stat> {
         let node = self.node(ino)?;
+        if node.removed {
+            let fd = self.file(handle.ok_or(Errno::STALE)?)?;
+            return rustix::fs::fstat(&*fd);
+        }
         let entry = self.entry(&node)?;
         rustix::fs::statat(&entry.dir, os(&entry.name), AtFlags::SYMLINK_NOFOLLOW)
     }
@@ -484,6 +510,12 @@ impl Tree {
         let node = self.node(ino)?;
         if node.protection >= Protection::Fixed {
             return Err(PROTECTED);
+        }
+        if node.removed {
+            // A removed file still open (a temporary file): only through
+            // its handle.
+            let fd = self.file(handle.ok_or(Errno::STALE)?)?;
+            return set_through(&fd, set);
         }
         let entry = self.entry(&node)?;
         let name = os(&entry.name);
@@ -532,30 +564,12 @@ impl Tree {
             }
         }
         if set.atime.is_some() || set.mtime.is_some() {
-            let spec = |t: Option<SetTime>| match t {
-                None => rustix::fs::Timespec {
-                    tv_sec: 0,
-                    tv_nsec: rustix::fs::UTIME_OMIT,
-                },
-                Some(SetTime::Now) => rustix::fs::Timespec {
-                    tv_sec: 0,
-                    tv_nsec: rustix::fs::UTIME_NOW,
-                },
-                Some(SetTime::At(time)) => {
-                    let since = time
-                        .duration_since(std::time::UNIX_EPOCH)
-                        .unwrap_or_default();
-                    rustix::fs::Timespec {
-                        tv_sec: i64::try_from(since.as_secs()).unwrap_or(i64::MAX),
-                        tv_nsec: i64::from(since.subsec_nanos()),
-                    }
-                }
-            };
-            let times = Timestamps {
-                last_access: spec(set.atime),
-                last_modification: spec(set.mtime),
-            };
-            rustix::fs::utimensat(&entry.dir, name, &times, AtFlags::SYMLINK_NOFOLLOW)?;
+            rustix::fs::utimensat(
+                &entry.dir,
+                name,
+                &timestamps(set),
+                AtFlags::SYMLINK_NOFOLLOW,
+            )?;
         }
         rustix::fs::statat(&entry.dir, name, AtFlags::SYMLINK_NOFOLLOW)
     }
@@ -578,6 +592,9 @@ impl Tree {
             return Err(Errno::PERM);
         }
         let (node, state) = self.dir_node(parent)?;
+        if file_type != FileType::RegularFile {
+            refuse_special_in_git(&state, Kind::Special)?;
+        }
         let plan = self.plan(&node, &state, name, false)?;
         let dir = self.target_dir(plan.route, &node.path)?;
         let perm = Mode::from_raw_mode(mode & !umask & MODE_MASK);
@@ -602,6 +619,7 @@ impl Tree {
     pub fn symlink(&self, parent: u64, name: &[u8], target: &[u8]) -> Result<(u64, Stat)> {
         let _names = self.lock_names();
         let (node, state) = self.dir_node(parent)?;
+        refuse_special_in_git(&state, Kind::Symlink)?;
         let plan = self.plan(&node, &state, name, false)?;
         let dir = self.target_dir(plan.route, &node.path)?;
         rustix::fs::symlinkat(os(target), &dir, os(name))?;
@@ -625,7 +643,11 @@ impl Tree {
         let fd = rustix::fs::openat(
             &dir,
             os(name),
-            open_flags(flags) | OFlags::CREATE | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            open_flags(flags)
+                | OFlags::CREATE
+                | OFlags::NOFOLLOW
+                | OFlags::NONBLOCK
+                | OFlags::CLOEXEC,
             Mode::from_raw_mode(mode & !umask & MODE_MASK),
         )?;
         let stat = rustix::fs::fstat(&fd)?;
@@ -647,6 +669,7 @@ impl Tree {
             return Err(Errno::PERM);
         }
         let (dir_node, state) = self.dir_node(parent)?;
+        refuse_special_in_git(&state, node.kind)?;
         let plan = self.plan(&dir_node, &state, name, false)?;
         if plan.route != node.route {
             return Err(Errno::XDEV);
@@ -703,8 +726,8 @@ impl Tree {
         Ok(())
     }
 
-    /// `rename`.
-    #[allow(clippy::too_many_arguments)]
+    /// `rename`. `RENAME_EXCHANGE` is refused: each side of an exchange
+    /// would need both checks in both directions.
     pub fn rename(
         &self,
         parent: u64,
@@ -713,6 +736,9 @@ impl Tree {
         new_name: &[u8],
         flags: RenameFlags,
     ) -> Result<()> {
+        if flags.intersects(RenameFlags::EXCHANGE | RenameFlags::WHITEOUT) {
+            return Err(Errno::INVAL);
+        }
         let _names = self.lock_names();
         let (from_dir, from_state) = self.dir_node(parent)?;
         let (to_dir, to_state) = self.dir_node(new_parent)?;
@@ -725,6 +751,7 @@ impl Tree {
         {
             return Err(PROTECTED);
         }
+        refuse_special_in_git(&to_state, source.kind)?;
         let plan = self.plan(&to_dir, &to_state, new_name, is_dir)?;
         if is_dir && plan.protection == Protection::Unmovable {
             return Err(PROTECTED);
@@ -735,48 +762,123 @@ impl Tree {
         // A visible entry already at the target on the other side cannot
         // be replaced from this one.
         if let Some(existing) = self.find(&to_dir.path, &to_state, new_name)? {
-            if existing.route != plan.route || existing.protection >= Protection::Fixed {
-                return Err(if existing.protection >= Protection::Fixed {
-                    PROTECTED
-                } else {
-                    Errno::XDEV
-                });
+            if existing.protection >= Protection::Fixed {
+                return Err(PROTECTED);
+            }
+            if existing.route != plan.route {
+                return Err(Errno::XDEV);
             }
         }
         let from = self.open_dir(source.route, &from_dir.path, OFlags::PATH)?;
         let to = self.target_dir(plan.route, &to_dir.path)?;
-        if source.route == plan.route {
-            rustix::fs::renameat_with(&from, os(name), &to, os(new_name), flags)?;
-            if is_dir && source.route == Route::Host {
-                self.move_isolated_dir(&source.path, &plan.path);
-            }
-        } else {
-            if is_dir || flags.contains(RenameFlags::EXCHANGE) {
+        if source.route != plan.route {
+            if is_dir {
                 return Err(Errno::XDEV);
             }
             move_across(&from, name, &to, new_name, source.kind, flags)?;
+        } else if is_dir && source.route == Route::Host {
+            // The rules are the paths': a directory whose entries would
+            // live elsewhere at its new place (a host file its rules hide
+            // would show, an isolated one vanish) is not moved. `mv` then
+            // copies what the sandbox sees instead.
+            if self.reclassifies(&source, &plan)? {
+                return Err(Errno::XDEV);
+            }
+            let isolated = self.move_isolated_dir(&source.path, &plan.path)?;
+            if let Err(e) = rustix::fs::renameat_with(&from, os(name), &to, os(new_name), flags) {
+                if isolated {
+                    let _ = self.move_isolated_dir(&plan.path, &source.path);
+                }
+                return Err(e);
+            }
+        } else {
+            rustix::fs::renameat_with(&from, os(name), &to, os(new_name), flags)?;
         }
         self.moved(&source.path, &plan);
         Ok(())
     }
 
-    /// Moves the isolated side's directory of a renamed host directory
-    /// with it, so the ignored entries stay beneath it.
-    fn move_isolated_dir(&self, from: &[u8], to: &[u8]) {
-        let (from_parent, from_name) = split(from);
-        let Ok(source) = self.open_dir(Route::Isolated, from_parent, OFlags::PATH) else {
-            return;
+    /// Whether moving the host directory `source` to `plan` would change
+    /// the side any entry beneath it is seen on. Both classifications are
+    /// walked together over what both sides hold; more than
+    /// [`RECLASSIFY_LIMIT`] entries count as a change.
+    fn reclassifies(&self, source: &Found, plan: &Plan) -> Result<bool> {
+        let Some(old) = source.state.clone() else {
+            return Ok(false);
         };
-        if Self::exists_at(source.as_fd(), from_name)
-            .ok()
-            .flatten()
-            .is_none()
-        {
-            return;
+        let mut pending = vec![(Vec::new(), old, plan.state.clone())];
+        let mut seen = 0usize;
+        while let Some((rel, old, new)) = pending.pop() {
+            let old_path = join_rel(&source.path, &rel);
+            let new_path = join_rel(&plan.path, &rel);
+            let host = match self.open_dir(Route::Host, &old_path, OFlags::RDONLY) {
+                Ok(fd) => list(fd.as_fd())?,
+                Err(Errno::NOENT | Errno::NOTDIR) => Vec::new(),
+                Err(e) => return Err(e),
+            };
+            let isolated = match self.open_dir(Route::Isolated, &old_path, OFlags::RDONLY) {
+                Ok(fd) => list(fd.as_fd())?,
+                Err(Errno::NOENT | Errno::NOTDIR) => Vec::new(),
+                Err(e) => return Err(e),
+            };
+            let holds_head = host.iter().any(|(n, _, _)| n == HEAD_NAME);
+            let host_names: HashSet<&[u8]> = host.iter().map(|(n, _, _)| n.as_slice()).collect();
+            let entries = host
+                .iter()
+                .map(|e| (e, Route::Host))
+                .chain(isolated.iter().map(|e| (e, Route::Isolated)));
+            for ((name, kind, _), side) in entries {
+                seen += 1;
+                if seen > RECLASSIFY_LIMIT {
+                    return Ok(true);
+                }
+                let is_dir = *kind == Kind::Dir;
+                let facts = HostFacts {
+                    exists: host_names.contains(name.as_slice()),
+                    dir_holds_head: holds_head && needs_head(name),
+                };
+                let (before, old_child) =
+                    self.classifier.child(&old, &old_path, name, is_dir, facts);
+                let (after, new_child) =
+                    self.classifier.child(&new, &new_path, name, is_dir, facts);
+                if (before == side) != (after == side) {
+                    return Ok(true);
+                }
+                let inside_git = old_child.is_git_metadata() && new_child.is_git_metadata();
+                if is_dir && before == side && !inside_git {
+                    pending.push((join_rel(&rel, name), old_child, new_child));
+                }
+            }
+        }
+        Ok(false)
+    }
+
+    /// Moves the isolated side's directory of a host directory being
+    /// renamed with it, so its isolated entries stay beneath it; refuses
+    /// (`EXDEV`) to merge into one already at the target. Returns whether
+    /// there was one to move.
+    fn move_isolated_dir(&self, from: &[u8], to: &[u8]) -> Result<bool> {
+        let (from_parent, from_name) = split(from);
+        let source = match self.open_dir(Route::Isolated, from_parent, OFlags::PATH) {
+            Ok(fd) => fd,
+            Err(Errno::NOENT | Errno::NOTDIR) => return Ok(false),
+            Err(e) => return Err(e),
+        };
+        if Self::exists_at(source.as_fd(), from_name)?.is_none() {
+            return Ok(false);
         }
         let (to_parent, to_name) = split(to);
-        if let Ok(target) = self.isolated_dir(to_parent) {
-            let _ = rustix::fs::renameat(&source, os(from_name), &target, os(to_name));
+        let target = self.isolated_dir(to_parent)?;
+        match rustix::fs::renameat_with(
+            &source,
+            os(from_name),
+            &target,
+            os(to_name),
+            RenameFlags::NOREPLACE,
+        ) {
+            Ok(()) => Ok(true),
+            Err(Errno::EXIST | Errno::NOTEMPTY) => Err(Errno::XDEV),
+            Err(e) => Err(e),
         }
     }
 
@@ -940,6 +1042,24 @@ impl Tree {
 
     /// `opendir`: the merged listing, taken now.
     pub fn opendir(&self, ino: u64) -> Result<u64> {
+        let listing = self.list_dir(ino)?;
+        Ok(self.dirs.insert(listing))
+    }
+
+    /// Before a read from the start of an open directory: the first uses
+    /// the listing `opendir` took; a later one (after `rewinddir`) takes
+    /// it again, as it must see what the directory holds now.
+    pub fn rewind(&self, handle: u64, ino: u64) -> Result<()> {
+        if !self.listing(handle)?.read.swap(true, Ordering::Relaxed) {
+            return Ok(());
+        }
+        let listing = self.list_dir(ino)?;
+        listing.read.store(true, Ordering::Relaxed);
+        self.dirs.replace(handle, listing)
+    }
+
+    /// The merged listing of the directory `ino`.
+    fn list_dir(&self, ino: u64) -> Result<Listing> {
         let (node, state) = self.dir_node(ino)?;
         let entries = match node.route {
             Route::Isolated => {
@@ -993,11 +1113,11 @@ impl Tree {
                 entries
             }
         };
-        let listing = Listing {
+        Ok(Listing {
             path: node.path,
             entries,
-        };
-        Ok(self.dirs.insert(listing))
+            read: std::sync::atomic::AtomicBool::new(false),
+        })
     }
 
     /// The listing of an open directory.
@@ -1018,14 +1138,25 @@ impl Tree {
     ) -> Result<()> {
         let listing = self.listing(handle)?;
         let mut sides: [Option<OwnedFd>; 2] = [None, None];
+        let mut emitted = false;
         for (i, entry) in listing.entries.iter().enumerate().skip(from) {
             let side = usize::from(entry.route == Route::Isolated);
-            if sides[side].is_none() {
-                sides[side] = Some(self.open_dir(entry.route, &listing.path, OFlags::PATH)?);
-            }
-            let Some(dir) = &sides[side] else { continue };
-            let Some(stat) = Self::exists_at(dir.as_fd(), &entry.name)? else {
-                continue;
+            let stat = (|| {
+                if sides[side].is_none() {
+                    sides[side] = Some(self.open_dir(entry.route, &listing.path, OFlags::PATH)?);
+                }
+                match &sides[side] {
+                    Some(dir) => Self::exists_at(dir.as_fd(), &entry.name),
+                    None => Ok(None),
+                }
+            })();
+            let stat = match stat {
+                Ok(Some(stat)) => stat,
+                // Vanished since the listing.
+                Ok(None) => continue,
+                // What was added so far goes out; the kernel asks again.
+                Err(_) if emitted => break,
+                Err(e) => return Err(e),
             };
             let kind = kind_of(&stat);
             let found = Found {
@@ -1043,6 +1174,7 @@ impl Tree {
                 self.forget(ino, 1);
                 break;
             }
+            emitted = true;
         }
         Ok(())
     }
@@ -1071,6 +1203,65 @@ impl Tree {
     pub fn root(&self) -> u64 {
         ROOT
     }
+}
+
+/// Applies `set` to an open file through its descriptor.
+fn set_through(fd: &OwnedFd, set: SetAttr) -> Result<Stat> {
+    if let Some(mode) = set.mode {
+        rustix::fs::fchmod(fd, Mode::from_raw_mode(mode & MODE_MASK))?;
+    }
+    if set.uid.is_some() || set.gid.is_some() {
+        rustix::fs::fchown(
+            fd,
+            set.uid.map(rustix::fs::Uid::from_raw),
+            set.gid.map(rustix::fs::Gid::from_raw),
+        )?;
+    }
+    if let Some(size) = set.size {
+        rustix::fs::ftruncate(fd, size)?;
+    }
+    if set.atime.is_some() || set.mtime.is_some() {
+        rustix::fs::futimens(fd, &timestamps(set))?;
+    }
+    rustix::fs::fstat(fd)
+}
+
+/// The timestamps `set` asks for, the others left as they are.
+fn timestamps(set: SetAttr) -> Timestamps {
+    let spec = |t: Option<SetTime>| match t {
+        None => rustix::fs::Timespec {
+            tv_sec: 0,
+            tv_nsec: rustix::fs::UTIME_OMIT,
+        },
+        Some(SetTime::Now) => rustix::fs::Timespec {
+            tv_sec: 0,
+            tv_nsec: rustix::fs::UTIME_NOW,
+        },
+        Some(SetTime::At(time)) => {
+            let since = time
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default();
+            rustix::fs::Timespec {
+                tv_sec: i64::try_from(since.as_secs()).unwrap_or(i64::MAX),
+                tv_nsec: i64::from(since.subsec_nanos()),
+            }
+        }
+    };
+    Timestamps {
+        last_access: spec(set.atime),
+        last_modification: spec(set.mtime),
+    }
+}
+
+/// Refuses a link, FIFO or socket in git metadata: git makes none there,
+/// and host git would follow a link wherever the sandbox pointed it
+/// (appending a reflog to a file outside the workspace, taking another
+/// directory for a submodule's).
+fn refuse_special_in_git(dir: &DirState, kind: Kind) -> Result<()> {
+    if dir.is_git_metadata() && matches!(kind, Kind::Symlink | Kind::Special) {
+        return Err(Errno::PERM);
+    }
+    Ok(())
 }
 
 /// The parent and last component of a non-empty path.

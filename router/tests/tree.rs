@@ -20,7 +20,7 @@ struct Scratch {
     outside: PathBuf,
 }
 
-const IGNORE: &str = ".env\nnode_modules/\n*.log\n__pycache__/\n/moved/**/*.tmp\n";
+const IGNORE: &str = ".env\nnode_modules/\n*.log\n__pycache__/\n/moved/**/*.tmp\n/config/master.key\n/app/secret.txt\n";
 
 fn rules(isolate: bool) -> WorkspaceRules {
     WorkspaceRules {
@@ -199,9 +199,7 @@ fn a_renamed_directory_routes_its_new_entries_by_its_new_place() {
     let (root, _) = parent_and_name(&tree, "x");
     let (a, _) = tree.mkdir(root, b"a", 0o755, 0).unwrap();
     let (b, _) = tree.mkdir(a, b"b", 0o755, 0).unwrap();
-    create(&tree, "a/x.tmp", b"host").unwrap();
     create(&tree, "a/b/x.log", b"isolated").unwrap();
-    assert!(s.host.join("a/x.tmp").exists());
     tree.rename(root, b"a", root, b"moved", RenameFlags::empty())
         .unwrap();
     // The kernel keeps using the numbers it holds.
@@ -214,6 +212,40 @@ fn a_renamed_directory_routes_its_new_entries_by_its_new_place() {
     assert!(s.isolated.join("moved/b/z.tmp").exists());
     // The isolated entries moved with their directory.
     assert_eq!(read(&tree, "moved/b/x.log").unwrap(), b"isolated");
+}
+
+#[test]
+fn a_rename_that_would_show_or_plant_an_ignored_file_is_refused() {
+    let s = Scratch::new();
+    std::fs::create_dir_all(s.host.join("config")).unwrap();
+    std::fs::write(s.host.join("config/master.key"), "SECRET").unwrap();
+    std::fs::write(s.host.join("config/app.yml"), "app").unwrap();
+    let tree = s.tree(true);
+    let (root, _) = parent_and_name(&tree, "x");
+    // `config/master.key` is hidden; under another name it would show.
+    assert_eq!(ino(&tree, "config/master.key"), Err(Errno::NOENT));
+    assert_eq!(
+        tree.rename(root, b"config", root, b"cfg", RenameFlags::empty()),
+        Err(Errno::XDEV)
+    );
+    assert!(s.host.join("config/master.key").exists() && !s.host.join("cfg").exists());
+    // A file made where it is not ignored cannot be moved to where it is.
+    let (x, _) = tree.mkdir(root, b"x", 0o755, 0).unwrap();
+    let (_, _, handle) = tree
+        .create(x, b"secret.txt", 0o644, 0, libc_wronly())
+        .unwrap();
+    tree.release(handle);
+    assert!(s.host.join("x/secret.txt").exists());
+    assert_eq!(
+        tree.rename(root, b"x", root, b"app", RenameFlags::empty()),
+        Err(Errno::XDEV)
+    );
+    assert!(!s.host.join("app").exists());
+    // An exchange is refused outright.
+    assert_eq!(
+        tree.rename(root, b"x", root, b"config", RenameFlags::EXCHANGE),
+        Err(Errno::INVAL)
+    );
 }
 
 #[test]
@@ -324,7 +356,87 @@ fn what_the_host_configuration_runs_is_read_only() {
         tree.rename(root, b"evil", root, b"tools", RenameFlags::empty()),
         Err(Errno::ROFS)
     );
-    assert!(!s.host.join("tools/hooks").exists());
+    // Nor can a link to it stand where the directory belongs.
+    assert_eq!(
+        tree.symlink(root, b"tools", b"evil").err(),
+        Some(Errno::ROFS)
+    );
+    assert!(!s.host.join("tools").exists());
+}
+
+#[test]
+fn git_metadata_holds_no_links_and_no_todo_list_of_the_sandbox() {
+    let s = Scratch::new();
+    std::fs::create_dir_all(s.host.join(".git/logs")).unwrap();
+    std::fs::write(s.host.join(".git/logs/HEAD"), "").unwrap();
+    let tree = s.tree(true);
+    let logs = ino(&tree, ".git/logs").unwrap();
+    let git = ino(&tree, ".git").unwrap();
+    let modules = ino(&tree, ".git/modules").unwrap();
+    tree.remove(logs, b"HEAD", false).unwrap();
+    // A reflog that is a link would have host git append outside.
+    assert_eq!(
+        tree.symlink(logs, b"HEAD", b"../../../.bashrc").err(),
+        Some(Errno::PERM)
+    );
+    // A module git directory that is a link would be taken for the real one.
+    assert_eq!(
+        tree.symlink(modules, b"other", b"../cache/m").err(),
+        Some(Errno::PERM)
+    );
+    assert_eq!(
+        tree.mknod(git, b"fifo", 0o010_644, 0).err(),
+        Some(Errno::PERM)
+    );
+    let (root, _) = parent_and_name(&tree, "x");
+    tree.symlink(root, b"link", b"target").unwrap();
+    assert_eq!(
+        tree.rename(root, b"link", logs, b"HEAD", RenameFlags::empty()),
+        Err(Errno::PERM)
+    );
+    // A git directory the sandbox builds inside git metadata has read-only
+    // configuration and hooks, like any other.
+    tree.mkdir(git, b"cache", 0o755, 0).unwrap();
+    let (m, _) = tree
+        .mkdir(ino(&tree, ".git/cache").unwrap(), b"m", 0o755, 0)
+        .unwrap();
+    create(&tree, ".git/cache/m/HEAD", b"ref: refs/heads/main\n").unwrap();
+    assert_eq!(
+        create(&tree, ".git/cache/m/config", b"[core]\n"),
+        Err(Errno::ROFS)
+    );
+    assert_eq!(tree.mkdir(m, b"hooks", 0o755, 0).err(), Some(Errno::ROFS));
+    // A rebase started inside keeps its todo list inside.
+    let (rebase, _) = tree.mkdir(git, b"rebase-merge", 0o755, 0).unwrap();
+    let (_, _, handle) = tree
+        .create(rebase, b"git-rebase-todo", 0o644, 0, libc_wronly())
+        .unwrap();
+    tree.release(handle);
+    assert!(!s.host.join(".git/rebase-merge").exists());
+    assert!(
+        s.isolated
+            .join(".git/rebase-merge/git-rebase-todo")
+            .exists()
+    );
+    // Attributes could switch on drivers the user's configuration defines.
+    tree.mkdir(git, b"info", 0o755, 0).unwrap();
+    assert_eq!(
+        create(&tree, ".git/info/attributes", b"* diff=x\n"),
+        Err(Errno::ROFS)
+    );
+}
+
+#[test]
+fn a_directory_in_place_of_a_tracked_file_is_not_tracked() {
+    let s = Scratch::new();
+    let tree = s.tree(true);
+    let (root, _) = parent_and_name(&tree, "x");
+    tree.remove(root, b"kept.log", false).unwrap();
+    let (dir, _) = tree.mkdir(root, b"kept.log", 0o755, 0).unwrap();
+    let (_, _, handle) = tree.create(dir, b"a", 0o644, 0, libc_wronly()).unwrap();
+    tree.release(handle);
+    assert!(!s.host.join("kept.log").exists());
+    assert!(s.isolated.join("kept.log/a").exists());
 }
 
 #[test]
@@ -500,4 +612,50 @@ fn planted_links_do_not_lead_out_of_the_trees() {
     assert!(tree.lookup(dir, b"target").is_err());
     assert!(tree.create(dir, b"new", 0o644, 0, libc_wronly()).is_err());
     assert!(!s.outside.join("new").exists());
+}
+
+#[test]
+fn a_removed_file_still_open_is_changed_through_its_handle_only() {
+    let s = Scratch::new();
+    let tree = s.tree(true);
+    let (root, _) = parent_and_name(&tree, "x");
+    let (ino, _, handle) = tree.create(root, b"temp", 0o644, 0, libc_wronly()).unwrap();
+    tree.write(handle, 0, b"some data").unwrap();
+    tree.remove(root, b"temp", false).unwrap();
+    // Another file now takes the name; the old number does not reach it.
+    create(&tree, "temp", b"other").unwrap();
+    let set = SetAttr {
+        size: Some(4),
+        ..SetAttr::default()
+    };
+    assert_eq!(tree.setattr(ino, set, Some(handle)).unwrap().st_size, 4);
+    assert_eq!(tree.getattr(ino, Some(handle)).unwrap().st_size, 4);
+    assert_eq!(tree.getattr(ino, None).err(), Some(Errno::STALE));
+    assert_eq!(std::fs::read(s.host.join("temp")).unwrap(), b"other");
+    tree.release(handle);
+}
+
+#[test]
+fn a_listing_read_again_from_its_start_shows_what_is_there_now() {
+    let s = Scratch::new();
+    let tree = s.tree(true);
+    let root = tree.root();
+    let handle = tree.opendir(root).unwrap();
+    create(&tree, "late.txt", b"x").unwrap();
+    create(&tree, "late.log", b"x").unwrap();
+    let names = |tree: &Tree| -> Vec<Vec<u8>> {
+        tree.listing(handle)
+            .unwrap()
+            .entries
+            .iter()
+            .map(|e| e.name.clone())
+            .collect()
+    };
+    // The first read from the start uses what `opendir` listed.
+    tree.rewind(handle, root).unwrap();
+    assert!(!names(&tree).contains(&b"late.txt".to_vec()));
+    tree.rewind(handle, root).unwrap();
+    let now = names(&tree);
+    assert!(now.contains(&b"late.txt".to_vec()) && now.contains(&b"late.log".to_vec()));
+    tree.releasedir(handle);
 }

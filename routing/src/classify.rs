@@ -45,6 +45,18 @@ pub const GIT_DIR_NAME: &[u8] = b".git";
 /// git's repository discovery (with `objects/` and `refs/`).
 pub const HEAD_NAME: &[u8] = b"HEAD";
 
+/// The state of an operation in progress that git carries on later: a
+/// todo list it runs (`exec` lines) when the developer continues.
+const IN_PROGRESS: [&[u8]; 3] = [b"rebase-merge", b"rebase-apply", b"sequencer"];
+
+/// Names whose protection, or route, depends on a `HEAD` beside them.
+pub fn needs_head(name: &[u8]) -> bool {
+    matches!(
+        name,
+        b"config" | b"config.worktree" | b"commondir" | b"hooks"
+    ) || IN_PROGRESS.contains(&name)
+}
+
 /// Where a path lives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Route {
@@ -211,15 +223,20 @@ fn proper_ancestors(path: &[u8]) -> impl Iterator<Item = &[u8]> {
 }
 
 /// Compiles one ignore file's lines, as git reads them: comments, blank
-/// lines and lines that are not valid patterns are skipped; bytes that are
-/// not UTF-8 are replaced (they cannot match a UTF-8 path anyway).
+/// lines and lines that are not valid patterns are skipped. A byte that is
+/// not UTF-8 becomes `?`, which matches it (and any other one character):
+/// the pattern then ignores at least what git's would.
 pub fn compile(content: &[u8]) -> Gitignore {
     let mut builder = GitignoreBuilder::new("");
     for line in content.split(|b| *b == b'\n') {
         let line = line.strip_suffix(b"\r").unwrap_or(line);
-        let line = String::from_utf8_lossy(line);
+        let mut text = String::with_capacity(line.len());
+        for chunk in line.utf8_chunks() {
+            text.push_str(chunk.valid());
+            text.extend(std::iter::repeat_n('?', chunk.invalid().len()));
+        }
         // An invalid pattern matches nothing in git either.
-        let _ = builder.add_line(None, &line);
+        let _ = builder.add_line(None, &text);
     }
     builder.build().unwrap_or_else(|_| Gitignore::empty())
 }
@@ -397,6 +414,11 @@ impl Classifier {
         let isolated = (Route::Isolated, DirState::isolated());
         match &dir.kind {
             DirKind::Isolated => return isolated,
+            DirKind::GitDir { .. } if IN_PROGRESS.contains(&name) && !host.exists => {
+                // A rebase or cherry-pick started inside stays inside: its
+                // todo list must not be what the developer continues.
+                return isolated;
+            }
             DirKind::GitDir { rel } => {
                 let state = DirState::of(DirKind::GitDir {
                     rel: join(rel, name),
@@ -451,7 +473,8 @@ impl Classifier {
         let Some(s) = scope.map(|i| &self.scopes[i]).filter(|_| self.isolate) else {
             return (Route::Host, tree(false));
         };
-        if s.tracked.contains(&rel) {
+        // A tracked file; a directory of the same name is not it.
+        if s.tracked.contains(&rel) && !is_dir {
             return (Route::Host, tree(false));
         }
         if s.tracked_dirs.contains(&rel) {
@@ -482,10 +505,15 @@ impl Classifier {
             if self.read_only.contains(&path) {
                 return Protection::ReadOnly;
             }
-            if is_dir && self.unmovable.contains(&path) {
-                return self
-                    .by_kind(dir, name, is_dir, host)
-                    .max(Protection::Unmovable);
+            if self.unmovable.contains(&path) {
+                // Only a real directory may stand there: a link in its
+                // place would lead git elsewhere.
+                return if is_dir {
+                    self.by_kind(dir, name, is_dir, host)
+                        .max(Protection::Unmovable)
+                } else {
+                    Protection::ReadOnly
+                };
             }
         }
         self.by_kind(dir, name, is_dir, host)
@@ -495,7 +523,19 @@ impl Classifier {
     fn by_kind(&self, dir: &DirState, name: &[u8], is_dir: bool, host: HostFacts) -> Protection {
         match &dir.kind {
             DirKind::Isolated => Protection::None,
-            DirKind::GitDir { rel } => gitdir_protection(&join(rel, name), is_dir),
+            DirKind::GitDir { .. } if IN_PROGRESS.contains(&name) && host.exists => {
+                Protection::ReadOnly
+            }
+            DirKind::GitDir { rel } => match gitdir_protection(&join(rel, name), is_dir) {
+                // Any git directory nested in git metadata (a module's, a
+                // worktree's, one the sandbox builds) has its own.
+                _ if host.dir_holds_head
+                    && gitdir_protection(name, is_dir) == Protection::ReadOnly =>
+                {
+                    Protection::ReadOnly
+                }
+                protection => protection,
+            },
             DirKind::Tree { .. } if name == GIT_DIR_NAME && host.exists => {
                 if is_dir {
                     Protection::Fixed
@@ -562,13 +602,14 @@ fn gitdir_protection(rel: &[u8], is_dir: bool) -> Protection {
     let read_only_name =
         |name: &[u8]| matches!(name, b"config" | b"config.worktree" | b"commondir");
     let read_only = match parts.as_slice() {
-        [b"hooks", ..] | [b"info", b"exclude"] => true,
+        [b"hooks", ..] | [b"info", b"exclude" | b"attributes"] => true,
         [name] => read_only_name(name),
         [b"modules" | b"worktrees", inner @ ..] => {
             inner.len() > 1
                 && (inner.contains(&(b"hooks" as &[u8]))
                     || inner.last().is_some_and(|n| read_only_name(n))
-                    || inner.ends_with(&[b"info" as &[u8], b"exclude"]))
+                    || inner.ends_with(&[b"info" as &[u8], b"exclude"])
+                    || inner.ends_with(&[b"info" as &[u8], b"attributes"]))
         }
         _ => false,
     };

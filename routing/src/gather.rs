@@ -38,6 +38,9 @@ pub const MAX_IGNORE_FILE_LEN: u64 = 1024 * 1024;
 /// The largest allocation a hostile index may cause.
 const INDEX_ALLOC_LIMIT: usize = 512 * 1024 * 1024;
 
+/// The largest index read.
+const MAX_INDEX_LEN: u64 = 1 << 30;
+
 /// The largest `.git` file read.
 const MAX_GIT_FILE_LEN: u64 = 4096;
 
@@ -155,7 +158,14 @@ pub fn gather(
         repository.as_ref().map(|r| r.common_dir.as_path()),
     );
     if let Some(repo) = &repository {
-        protect_programs(user, &files, &repo.worktree, workspace_path, &mut rules);
+        protect_what_git_runs(
+            user,
+            &files,
+            &repo.worktree,
+            &repo.common_dir,
+            workspace_path,
+            &mut rules,
+        );
     }
     if !isolate {
         return Ok(Gathered {
@@ -164,8 +174,9 @@ pub fn gather(
             workspace_ignored: false,
         });
     }
-    if let Some(path) = user.excludes_file(&files) {
-        rules.global_excludes = read_optional(&path)?.unwrap_or_default();
+    let excludes_file = user.excludes_file(&files);
+    if let Some(path) = &excludes_file {
+        rules.global_excludes = read_optional(path)?.unwrap_or_default();
     }
     let mut classifier = Classifier::empty(true, &rules.global_excludes);
     let mut tracked = Vec::new();
@@ -224,6 +235,7 @@ pub fn gather(
             workspace,
             workspace_path,
             user,
+            excludes_file.as_deref(),
             &mut classifier,
             &mut rules,
             &mut tracked,
@@ -245,27 +257,94 @@ pub fn gather(
     })
 }
 
-/// Adds to `rules.read_only` every path inside the workspace that the
-/// configuration `files` of a repository whose worktree is `worktree`
-/// makes git read or run (its hooks directory, included files, programs
-/// named by path), so the sandbox cannot plant what the host's git would
-/// run. The workspace itself is never made read-only whole.
-fn protect_programs(
+/// The configuration files of the hook managers that turn a file of the
+/// worktree into what a hook runs, protected when hooks are installed.
+const HOOK_MANAGER_FILES: [&str; 8] = [
+    ".husky",
+    ".pre-commit-config.yaml",
+    "lefthook.yml",
+    "lefthook.yaml",
+    ".lefthook.yml",
+    ".lefthook.yaml",
+    "lefthook-local.yml",
+    ".overcommit.yml",
+];
+
+/// The largest hook script scanned for the paths it runs.
+const MAX_HOOK_LEN: u64 = 1024 * 1024;
+
+/// Adds to `rules.read_only` every path inside the workspace that git,
+/// for the repository at `worktree` with git directory `common_dir` and
+/// configuration `files`, reads as configuration or runs: its hooks
+/// directory, included files and programs named by path in its
+/// configuration; each hook's link target and the paths a hook script
+/// names; and, when hooks are installed, the hook managers' files. Each
+/// is taken as written and, where it exists, with its links resolved.
+/// The workspace itself is never made read-only whole.
+fn protect_what_git_runs(
     user: &UserConfig,
     files: &[PathBuf],
     worktree: &Path,
+    common_dir: &Path,
     workspace_path: &Path,
     rules: &mut WorkspaceRules,
 ) {
-    for path in user.program_paths(files, worktree) {
-        let Ok(inside) = path.strip_prefix(workspace_path) else {
-            continue;
-        };
-        let inside = RelativePath(inside.as_os_str().as_bytes().to_vec());
-        if !inside.0.is_empty() && inside.is_valid() && !rules.read_only.contains(&inside) {
-            rules.read_only.push(inside);
+    let mut paths = user.program_paths(files, worktree);
+    let hooks_dir = user
+        .hooks_path(files, worktree)
+        .unwrap_or_else(|| common_dir.join("hooks"));
+    let mut installed = false;
+    if let Ok(hooks) = std::fs::read_dir(&hooks_dir) {
+        for hook in hooks.flatten() {
+            let path = hook.path();
+            if path.extension().is_some_and(|e| e == "sample") {
+                continue;
+            }
+            installed = true;
+            paths.push(path.clone());
+            paths.extend(hook_script_paths(&path, worktree));
         }
     }
+    // husky 9 points `core.hooksPath` at `.husky/_`, whose hooks run the
+    // scripts beside it.
+    if hooks_dir.file_name().is_some_and(|n| n == "_") {
+        paths.extend(hooks_dir.parent().map(Path::to_path_buf));
+    }
+    if installed {
+        paths.extend(HOOK_MANAGER_FILES.iter().map(|f| worktree.join(f)));
+    }
+    for path in paths {
+        let resolved = std::fs::canonicalize(&path).ok();
+        for path in [Some(path), resolved].into_iter().flatten() {
+            let Ok(inside) = path.strip_prefix(workspace_path) else {
+                continue;
+            };
+            let inside = RelativePath(inside.as_os_str().as_bytes().to_vec());
+            if !inside.0.is_empty() && inside.is_valid() && !rules.read_only.contains(&inside) {
+                rules.read_only.push(inside);
+            }
+        }
+    }
+}
+
+/// The paths a hook script names (words holding a `/`), relative ones
+/// taken from the worktree, where git runs hooks.
+fn hook_script_paths(hook: &Path, worktree: &Path) -> Vec<PathBuf> {
+    let Ok(meta) = std::fs::metadata(hook) else {
+        return Vec::new();
+    };
+    if !meta.is_file() || meta.len() > MAX_HOOK_LEN {
+        return Vec::new();
+    }
+    let Ok(text) = std::fs::read(hook) else {
+        return Vec::new();
+    };
+    let text = String::from_utf8_lossy(&text);
+    text.lines()
+        .filter(|line| !line.trim_start().starts_with('#'))
+        .flat_map(crate::gitconfig::command_paths)
+        .map(|word| crate::gitconfig::normalize(&worktree.join(word)))
+        .collect()
 }
 
 /// Refuses a workspace that is, or is inside, a `.git` directory or the
@@ -387,8 +466,20 @@ fn parse_git_file(text: &[u8], dir: &Path) -> Option<PathBuf> {
 /// each is a submodule; with `prefix`, only those inside it. A missing
 /// index tracks nothing.
 fn read_index(path: &Path, prefix: Option<&[u8]>) -> Result<Vec<(Vec<u8>, bool)>, GatherError> {
-    if !path.exists() {
-        return Ok(Vec::new());
+    let meta = match std::fs::symlink_metadata(path) {
+        Ok(meta) => meta,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(read_error(path.display())(e)),
+    };
+    // gix-index maps the file: it must be one, of a bounded size.
+    if !meta.is_file() || meta.len() > MAX_INDEX_LEN {
+        return Err(GatherError::Index {
+            path: path.display().to_string(),
+            reason: format!(
+                "it is not a regular file of at most {} MiB",
+                MAX_INDEX_LEN >> 20
+            ),
+        });
     }
     let options = gix_index::decode::Options {
         alloc_limit_bytes: Some(INDEX_ALLOC_LIMIT),
@@ -424,6 +515,7 @@ fn walk(
     workspace: BorrowedFd<'_>,
     workspace_path: &Path,
     user: &UserConfig,
+    excludes_file: Option<&Path>,
     classifier: &mut Classifier,
     rules: &mut WorkspaceRules,
     tracked: &mut Vec<Vec<(Vec<u8>, bool)>>,
@@ -479,8 +571,25 @@ fn walk(
             let child_label = workspace_path.join(OsStr::from_bytes(&child_path));
             if let Some((git_dir, common_dir)) = git_dir_of(&child_label)? {
                 let files = user.files(Some(&git_dir), Some(&common_dir));
-                protect_programs(user, &files, &child_label, workspace_path, rules);
-                let exclude = read_optional(&common_dir.join("info/exclude"))?.unwrap_or_default();
+                protect_what_git_runs(
+                    user,
+                    &files,
+                    &child_label,
+                    &common_dir,
+                    workspace_path,
+                    rules,
+                );
+                // Its own excludes file, if its configuration names another,
+                // below its `info/exclude` (whose lines win).
+                let mut exclude = match user.excludes_file(&files) {
+                    Some(own) if Some(own.as_path()) != excludes_file => {
+                        read_optional(&own)?.unwrap_or_default()
+                    }
+                    _ => Vec::new(),
+                };
+                exclude.push(b'\n');
+                exclude
+                    .extend(read_optional(&common_dir.join("info/exclude"))?.unwrap_or_default());
                 let scope = classifier.add_scope(&child_path, b"", &exclude);
                 let paths = read_index(&git_dir.join("index"), None)?;
                 for (path, _) in &paths {

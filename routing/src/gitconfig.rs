@@ -24,6 +24,12 @@ pub struct UserConfig {
     pub home: Option<PathBuf>,
     /// `$XDG_CONFIG_HOME`, when set and absolute.
     pub xdg_config_home: Option<PathBuf>,
+    /// `$GIT_CONFIG_GLOBAL`: the one global file git reads instead.
+    pub global: Option<PathBuf>,
+    /// `$GIT_CONFIG_SYSTEM`: the system file git reads instead.
+    pub system: Option<PathBuf>,
+    /// `$GIT_CONFIG_NOSYSTEM`: git reads no system file.
+    pub no_system: bool,
 }
 
 /// One `key = value` of a configuration file.
@@ -53,9 +59,21 @@ impl UserConfig {
     /// common directories are given (none outside a repository), in git's
     /// order.
     pub fn files(&self, git_dir: Option<&Path>, common_dir: Option<&Path>) -> Vec<PathBuf> {
-        let mut files = vec![PathBuf::from("/etc/gitconfig")];
-        files.extend(self.xdg_git_dir().map(|d| d.join("config")));
-        files.extend(self.home.as_ref().map(|h| h.join(".gitconfig")));
+        let mut files = Vec::new();
+        if !self.no_system {
+            files.push(
+                self.system
+                    .clone()
+                    .unwrap_or_else(|| PathBuf::from("/etc/gitconfig")),
+            );
+        }
+        match &self.global {
+            Some(global) => files.push(global.clone()),
+            None => {
+                files.extend(self.xdg_git_dir().map(|d| d.join("config")));
+                files.extend(self.home.as_ref().map(|h| h.join(".gitconfig")));
+            }
+        }
         files.extend(common_dir.map(|d| d.join("config")));
         files.extend(git_dir.map(|d| d.join("config.worktree")));
         files
@@ -94,54 +112,54 @@ impl UserConfig {
                     if let Some(target) = self.expand(&entry.value, Some(dir)) {
                         if let Some(text) = read(&target) {
                             let inner = target.parent().unwrap_or(Path::new("/")).to_path_buf();
-                            out.extend(
-                                entries(&text)
-                                    .iter()
-                                    .filter_map(|e| self.program_path(e, &inner, worktree)),
-                            );
+                            for inner_entry in entries(&text) {
+                                out.extend(self.entry_paths(&inner_entry, &inner, worktree));
+                            }
                         }
                         out.push(target);
                     }
                     continue;
                 }
-                out.extend(self.program_path(&entry, dir, worktree));
+                out.extend(self.entry_paths(&entry, dir, worktree));
             }
         }
         out
     }
 
-    /// The path an entry's value names as its first word, if it has one
-    /// and the entry is one git runs or reads: the hooks directory, the
-    /// programs of `core`, diff and merge drivers, filters, credential
-    /// helpers, signing programs, editors, pagers and aliases.
-    fn program_path(&self, entry: &Entry, dir: &Path, worktree: &Path) -> Option<PathBuf> {
+    /// The paths an entry names, if it is one git runs or reads: the
+    /// hooks directory, an included file, and every word that is a path in
+    /// a command (the programs of `core`, diff and merge drivers, filters,
+    /// credential helpers, signing programs, editors, pagers, aliases,
+    /// transports, browsers, submodule update commands and the like).
+    fn entry_paths(&self, entry: &Entry, dir: &Path, worktree: &Path) -> Vec<PathBuf> {
         if entry.key == "path" && matches!(entry.section.as_str(), "include" | "includeif") {
-            return self.expand(&entry.value, Some(dir));
+            return self.expand(&entry.value, Some(dir)).into_iter().collect();
         }
-        // A directory, always a path; programs are run through the shell,
-        // where a word without `/` is looked up in PATH.
+        // A directory, always a path.
         if entry.section == "core" && entry.key == "hookspath" {
-            return self.expand(entry.value.trim(), Some(worktree));
+            return self
+                .expand(entry.value.trim(), Some(worktree))
+                .into_iter()
+                .collect();
         }
-        let runs = match entry.section.as_str() {
-            "core" => matches!(
-                entry.key.as_str(),
-                "hookspath" | "fsmonitor" | "pager" | "editor" | "sshcommand" | "askpass"
-            ),
-            "diff" | "difftool" | "mergetool" | "merge" | "filter" | "credential" | "gpg"
-            | "sequence" | "pager" | "alias" => true,
-            _ => false,
-        };
-        if !runs {
-            return None;
+        if !runs_program(entry) {
+            return Vec::new();
         }
-        let value = entry.value.trim_start().trim_start_matches('!');
-        let word = value.split_whitespace().next()?;
-        let word = word.trim_matches(|c| c == '\'' || c == '"');
-        if !word.contains('/') || word.contains("://") {
-            return None;
-        }
-        self.expand(word, Some(worktree))
+        command_paths(&entry.value)
+            .filter_map(|word| self.expand(word, Some(worktree)))
+            .collect()
+    }
+
+    /// The last `core.hooksPath` of `files`, resolved.
+    pub fn hooks_path(&self, files: &[PathBuf], worktree: &Path) -> Option<PathBuf> {
+        files
+            .iter()
+            .filter_map(|f| read(f))
+            .flat_map(|text| entries(&text))
+            .filter(|e| e.section == "core" && e.key == "hookspath")
+            .map(|e| e.value)
+            .next_back()
+            .and_then(|value| self.expand(value.trim(), Some(worktree)))
     }
 
     /// Expands a leading `~/` to the home directory and a relative path
@@ -157,6 +175,36 @@ impl UserConfig {
         }
         base.map(|b| normalize(&b.join(path)))
     }
+}
+
+/// Whether git runs the value of `entry` as a command.
+fn runs_program(entry: &Entry) -> bool {
+    let key = entry.key.as_str();
+    match entry.section.as_str() {
+        "core" => matches!(
+            key,
+            "fsmonitor" | "pager" | "editor" | "sshcommand" | "askpass" | "gitproxy"
+        ),
+        "diff" | "difftool" | "mergetool" | "merge" | "filter" | "credential" | "gpg"
+        | "sequence" | "pager" | "alias" | "tar" | "trailer" | "browser" | "man" | "guitool"
+        | "sendemail" => true,
+        "remote" => matches!(key, "uploadpack" | "receivepack" | "vcs"),
+        "interactive" => key == "difffilter",
+        "web" => key == "browser",
+        "submodule" => key == "update" && entry.value.trim_start().starts_with('!'),
+        _ => false,
+    }
+}
+
+/// The words of a shell command that name a file by path (hold a `/`,
+/// are no URL and no variable).
+pub fn command_paths(command: &str) -> impl Iterator<Item = &str> {
+    command
+        .split(|c: char| {
+            c.is_whitespace() || matches!(c, ';' | '|' | '&' | '(' | ')' | '`' | '<' | '>')
+        })
+        .map(|w| w.trim_matches(|c| matches!(c, '\'' | '"' | '!' | '=')))
+        .filter(|w| w.contains('/') && !w.contains("://") && !w.contains('$') && !w.is_empty())
 }
 
 /// `path` without `.` components and with each `..` applied to what is
@@ -190,7 +238,22 @@ pub fn entries(text: &str) -> Vec<Entry> {
     let mut out = Vec::new();
     let mut section = String::new();
     let mut subsection = None;
+    // A line ending in a backslash continues on the next.
+    let mut joined = Vec::new();
+    let mut pending = String::new();
     for line in text.lines() {
+        match line.strip_suffix('\\') {
+            Some(head) => pending.push_str(head),
+            None => {
+                pending.push_str(line);
+                joined.push(std::mem::take(&mut pending));
+            }
+        }
+    }
+    if !pending.is_empty() {
+        joined.push(pending);
+    }
+    for line in &joined {
         let mut line = line.trim_start();
         if let Some(rest) = line.strip_prefix('[') {
             let Some((header, after)) = rest.split_once(']') else {
@@ -282,6 +345,7 @@ mod tests {
         let user = UserConfig {
             home: Some("/nonexistent-home".into()),
             xdg_config_home: None,
+            ..UserConfig::default()
         };
         assert_eq!(
             user.excludes_file(&[]),
@@ -290,6 +354,7 @@ mod tests {
         let user = UserConfig {
             home: Some("/h".into()),
             xdg_config_home: Some("/x".into()),
+            ..UserConfig::default()
         };
         assert_eq!(user.expand("~/ig", None), Some(PathBuf::from("/h/ig")));
         assert_eq!(user.expand("relative", None), None);
@@ -307,7 +372,8 @@ mod tests {
              \tpager = less\n[include]\n\tpath = more.config\n\
              [remote \"origin\"]\n\turl = ../sibling/x.git\n\
              [branch \"main\"]\n\tmerge = refs/heads/main\n\
-             [alias]\n\tt = !scripts/test.sh --all\n",
+             [alias]\n\tt = !bash scripts/test.sh --all\n\
+             [diff \"x\"]\n\ttextconv = python3 \\\n\t\ttools/conv.py\n",
         )
         .unwrap();
         std::fs::write(
@@ -321,6 +387,7 @@ mod tests {
         let mut expected = vec![
             PathBuf::from("/w/.husky"),
             PathBuf::from("/w/scripts/test.sh"),
+            PathBuf::from("/w/tools/conv.py"),
             PathBuf::from("/w/bin/clean"),
             PathBuf::from("/w/tools/watch.sh"),
             included,

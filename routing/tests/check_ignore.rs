@@ -94,6 +94,8 @@ impl Fixture {
         UserConfig {
             home: Some(self.home.clone()),
             xdg_config_home: None,
+            no_system: true,
+            ..UserConfig::default()
         }
     }
 }
@@ -392,7 +394,10 @@ fn a_workspace_inside_git_metadata_is_refused() {
         let dir = std::fs::File::open(&workspace).unwrap();
         let error = gather(dir.as_fd(), &workspace, true, &fixture.user())
             .expect_err("a git directory is no workspace");
-        assert!(error.to_string().contains("inside the git directory"), "{error}");
+        assert!(
+            error.to_string().contains("inside the git directory"),
+            "{error}"
+        );
     }
     // A separate git directory (`git init --separate-git-dir`), found
     // through the worktree's `.git` file.
@@ -401,16 +406,92 @@ fn a_workspace_inside_git_metadata_is_refused() {
     std::fs::create_dir_all(&worktree).unwrap();
     fixture.git(
         &worktree,
-        &["init", "-q", "--separate-git-dir", separate.to_str().unwrap(), "."],
+        &[
+            "init",
+            "-q",
+            "--separate-git-dir",
+            separate.to_str().unwrap(),
+            ".",
+        ],
     );
     let inside = separate.join("hooks");
     std::fs::create_dir_all(&inside).unwrap();
     let dir = std::fs::File::open(&inside).unwrap();
     let error = gather(dir.as_fd(), &inside, true, &fixture.user())
         .expect_err("a separate git directory's hooks are no workspace");
-    assert!(error.to_string().contains("inside the git directory"), "{error}");
+    assert!(
+        error.to_string().contains("inside the git directory"),
+        "{error}"
+    );
     // A bare repository itself may be a workspace: its configuration and
     // hooks are read-only there like a `.git` directory's.
     let dir = std::fs::File::open(&separate).unwrap();
     assert!(gather(dir.as_fd(), &separate, true, &fixture.user()).is_ok());
+}
+
+#[test]
+fn what_the_repository_runs_is_read_only() {
+    let fixture = Fixture::new();
+    fixture.write(
+        "scripts/pre-commit",
+        "#!/bin/sh\n./tools/lint.sh && exit 0\n# ./not/this\n",
+    );
+    fixture.write("tools/lint.sh", "true\n");
+    std::os::unix::fs::symlink(
+        "../../scripts/pre-commit",
+        fixture.repo.join(".git/hooks/pre-commit"),
+    )
+    .unwrap();
+    fixture.git(
+        &fixture.repo,
+        &["config", "core.fsmonitor", "sh tools/watch.sh --fast"],
+    );
+    fixture.git(
+        &fixture.repo,
+        &["config", "alias.t", "!bash scripts/test.sh"],
+    );
+    let dir = std::fs::File::open(&fixture.repo).unwrap();
+    let gathered = gather(dir.as_fd(), &fixture.repo, true, &fixture.user()).unwrap();
+    let read_only: BTreeSet<String> = gathered
+        .rules
+        .read_only
+        .iter()
+        .map(|p| String::from_utf8(p.0.clone()).unwrap())
+        .collect();
+    for expected in [
+        ".git/hooks/pre-commit",
+        "scripts/pre-commit",
+        "tools/lint.sh",
+        "tools/watch.sh",
+        "scripts/test.sh",
+        ".pre-commit-config.yaml",
+    ] {
+        assert!(read_only.contains(expected), "{expected} in {read_only:?}");
+    }
+    assert!(
+        !read_only.iter().any(|p| p.contains("not/this")),
+        "{read_only:?}"
+    );
+}
+
+#[test]
+fn patterns_that_are_not_utf8_ignore_what_git_ignores() {
+    use std::os::unix::ffi::OsStrExt;
+    let fixture = Fixture::new();
+    std::fs::write(fixture.repo.join(".gitignore"), b"secret\xe9.txt\n").unwrap();
+    let name = std::ffi::OsStr::from_bytes(b"secret\xe9.txt");
+    std::fs::write(fixture.repo.join(name), "x").unwrap();
+    std::fs::write(fixture.repo.join("secret.txt"), "x").unwrap();
+    let dir = std::fs::File::open(&fixture.repo).unwrap();
+    let gathered = gather(dir.as_fd(), &fixture.repo, true, &fixture.user()).unwrap();
+    let classifier = Classifier::new(&gathered.rules);
+    let host = |_: &[u8]| HostFacts {
+        exists: true,
+        dir_holds_head: false,
+    };
+    assert_eq!(
+        classifier.walk(b"secret\xe9.txt", false, &host).0,
+        Route::Isolated
+    );
+    assert_eq!(classifier.walk(b"secret.txt", false, &host).0, Route::Host);
 }

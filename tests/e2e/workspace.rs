@@ -285,14 +285,20 @@ fn git_works_inside() -> Result {
     inside(
         &host,
         &status,
-        "cd /workspace && echo change >> README && echo added > added.txt && \
-         git add README added.txt && \
-         git -c user.name=agent -c user.email=agent@example.invalid commit -q -m 'from inside' && \
+        "cd /workspace && export GIT_AUTHOR_NAME=agent GIT_AUTHOR_EMAIL=agent@example.invalid \
+         GIT_COMMITTER_NAME=agent GIT_COMMITTER_EMAIL=agent@example.invalid && \
+         echo change >> README && echo added > added.txt && \
+         git add README added.txt && git commit -q -m 'from inside' && \
          git checkout -q -b feature && git checkout -q main && git branch -q -D feature && \
-         echo wip >> README && git stash -q && git stash pop -q && git status --short",
+         echo wip >> README && git stash -q && git stash pop -q && git checkout -q -- README && \
+         git checkout -q -b topic && echo t > topic.txt && git add topic.txt && \
+         git commit -q -m topic && git checkout -q main && echo more >> added.txt && \
+         git commit -q -am 'main again' && git checkout -q topic && git rebase -q main && \
+         git checkout -q main && git merge -q --ff-only topic && git status --short",
     )?;
     let log = sh(&host, &ws, "git log --format=%s");
-    assert_eq!(log, "from inside\nhooks\ninit\n");
+    assert_eq!(log, "topic\nmain again\nfrom inside\nhooks\ninit\n");
+    assert!(!ws.join(".git/rebase-merge").exists());
     sh(&host, &ws, "git fsck --strict");
     down(&host, &ws)?;
     Ok(())

@@ -89,17 +89,20 @@ pub(super) fn prepare(
         },
     );
     let host = HostEnvironment::capture();
+    // The files git itself would read, as the environment tells it.
     let user = UserConfig {
         home: host.variable("HOME").map(Into::into),
         xdg_config_home: host.variable("XDG_CONFIG_HOME").map(Into::into),
+        global: host.variable("GIT_CONFIG_GLOBAL").map(Into::into),
+        system: host.variable("GIT_CONFIG_SYSTEM").map(Into::into),
+        no_system: host
+            .variable("GIT_CONFIG_NOSYSTEM")
+            .is_some_and(|v| !matches!(v.to_str(), Some("" | "0" | "false" | "no" | "off"))),
     };
     let gathered = gather(workspace.fd(), workspace.label(), isolate, &user).map_err(|e| {
         failure(
             STEP,
-            format!(
-                "cannot route the workspace: {}",
-                super::chain(&e)
-            ),
+            format!("cannot route the workspace: {}", super::chain(&e)),
         )
     })?;
     let summary = RoutingSummary::of(&gathered.rules);
