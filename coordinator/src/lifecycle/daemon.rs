@@ -10,7 +10,8 @@
 //!    Catalog; finish a stale generation if the store records one;
 //! 5. record a new generation, then for each participant record intent
 //!    before creating it: the prepared-lower lease, the State Anchor
-//!    directories, the Runtime Supervisor (which builds the namespaces and
+//!    directories, the workspace routing (its rules taken from the host),
+//!    the Runtime Supervisor (which builds the namespaces and
 //!    starts runsc), the sandbox, and the control socket;
 //! 6. report the running Domain and serve `status` and `down` until told to
 //!    stop or until the supervisor dies; then release the generation.
@@ -1089,17 +1090,17 @@ struct PlanInputs<'a> {
 fn send_plan(
     supervisor: &mut Supervisor,
     resolved: &ResolvedDomainConfiguration,
-    sources: PlanInputs<'_>,
+    inputs: PlanInputs<'_>,
     generation: &Generation,
     policy: &DerivedNetworkPolicy,
 ) -> Result<(), Failure> {
     let auth = resolved.authorities();
     let mut fds: Vec<BorrowedFd<'_>> = vec![
-        sources.prepared.rootfs.fd(),
+        inputs.prepared.rootfs.fd(),
         auth.workspace.fd(),
-        sources.environment,
-        sources.isolated.fd(),
-        sources.rules,
+        inputs.environment,
+        inputs.isolated.fd(),
+        inputs.rules,
     ];
     let next =
         |fds: &mut Vec<BorrowedFd<'_>>| FdIndex(u16::try_from(fds.len()).unwrap_or(u16::MAX));
@@ -1107,7 +1108,7 @@ fn send_plan(
         .record()
         .persistent_dirs
         .iter()
-        .zip(sources.anchor_dirs)
+        .zip(inputs.anchor_dirs)
         .map(|(path, dir)| {
             let index = next(&mut fds);
             fds.push(dir.fd());
@@ -1142,9 +1143,9 @@ fn send_plan(
     let plan = SandboxPlan {
         domain_id: resolved.domain_id(),
         generation_id: generation.generation_id,
-        container_id: sources.container_id,
-        runtime_dir: HostPath::from(sources.generation_dir.label()),
-        runsc: HostPath::from(sources.runsc),
+        container_id: inputs.container_id,
+        runtime_dir: HostPath::from(inputs.generation_dir.label()),
+        runsc: HostPath::from(inputs.runsc),
         rootfs: FdIndex(0),
         workspace: FdIndex(1),
         environment: FdIndex(2),
