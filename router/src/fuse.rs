@@ -436,16 +436,18 @@ impl Filesystem for Router {
             }
         }
         let from = offset.saturating_sub(2) as usize;
-        let listed = self.tree.readdirplus(fh.0, from, |ino, next, name, stat| {
-            reply.add(
-                INodeNo(ino),
-                next,
-                OsStr::from_bytes(name),
-                &TTL,
-                &attr(ino, stat),
-                Generation(0),
-            )
-        });
+        let listed = self
+            .tree
+            .readdirplus(fh.0, ino.0, from, |ino, next, name, stat| {
+                reply.add(
+                    INodeNo(ino),
+                    next,
+                    OsStr::from_bytes(name),
+                    &TTL,
+                    &attr(ino, stat),
+                    Generation(0),
+                )
+            });
         match listed {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(e)),

@@ -93,16 +93,11 @@ pub struct DirEntry {
     pub kind: Kind,
     /// An inode number for `d_ino` (never 0).
     pub ino: u64,
-    route: Route,
-    state: DirState,
-    protection: Protection,
 }
 
 /// A directory's entries, as listed when it was opened.
 #[derive(Debug)]
 pub struct Listing {
-    /// The directory's path.
-    path: Vec<u8>,
     /// Its visible entries.
     pub entries: Vec<DirEntry>,
     /// Whether a read from its start has used it.
@@ -129,6 +124,45 @@ impl Found {
             self.state.clone(),
             self.protection,
         )
+    }
+}
+
+/// The two sides' directories of one merged directory: the host's opened
+/// at once (none for an isolated directory), the isolated side's when
+/// first needed (none where it does not exist).
+struct Sides {
+    host: Option<OwnedFd>,
+    isolated: Option<Option<OwnedFd>>,
+}
+
+impl Sides {
+    fn new(tree: &Tree, dir_path: &[u8], dir: &DirState) -> Result<Self> {
+        let host = if dir.is_isolated() {
+            None
+        } else {
+            Some(tree.open_dir(Route::Host, dir_path, OFlags::PATH)?)
+        };
+        Ok(Sides {
+            host,
+            isolated: None,
+        })
+    }
+
+    fn isolated(&mut self, tree: &Tree, dir_path: &[u8]) -> Result<Option<BorrowedFd<'_>>> {
+        if self.isolated.is_none() {
+            self.isolated = Some(
+                match tree.open_dir(Route::Isolated, dir_path, OFlags::PATH) {
+                    Ok(fd) => Some(fd),
+                    Err(Errno::NOENT | Errno::NOTDIR) => None,
+                    Err(e) => return Err(e),
+                },
+            );
+        }
+        Ok(self
+            .isolated
+            .as_ref()
+            .and_then(Option::as_ref)
+            .map(AsFd::as_fd))
     }
 }
 
@@ -359,18 +393,25 @@ impl Tree {
 
     /// The visible entry `name` of the directory at `dir_path`.
     fn find(&self, dir_path: &[u8], dir: &DirState, name: &[u8]) -> Result<Option<Found>> {
+        let mut sides = Sides::new(self, dir_path, dir)?;
+        self.find_in(&mut sides, dir_path, dir, name)
+    }
+
+    /// [`find`](Self::find) in a directory whose sides are open.
+    fn find_in(
+        &self,
+        sides: &mut Sides,
+        dir_path: &[u8],
+        dir: &DirState,
+        name: &[u8],
+    ) -> Result<Option<Found>> {
         let path = join(dir_path, name);
-        let host_dir = if dir.is_isolated() {
-            None
-        } else {
-            Some(self.open_dir(Route::Host, dir_path, OFlags::PATH)?)
-        };
-        let host_stat = match &host_dir {
+        let host_stat = match &sides.host {
             Some(fd) => Self::exists_at(fd.as_fd(), name)?,
             None => None,
         };
         let facts = Self::facts(
-            host_dir.as_ref().map(AsFd::as_fd),
+            sides.host.as_ref().map(AsFd::as_fd),
             name,
             host_stat.is_some(),
         )?;
@@ -393,12 +434,10 @@ impl Tree {
                 }));
             }
         }
-        let isolated_dir = match self.open_dir(Route::Isolated, dir_path, OFlags::PATH) {
-            Ok(fd) => fd,
-            Err(Errno::NOENT | Errno::NOTDIR) => return Ok(None),
-            Err(e) => return Err(e),
+        let Some(isolated_dir) = sides.isolated(self, dir_path)? else {
+            return Ok(None);
         };
-        let Some(stat) = Self::exists_at(isolated_dir.as_fd(), name)? else {
+        let Some(stat) = Self::exists_at(isolated_dir, name)? else {
             return Ok(None);
         };
         let kind = kind_of(&stat);
@@ -937,18 +976,11 @@ impl Tree {
         for (name, kind, ino) in list(fd.as_fd())? {
             let exists = Self::exists_at(host.as_fd(), &name)?.is_some();
             let facts = Self::facts(Some(host.as_fd()), &name, exists)?;
-            let (route, state) =
-                self.classifier
-                    .child(state, path, &name, kind == Kind::Dir, facts);
+            let (route, _) = self
+                .classifier
+                .child(state, path, &name, kind == Kind::Dir, facts);
             if route == Route::Isolated {
-                out.push(DirEntry {
-                    name,
-                    kind,
-                    ino,
-                    route,
-                    state,
-                    protection: Protection::None,
-                });
+                out.push(DirEntry { name, kind, ino });
             }
         }
         Ok(out)
@@ -1066,14 +1098,7 @@ impl Tree {
                 let dir = self.open_dir(Route::Isolated, &node.path, OFlags::RDONLY)?;
                 list(dir.as_fd())?
                     .into_iter()
-                    .map(|(name, kind, ino)| DirEntry {
-                        name,
-                        kind,
-                        ino,
-                        route: Route::Isolated,
-                        state: DirState::isolated(),
-                        protection: Protection::None,
-                    })
+                    .map(|(name, kind, ino)| DirEntry { name, kind, ino })
                     .collect()
             }
             Route::Host => {
@@ -1087,21 +1112,11 @@ impl Tree {
                         dir_holds_head: holds_head && needs_head(&name),
                     };
                     let is_dir = kind == Kind::Dir;
-                    let (route, child) = self
+                    let (route, _) = self
                         .classifier
                         .child(&state, &node.path, &name, is_dir, facts);
                     if route == Route::Host {
-                        let protection = self
-                            .classifier
-                            .protection(&state, &node.path, &name, is_dir, facts);
-                        entries.push(DirEntry {
-                            name,
-                            kind,
-                            ino,
-                            route,
-                            state: child,
-                            protection,
-                        });
+                        entries.push(DirEntry { name, kind, ino });
                     }
                 }
                 let shown: HashSet<Vec<u8>> = entries.iter().map(|e| e.name.clone()).collect();
@@ -1114,7 +1129,6 @@ impl Tree {
             }
         };
         Ok(Listing {
-            path: node.path,
             entries,
             read: std::sync::atomic::AtomicBool::new(false),
         })
@@ -1133,43 +1147,29 @@ impl Tree {
     pub fn readdirplus(
         &self,
         handle: u64,
+        ino: u64,
         from: usize,
         mut emit: impl FnMut(u64, u64, &[u8], &Stat) -> bool,
     ) -> Result<()> {
         let listing = self.listing(handle)?;
-        let mut sides: [Option<OwnedFd>; 2] = [None, None];
+        // The directory as it is now (it may have been renamed since it
+        // was listed): each name is found afresh, nothing taken from the
+        // listing but the name.
+        let (node, state) = self.dir_node(ino)?;
+        let mut sides = Sides::new(self, &node.path, &state)?;
         let mut emitted = false;
         for (i, entry) in listing.entries.iter().enumerate().skip(from) {
-            let side = usize::from(entry.route == Route::Isolated);
-            let stat = (|| {
-                if sides[side].is_none() {
-                    sides[side] = Some(self.open_dir(entry.route, &listing.path, OFlags::PATH)?);
-                }
-                match &sides[side] {
-                    Some(dir) => Self::exists_at(dir.as_fd(), &entry.name),
-                    None => Ok(None),
-                }
-            })();
-            let stat = match stat {
-                Ok(Some(stat)) => stat,
-                // Vanished since the listing.
+            let found = match self.find_in(&mut sides, &node.path, &state, &entry.name) {
+                Ok(Some(found)) => found,
+                // Gone since the listing: skipped.
                 Ok(None) => continue,
                 // What was added so far goes out; the kernel asks again.
                 Err(_) if emitted => break,
                 Err(e) => return Err(e),
             };
-            let kind = kind_of(&stat);
-            let found = Found {
-                path: join(&listing.path, &entry.name),
-                route: entry.route,
-                stat,
-                kind,
-                state: (kind == Kind::Dir).then(|| entry.state.clone()),
-                protection: entry.protection,
-            };
             let ino = self.register(&found);
             // Offsets 1 and 2 are `.` and `..`; entry i is at i + 3.
-            if emit(ino, i as u64 + 3, &entry.name, &stat) {
+            if emit(ino, i as u64 + 3, &entry.name, &found.stat) {
                 // It did not fit: the kernel never saw this lookup.
                 self.forget(ino, 1);
                 break;

@@ -659,3 +659,30 @@ fn a_listing_read_again_from_its_start_shows_what_is_there_now() {
     assert!(now.contains(&b"late.txt".to_vec()) && now.contains(&b"late.log".to_vec()));
     tree.releasedir(handle);
 }
+
+#[test]
+fn readdirplus_describes_each_name_as_it_is_now() {
+    let s = Scratch::new();
+    let tree = s.tree(true);
+    let root = tree.root();
+    create(&tree, "swap", b"file").unwrap();
+    let handle = tree.opendir(root).unwrap();
+    // After the listing, the file becomes a directory.
+    tree.remove(root, b"swap", false).unwrap();
+    tree.mkdir(root, b"swap", 0o755, 0o022).unwrap();
+    let mut seen = None;
+    tree.readdirplus(handle, root, 0, |ino, _, name, stat| {
+        if name == b"swap" {
+            seen = Some((ino, stat.st_mode));
+        }
+        false
+    })
+    .unwrap();
+    let (listed, mode) = seen.expect("swap listed");
+    assert_eq!(
+        rustix::fs::FileType::from_raw_mode(mode),
+        rustix::fs::FileType::Directory
+    );
+    assert_eq!(listed, ino(&tree, "swap").unwrap());
+    tree.releasedir(handle);
+}
