@@ -97,6 +97,21 @@ pub struct IgnoreScope {
     /// Paths, relative to the repository root, that its index tracks
     /// although its rules ignore them: git does not ignore tracked paths.
     pub tracked_ignored: Vec<RelativePath>,
+    /// The directories among them that the index tracks whole (a
+    /// submodule, a sparse directory): the directory is tracked, not a
+    /// file of its name.
+    pub tracked_ignored_dirs: Vec<RelativePath>,
+}
+
+/// The entries of a directory whose names start with a prefix: every name
+/// a program that looks one name up may take (the Python module `tool`
+/// run with `python -m tool` is `tool.py`, `tool.pyc`, `tool.abi3.so`, ...).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NamePrefix {
+    /// The directory, relative to the workspace.
+    pub dir: RelativePath,
+    /// The start of the names.
+    pub prefix: Vec<u8>,
 }
 
 /// What the Workspace Router routes by, taken from the host when the
@@ -120,6 +135,14 @@ pub struct WorkspaceRules {
     /// read-only inside, with everything below it, and the directories
     /// holding it cannot be moved.
     pub read_only: Vec<RelativePath>,
+    /// Names read-only the same way, by prefix (hook managers' files in
+    /// their variants, modules a hook runs with `python -m`).
+    pub read_only_prefixes: Vec<NamePrefix>,
+    /// Git directories of the host inside the workspace that are not named
+    /// `.git` (one a `.git` file names, a bare repository): routed and
+    /// protected as `.git` is, and the directories holding them cannot be
+    /// moved.
+    pub git_dirs: Vec<RelativePath>,
 }
 
 impl WireRecord for WorkspaceRules {
@@ -135,10 +158,13 @@ impl WorkspaceRules {
                 .into_iter()
                 .chain(s.ignore_files.iter().map(|f| &f.dir))
                 .chain(&s.tracked_ignored)
+                .chain(&s.tracked_ignored_dirs)
         });
         scoped
             .into_iter()
             .chain(&self.read_only)
+            .chain(self.read_only_prefixes.iter().map(|p| &p.dir))
+            .chain(&self.git_dirs)
             .find(|p| !p.is_valid())
     }
 }
@@ -211,8 +237,14 @@ impl RoutingSummary {
         Self {
             scopes: count(rules.scopes.len()),
             ignore_files: count(rules.scopes.iter().map(|s| s.ignore_files.len()).sum()),
-            tracked_ignored: count(rules.scopes.iter().map(|s| s.tracked_ignored.len()).sum()),
-            read_only: count(rules.read_only.len()),
+            tracked_ignored: count(
+                rules
+                    .scopes
+                    .iter()
+                    .map(|s| s.tracked_ignored.len() + s.tracked_ignored_dirs.len())
+                    .sum(),
+            ),
+            read_only: count(rules.read_only.len() + rules.read_only_prefixes.len()),
         }
     }
 }
@@ -269,8 +301,14 @@ mod tests {
                     content: b".env\nnode_modules/\n".to_vec(),
                 }],
                 tracked_ignored: vec![path("sub/keep.log")],
+                tracked_ignored_dirs: vec![path("sub/vendor/module")],
             }],
             read_only: vec![path(".husky")],
+            read_only_prefixes: vec![NamePrefix {
+                dir: path(""),
+                prefix: b"pre_commit.".to_vec(),
+            }],
+            git_dirs: vec![path(".bare")],
         }
     }
 
@@ -286,8 +324,8 @@ mod tests {
             RoutingSummary {
                 scopes: 1,
                 ignore_files: 1,
-                tracked_ignored: 1,
-                read_only: 1,
+                tracked_ignored: 2,
+                read_only: 2,
             }
         );
         round_trip(&RouterRequest::Serve(ServeRequest {
@@ -311,5 +349,11 @@ mod tests {
         let mut r = rules();
         r.scopes[0].ignore_files[0].dir = path("/abs");
         assert_eq!(r.invalid_path(), Some(&path("/abs")));
+        let mut r = rules();
+        r.git_dirs.push(path("a/../.."));
+        assert_eq!(r.invalid_path(), Some(&path("a/../..")));
+        let mut r = rules();
+        r.read_only_prefixes[0].dir = path("a/");
+        assert_eq!(r.invalid_path(), Some(&path("a/")));
     }
 }

@@ -7,7 +7,7 @@ use std::os::fd::OwnedFd;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use lazaret_proto::router::{IgnoreFile, IgnoreScope, RelativePath, WorkspaceRules};
+use lazaret_proto::router::{IgnoreFile, IgnoreScope, NamePrefix, RelativePath, WorkspaceRules};
 use lazaret_router::tree::{SetAttr, Tree};
 use lazaret_routing::classify::Classifier;
 use rustix::fs::{Mode, OFlags, RenameFlags};
@@ -36,6 +36,7 @@ fn rules(isolate: bool) -> WorkspaceRules {
                     content: IGNORE.as_bytes().to_vec(),
                 }],
                 tracked_ignored: vec![RelativePath(b"kept.log".to_vec())],
+                tracked_ignored_dirs: Vec::new(),
             }]
         } else {
             Vec::new()
@@ -43,7 +44,19 @@ fn rules(isolate: bool) -> WorkspaceRules {
         read_only: vec![
             RelativePath(b".husky".to_vec()),
             RelativePath(b"tools/hooks".to_vec()),
+            RelativePath(b"pre_commit".to_vec()),
         ],
+        read_only_prefixes: vec![
+            NamePrefix {
+                dir: RelativePath::default(),
+                prefix: b"pre_commit.".to_vec(),
+            },
+            NamePrefix {
+                dir: RelativePath(b".config".to_vec()),
+                prefix: b"lefthook".to_vec(),
+            },
+        ],
+        git_dirs: vec![RelativePath(b".bare".to_vec())],
     }
 }
 
@@ -70,6 +83,10 @@ impl Scratch {
         std::fs::write(host.join(".git/config"), "[core]\n").unwrap();
         std::fs::write(host.join(".git/modules/sub/config"), "[core]\n").unwrap();
         std::fs::write(host.join(".git/index"), "index").unwrap();
+        std::fs::create_dir_all(host.join(".bare/hooks")).unwrap();
+        std::fs::create_dir_all(host.join(".bare/info")).unwrap();
+        std::fs::write(host.join(".bare/HEAD"), "ref: refs/heads/main\n").unwrap();
+        std::fs::write(host.join(".bare/config"), "[core]\n").unwrap();
         std::fs::write(outside.join("target"), "outside").unwrap();
         Scratch {
             _dir: dir,
@@ -685,4 +702,60 @@ fn readdirplus_describes_each_name_as_it_is_now() {
     );
     assert_eq!(listed, ino(&tree, "swap").unwrap());
     tree.releasedir(handle);
+}
+
+#[test]
+fn every_form_of_a_name_a_hook_runs_is_read_only() {
+    let s = Scratch::new();
+    let tree = s.tree(true);
+    let root = tree.root();
+    // `python -m pre_commit` would find any of these first.
+    assert_eq!(create(&tree, "pre_commit.py", b"evil"), Err(Errno::ROFS));
+    assert_eq!(
+        create(&tree, "pre_commit.cpython-312-x86_64-linux-gnu.so", b"evil"),
+        Err(Errno::ROFS)
+    );
+    assert_eq!(
+        tree.mkdir(root, b"pre_commit", 0o755, 0).err(),
+        Some(Errno::ROFS)
+    );
+    create(&tree, "pre_commit_notes.txt", b"fine").unwrap();
+    // `.config/lefthook.yml`: `.config` cannot be swapped for another.
+    tree.mkdir(root, b".config", 0o755, 0).unwrap();
+    assert_eq!(
+        create(&tree, ".config/lefthook-local.yml", b"x"),
+        Err(Errno::ROFS)
+    );
+    create(&tree, ".config/other.toml", b"fine").unwrap();
+    assert!(
+        tree.rename(root, b".config", root, b"moved", RenameFlags::empty())
+            .is_err()
+    );
+    assert!(!s.host.join("pre_commit.py").exists());
+}
+
+#[test]
+fn a_git_directory_named_otherwise_is_protected_as_git() {
+    let s = Scratch::new();
+    let tree = s.tree(true);
+    let root = tree.root();
+    let config = ino(&tree, ".bare/config").unwrap();
+    assert_eq!(tree.open(config, libc_wronly()), Err(Errno::ROFS));
+    assert_eq!(
+        create(&tree, ".bare/hooks/pre-commit", b"x"),
+        Err(Errno::ROFS)
+    );
+    assert_eq!(create(&tree, ".bare/info/exclude", b""), Err(Errno::ROFS));
+    assert_eq!(
+        tree.rename(root, b".bare", root, b"old", RenameFlags::empty()),
+        Err(Errno::ROFS)
+    );
+    // A rebase started inside stays inside.
+    let bare = ino(&tree, ".bare").unwrap();
+    tree.mkdir(bare, b"rebase-merge", 0o755, 0).unwrap();
+    create(&tree, ".bare/rebase-merge/git-rebase-todo", b"exec evil\n").unwrap();
+    assert!(!s.host.join(".bare/rebase-merge").exists());
+    // What git writes in normal work reaches the host.
+    create(&tree, ".bare/index", b"index").unwrap();
+    assert!(s.host.join(".bare/index").exists());
 }

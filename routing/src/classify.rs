@@ -12,10 +12,12 @@
 //!   host's.
 //! - **protection**: may the sandbox change it? Whatever git reads as
 //!   configuration or runs (`config`, `config.worktree`, `commondir`,
-//!   `hooks/`, `info/exclude`) in the host's `.git` directories, their
-//!   modules and worktrees, and in any host directory holding a `HEAD`, is
-//!   read-only; the host's `.git` entries cannot be moved or removed, and
-//!   no directory moves into or out of git metadata.
+//!   `hooks/`, `info/exclude`) in the host's git directories (each `.git`
+//!   and those the rules name otherwise), their modules and worktrees, and
+//!   in any host directory holding a `HEAD`, is read-only, as is what the
+//!   rules name (by path, or by name prefix in a directory); the host's
+//!   git directories cannot be moved or removed, and no directory moves
+//!   into or out of git metadata.
 //!
 //! The two facts that make a name git metadata — the host has a `.git`
 //! here, the host has a `HEAD` here — are read from the host by the
@@ -181,6 +183,8 @@ struct Scope {
     tracked: HashSet<Vec<u8>>,
     /// Every proper ancestor of a tracked path.
     tracked_dirs: HashSet<Vec<u8>>,
+    /// Directories tracked whole (submodules, sparse directories).
+    tracked_trees: HashSet<Vec<u8>>,
 }
 
 /// The rules of one generation, compiled.
@@ -194,7 +198,11 @@ pub struct Classifier {
     /// Paths the host's git configuration reads or runs, read-only with
     /// everything below them.
     read_only: HashSet<Vec<u8>>,
-    /// The directories holding them, unmovable.
+    /// Names read-only by prefix, by the directory holding them.
+    read_only_prefixes: HashMap<Vec<u8>, Vec<Vec<u8>>>,
+    /// The host's git directories not named `.git`.
+    git_dirs: HashSet<Vec<u8>>,
+    /// The directories holding any of them, unmovable.
     unmovable: HashSet<Vec<u8>>,
 }
 
@@ -295,6 +303,12 @@ impl Classifier {
         for path in &rules.read_only {
             classifier.add_read_only(path.as_bytes());
         }
+        for names in &rules.read_only_prefixes {
+            classifier.add_read_only_prefix(names.dir.as_bytes(), &names.prefix);
+        }
+        for path in &rules.git_dirs {
+            classifier.add_git_dir(path.as_bytes());
+        }
         for scope in &rules.scopes {
             let index = classifier.add_scope(
                 scope.root.as_bytes(),
@@ -306,6 +320,9 @@ impl Classifier {
             }
             for path in &scope.tracked_ignored {
                 classifier.add_tracked(index, path.as_bytes());
+            }
+            for path in &scope.tracked_ignored_dirs {
+                classifier.add_tracked_dir(index, path.as_bytes());
             }
         }
         classifier
@@ -320,6 +337,8 @@ impl Classifier {
             scopes: Vec::new(),
             scope_roots: HashMap::new(),
             read_only: HashSet::new(),
+            read_only_prefixes: HashMap::new(),
+            git_dirs: HashSet::new(),
             unmovable: HashSet::new(),
         }
     }
@@ -327,10 +346,43 @@ impl Classifier {
     /// Makes `path` (workspace-relative) read-only, with everything below
     /// it, and the directories holding it unmovable.
     pub fn add_read_only(&mut self, path: &[u8]) {
+        self.pin_ancestors(path);
+        self.read_only.insert(path.to_vec());
+    }
+
+    /// Makes every entry of `dir` (workspace-relative) whose name starts
+    /// with `prefix` read-only, with everything below it; `dir` and the
+    /// directories holding it become unmovable.
+    pub fn add_read_only_prefix(&mut self, dir: &[u8], prefix: &[u8]) {
+        if !dir.is_empty() {
+            self.pin_ancestors(dir);
+            self.unmovable.insert(dir.to_vec());
+        }
+        self.read_only_prefixes
+            .entry(dir.to_vec())
+            .or_default()
+            .push(prefix.to_vec());
+    }
+
+    /// Takes the directory at `path` (workspace-relative) for a git
+    /// directory of the host, as a `.git` is; the directories holding it
+    /// become unmovable.
+    pub fn add_git_dir(&mut self, path: &[u8]) {
+        self.pin_ancestors(path);
+        self.git_dirs.insert(path.to_vec());
+    }
+
+    fn pin_ancestors(&mut self, path: &[u8]) {
         for ancestor in proper_ancestors(path) {
             self.unmovable.insert(ancestor.to_vec());
         }
-        self.read_only.insert(path.to_vec());
+    }
+
+    /// Whether the entry `name` of a worktree directory at `dir_path` is a
+    /// git directory's place: `.git`, or one the rules name.
+    fn is_git_dir(&self, dir_path: &[u8], name: &[u8]) -> bool {
+        name == GIT_DIR_NAME
+            || (!self.git_dirs.is_empty() && self.git_dirs.contains(&join(dir_path, name)))
     }
 
     /// Adds a scope rooted at `root` (workspace-relative; the first scope's
@@ -344,6 +396,7 @@ impl Classifier {
             files: HashMap::new(),
             tracked: HashSet::new(),
             tracked_dirs: HashSet::new(),
+            tracked_trees: HashSet::new(),
         });
         if index > 0 {
             self.scope_roots.insert(root.to_vec(), index);
@@ -361,6 +414,14 @@ impl Classifier {
     /// Marks `path` (relative to the scope root) tracked.
     pub fn add_tracked(&mut self, scope: usize, path: &[u8]) {
         self.scopes[scope].track(path.to_vec());
+    }
+
+    /// Marks the directory `path` (relative to the scope root) tracked
+    /// whole: a submodule, or a sparse directory.
+    pub fn add_tracked_dir(&mut self, scope: usize, path: &[u8]) {
+        let s = &mut self.scopes[scope];
+        s.track(path.to_vec());
+        s.tracked_trees.insert(path.to_vec());
     }
 
     /// The state of the workspace root: the enclosing repository's rules
@@ -427,7 +488,7 @@ impl Classifier {
             }
             DirKind::Tree { .. } => {}
         }
-        if name == GIT_DIR_NAME {
+        if self.is_git_dir(dir_path, name) {
             return if host.exists {
                 let state = DirState::of(DirKind::GitDir { rel: Vec::new() });
                 (Route::Host, state)
@@ -473,8 +534,9 @@ impl Classifier {
         let Some(s) = scope.map(|i| &self.scopes[i]).filter(|_| self.isolate) else {
             return (Route::Host, tree(false));
         };
-        // A tracked file; a directory of the same name is not it.
-        if s.tracked.contains(&rel) && !is_dir {
+        // A tracked file; a directory of the same name is not it (unless
+        // the index tracks that directory whole).
+        if s.tracked.contains(&rel) && is_dir == s.tracked_trees.contains(&rel) {
             return (Route::Host, tree(false));
         }
         if s.tracked_dirs.contains(&rel) {
@@ -500,7 +562,18 @@ impl Classifier {
         if dir.read_only {
             return Protection::ReadOnly;
         }
-        if !dir.is_isolated() && !self.read_only.is_empty() {
+        if dir.is_isolated() {
+            return Protection::None;
+        }
+        let by_prefix = self
+            .read_only_prefixes
+            .get(dir_path)
+            .is_some_and(|prefixes| prefixes.iter().any(|p| name.starts_with(p)));
+        if by_prefix {
+            return Protection::ReadOnly;
+        }
+        let git_dir = matches!(dir.kind, DirKind::Tree { .. }) && self.is_git_dir(dir_path, name);
+        if !self.read_only.is_empty() || !self.unmovable.is_empty() {
             let path = join(dir_path, name);
             if self.read_only.contains(&path) {
                 return Protection::ReadOnly;
@@ -509,18 +582,26 @@ impl Classifier {
                 // Only a real directory may stand there: a link in its
                 // place would lead git elsewhere.
                 return if is_dir {
-                    self.by_kind(dir, name, is_dir, host)
+                    self.by_kind(dir, name, is_dir, git_dir, host)
                         .max(Protection::Unmovable)
                 } else {
                     Protection::ReadOnly
                 };
             }
         }
-        self.by_kind(dir, name, is_dir, host)
+        self.by_kind(dir, name, is_dir, git_dir, host)
     }
 
-    /// The protection git metadata gives the entry `name` of `dir`.
-    fn by_kind(&self, dir: &DirState, name: &[u8], is_dir: bool, host: HostFacts) -> Protection {
+    /// The protection git metadata gives the entry `name` of `dir`, which
+    /// is a git directory's place when `git_dir`.
+    fn by_kind(
+        &self,
+        dir: &DirState,
+        name: &[u8],
+        is_dir: bool,
+        git_dir: bool,
+        host: HostFacts,
+    ) -> Protection {
         match &dir.kind {
             DirKind::Isolated => Protection::None,
             DirKind::GitDir { .. } if IN_PROGRESS.contains(&name) && host.exists => {
@@ -536,7 +617,7 @@ impl Classifier {
                 }
                 protection => protection,
             },
-            DirKind::Tree { .. } if name == GIT_DIR_NAME && host.exists => {
+            DirKind::Tree { .. } if git_dir && host.exists => {
                 if is_dir {
                     Protection::Fixed
                 } else {

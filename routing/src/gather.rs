@@ -8,7 +8,10 @@
 //! `info/exclude`, the user's `core.excludesFile`, the indexes of the
 //! repository and of the submodules and repositories nested in the
 //! workspace, and the reduction of each index to the tracked paths its
-//! rules would otherwise ignore.
+//! rules would otherwise ignore. Owns too finding what git reads or runs
+//! inside the workspace: the git directories not named `.git` (one a
+//! `.git` file or link names, a bare repository), and the paths and names
+//! the repositories' configuration and hooks make git read or run.
 //!
 //! Runs in the Host Coordinator as the invoking user. Inside the workspace
 //! it reaches files only through the workspace descriptor, beneath it, with
@@ -25,11 +28,11 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-use lazaret_proto::router::{IgnoreFile, IgnoreScope, RelativePath, WorkspaceRules};
+use lazaret_proto::router::{IgnoreFile, IgnoreScope, NamePrefix, RelativePath, WorkspaceRules};
 use rustix::fs::{FileType, Mode, OFlags};
 
 use crate::classify::{Classifier, GIT_DIR_NAME, HEAD_NAME, HostFacts, Route, join};
-use crate::gitconfig::UserConfig;
+use crate::gitconfig::{Runs, UserConfig, command_names, normalize};
 
 /// The largest ignore file read (git's own limit is higher; a larger one
 /// is refused rather than silently skipped, which could expose a secret).
@@ -72,8 +75,8 @@ pub enum GatherError {
     /// The workspace is git metadata itself (a `.git` directory or a
     /// directory inside one), where the sandbox could write what git runs.
     #[error(
-        "{path} is inside the git directory {git_dir}; run Lazaret on the repository's \
-         worktree, not on its git metadata"
+        "{path} is inside the git directory {git_dir} (or is that directory); run Lazaret on \
+         the repository's worktree, not on its git metadata"
     )]
     InsideGitDir {
         /// The workspace.
@@ -152,6 +155,8 @@ pub fn gather(
         global_excludes: Vec::new(),
         scopes: Vec::new(),
         read_only: Vec::new(),
+        read_only_prefixes: Vec::new(),
+        git_dirs: Vec::new(),
     };
     let files = user.files(
         repository.as_ref().map(|r| r.git_dir.as_path()),
@@ -163,6 +168,11 @@ pub fn gather(
             &files,
             &repo.worktree,
             &repo.common_dir,
+            workspace_path,
+            &mut rules,
+        );
+        add_git_dirs(
+            &[&repo.git_dir, &repo.common_dir],
             workspace_path,
             &mut rules,
         );
@@ -179,6 +189,9 @@ pub fn gather(
         rules.global_excludes = read_optional(path)?.unwrap_or_default();
     }
     let mut classifier = Classifier::empty(true, &rules.global_excludes);
+    for git_dir in &rules.git_dirs {
+        classifier.add_git_dir(git_dir.as_bytes());
+    }
     let mut tracked = Vec::new();
 
     // The top scope: the repository (or none), with the `.gitignore` files
@@ -194,6 +207,7 @@ pub fn gather(
         exclude: Vec::new(),
         ignore_files: Vec::new(),
         tracked_ignored: Vec::new(),
+        tracked_ignored_dirs: Vec::new(),
     };
     if let Some(repo) = &repository {
         top.exclude = read_optional(&repo.common_dir.join("info/exclude"))?.unwrap_or_default();
@@ -224,9 +238,7 @@ pub fn gather(
     for file in &top.ignore_files {
         classifier.add_ignore_file(index, &file.dir.0, &file.content);
     }
-    for (path, _) in &tracked[0] {
-        classifier.add_tracked(index, path);
-    }
+    track(&mut classifier, index, &tracked[0]);
     rules.scopes.push(top);
 
     let workspace_ignored = classifier.workspace_is_isolated();
@@ -244,11 +256,16 @@ pub fn gather(
 
     // Keep only the tracked paths that matter: those the rules would ignore.
     for (i, scope) in rules.scopes.iter_mut().enumerate() {
-        scope.tracked_ignored = tracked[i]
-            .iter()
-            .filter(|(path, gitlink)| classifier.ignored_untracked(i, path, *gitlink))
-            .map(|(path, _)| RelativePath(path.clone()))
-            .collect();
+        for (path, whole_dir) in &tracked[i] {
+            if classifier.ignored_untracked(i, path, *whole_dir) {
+                let kept = if *whole_dir {
+                    &mut scope.tracked_ignored_dirs
+                } else {
+                    &mut scope.tracked_ignored
+                };
+                kept.push(RelativePath(path.clone()));
+            }
+        }
     }
     Ok(Gathered {
         rules,
@@ -257,30 +274,35 @@ pub fn gather(
     })
 }
 
-/// The configuration files of the hook managers that turn a file of the
-/// worktree into what a hook runs, protected when hooks are installed.
-const HOOK_MANAGER_FILES: [&str; 8] = [
-    ".husky",
-    ".pre-commit-config.yaml",
-    "lefthook.yml",
-    "lefthook.yaml",
-    ".lefthook.yml",
-    ".lefthook.yaml",
-    "lefthook-local.yml",
-    ".overcommit.yml",
+/// The hook managers' files that make a file of the worktree what a hook
+/// runs, as name prefixes in a directory of the worktree (so that every
+/// variant is covered: `.huskyrc.json`, `lefthook-local.yml`,
+/// `.config/lefthook.toml`), protected when hooks are installed.
+const HOOK_MANAGER_NAMES: [(&str, &str); 8] = [
+    ("", ".husky"),
+    ("", ".pre-commit-config."),
+    ("", "lefthook"),
+    ("", ".lefthook"),
+    (".config", "lefthook"),
+    ("", ".overcommit"),
+    ("", ".lintstagedrc"),
+    ("", "lint-staged.config."),
 ];
 
 /// The largest hook script scanned for the paths it runs.
 const MAX_HOOK_LEN: u64 = 1024 * 1024;
 
-/// Adds to `rules.read_only` every path inside the workspace that git,
-/// for the repository at `worktree` with git directory `common_dir` and
+/// The most symbolic links followed from one path, as the kernel allows.
+const MAX_LINKS: usize = 40;
+
+/// Adds to `rules` every path inside the workspace that git, for the
+/// repository at `worktree` with git directory `common_dir` and
 /// configuration `files`, reads as configuration or runs: its hooks
-/// directory, included files and programs named by path in its
-/// configuration; each hook's link target and the paths a hook script
-/// names; and, when hooks are installed, the hook managers' files. Each
-/// is taken as written and, where it exists, with its links resolved.
-/// The workspace itself is never made read-only whole.
+/// directory, included files and what its commands name; each hook, the
+/// paths its script names and the modules it runs; and, when hooks are
+/// installed, the hook managers' files. Each is taken as written and
+/// through every link on its way. The workspace itself is never made
+/// read-only whole.
 fn protect_what_git_runs(
     user: &UserConfig,
     files: &[PathBuf],
@@ -289,7 +311,7 @@ fn protect_what_git_runs(
     workspace_path: &Path,
     rules: &mut WorkspaceRules,
 ) {
-    let mut paths = user.program_paths(files, worktree);
+    let mut runs = user.what_runs(files, worktree);
     let hooks_dir = user
         .hooks_path(files, worktree)
         .unwrap_or_else(|| common_dir.join("hooks"));
@@ -301,50 +323,132 @@ fn protect_what_git_runs(
                 continue;
             }
             installed = true;
-            paths.push(path.clone());
-            paths.extend(hook_script_paths(&path, worktree));
+            scan_hook(&path, worktree, &mut runs);
+            runs.paths.push(path);
         }
     }
     // husky 9 points `core.hooksPath` at `.husky/_`, whose hooks run the
     // scripts beside it.
     if hooks_dir.file_name().is_some_and(|n| n == "_") {
-        paths.extend(hooks_dir.parent().map(Path::to_path_buf));
+        runs.paths.extend(hooks_dir.parent().map(Path::to_path_buf));
+    }
+    runs.paths.push(hooks_dir);
+    let mut prefixes = Vec::new();
+    for module in runs.modules.drain(..) {
+        if let (Some(dir), Some(name)) = (module.parent(), module.file_name()) {
+            let mut prefix = name.as_bytes().to_vec();
+            prefix.push(b'.');
+            prefixes.push((dir.to_path_buf(), prefix));
+        }
+        runs.paths.push(module);
     }
     if installed {
-        paths.extend(HOOK_MANAGER_FILES.iter().map(|f| worktree.join(f)));
+        prefixes.extend(
+            HOOK_MANAGER_NAMES
+                .iter()
+                .map(|(dir, prefix)| (worktree.join(dir), prefix.as_bytes().to_vec())),
+        );
     }
-    for path in paths {
-        let resolved = std::fs::canonicalize(&path).ok();
-        for path in [Some(path), resolved].into_iter().flatten() {
-            let Ok(inside) = path.strip_prefix(workspace_path) else {
-                continue;
-            };
-            let inside = RelativePath(inside.as_os_str().as_bytes().to_vec());
-            if !inside.0.is_empty() && inside.is_valid() && !rules.read_only.contains(&inside) {
+    for path in &runs.paths {
+        for inside in resolutions(path).filter_map(|p| inside(workspace_path, &p)) {
+            if !inside.0.is_empty() && !rules.read_only.contains(&inside) {
                 rules.read_only.push(inside);
+            }
+        }
+    }
+    for (dir, prefix) in prefixes {
+        for dir in resolutions(&dir).filter_map(|p| inside(workspace_path, &p)) {
+            let names = NamePrefix {
+                dir,
+                prefix: prefix.clone(),
+            };
+            if !rules.read_only_prefixes.contains(&names) {
+                rules.read_only_prefixes.push(names);
             }
         }
     }
 }
 
-/// The paths a hook script names (words holding a `/`), relative ones
-/// taken from the worktree, where git runs hooks.
-fn hook_script_paths(hook: &Path, worktree: &Path) -> Vec<PathBuf> {
+/// Adds what a hook script names: the paths its lines name (relative ones
+/// taken from the worktree, where git runs hooks) and the modules it runs.
+fn scan_hook(hook: &Path, worktree: &Path, runs: &mut Runs) {
     let Ok(meta) = std::fs::metadata(hook) else {
-        return Vec::new();
+        return;
     };
     if !meta.is_file() || meta.len() > MAX_HOOK_LEN {
-        return Vec::new();
+        return;
     }
     let Ok(text) = std::fs::read(hook) else {
-        return Vec::new();
+        return;
     };
     let text = String::from_utf8_lossy(&text);
-    text.lines()
-        .filter(|line| !line.trim_start().starts_with('#'))
-        .flat_map(crate::gitconfig::command_paths)
-        .map(|word| crate::gitconfig::normalize(&worktree.join(word)))
-        .collect()
+    for line in text.lines() {
+        if line.trim_start().starts_with('#') {
+            continue;
+        }
+        let names = command_names(line, false);
+        runs.paths
+            .extend(names.paths.iter().map(|p| normalize(&worktree.join(p))));
+        runs.modules
+            .extend(names.modules.iter().map(|m| worktree.join(m)));
+    }
+}
+
+/// `path` and every path it becomes as its symbolic links are followed
+/// one at a time (a link's target with the rest of the path; a link to a
+/// link, on), each what git reads at some step. At most [`MAX_LINKS`]
+/// links are followed.
+fn resolutions(path: &Path) -> impl Iterator<Item = PathBuf> {
+    let mut next = Some(normalize(path));
+    let mut followed = 0;
+    std::iter::from_fn(move || {
+        let path = next.take()?;
+        if followed < MAX_LINKS {
+            followed += 1;
+            let mut prefix = PathBuf::new();
+            let mut rest = path.components();
+            while let Some(component) = rest.next() {
+                prefix.push(component);
+                if let Ok(target) = std::fs::read_link(&prefix) {
+                    let base = prefix.parent().unwrap_or(Path::new("/"));
+                    next = Some(normalize(&base.join(target).join(rest.as_path())));
+                    break;
+                }
+            }
+        }
+        Some(path)
+    })
+}
+
+/// `path` relative to the workspace, if it is inside.
+fn inside(workspace_path: &Path, path: &Path) -> Option<RelativePath> {
+    let rel = path.strip_prefix(workspace_path).ok()?;
+    RelativePath::parse(rel.as_os_str().as_bytes())
+}
+
+/// Adds the git directories among `dirs` (and their links' targets) that
+/// are inside the workspace without being in a `.git` (which is
+/// protected by name).
+fn add_git_dirs(dirs: &[&Path], workspace_path: &Path, rules: &mut WorkspaceRules) {
+    for dir in dirs {
+        for inside in resolutions(dir).filter_map(|p| inside(workspace_path, &p)) {
+            let named = inside.components().any(|c| c == GIT_DIR_NAME);
+            if !inside.0.is_empty() && !named && !rules.git_dirs.contains(&inside) {
+                rules.git_dirs.push(inside);
+            }
+        }
+    }
+}
+
+/// Marks an index's paths tracked (whole directories as such).
+fn track(classifier: &mut Classifier, scope: usize, paths: &[(Vec<u8>, bool)]) {
+    for (path, whole_dir) in paths {
+        if *whole_dir {
+            classifier.add_tracked_dir(scope, path);
+        } else {
+            classifier.add_tracked(scope, path);
+        }
+    }
 }
 
 /// Refuses a workspace that is, or is inside, a `.git` directory or the
@@ -375,7 +479,7 @@ fn refuse_git_metadata(
     }
     // A git directory no worktree names (a bare repository, a separate git
     // directory): what git's discovery would take for one.
-    for ancestor in workspace_path.ancestors().skip(1) {
+    for ancestor in workspace_path.ancestors() {
         if is_git_directory(ancestor) {
             return Err(refuse(ancestor));
         }
@@ -541,6 +645,21 @@ fn walk(
             source,
         })?;
         let has = |name: &[u8]| entries.iter().any(|e| e.name == name);
+        let has_dir = |name: &[u8]| {
+            entries
+                .iter()
+                .any(|e| e.name == name && e.file_type == FileType::Directory)
+        };
+        // A bare repository (or a git directory a worktree elsewhere
+        // names): protected as a `.git`, not walked as a worktree.
+        if !dir_path.is_empty() && has(HEAD_NAME) && has_dir(b"objects") && has_dir(b"refs") {
+            let path = RelativePath(dir_path.clone());
+            classifier.add_git_dir(&path.0);
+            if !rules.git_dirs.contains(&path) {
+                rules.git_dirs.push(path);
+            }
+            continue;
+        }
         if let Some((Some(scope), rel)) = state.scope() {
             if has(b".gitignore") {
                 if let Some(content) = read_ignore_file(fd.as_fd(), &label.join(".gitignore"))? {
@@ -570,6 +689,11 @@ fn walk(
             let child_path = join(&dir_path, name);
             let child_label = workspace_path.join(OsStr::from_bytes(&child_path));
             if let Some((git_dir, common_dir)) = git_dir_of(&child_label)? {
+                let known = rules.git_dirs.len();
+                add_git_dirs(&[&git_dir, &common_dir], workspace_path, rules);
+                for added in &rules.git_dirs[known..] {
+                    classifier.add_git_dir(&added.0);
+                }
                 let files = user.files(Some(&git_dir), Some(&common_dir));
                 protect_what_git_runs(
                     user,
@@ -592,9 +716,7 @@ fn walk(
                     .extend(read_optional(&common_dir.join("info/exclude"))?.unwrap_or_default());
                 let scope = classifier.add_scope(&child_path, b"", &exclude);
                 let paths = read_index(&git_dir.join("index"), None)?;
-                for (path, _) in &paths {
-                    classifier.add_tracked(scope, path);
-                }
+                track(classifier, scope, &paths);
                 tracked.push(paths);
                 rules.scopes.push(IgnoreScope {
                     root: RelativePath(child_path.clone()),
@@ -602,6 +724,7 @@ fn walk(
                     exclude,
                     ignore_files: Vec::new(),
                     tracked_ignored: Vec::new(),
+                    tracked_ignored_dirs: Vec::new(),
                 });
                 child = classifier.child(&state, &dir_path, name, is_dir, facts).1;
             }

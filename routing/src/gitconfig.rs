@@ -1,8 +1,8 @@
 //! What routing needs from git's configuration files: the user's
 //! `core.excludesFile`, and every path the configuration makes git read or
-//! run (`core.hooksPath`, `include.path`, `includeIf.*.path`, and any value
-//! that names a program by path, such as `core.fsmonitor` or a
-//! `filter.*.clean` script).
+//! run (`core.hooksPath`, `include.path`, `includeIf.*.path`, and the
+//! paths, file arguments and Python modules of any value git runs as a
+//! command, such as `core.fsmonitor` or a `filter.*.clean` script).
 //!
 //! Owns reading git's configuration files in git's order (system, global,
 //! then the repository's own, the last one set winning) and git's default
@@ -95,13 +95,13 @@ impl UserConfig {
         }
     }
 
-    /// Every path `files` (and the files they include, one level deep)
-    /// make git read as configuration or run: include targets, and the
-    /// first word of any value that is a path. A relative include is taken
-    /// from its file's directory; any other relative path from `worktree`,
-    /// where git runs hooks and filters.
-    pub fn program_paths(&self, files: &[PathBuf], worktree: &Path) -> Vec<PathBuf> {
-        let mut out = Vec::new();
+    /// What `files` (and the files they include, one level deep) make git
+    /// read as configuration or run: include targets, the hooks
+    /// directory, and what each command names (see [`command_names`]). A
+    /// relative include is taken from its file's directory; any other
+    /// relative path from `worktree`, where git runs hooks and filters.
+    pub fn what_runs(&self, files: &[PathBuf], worktree: &Path) -> Runs {
+        let mut runs = Runs::default();
         for file in files {
             let Some(text) = read(file) else { continue };
             let dir = file.parent().unwrap_or(Path::new("/"));
@@ -113,41 +113,50 @@ impl UserConfig {
                         if let Some(text) = read(&target) {
                             let inner = target.parent().unwrap_or(Path::new("/")).to_path_buf();
                             for inner_entry in entries(&text) {
-                                out.extend(self.entry_paths(&inner_entry, &inner, worktree));
+                                self.entry_runs(&inner_entry, &inner, worktree, &mut runs);
                             }
                         }
-                        out.push(target);
+                        runs.paths.push(target);
                     }
                     continue;
                 }
-                out.extend(self.entry_paths(&entry, dir, worktree));
+                self.entry_runs(&entry, dir, worktree, &mut runs);
             }
         }
-        out
+        runs
     }
 
-    /// The paths an entry names, if it is one git runs or reads: the
-    /// hooks directory, an included file, and every word that is a path in
-    /// a command (the programs of `core`, diff and merge drivers, filters,
-    /// credential helpers, signing programs, editors, pagers, aliases,
+    /// Adds what an entry names, if it is one git runs or reads: the
+    /// hooks directory, an included file, and what a command names (the
+    /// programs of `core`, diff and merge drivers, filters, credential
+    /// helpers, signing programs, editors, pagers, shell aliases,
     /// transports, browsers, submodule update commands and the like).
-    fn entry_paths(&self, entry: &Entry, dir: &Path, worktree: &Path) -> Vec<PathBuf> {
+    fn entry_runs(&self, entry: &Entry, dir: &Path, worktree: &Path, runs: &mut Runs) {
         if entry.key == "path" && matches!(entry.section.as_str(), "include" | "includeif") {
-            return self.expand(&entry.value, Some(dir)).into_iter().collect();
+            runs.paths.extend(self.expand(&entry.value, Some(dir)));
+            return;
         }
         // A directory, always a path.
         if entry.section == "core" && entry.key == "hookspath" {
-            return self
-                .expand(entry.value.trim(), Some(worktree))
-                .into_iter()
-                .collect();
+            runs.paths
+                .extend(self.expand(entry.value.trim(), Some(worktree)));
+            return;
         }
         if !runs_program(entry) {
-            return Vec::new();
+            return;
         }
-        command_paths(&entry.value)
-            .filter_map(|word| self.expand(word, Some(worktree)))
-            .collect()
+        // An alias without `!` runs git itself: its words are git's
+        // arguments, not files, but may still name a path.
+        let shell = entry.section != "alias" || entry.value.trim_start().starts_with('!');
+        let named = command_names(&entry.value, shell);
+        runs.paths.extend(
+            named
+                .paths
+                .iter()
+                .filter_map(|word| self.expand(word, Some(worktree))),
+        );
+        runs.modules
+            .extend(named.modules.iter().map(|m| worktree.join(m)));
     }
 
     /// The last `core.hooksPath` of `files`, resolved.
@@ -177,6 +186,17 @@ impl UserConfig {
     }
 }
 
+/// What git's configuration (or a hook) makes git read or run.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Runs {
+    /// Files and directories, by path.
+    pub paths: Vec<PathBuf>,
+    /// Python modules run with `-m`, as the path of their top-level
+    /// package in the directory a command runs in: every name that
+    /// package may take there (`tool`, `tool.py`, `tool.*.so`) is read.
+    pub modules: Vec<PathBuf>,
+}
+
 /// Whether git runs the value of `entry` as a command.
 fn runs_program(entry: &Entry) -> bool {
     let key = entry.key.as_str();
@@ -196,15 +216,68 @@ fn runs_program(entry: &Entry) -> bool {
     }
 }
 
-/// The words of a shell command that name a file by path (hold a `/`,
-/// are no URL and no variable).
-pub fn command_paths(command: &str) -> impl Iterator<Item = &str> {
-    command
-        .split(|c: char| {
-            c.is_whitespace() || matches!(c, ';' | '|' | '&' | '(' | ')' | '`' | '<' | '>')
-        })
-        .map(|w| w.trim_matches(|c| matches!(c, '\'' | '"' | '!' | '=')))
-        .filter(|w| w.contains('/') && !w.contains("://") && !w.contains('$') && !w.is_empty())
+/// What a shell command names in the files around it.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct CommandNames<'a> {
+    /// Words that name a file: those holding a `/` (also after an `=`, as
+    /// in `--config=dir/file`), and, when asked for, the plain arguments
+    /// after each program (`clean.py` in `python clean.py`, `x.toml` in
+    /// `--config=x.toml`), which name files in the directory the command
+    /// runs in.
+    pub paths: Vec<&'a str>,
+    /// The top-level packages of the modules run with `-m NAME` or
+    /// `-mNAME`, which Python looks up first in the directory it runs in.
+    pub modules: Vec<&'a str>,
+}
+
+/// The names in `command` (a configured command, or a line of a hook
+/// script), with its plain arguments when `arguments`. No URL, variable,
+/// or placeholder (`%f`) is a name.
+pub fn command_names(command: &str, arguments: bool) -> CommandNames<'_> {
+    let mut names = CommandNames::default();
+    let is_name = |w: &str| {
+        !w.contains("://") && !w.contains(['$', '%']) && !w.bytes().all(|b| b.is_ascii_digit())
+    };
+    for segment in command.split([';', '|', '&', '(', ')', '`', '\n']) {
+        let words = segment
+            .split(|c: char| c.is_whitespace() || matches!(c, '<' | '>'))
+            .map(|w| w.trim_matches(|c| matches!(c, '\'' | '"' | '!')))
+            .filter(|w| !w.is_empty());
+        let mut module_next = false;
+        for (i, word) in words.enumerate() {
+            if std::mem::take(&mut module_next) {
+                names.modules.extend(python_package(word));
+                continue;
+            }
+            if word == "-m" {
+                module_next = true;
+                continue;
+            }
+            if let Some(module) = word.strip_prefix("-m") {
+                names.modules.extend(python_package(module));
+                continue;
+            }
+            let value = word.split_once('=').map_or(word, |(_, value)| value);
+            if value.contains('/') {
+                if is_name(value) {
+                    names.paths.push(value);
+                }
+            } else if arguments && i > 0 && !value.starts_with(['-', '~']) && is_name(value) {
+                names.paths.push(value);
+            }
+        }
+    }
+    names
+}
+
+/// The top-level package of a dotted module name, if it is one.
+fn python_package(module: &str) -> Option<&str> {
+    let package = module.split('.').next()?;
+    let mut chars = package.chars();
+    let first = chars.next()?;
+    ((first.is_ascii_alphabetic() || first == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_'))
+    .then_some(package)
 }
 
 /// `path` without `.` components and with each `..` applied to what is
@@ -362,7 +435,7 @@ mod tests {
     }
 
     #[test]
-    fn program_paths_are_found_and_resolved() {
+    fn what_a_configuration_runs_is_found_and_resolved() {
         let dir = tempfile::tempdir().unwrap();
         let config = dir.path().join("config");
         let included = dir.path().join("more.config");
@@ -372,8 +445,10 @@ mod tests {
              \tpager = less\n[include]\n\tpath = more.config\n\
              [remote \"origin\"]\n\turl = ../sibling/x.git\n\
              [branch \"main\"]\n\tmerge = refs/heads/main\n\
-             [alias]\n\tt = !bash scripts/test.sh --all\n\
-             [diff \"x\"]\n\ttextconv = python3 \\\n\t\ttools/conv.py\n",
+             [alias]\n\tt = !bash scripts/test.sh --all\n\tco = checkout main\n\
+             [diff \"x\"]\n\ttextconv = python3 \\\n\t\ttools/conv.py\n\
+             [filter \"nb\"]\n\tclean = python3 -m nbstripout.cli --config=cfg/nb.toml\n\
+             \tsmudge = python3 smudge.py %f\n",
         )
         .unwrap();
         std::fs::write(
@@ -382,17 +457,38 @@ mod tests {
         )
         .unwrap();
         let user = UserConfig::default();
-        let mut paths = user.program_paths(&[config], Path::new("/w"));
-        paths.sort();
+        let mut runs = user.what_runs(&[config], Path::new("/w"));
+        runs.paths.sort();
         let mut expected = vec![
             PathBuf::from("/w/.husky"),
             PathBuf::from("/w/scripts/test.sh"),
             PathBuf::from("/w/tools/conv.py"),
             PathBuf::from("/w/bin/clean"),
             PathBuf::from("/w/tools/watch.sh"),
+            PathBuf::from("/w/cfg/nb.toml"),
+            PathBuf::from("/w/smudge.py"),
             included,
         ];
         expected.sort();
-        assert_eq!(paths, expected);
+        assert_eq!(runs.paths, expected);
+        assert_eq!(runs.modules, [PathBuf::from("/w/nbstripout")]);
+    }
+
+    #[test]
+    fn a_command_names_paths_arguments_and_modules() {
+        let line = r#"exec "$INSTALL_PYTHON" -mpre_commit hook-impl --config=.pre-commit-config.yaml --hook-dir "$HERE" -- "$@""#;
+        let names = command_names(line, false);
+        assert_eq!(names.modules, ["pre_commit"]);
+        assert!(names.paths.is_empty(), "{names:?}");
+        let names = command_names(line, true);
+        assert_eq!(names.paths, ["hook-impl", ".pre-commit-config.yaml"]);
+        let names = command_names(
+            "FOO=./bin/x run a.py 2>/dev/null; python -m 9no -m ok.sub",
+            true,
+        );
+        assert_eq!(names.paths, ["./bin/x", "run", "a.py", "/dev/null"]);
+        assert_eq!(names.modules, ["ok"]);
+        let names = command_names("open https://example.org/x ${HOME}/y %f", true);
+        assert!(names.paths.is_empty(), "{names:?}");
     }
 }

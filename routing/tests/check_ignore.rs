@@ -7,7 +7,7 @@ use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use lazaret_routing::classify::{Classifier, HostFacts, Route};
+use lazaret_routing::classify::{Classifier, HostFacts, Protection, Route};
 use lazaret_routing::gather::gather;
 use lazaret_routing::gitconfig::UserConfig;
 
@@ -423,10 +423,14 @@ fn a_workspace_inside_git_metadata_is_refused() {
         error.to_string().contains("inside the git directory"),
         "{error}"
     );
-    // A bare repository itself may be a workspace: its configuration and
-    // hooks are read-only there like a `.git` directory's.
+    // Nor is the git directory itself (a bare repository).
     let dir = std::fs::File::open(&separate).unwrap();
-    assert!(gather(dir.as_fd(), &separate, true, &fixture.user()).is_ok());
+    let error = gather(dir.as_fd(), &separate, true, &fixture.user())
+        .expect_err("a bare repository is no workspace");
+    assert!(
+        error.to_string().contains("inside the git directory"),
+        "{error}"
+    );
 }
 
 #[test]
@@ -434,14 +438,31 @@ fn what_the_repository_runs_is_read_only() {
     let fixture = Fixture::new();
     fixture.write(
         "scripts/pre-commit",
-        "#!/bin/sh\n./tools/lint.sh && exit 0\n# ./not/this\n",
+        "#!/bin/sh\n./tools/lint.sh --config=conf/lint.toml && exit 0\n# ./not/this\n",
     );
     fixture.write("tools/lint.sh", "true\n");
+    // The hook is a link to a link to the script.
+    std::os::unix::fs::symlink("scripts/pre-commit", fixture.repo.join("hook-link")).unwrap();
     std::os::unix::fs::symlink(
-        "../../scripts/pre-commit",
+        "../../hook-link",
         fixture.repo.join(".git/hooks/pre-commit"),
     )
     .unwrap();
+    // What pre-commit installs: `python -mpre_commit`, which Python looks
+    // up in the worktree first (`pre_commit.py`, `pre_commit/`).
+    fixture.write(
+        ".git/hooks/pre-push",
+        "#!/usr/bin/env bash\nINSTALL_PYTHON=/usr/bin/python3\n\
+         exec \"$INSTALL_PYTHON\" -mpre_commit hook-impl --hook-type=pre-push -- \"$@\"\n",
+    );
+    fixture.git(
+        &fixture.repo,
+        &[
+            "config",
+            "filter.nb.clean",
+            "python3 -m nbstrip.cli clean.py",
+        ],
+    );
     fixture.git(
         &fixture.repo,
         &["config", "core.fsmonitor", "sh tools/watch.sh --fast"],
@@ -459,18 +480,192 @@ fn what_the_repository_runs_is_read_only() {
         .map(|p| String::from_utf8(p.0.clone()).unwrap())
         .collect();
     for expected in [
+        ".git/hooks",
         ".git/hooks/pre-commit",
+        "hook-link",
         "scripts/pre-commit",
         "tools/lint.sh",
+        "conf/lint.toml",
         "tools/watch.sh",
         "scripts/test.sh",
-        ".pre-commit-config.yaml",
+        "pre_commit",
+        "nbstrip",
+        "clean.py",
     ] {
         assert!(read_only.contains(expected), "{expected} in {read_only:?}");
     }
     assert!(
         !read_only.iter().any(|p| p.contains("not/this")),
         "{read_only:?}"
+    );
+    let prefixes: BTreeSet<(String, String)> = gathered
+        .rules
+        .read_only_prefixes
+        .iter()
+        .map(|n| {
+            (
+                String::from_utf8(n.dir.0.clone()).unwrap(),
+                String::from_utf8(n.prefix.clone()).unwrap(),
+            )
+        })
+        .collect();
+    for (dir, prefix) in [
+        ("", "pre_commit."),
+        ("", "nbstrip."),
+        ("", ".pre-commit-config."),
+        ("", "lefthook"),
+        (".config", "lefthook"),
+        ("", ".husky"),
+    ] {
+        assert!(
+            prefixes.contains(&(dir.to_owned(), prefix.to_owned())),
+            "{dir}/{prefix}* in {prefixes:?}"
+        );
+    }
+    // The classifier holds them: every form of the module is read-only.
+    let classifier = Classifier::new(&gathered.rules);
+    let host = |_: &[u8]| HostFacts::default();
+    for path in [
+        "pre_commit.py",
+        "pre_commit.cpython-312-x86_64-linux-gnu.so",
+        "pre_commit/__main__.py",
+        "lefthook-local.yml",
+        ".config/lefthook.toml",
+        ".huskyrc.json",
+    ] {
+        assert_eq!(
+            read_only_at(&classifier, path, &host),
+            Protection::ReadOnly,
+            "{path}"
+        );
+    }
+    assert_eq!(
+        read_only_at(&classifier, "src/pre_commit.py", &host),
+        Protection::None
+    );
+}
+
+/// The protection of `path` (a file) under `classifier`.
+fn read_only_at(
+    classifier: &Classifier,
+    path: &str,
+    host: &dyn Fn(&[u8]) -> HostFacts,
+) -> Protection {
+    let (dir, name) = path.rsplit_once('/').unwrap_or(("", path));
+    let state = classifier.walk(dir.as_bytes(), true, host).1;
+    classifier.protection(
+        &state,
+        dir.as_bytes(),
+        name.as_bytes(),
+        false,
+        HostFacts::default(),
+    )
+}
+
+#[test]
+fn git_directories_not_named_dot_git_are_protected_as_git_directories() {
+    let fixture = Fixture::new();
+    // The workspace's repository keeps its git directory in `.bare`, named
+    // by its `.git` file.
+    let workspace = fixture.repo.parent().unwrap().join("ws");
+    std::fs::create_dir_all(&workspace).unwrap();
+    fixture.git(
+        &workspace,
+        &["init", "-q", "--separate-git-dir", ".bare", "."],
+    );
+    // A bare repository in it; a nested repository whose git directory is
+    // a sibling; one whose `.git` is a link to another.
+    fixture.git(&workspace, &["init", "-q", "--bare", "mirror.git"]);
+    let nested = workspace.join("nested");
+    std::fs::create_dir_all(&nested).unwrap();
+    fixture.git(
+        &nested,
+        &["init", "-q", "--separate-git-dir", "../gitdata", "."],
+    );
+    fixture.git(&workspace, &["init", "-q", "--bare", "linkdata"]);
+    std::fs::create_dir_all(workspace.join("linked")).unwrap();
+    std::os::unix::fs::symlink("../linkdata", workspace.join("linked/.git")).unwrap();
+    let dir = std::fs::File::open(&workspace).unwrap();
+    let gathered = gather(dir.as_fd(), &workspace, true, &fixture.user()).unwrap();
+    let git_dirs: BTreeSet<String> = gathered
+        .rules
+        .git_dirs
+        .iter()
+        .map(|p| String::from_utf8(p.0.clone()).unwrap())
+        .collect();
+    let expected: BTreeSet<String> = [".bare", "mirror.git", "gitdata", "linkdata"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    assert_eq!(git_dirs, expected);
+    let classifier = Classifier::new(&gathered.rules);
+    let host = |path: &[u8]| HostFacts {
+        exists: workspace.join(std::str::from_utf8(path).unwrap()).exists(),
+        dir_holds_head: false,
+    };
+    for dir in [".bare", "mirror.git", "gitdata", "linkdata"] {
+        // A todo list the developer would continue stays inside.
+        let (route, _) = classifier.walk(format!("{dir}/rebase-merge").as_bytes(), true, &host);
+        assert_eq!(route, Route::Isolated, "{dir}");
+        for file in ["config", "info/exclude", "hooks/pre-commit"] {
+            assert_eq!(
+                read_only_at(&classifier, &format!("{dir}/{file}"), &host),
+                Protection::ReadOnly,
+                "{dir}/{file}"
+            );
+        }
+        let state = classifier.root();
+        let protection =
+            classifier.protection(&state, b"", dir.as_bytes(), true, host(dir.as_bytes()));
+        assert_eq!(protection, Protection::Fixed, "{dir}");
+    }
+}
+
+#[test]
+fn a_submodule_in_an_ignored_directory_stays_tracked() {
+    let fixture = Fixture::new();
+    fixture.write(".gitignore", "vendor/\n");
+    let sub = fixture.repo.join("vendor/sub");
+    std::fs::create_dir_all(&sub).unwrap();
+    fixture.git(&sub, &["init", "-q", "."]);
+    fixture.write("vendor/sub/file.c", "x");
+    fixture.write("vendor/other.c", "x");
+    fixture.git(&sub, &["add", "file.c"]);
+    fixture.git(&sub, &["commit", "-q", "-m", "x"]);
+    let head = fixture.git(&sub, &["rev-parse", "HEAD"]);
+    fixture.git(
+        &fixture.repo,
+        &[
+            "update-index",
+            "--add",
+            "--cacheinfo",
+            &format!("160000,{},vendor/sub", head.trim()),
+        ],
+    );
+    let dir = std::fs::File::open(&fixture.repo).unwrap();
+    let gathered = gather(dir.as_fd(), &fixture.repo, true, &fixture.user()).unwrap();
+    assert_eq!(
+        gathered.rules.scopes[0].tracked_ignored_dirs,
+        [lazaret_proto::router::RelativePath(b"vendor/sub".to_vec())]
+    );
+    let classifier = Classifier::new(&gathered.rules);
+    let host = |_: &[u8]| HostFacts {
+        exists: true,
+        dir_holds_head: false,
+    };
+    assert_eq!(classifier.walk(b"vendor/sub", true, &host).0, Route::Host);
+    assert_eq!(
+        classifier.walk(b"vendor/sub/file.c", false, &host).0,
+        Route::Host
+    );
+    assert_eq!(
+        classifier.walk(b"vendor/other.c", false, &host).0,
+        Route::Isolated
+    );
+    // A file of the submodule's name is not it.
+    assert_eq!(
+        classifier.walk(b"vendor/sub", false, &host).0,
+        Route::Isolated
     );
 }
 
