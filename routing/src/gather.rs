@@ -84,6 +84,19 @@ pub enum GatherError {
         /// The git directory holding it.
         git_dir: String,
     },
+    /// Names in the workspace may compare without case: `.GIT/config`
+    /// would be `.git/config`, unprotected.
+    #[error(
+        "{path} is on {kind}, where names compare without case (`.GIT` is `.git`), so Lazaret \
+         cannot keep git metadata read-only there; move the project to a case-sensitive \
+         filesystem (ext4, btrfs, xfs)"
+    )]
+    CaseInsensitive {
+        /// The directory.
+        path: String,
+        /// What folds case.
+        kind: &'static str,
+    },
     /// An ignore file is larger than Lazaret reads.
     #[error("{path} is larger than {max} bytes; Lazaret cannot take ignore rules from it")]
     TooLarge {
@@ -150,6 +163,13 @@ pub fn gather(
 ) -> Result<Gathered, GatherError> {
     let repository = discover(workspace_path)?;
     refuse_git_metadata(workspace_path, repository.as_ref())?;
+    let root = crate::fs::open_dir(workspace, b"", OFlags::RDONLY).map_err(|e| {
+        GatherError::Unreadable {
+            path: workspace_path.display().to_string(),
+            source: e.into(),
+        }
+    })?;
+    refuse_case_insensitive(root.as_fd(), workspace_path)?;
     let mut rules = WorkspaceRules {
         isolate_ignored: isolate,
         global_excludes: Vec::new(),
@@ -451,6 +471,18 @@ fn track(classifier: &mut Classifier, scope: usize, paths: &[(Vec<u8>, bool)]) {
     }
 }
 
+/// Refuses a directory whose names may compare without case.
+fn refuse_case_insensitive(dir: BorrowedFd<'_>, label: &Path) -> Result<(), GatherError> {
+    match crate::fs::dir_case_insensitive(dir) {
+        Ok(None) => Ok(()),
+        Ok(Some(kind)) => Err(GatherError::CaseInsensitive {
+            path: label.display().to_string(),
+            kind,
+        }),
+        Err(e) => Err(read_error(label.display())(e.into())),
+    }
+}
+
 /// Refuses a workspace that is, or is inside, a `.git` directory or the
 /// git directory of the repository discovery found: inside, git's
 /// configuration and hooks would be ordinary files.
@@ -640,6 +672,7 @@ fn walk(
                 });
             }
         };
+        refuse_case_insensitive(fd.as_fd(), &label)?;
         let entries = crate::fs::list(fd.as_fd()).map_err(|source| GatherError::Unreadable {
             path: label.display().to_string(),
             source,
