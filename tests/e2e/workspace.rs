@@ -3,8 +3,8 @@
 //! the sandbox makes of them stays out of the host; git's configuration and
 //! hooks cannot be written inside while git itself works; git metadata the
 //! sandbox plants never runs on the host; modes lose setuid, setgid and
-//! group/other write; subdirectory, worktree and submodule workspaces; a
-//! killed Workspace Router fails closed. Needs root (to create the test
+//! group/other write; subdirectory, worktree, submodule and separate git
+//! directory workspaces; a killed Workspace Router fails closed. Needs root (to create the test
 //! user and switch to it), runsc, git and a `/dev/fuse` the user can open;
 //! CI provides all of them.
 
@@ -28,6 +28,10 @@ pub fn trials() -> Vec<Trial> {
         Trial::test(
             "workspace::git_works_inside_but_its_configuration_and_hooks_are_read_only",
             git_works_inside,
+        ),
+        Trial::test(
+            "workspace::a_separate_git_directory_and_what_its_hooks_run_are_read_only",
+            separate_git_dir,
         ),
         Trial::test(
             "workspace::planted_git_metadata_runs_nothing_on_the_host",
@@ -301,6 +305,75 @@ fn git_works_inside() -> Result {
     assert!(!ws.join(".git/rebase-merge").exists());
     sh(&host, &ws, "git fsck --strict");
     down(&host, &ws)?;
+    Ok(())
+}
+
+/// A repository keeping its git directory in `.bare` (named by its `.git`
+/// file), with the hook pre-commit installs: what it runs by name, and the
+/// git directory, are protected; git works inside.
+fn separate_git_dir() -> Result {
+    let (_serial, host) = git_host();
+    let ws = host.workspace.clone();
+    sh(
+        &host,
+        &ws,
+        "git init -q -b main --separate-git-dir .bare . && echo 'gitdir: .bare' > .git && \
+         echo '.env' > .gitignore && echo hello > README && git add .gitignore README && \
+         git -c user.name=host -c user.email=host@example.invalid commit -q -m init && \
+         printf '#!/bin/sh\nexec python3 -mpre_commit hook-impl --hook-type=pre-commit\n' \
+           > .bare/hooks/pre-commit && chmod +x .bare/hooks/pre-commit && \
+         echo 'repos: []' > .pre-commit-config.yaml",
+    );
+    let config_before = std::fs::read(ws.join(".bare/config"))?;
+    let exclude_before = std::fs::read(ws.join(".bare/info/exclude"))?;
+    let status = up(&host, &ws)?;
+    for script in [
+        "echo 'import os' > /workspace/pre_commit.py",
+        "mkdir /workspace/pre_commit",
+        "echo x > /workspace/pre_commit.abi3.so",
+        "echo 'repos: [evil]' > /workspace/.pre-commit-config.yaml",
+        "echo x > /workspace/.pre-commit-config.yml",
+        "printf '[core]\\n\\tfsmonitor = touch /tmp/x\\n' >> /workspace/.bare/config",
+        "echo '#!/bin/sh' > /workspace/.bare/hooks/post-checkout",
+        "echo '!.env' >> /workspace/.bare/info/exclude",
+        "mv /workspace/.bare /workspace/bare-old",
+    ] {
+        let out = inside_any(&host, &status, script);
+        assert!(
+            !out.status.success(),
+            "`{script}` succeeded inside: {}",
+            text(&out)
+        );
+    }
+    inside(
+        &host,
+        &status,
+        "cd /workspace && export GIT_AUTHOR_NAME=agent GIT_AUTHOR_EMAIL=agent@example.invalid \
+         GIT_COMMITTER_NAME=agent GIT_COMMITTER_EMAIL=agent@example.invalid && \
+         echo change >> README && git commit -q --no-verify -am 'from inside' && \
+         mkdir .bare/rebase-merge && echo 'exec touch /tmp/x' > .bare/rebase-merge/git-rebase-todo",
+    )?;
+    down(&host, &ws)?;
+    assert_eq!(sh(&host, &ws, "git log --format=%s"), "from inside\ninit\n");
+    assert_eq!(std::fs::read(ws.join(".bare/config"))?, config_before);
+    assert_eq!(
+        std::fs::read(ws.join(".bare/info/exclude"))?,
+        exclude_before
+    );
+    assert_eq!(
+        std::fs::read_to_string(ws.join(".pre-commit-config.yaml"))?,
+        "repos: []\n"
+    );
+    for path in [
+        "pre_commit.py",
+        "pre_commit",
+        "pre_commit.abi3.so",
+        ".pre-commit-config.yml",
+        ".bare/hooks/post-checkout",
+        ".bare/rebase-merge",
+    ] {
+        assert!(!ws.join(path).exists(), "{path} reached the host");
+    }
     Ok(())
 }
 
