@@ -534,10 +534,17 @@ impl Classifier {
         let Some(s) = scope.map(|i| &self.scopes[i]).filter(|_| self.isolate) else {
             return (Route::Host, tree(false));
         };
-        // A tracked file; a directory of the same name is not it (unless
-        // the index tracks that directory whole).
-        if s.tracked.contains(&rel) && is_dir == s.tracked_trees.contains(&rel) {
+        // A tracked file; a directory of the same name is not it.
+        if s.tracked.contains(&rel) && !is_dir && !s.tracked_trees.contains(&rel) {
             return (Route::Host, tree(false));
+        }
+        // A directory the index tracks whole (a submodule) is the host's,
+        // but what its own rules do not cover (a submodule's repository
+        // is a scope of its own) stays as ignored as around it: an entry
+        // the sandbox adds to the index exposes no directory's contents.
+        if is_dir && s.tracked_trees.contains(&rel) {
+            let ignored = *ignored || s.pattern_ignores(&self.global, &rel, true);
+            return (Route::Host, tree(ignored));
         }
         if s.tracked_dirs.contains(&rel) {
             let ignored = *ignored || s.pattern_ignores(&self.global, &rel, true);

@@ -32,7 +32,8 @@ use lazaret_proto::router::{IgnoreFile, IgnoreScope, NamePrefix, RelativePath, W
 use rustix::fs::{FileType, Mode, OFlags};
 
 use crate::classify::{Classifier, GIT_DIR_NAME, HEAD_NAME, HostFacts, Route, join};
-use crate::gitconfig::{Runs, UserConfig, command_names, normalize};
+use crate::command::command_names;
+use crate::gitconfig::{Runs, UserConfig, normalize};
 
 /// The largest ignore file read (git's own limit is higher; a larger one
 /// is refused rather than silently skipped, which could expose a secret).
@@ -406,7 +407,7 @@ fn scan_hook(hook: &Path, worktree: &Path, runs: &mut Runs) {
         if line.trim_start().starts_with('#') {
             continue;
         }
-        let names = command_names(line, false);
+        let names = command_names(line);
         runs.paths
             .extend(names.paths.iter().map(|p| normalize(&worktree.join(p))));
         runs.modules
@@ -636,10 +637,10 @@ fn read_index(path: &Path, prefix: Option<&[u8]>) -> Result<Vec<(Vec<u8>, bool)>
         .entries()
         .iter()
         .map(|e| {
-            (
-                e.path(&file).to_vec(),
-                e.mode.is_submodule() || e.mode.is_sparse(),
-            )
+            // A sparse directory's entry ends in `/`.
+            let path = e.path(&file);
+            let path = path.strip_suffix(b"/").unwrap_or(path);
+            (path.to_vec(), e.mode.is_submodule() || e.mode.is_sparse())
         })
         .filter(|(p, _)| inside(p))
         .collect())
@@ -678,21 +679,6 @@ fn walk(
             source,
         })?;
         let has = |name: &[u8]| entries.iter().any(|e| e.name == name);
-        let has_dir = |name: &[u8]| {
-            entries
-                .iter()
-                .any(|e| e.name == name && e.file_type == FileType::Directory)
-        };
-        // A bare repository (or a git directory a worktree elsewhere
-        // names): protected as a `.git`, not walked as a worktree.
-        if !dir_path.is_empty() && has(HEAD_NAME) && has_dir(b"objects") && has_dir(b"refs") {
-            let path = RelativePath(dir_path.clone());
-            classifier.add_git_dir(&path.0);
-            if !rules.git_dirs.contains(&path) {
-                rules.git_dirs.push(path);
-            }
-            continue;
-        }
         if let Some((Some(scope), rel)) = state.scope() {
             if has(b".gitignore") {
                 if let Some(content) = read_ignore_file(fd.as_fd(), &label.join(".gitignore"))? {

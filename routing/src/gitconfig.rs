@@ -14,6 +14,8 @@
 
 use std::path::{Component, Path, PathBuf};
 
+use crate::command::command_names;
+
 /// The largest configuration file read.
 const MAX_CONFIG_LEN: u64 = 1024 * 1024;
 
@@ -145,10 +147,7 @@ impl UserConfig {
         if !runs_program(entry) {
             return;
         }
-        // An alias without `!` runs git itself: its words are git's
-        // arguments, not files, but may still name a path.
-        let shell = entry.section != "alias" || entry.value.trim_start().starts_with('!');
-        let named = command_names(&entry.value, shell);
+        let named = command_names(&entry.value);
         runs.paths.extend(
             named
                 .paths
@@ -214,70 +213,6 @@ fn runs_program(entry: &Entry) -> bool {
         "submodule" => key == "update" && entry.value.trim_start().starts_with('!'),
         _ => false,
     }
-}
-
-/// What a shell command names in the files around it.
-#[derive(Debug, Default, PartialEq, Eq)]
-pub struct CommandNames<'a> {
-    /// Words that name a file: those holding a `/` (also after an `=`, as
-    /// in `--config=dir/file`), and, when asked for, the plain arguments
-    /// after each program (`clean.py` in `python clean.py`, `x.toml` in
-    /// `--config=x.toml`), which name files in the directory the command
-    /// runs in.
-    pub paths: Vec<&'a str>,
-    /// The top-level packages of the modules run with `-m NAME` or
-    /// `-mNAME`, which Python looks up first in the directory it runs in.
-    pub modules: Vec<&'a str>,
-}
-
-/// The names in `command` (a configured command, or a line of a hook
-/// script), with its plain arguments when `arguments`. No URL, variable,
-/// or placeholder (`%f`) is a name.
-pub fn command_names(command: &str, arguments: bool) -> CommandNames<'_> {
-    let mut names = CommandNames::default();
-    let is_name = |w: &str| {
-        !w.contains("://") && !w.contains(['$', '%']) && !w.bytes().all(|b| b.is_ascii_digit())
-    };
-    for segment in command.split([';', '|', '&', '(', ')', '`', '\n']) {
-        let words = segment
-            .split(|c: char| c.is_whitespace() || matches!(c, '<' | '>'))
-            .map(|w| w.trim_matches(|c| matches!(c, '\'' | '"' | '!')))
-            .filter(|w| !w.is_empty());
-        let mut module_next = false;
-        for (i, word) in words.enumerate() {
-            if std::mem::take(&mut module_next) {
-                names.modules.extend(python_package(word));
-                continue;
-            }
-            if word == "-m" {
-                module_next = true;
-                continue;
-            }
-            if let Some(module) = word.strip_prefix("-m") {
-                names.modules.extend(python_package(module));
-                continue;
-            }
-            let value = word.split_once('=').map_or(word, |(_, value)| value);
-            if value.contains('/') {
-                if is_name(value) {
-                    names.paths.push(value);
-                }
-            } else if arguments && i > 0 && !value.starts_with(['-', '~']) && is_name(value) {
-                names.paths.push(value);
-            }
-        }
-    }
-    names
-}
-
-/// The top-level package of a dotted module name, if it is one.
-fn python_package(module: &str) -> Option<&str> {
-    let package = module.split('.').next()?;
-    let mut chars = package.chars();
-    let first = chars.next()?;
-    ((first.is_ascii_alphabetic() || first == '_')
-        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_'))
-    .then_some(package)
 }
 
 /// `path` without `.` components and with each `..` applied to what is
@@ -472,23 +407,5 @@ mod tests {
         expected.sort();
         assert_eq!(runs.paths, expected);
         assert_eq!(runs.modules, [PathBuf::from("/w/nbstripout")]);
-    }
-
-    #[test]
-    fn a_command_names_paths_arguments_and_modules() {
-        let line = r#"exec "$INSTALL_PYTHON" -mpre_commit hook-impl --config=.pre-commit-config.yaml --hook-dir "$HERE" -- "$@""#;
-        let names = command_names(line, false);
-        assert_eq!(names.modules, ["pre_commit"]);
-        assert!(names.paths.is_empty(), "{names:?}");
-        let names = command_names(line, true);
-        assert_eq!(names.paths, ["hook-impl", ".pre-commit-config.yaml"]);
-        let names = command_names(
-            "FOO=./bin/x run a.py 2>/dev/null; python -m 9no -m ok.sub",
-            true,
-        );
-        assert_eq!(names.paths, ["./bin/x", "run", "a.py", "/dev/null"]);
-        assert_eq!(names.modules, ["ok"]);
-        let names = command_names("open https://example.org/x ${HOME}/y %f", true);
-        assert!(names.paths.is_empty(), "{names:?}");
     }
 }

@@ -16,6 +16,7 @@
 #![deny(missing_docs)]
 
 pub mod classify;
+pub mod command;
 pub mod fs;
 pub mod gather;
 pub mod gitconfig;

@@ -438,7 +438,8 @@ fn what_the_repository_runs_is_read_only() {
     let fixture = Fixture::new();
     fixture.write(
         "scripts/pre-commit",
-        "#!/bin/sh\n./tools/lint.sh --config=conf/lint.toml && exit 0\n# ./not/this\n",
+        "#!/bin/sh\n./tools/lint.sh --config=conf/lint.toml && exit 0\n# ./not/this\n\
+         black src/ tests/\n",
     );
     fixture.write("tools/lint.sh", "true\n");
     // The hook is a link to a link to the script.
@@ -461,6 +462,18 @@ fn what_the_repository_runs_is_read_only() {
             "config",
             "filter.nb.clean",
             "python3 -m nbstrip.cli clean.py",
+        ],
+    );
+    fixture.git(
+        &fixture.repo,
+        &["config", "diff.nb.textconv", "python3 conv.py"],
+    );
+    fixture.git(
+        &fixture.repo,
+        &[
+            "config",
+            "credential.helper",
+            "!/usr/bin/gh auth git-credential",
         ],
     );
     fixture.git(
@@ -490,14 +503,14 @@ fn what_the_repository_runs_is_read_only() {
         "scripts/test.sh",
         "pre_commit",
         "nbstrip",
-        "clean.py",
+        "conv.py",
     ] {
         assert!(read_only.contains(expected), "{expected} in {read_only:?}");
     }
-    assert!(
-        !read_only.iter().any(|p| p.contains("not/this")),
-        "{read_only:?}"
-    );
+    // What commands take as data stays writable.
+    for data in ["not/this", "src", "tests", "auth", "clean.py"] {
+        assert!(!read_only.contains(data), "{data} in {read_only:?}");
+    }
     let prefixes: BTreeSet<(String, String)> = gathered
         .rules
         .read_only_prefixes
@@ -573,8 +586,10 @@ fn git_directories_not_named_dot_git_are_protected_as_git_directories() {
         &workspace,
         &["init", "-q", "--separate-git-dir", ".bare", "."],
     );
-    // A bare repository in it; a nested repository whose git directory is
-    // a sibling; one whose `.git` is a link to another.
+    // A nested repository whose git directory is a sibling; one whose
+    // `.git` is a link to a bare repository; a bare repository no `.git`
+    // names (a test fixture: an ordinary directory, whose configuration
+    // and hooks the `HEAD` beside them protect).
     fixture.git(&workspace, &["init", "-q", "--bare", "mirror.git"]);
     let nested = workspace.join("nested");
     std::fs::create_dir_all(&nested).unwrap();
@@ -593,7 +608,7 @@ fn git_directories_not_named_dot_git_are_protected_as_git_directories() {
         .iter()
         .map(|p| String::from_utf8(p.0.clone()).unwrap())
         .collect();
-    let expected: BTreeSet<String> = [".bare", "mirror.git", "gitdata", "linkdata"]
+    let expected: BTreeSet<String> = [".bare", "gitdata", "linkdata"]
         .iter()
         .map(|s| s.to_string())
         .collect();
@@ -603,7 +618,7 @@ fn git_directories_not_named_dot_git_are_protected_as_git_directories() {
         exists: workspace.join(std::str::from_utf8(path).unwrap()).exists(),
         dir_holds_head: false,
     };
-    for dir in [".bare", "mirror.git", "gitdata", "linkdata"] {
+    for dir in [".bare", "gitdata", "linkdata"] {
         // A todo list the developer would continue stays inside.
         let (route, _) = classifier.walk(format!("{dir}/rebase-merge").as_bytes(), true, &host);
         assert_eq!(route, Route::Isolated, "{dir}");
@@ -624,7 +639,8 @@ fn git_directories_not_named_dot_git_are_protected_as_git_directories() {
 #[test]
 fn a_submodule_in_an_ignored_directory_stays_tracked() {
     let fixture = Fixture::new();
-    fixture.write(".gitignore", "vendor/\n");
+    fixture.write(".gitignore", "vendor/\nsecrets/\n");
+    fixture.write("secrets/prod.key", "SECRET");
     let sub = fixture.repo.join("vendor/sub");
     std::fs::create_dir_all(&sub).unwrap();
     fixture.git(&sub, &["init", "-q", "."]);
@@ -642,11 +658,27 @@ fn a_submodule_in_an_ignored_directory_stays_tracked() {
             &format!("160000,{},vendor/sub", head.trim()),
         ],
     );
+    // What the sandbox could add to the index: a submodule entry for an
+    // ignored directory of secrets, with no repository there.
+    fixture.git(
+        &fixture.repo,
+        &[
+            "update-index",
+            "--add",
+            "--cacheinfo",
+            &format!("160000,{},secrets", head.trim()),
+        ],
+    );
     let dir = std::fs::File::open(&fixture.repo).unwrap();
     let gathered = gather(dir.as_fd(), &fixture.repo, true, &fixture.user()).unwrap();
+    let mut dirs = gathered.rules.scopes[0].tracked_ignored_dirs.clone();
+    dirs.sort();
     assert_eq!(
-        gathered.rules.scopes[0].tracked_ignored_dirs,
-        [lazaret_proto::router::RelativePath(b"vendor/sub".to_vec())]
+        dirs,
+        [
+            lazaret_proto::router::RelativePath(b"secrets".to_vec()),
+            lazaret_proto::router::RelativePath(b"vendor/sub".to_vec()),
+        ]
     );
     let classifier = Classifier::new(&gathered.rules);
     let host = |_: &[u8]| HostFacts {
@@ -654,6 +686,10 @@ fn a_submodule_in_an_ignored_directory_stays_tracked() {
         dir_holds_head: false,
     };
     assert_eq!(classifier.walk(b"vendor/sub", true, &host).0, Route::Host);
+    assert_eq!(
+        classifier.walk(b"secrets/prod.key", false, &host).0,
+        Route::Isolated
+    );
     assert_eq!(
         classifier.walk(b"vendor/sub/file.c", false, &host).0,
         Route::Host
