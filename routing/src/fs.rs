@@ -72,6 +72,29 @@ pub fn list(dir: BorrowedFd<'_>) -> std::io::Result<Vec<Listed>> {
     Ok(out)
 }
 
+/// The content of the regular file at `path` (links followed), if it is
+/// one of at most `max` bytes: opened once, without blocking (a FIFO in
+/// its place cannot hang the reader), checked and read through that one
+/// descriptor, never more than `max + 1` bytes (a file whose size says 0,
+/// as in `/proc`, is bounded too).
+pub fn read_small(path: &std::path::Path, max: u64) -> Option<Vec<u8>> {
+    use std::io::Read;
+    let fd = rustix::fs::open(
+        path,
+        OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .ok()?;
+    let file = std::fs::File::from(fd);
+    let meta = file.metadata().ok()?;
+    if !meta.is_file() || meta.len() > max {
+        return None;
+    }
+    let mut content = Vec::new();
+    file.take(max + 1).read_to_end(&mut content).ok()?;
+    (content.len() as u64 <= max).then_some(content)
+}
+
 /// `FS_CASEFOLD_FL`: the directory's names compare without case.
 const CASEFOLD: u32 = 0x4000_0000;
 
@@ -103,14 +126,47 @@ pub fn case_insensitive(fs_type: u32, flags: u32) -> Option<&'static str> {
         .map(|(_, name)| *name)
 }
 
-/// [`case_insensitive`] for the directory `dir` (opened for reading).
-pub fn dir_case_insensitive(dir: BorrowedFd<'_>) -> rustix::io::Result<Option<&'static str>> {
+/// Whether names in the directory `dir` (opened for reading, holding
+/// `entries`) may compare without case: by its filesystem and flags (see
+/// [`case_insensitive`]), and by trying: one entry's name with its case
+/// swapped must not name the same file (which also catches a filesystem
+/// not listed, such as a share of a case-insensitive one).
+pub fn dir_case_insensitive(
+    dir: BorrowedFd<'_>,
+    entries: &[Listed],
+) -> rustix::io::Result<Option<&'static str>> {
     // Truncated to the 32 bits every magic fits in (the field is signed
     // on some architectures).
     let fs_type = rustix::fs::fstatfs(dir)?.f_type as u32;
     // A filesystem without inode flags has no case folding either.
     let flags = rustix::fs::ioctl_getflags(dir).map_or(0, |f| f.bits());
-    Ok(case_insensitive(fs_type, flags))
+    if let Some(kind) = case_insensitive(fs_type, flags) {
+        return Ok(Some(kind));
+    }
+    let Some(entry) = entries
+        .iter()
+        .find(|e| e.name.iter().any(u8::is_ascii_alphabetic))
+    else {
+        return Ok(None);
+    };
+    let swapped: Vec<u8> = entry
+        .name
+        .iter()
+        .map(|b| {
+            if b.is_ascii_lowercase() {
+                b.to_ascii_uppercase()
+            } else {
+                b.to_ascii_lowercase()
+            }
+        })
+        .collect();
+    let stat =
+        |name: &[u8]| rustix::fs::statat(dir, OsStr::from_bytes(name), AtFlags::SYMLINK_NOFOLLOW);
+    let same = match (stat(&entry.name), stat(&swapped)) {
+        (Ok(a), Ok(b)) => a.st_dev == b.st_dev && a.st_ino == b.st_ino,
+        _ => false,
+    };
+    Ok(same.then_some("a filesystem that folds case (found by trying)"))
 }
 
 #[cfg(test)]
@@ -130,6 +186,32 @@ mod tests {
     }
 
     #[test]
+    fn only_small_regular_files_are_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("file");
+        std::fs::write(&file, "12345").unwrap();
+        assert_eq!(read_small(&file, 5).as_deref(), Some(&b"12345"[..]));
+        assert_eq!(read_small(&file, 4), None);
+        // A FIFO with no writer: refused at once, not waited on.
+        let fifo = dir.path().join("fifo");
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            &fifo,
+            FileType::Fifo,
+            Mode::from_raw_mode(0o600),
+            0,
+        )
+        .unwrap();
+        assert_eq!(read_small(&fifo, 100), None);
+        // A file whose size says 0 but reads on.
+        assert_eq!(
+            read_small(std::path::Path::new("/proc/self/maps"), 10),
+            None
+        );
+        assert_eq!(read_small(dir.path(), 100), None);
+    }
+
+    #[test]
     fn an_ordinary_directory_compares_bytes() {
         let dir = tempfile::tempdir().unwrap();
         let fd = rustix::fs::open(
@@ -138,6 +220,11 @@ mod tests {
             Mode::empty(),
         )
         .unwrap();
-        assert_eq!(dir_case_insensitive(fd.as_fd()), Ok(None));
+        std::fs::write(dir.path().join("Name"), "").unwrap();
+        let entries = list(fd.as_fd()).unwrap();
+        assert_eq!(dir_case_insensitive(fd.as_fd(), &entries), Ok(None));
+        // Two names differing in case are two files.
+        std::fs::write(dir.path().join("nAME"), "").unwrap();
+        assert_eq!(dir_case_insensitive(fd.as_fd(), &entries), Ok(None));
     }
 }

@@ -26,7 +26,7 @@ use std::io::Read;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
+use std::path::{Component, Path, PathBuf};
 
 use lazaret_proto::router::{IgnoreFile, IgnoreScope, NamePrefix, RelativePath, WorkspaceRules};
 use rustix::fs::{FileType, Mode, OFlags};
@@ -170,7 +170,11 @@ pub fn gather(
             source: e.into(),
         }
     })?;
-    refuse_case_insensitive(root.as_fd(), workspace_path)?;
+    let entries = crate::fs::list(root.as_fd()).map_err(|source| GatherError::Unreadable {
+        path: workspace_path.display().to_string(),
+        source,
+    })?;
+    refuse_case_insensitive(root.as_fd(), &entries, workspace_path)?;
     let mut rules = WorkspaceRules {
         isolate_ignored: isolate,
         global_excludes: Vec::new(),
@@ -349,9 +353,14 @@ fn protect_what_git_runs(
         }
     }
     // husky 9 points `core.hooksPath` at `.husky/_`, whose hooks run the
-    // scripts beside it.
-    if hooks_dir.file_name().is_some_and(|n| n == "_") {
-        runs.paths.extend(hooks_dir.parent().map(Path::to_path_buf));
+    // scripts beside it: those are hooks too.
+    if let Some(husky) = hooks_dir.parent().filter(|_| hooks_dir.ends_with("_")) {
+        if let Ok(scripts) = std::fs::read_dir(husky) {
+            for script in scripts.flatten() {
+                scan_hook(&script.path(), worktree, &mut runs);
+            }
+        }
+        runs.paths.push(husky.to_path_buf());
     }
     runs.paths.push(hooks_dir);
     let mut prefixes = Vec::new();
@@ -371,14 +380,20 @@ fn protect_what_git_runs(
         );
     }
     for path in &runs.paths {
-        for inside in resolutions(path).filter_map(|p| inside(workspace_path, &p)) {
+        for inside in resolutions(path)
+            .into_iter()
+            .filter_map(|p| inside(workspace_path, &p))
+        {
             if !inside.0.is_empty() && !rules.read_only.contains(&inside) {
                 rules.read_only.push(inside);
             }
         }
     }
     for (dir, prefix) in prefixes {
-        for dir in resolutions(&dir).filter_map(|p| inside(workspace_path, &p)) {
+        for dir in resolutions(&dir)
+            .into_iter()
+            .filter_map(|p| inside(workspace_path, &p))
+        {
             let names = NamePrefix {
                 dir,
                 prefix: prefix.clone(),
@@ -393,13 +408,7 @@ fn protect_what_git_runs(
 /// Adds what a hook script names: the paths its lines name (relative ones
 /// taken from the worktree, where git runs hooks) and the modules it runs.
 fn scan_hook(hook: &Path, worktree: &Path, runs: &mut Runs) {
-    let Ok(meta) = std::fs::metadata(hook) else {
-        return;
-    };
-    if !meta.is_file() || meta.len() > MAX_HOOK_LEN {
-        return;
-    }
-    let Ok(text) = std::fs::read(hook) else {
+    let Some(text) = crate::fs::read_small(hook, MAX_HOOK_LEN) else {
         return;
     };
     let text = String::from_utf8_lossy(&text);
@@ -417,28 +426,42 @@ fn scan_hook(hook: &Path, worktree: &Path, runs: &mut Runs) {
 
 /// `path` and every path it becomes as its symbolic links are followed
 /// one at a time (a link's target with the rest of the path; a link to a
-/// link, on), each what git reads at some step. At most [`MAX_LINKS`]
-/// links are followed.
-fn resolutions(path: &Path) -> impl Iterator<Item = PathBuf> {
-    let mut next = Some(normalize(path));
-    let mut followed = 0;
-    std::iter::from_fn(move || {
-        let path = next.take()?;
-        if followed < MAX_LINKS {
-            followed += 1;
-            let mut prefix = PathBuf::new();
-            let mut rest = path.components();
-            while let Some(component) = rest.next() {
-                prefix.push(component);
-                if let Ok(target) = std::fs::read_link(&prefix) {
-                    let base = prefix.parent().unwrap_or(Path::new("/"));
-                    next = Some(normalize(&base.join(target).join(rest.as_path())));
-                    break;
+/// link, on), each what git reads at some step, ending with the path the
+/// kernel would open. `..` is applied to what precedes it once that is
+/// resolved, as the kernel applies it. At most [`MAX_LINKS`] links are
+/// followed.
+fn resolutions(path: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut path = path.to_path_buf();
+    for _ in 0..=MAX_LINKS {
+        out.push(normalize(&path));
+        let mut resolved = PathBuf::new();
+        let mut rest = path.components();
+        let mut link = None;
+        while let Some(component) = rest.next() {
+            match component {
+                Component::CurDir => continue,
+                Component::ParentDir => {
+                    resolved.pop();
+                    continue;
                 }
+                other => resolved.push(other),
+            }
+            if let Ok(target) = std::fs::read_link(&resolved) {
+                let base = resolved.parent().unwrap_or(Path::new("/"));
+                link = Some(base.join(target).join(rest.as_path()));
+                break;
             }
         }
-        Some(path)
-    })
+        match link {
+            Some(next) => path = next,
+            None => {
+                out.push(resolved);
+                break;
+            }
+        }
+    }
+    out
 }
 
 /// `path` relative to the workspace, if it is inside.
@@ -452,7 +475,10 @@ fn inside(workspace_path: &Path, path: &Path) -> Option<RelativePath> {
 /// protected by name).
 fn add_git_dirs(dirs: &[&Path], workspace_path: &Path, rules: &mut WorkspaceRules) {
     for dir in dirs {
-        for inside in resolutions(dir).filter_map(|p| inside(workspace_path, &p)) {
+        for inside in resolutions(dir)
+            .into_iter()
+            .filter_map(|p| inside(workspace_path, &p))
+        {
             let named = inside.components().any(|c| c == GIT_DIR_NAME);
             if !inside.0.is_empty() && !named && !rules.git_dirs.contains(&inside) {
                 rules.git_dirs.push(inside);
@@ -473,8 +499,12 @@ fn track(classifier: &mut Classifier, scope: usize, paths: &[(Vec<u8>, bool)]) {
 }
 
 /// Refuses a directory whose names may compare without case.
-fn refuse_case_insensitive(dir: BorrowedFd<'_>, label: &Path) -> Result<(), GatherError> {
-    match crate::fs::dir_case_insensitive(dir) {
+fn refuse_case_insensitive(
+    dir: BorrowedFd<'_>,
+    entries: &[crate::fs::Listed],
+    label: &Path,
+) -> Result<(), GatherError> {
+    match crate::fs::dir_case_insensitive(dir, entries) {
         Ok(None) => Ok(()),
         Ok(Some(kind)) => Err(GatherError::CaseInsensitive {
             path: label.display().to_string(),
@@ -673,11 +703,11 @@ fn walk(
                 });
             }
         };
-        refuse_case_insensitive(fd.as_fd(), &label)?;
         let entries = crate::fs::list(fd.as_fd()).map_err(|source| GatherError::Unreadable {
             path: label.display().to_string(),
             source,
         })?;
+        refuse_case_insensitive(fd.as_fd(), &entries, &label)?;
         let has = |name: &[u8]| entries.iter().any(|e| e.name == name);
         if let Some((Some(scope), rel)) = state.scope() {
             if has(b".gitignore") {
@@ -827,4 +857,31 @@ fn read_bounded(path: &Path, max: u64) -> Result<Vec<u8>, GatherError> {
         .read_to_end(&mut content)
         .map_err(read_error(path.display()))?;
     Ok(content)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resolutions_follow_links_as_the_kernel_does() {
+        let dir = tempfile::tempdir().unwrap();
+        let base = std::fs::canonicalize(dir.path()).unwrap();
+        std::fs::create_dir_all(base.join("real/sub")).unwrap();
+        std::os::unix::fs::symlink("real/sub", base.join("tools")).unwrap();
+        std::os::unix::fs::symlink("b", base.join("a")).unwrap();
+        std::os::unix::fs::symlink("c", base.join("b")).unwrap();
+        // `..` after a link leaves the link's target, not the link.
+        let found = resolutions(&base.join("tools/../x.sh"));
+        assert!(found.contains(&base.join("real/x.sh")), "{found:?}");
+        // Each link of a chain.
+        let found = resolutions(&base.join("a"));
+        assert_eq!(found.first(), Some(&base.join("a")));
+        for step in ["b", "c"] {
+            assert!(found.contains(&base.join(step)), "{found:?}");
+        }
+        // A loop ends.
+        std::os::unix::fs::symlink("loop", base.join("loop")).unwrap();
+        assert!(resolutions(&base.join("loop")).len() <= MAX_LINKS + 2);
+    }
 }

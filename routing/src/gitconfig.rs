@@ -5,10 +5,10 @@
 //! command, such as `core.fsmonitor` or a `filter.*.clean` script).
 //!
 //! Owns reading git's configuration files in git's order (system, global,
-//! then the repository's own, the last one set winning) and git's default
-//! excludes file when none sets one. It reads the files as the invoking
-//! user and trusts them as the user's own; an included file is read one
-//! level deep. A whole git configuration parser would be a large
+//! then the repository's own, each include in its place, the last one set
+//! winning) and git's default excludes file when none sets one. It reads
+//! the files as the invoking user and trusts them as the user's own,
+//! through one descriptor each, bounded, never blocking on a FIFO. A whole git configuration parser would be a large
 //! dependency for these few lookups, whose syntax is plain: `[section]` or
 //! `[section "subsection"]`, then `key = value` lines.
 
@@ -81,13 +81,43 @@ impl UserConfig {
         files
     }
 
+    /// Every entry of `files`, in git's order, with each included file's
+    /// entries in its place (includes followed as deep as git follows
+    /// them), and the included files.
+    fn read_all(&self, files: &[PathBuf]) -> Configuration {
+        let mut configuration = Configuration::default();
+        for file in files {
+            self.read_into(file, 0, &mut configuration);
+        }
+        configuration
+    }
+
+    fn read_into(&self, file: &Path, depth: usize, configuration: &mut Configuration) {
+        let Some(text) = read(file) else { return };
+        let dir = file.parent().unwrap_or(Path::new("/"));
+        for entry in entries(&text) {
+            let include =
+                entry.key == "path" && matches!(entry.section.as_str(), "include" | "includeif");
+            if include {
+                if let Some(target) = self.expand(&entry.value, Some(dir)) {
+                    if depth < MAX_INCLUDE_DEPTH {
+                        self.read_into(&target, depth + 1, configuration);
+                    }
+                    configuration.included.push(target);
+                }
+                continue;
+            }
+            configuration.entries.push(entry);
+        }
+    }
+
     /// The file `core.excludesFile` names in `files`, or git's default;
     /// `None` when there is none.
     pub fn excludes_file(&self, files: &[PathBuf]) -> Option<PathBuf> {
-        let configured = files
-            .iter()
-            .filter_map(|f| read(f))
-            .flat_map(|text| entries(&text))
+        let configured = self
+            .read_all(files)
+            .entries
+            .into_iter()
             .filter(|e| e.section == "core" && e.subsection.is_none() && e.key == "excludesfile")
             .map(|e| e.value)
             .next_back();
@@ -97,47 +127,29 @@ impl UserConfig {
         }
     }
 
-    /// What `files` (and the files they include, one level deep) make git
-    /// read as configuration or run: include targets, the hooks
-    /// directory, and what each command names (see [`command_names`]). A
-    /// relative include is taken from its file's directory; any other
-    /// relative path from `worktree`, where git runs hooks and filters.
+    /// What `files` (and the files they include) make git read as
+    /// configuration or run: include targets, the hooks directory, and
+    /// what each command names (see [`command_names`]). A relative include
+    /// is taken from its file's directory; any other relative path from
+    /// `worktree`, where git runs hooks and filters.
     pub fn what_runs(&self, files: &[PathBuf], worktree: &Path) -> Runs {
-        let mut runs = Runs::default();
-        for file in files {
-            let Some(text) = read(file) else { continue };
-            let dir = file.parent().unwrap_or(Path::new("/"));
-            for entry in entries(&text) {
-                let include = entry.key == "path"
-                    && matches!(entry.section.as_str(), "include" | "includeif");
-                if include {
-                    if let Some(target) = self.expand(&entry.value, Some(dir)) {
-                        if let Some(text) = read(&target) {
-                            let inner = target.parent().unwrap_or(Path::new("/")).to_path_buf();
-                            for inner_entry in entries(&text) {
-                                self.entry_runs(&inner_entry, &inner, worktree, &mut runs);
-                            }
-                        }
-                        runs.paths.push(target);
-                    }
-                    continue;
-                }
-                self.entry_runs(&entry, dir, worktree, &mut runs);
-            }
+        let configuration = self.read_all(files);
+        let mut runs = Runs {
+            paths: configuration.included,
+            modules: Vec::new(),
+        };
+        for entry in &configuration.entries {
+            self.entry_runs(entry, worktree, &mut runs);
         }
         runs
     }
 
     /// Adds what an entry names, if it is one git runs or reads: the
-    /// hooks directory, an included file, and what a command names (the
+    /// hooks directory, and what a command names (the
     /// programs of `core`, diff and merge drivers, filters, credential
     /// helpers, signing programs, editors, pagers, shell aliases,
     /// transports, browsers, submodule update commands and the like).
-    fn entry_runs(&self, entry: &Entry, dir: &Path, worktree: &Path, runs: &mut Runs) {
-        if entry.key == "path" && matches!(entry.section.as_str(), "include" | "includeif") {
-            runs.paths.extend(self.expand(&entry.value, Some(dir)));
-            return;
-        }
+    fn entry_runs(&self, entry: &Entry, worktree: &Path, runs: &mut Runs) {
         // A directory, always a path.
         if entry.section == "core" && entry.key == "hookspath" {
             runs.paths
@@ -158,13 +170,13 @@ impl UserConfig {
             .extend(named.modules.iter().map(|m| worktree.join(m)));
     }
 
-    /// The last `core.hooksPath` of `files`, resolved.
+    /// The last `core.hooksPath` of `files` (and what they include),
+    /// resolved.
     pub fn hooks_path(&self, files: &[PathBuf], worktree: &Path) -> Option<PathBuf> {
-        files
-            .iter()
-            .filter_map(|f| read(f))
-            .flat_map(|text| entries(&text))
-            .filter(|e| e.section == "core" && e.key == "hookspath")
+        self.read_all(files)
+            .entries
+            .into_iter()
+            .filter(|e| e.section == "core" && e.subsection.is_none() && e.key == "hookspath")
             .map(|e| e.value)
             .next_back()
             .and_then(|value| self.expand(value.trim(), Some(worktree)))
@@ -183,6 +195,17 @@ impl UserConfig {
         }
         base.map(|b| normalize(&b.join(path)))
     }
+}
+
+/// How deep git follows includes.
+const MAX_INCLUDE_DEPTH: usize = 10;
+
+/// The entries of a set of configuration files, includes read in place.
+#[derive(Debug, Default)]
+struct Configuration {
+    entries: Vec<Entry>,
+    /// The included files.
+    included: Vec<PathBuf>,
 }
 
 /// What git's configuration (or a hook) makes git read or run.
@@ -232,12 +255,7 @@ pub fn normalize(path: &Path) -> PathBuf {
 }
 
 fn read(path: &Path) -> Option<String> {
-    let meta = std::fs::metadata(path).ok()?;
-    if !meta.is_file() || meta.len() > MAX_CONFIG_LEN {
-        return None;
-    }
-    std::fs::read(path)
-        .ok()
+    crate::fs::read_small(path, MAX_CONFIG_LEN)
         .map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
 }
 

@@ -558,6 +558,32 @@ fn what_the_repository_runs_is_read_only() {
     );
 }
 
+#[test]
+fn husky_scripts_and_a_hooks_path_set_by_an_include_are_read() {
+    let fixture = Fixture::new();
+    fixture.write(
+        ".husky/_/pre-commit",
+        "#!/bin/sh\n. \"$(dirname \"$0\")/h\"\n",
+    );
+    fixture.write(
+        ".husky/pre-commit",
+        "python3 -m mytool --fix\n./scripts/check.sh\n",
+    );
+    fixture.write(".git/hooks.inc", "[core]\n\thooksPath = .husky/_\n");
+    fixture.git(&fixture.repo, &["config", "include.path", "hooks.inc"]);
+    let dir = std::fs::File::open(&fixture.repo).unwrap();
+    let gathered = gather(dir.as_fd(), &fixture.repo, true, &fixture.user()).unwrap();
+    let read_only: BTreeSet<String> = gathered
+        .rules
+        .read_only
+        .iter()
+        .map(|p| String::from_utf8(p.0.clone()).unwrap())
+        .collect();
+    for expected in [".husky", ".husky/_", "scripts/check.sh", "mytool"] {
+        assert!(read_only.contains(expected), "{expected} in {read_only:?}");
+    }
+}
+
 /// The protection of `path` (a file) under `classifier`.
 fn read_only_at(
     classifier: &Classifier,
