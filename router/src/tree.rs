@@ -264,10 +264,13 @@ pub struct Tree {
     nodes: RwLock<Nodes>,
     files: Handles<OwnedFd>,
     dirs: Handles<Listing>,
-    /// Held across every change to names (create, link, remove, rename),
-    /// from its checks to its effect, so that no other request of the
-    /// sandbox can swap a name between the two.
-    names: Mutex<()>,
+    /// Held for writing across every change to names (create, link,
+    /// remove, rename), from its checks to its effect, so that no other
+    /// request of the sandbox can swap a name between the two; held for
+    /// reading across every lookup, from finding a name to recording its
+    /// node, so that no node is recorded with what a name was before a
+    /// change.
+    names: RwLock<()>,
 }
 
 impl Tree {
@@ -291,7 +294,7 @@ impl Tree {
             nodes: RwLock::new(Nodes::new(root)),
             files: Handles::new(),
             dirs: Handles::new(),
-            names: Mutex::new(()),
+            names: RwLock::new(()),
         })
     }
 
@@ -302,8 +305,12 @@ impl Tree {
         }
     }
 
-    fn lock_names(&self) -> std::sync::MutexGuard<'_, ()> {
-        self.names.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock_names(&self) -> std::sync::RwLockWriteGuard<'_, ()> {
+        self.names.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn read_names(&self) -> std::sync::RwLockReadGuard<'_, ()> {
+        self.names.read().unwrap_or_else(|e| e.into_inner())
     }
 
     fn node(&self, ino: u64) -> Result<Node> {
@@ -520,6 +527,7 @@ impl Tree {
 
     /// `lookup`: the entry `name` of directory `parent`.
     pub fn lookup(&self, parent: u64, name: &[u8]) -> Result<(u64, Stat)> {
+        let _names = self.read_names();
         let (node, state) = self.dir_node(parent)?;
         let found = self.find(&node.path, &state, name)?.ok_or(Errno::NOENT)?;
         Ok((self.register(&found), found.stat))
@@ -1152,10 +1160,14 @@ impl Tree {
         mut emit: impl FnMut(u64, u64, &[u8], &Stat) -> bool,
     ) -> Result<()> {
         let listing = self.listing(handle)?;
+        let _names = self.read_names();
         // The directory as it is now (it may have been renamed since it
         // was listed): each name is found afresh, nothing taken from the
-        // listing but the name.
+        // listing but the name. A removed directory lists nothing more.
         let (node, state) = self.dir_node(ino)?;
+        if node.removed {
+            return Ok(());
+        }
         let mut sides = Sides::new(self, &node.path, &state)?;
         let mut emitted = false;
         for (i, entry) in listing.entries.iter().enumerate().skip(from) {
