@@ -139,7 +139,7 @@ pub struct WorkspaceRules {
     /// their variants, modules a hook runs with `python -m`).
     pub read_only_prefixes: Vec<NamePrefix>,
     /// Git directories of the host inside the workspace that are not named
-    /// `.git` (one a `.git` file names, a bare repository): routed and
+    /// `.git` that a `.git` file or link names: routed and
     /// protected as `.git` is, and the directories holding them cannot be
     /// moved.
     pub git_dirs: Vec<RelativePath>,

@@ -9,9 +9,9 @@
 //! repository and of the submodules and repositories nested in the
 //! workspace, and the reduction of each index to the tracked paths its
 //! rules would otherwise ignore. Owns too finding what git reads or runs
-//! inside the workspace: the git directories not named `.git` (one a
-//! `.git` file or link names, a bare repository), and the paths and names
-//! the repositories' configuration and hooks make git read or run.
+//! inside the workspace: the git directories not named `.git` that a
+//! `.git` file or link names, and the paths and names the repositories'
+//! configuration and hooks make git read or run.
 //!
 //! Runs in the Host Coordinator as the invoking user. Inside the workspace
 //! it reaches files only through the workspace descriptor, beneath it, with
@@ -299,11 +299,12 @@ pub fn gather(
     })
 }
 
-/// The hook managers' files that make a file of the worktree what a hook
-/// runs, as name prefixes in a directory of the worktree (so that every
-/// variant is covered: `.huskyrc.json`, `lefthook-local.yml`,
-/// `.config/lefthook.toml`), protected when hooks are installed.
-const HOOK_MANAGER_NAMES: [(&str, &str); 8] = [
+/// The files of hook managers (and of tools hooks commonly run) that
+/// decide what a hook runs, as name prefixes in a directory of the
+/// worktree (so that every variant is covered: `.huskyrc.json`,
+/// `lefthook-local.yml`, `.config/lefthook.toml`, `commitlint.config.js`),
+/// protected when hooks are installed.
+const HOOK_MANAGER_NAMES: [(&str, &str); 10] = [
     ("", ".husky"),
     ("", ".pre-commit-config."),
     ("", "lefthook"),
@@ -312,6 +313,8 @@ const HOOK_MANAGER_NAMES: [(&str, &str); 8] = [
     ("", ".overcommit"),
     ("", ".lintstagedrc"),
     ("", "lint-staged.config."),
+    ("", ".commitlintrc"),
+    ("", "commitlint.config."),
 ];
 
 /// The largest hook script scanned for the paths it runs.
