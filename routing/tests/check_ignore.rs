@@ -7,6 +7,7 @@ use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
+use lazaret_proto::router::{RelativePath, WorkspaceRules};
 use lazaret_routing::classify::{Classifier, HostFacts, Protection, Route};
 use lazaret_routing::gather::gather;
 use lazaret_routing::gitconfig::UserConfig;
@@ -130,9 +131,7 @@ fn tree(root: &Path) -> Vec<(String, bool)> {
 
 /// The paths the classifier isolates, for the workspace at `workspace`.
 fn classified(fixture: &Fixture, workspace: &Path, paths: &[(String, bool)]) -> BTreeSet<String> {
-    let dir = std::fs::File::open(workspace).unwrap();
-    let gathered = gather(dir.as_fd(), workspace, true, &fixture.user()).expect("gather");
-    let classifier = Classifier::new(&gathered.rules);
+    let classifier = Classifier::new(&rules_of(fixture, workspace));
     let host = |_: &[u8]| HostFacts {
         exists: true,
         dir_holds_head: false,
@@ -484,14 +483,8 @@ fn what_the_repository_runs_is_read_only() {
         &fixture.repo,
         &["config", "alias.t", "!bash scripts/test.sh"],
     );
-    let dir = std::fs::File::open(&fixture.repo).unwrap();
-    let gathered = gather(dir.as_fd(), &fixture.repo, true, &fixture.user()).unwrap();
-    let read_only: BTreeSet<String> = gathered
-        .rules
-        .read_only
-        .iter()
-        .map(|p| String::from_utf8(p.0.clone()).unwrap())
-        .collect();
+    let rules = rules_of(&fixture, &fixture.repo);
+    let read_only = texts(&rules.read_only);
     for expected in [
         ".git/hooks",
         ".git/hooks/pre-commit",
@@ -511,8 +504,7 @@ fn what_the_repository_runs_is_read_only() {
     for data in ["not/this", "src", "tests", "auth", "clean.py"] {
         assert!(!read_only.contains(data), "{data} in {read_only:?}");
     }
-    let prefixes: BTreeSet<(String, String)> = gathered
-        .rules
+    let prefixes: BTreeSet<(String, String)> = rules
         .read_only_prefixes
         .iter()
         .map(|n| {
@@ -536,7 +528,7 @@ fn what_the_repository_runs_is_read_only() {
         );
     }
     // The classifier holds them: every form of the module is read-only.
-    let classifier = Classifier::new(&gathered.rules);
+    let classifier = Classifier::new(&rules);
     let host = |_: &[u8]| HostFacts::default();
     for path in [
         "pre_commit.py",
@@ -571,17 +563,27 @@ fn husky_scripts_and_a_hooks_path_set_by_an_include_are_read() {
     );
     fixture.write(".git/hooks.inc", "[core]\n\thooksPath = .husky/_\n");
     fixture.git(&fixture.repo, &["config", "include.path", "hooks.inc"]);
-    let dir = std::fs::File::open(&fixture.repo).unwrap();
-    let gathered = gather(dir.as_fd(), &fixture.repo, true, &fixture.user()).unwrap();
-    let read_only: BTreeSet<String> = gathered
-        .rules
-        .read_only
-        .iter()
-        .map(|p| String::from_utf8(p.0.clone()).unwrap())
-        .collect();
+    let rules = rules_of(&fixture, &fixture.repo);
+    let read_only = texts(&rules.read_only);
     for expected in [".husky", ".husky/_", "scripts/check.sh", "mytool"] {
         assert!(read_only.contains(expected), "{expected} in {read_only:?}");
     }
+}
+
+/// The rules `gather` takes for the workspace at `workspace`.
+fn rules_of(fixture: &Fixture, workspace: &Path) -> WorkspaceRules {
+    let dir = std::fs::File::open(workspace).unwrap();
+    gather(dir.as_fd(), workspace, true, &fixture.user())
+        .expect("gather")
+        .rules
+}
+
+/// Paths as text.
+fn texts(paths: &[RelativePath]) -> BTreeSet<String> {
+    paths
+        .iter()
+        .map(|p| String::from_utf8(p.0.clone()).unwrap())
+        .collect()
 }
 
 /// The protection of `path` (a file) under `classifier`.
@@ -626,20 +628,14 @@ fn git_directories_not_named_dot_git_are_protected_as_git_directories() {
     fixture.git(&workspace, &["init", "-q", "--bare", "linkdata"]);
     std::fs::create_dir_all(workspace.join("linked")).unwrap();
     std::os::unix::fs::symlink("../linkdata", workspace.join("linked/.git")).unwrap();
-    let dir = std::fs::File::open(&workspace).unwrap();
-    let gathered = gather(dir.as_fd(), &workspace, true, &fixture.user()).unwrap();
-    let git_dirs: BTreeSet<String> = gathered
-        .rules
-        .git_dirs
-        .iter()
-        .map(|p| String::from_utf8(p.0.clone()).unwrap())
-        .collect();
+    let rules = rules_of(&fixture, &workspace);
+    let git_dirs = texts(&rules.git_dirs);
     let expected: BTreeSet<String> = [".bare", "gitdata", "linkdata"]
         .iter()
         .map(|s| s.to_string())
         .collect();
     assert_eq!(git_dirs, expected);
-    let classifier = Classifier::new(&gathered.rules);
+    let classifier = Classifier::new(&rules);
     let host = |path: &[u8]| HostFacts {
         exists: workspace.join(std::str::from_utf8(path).unwrap()).exists(),
         dir_holds_head: false,
@@ -695,40 +691,31 @@ fn a_submodule_in_an_ignored_directory_stays_tracked() {
             &format!("160000,{},secrets", head.trim()),
         ],
     );
-    let dir = std::fs::File::open(&fixture.repo).unwrap();
-    let gathered = gather(dir.as_fd(), &fixture.repo, true, &fixture.user()).unwrap();
-    let mut dirs = gathered.rules.scopes[0].tracked_ignored_dirs.clone();
-    dirs.sort();
+    let rules = rules_of(&fixture, &fixture.repo);
+    let dirs = texts(&rules.scopes[0].tracked_ignored_dirs);
     assert_eq!(
         dirs,
-        [
-            lazaret_proto::router::RelativePath(b"secrets".to_vec()),
-            lazaret_proto::router::RelativePath(b"vendor/sub".to_vec()),
-        ]
+        BTreeSet::from(["secrets".into(), "vendor/sub".into()])
     );
-    let classifier = Classifier::new(&gathered.rules);
+    let classifier = Classifier::new(&rules);
     let host = |_: &[u8]| HostFacts {
         exists: true,
         dir_holds_head: false,
     };
-    assert_eq!(classifier.walk(b"vendor/sub", true, &host).0, Route::Host);
-    assert_eq!(
-        classifier.walk(b"secrets/prod.key", false, &host).0,
-        Route::Isolated
-    );
-    assert_eq!(
-        classifier.walk(b"vendor/sub/file.c", false, &host).0,
-        Route::Host
-    );
-    assert_eq!(
-        classifier.walk(b"vendor/other.c", false, &host).0,
-        Route::Isolated
-    );
-    // A file of the submodule's name is not it.
-    assert_eq!(
-        classifier.walk(b"vendor/sub", false, &host).0,
-        Route::Isolated
-    );
+    for (path, is_dir, route) in [
+        ("vendor/sub", true, Route::Host),
+        ("vendor/sub/file.c", false, Route::Host),
+        ("vendor/other.c", false, Route::Isolated),
+        ("secrets/prod.key", false, Route::Isolated),
+        // A file of the submodule's name is not it.
+        ("vendor/sub", false, Route::Isolated),
+    ] {
+        assert_eq!(
+            classifier.walk(path.as_bytes(), is_dir, &host).0,
+            route,
+            "{path}"
+        );
+    }
 }
 
 #[test]
@@ -739,9 +726,8 @@ fn patterns_that_are_not_utf8_ignore_what_git_ignores() {
     let name = std::ffi::OsStr::from_bytes(b"secret\xe9.txt");
     std::fs::write(fixture.repo.join(name), "x").unwrap();
     std::fs::write(fixture.repo.join("secret.txt"), "x").unwrap();
-    let dir = std::fs::File::open(&fixture.repo).unwrap();
-    let gathered = gather(dir.as_fd(), &fixture.repo, true, &fixture.user()).unwrap();
-    let classifier = Classifier::new(&gathered.rules);
+    let rules = rules_of(&fixture, &fixture.repo);
+    let classifier = Classifier::new(&rules);
     let host = |_: &[u8]| HostFacts {
         exists: true,
         dir_holds_head: false,

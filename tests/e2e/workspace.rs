@@ -119,6 +119,16 @@ fn inside(host: &UserHost, status: &Value, script: &str) -> std::result::Result<
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
+/// Runs `script` inside the sandbox; fails the test if it succeeds.
+fn refused_inside(host: &UserHost, status: &Value, script: &str) {
+    let out = inside_any(host, status, script);
+    assert!(
+        !out.status.success(),
+        "`{script}` succeeded inside: {}",
+        text(&out)
+    );
+}
+
 /// Runs `script` inside the sandbox and returns its output, whatever its
 /// exit status.
 fn inside_any(host: &UserHost, status: &Value, script: &str) -> Output {
@@ -271,12 +281,7 @@ fn git_works_inside() -> Result {
         "echo 'touch /tmp/x' >> /workspace/.husky/pre-commit",
         "mv /workspace/.husky /workspace/husky-old",
     ] {
-        let out = inside_any(&host, &status, script);
-        assert!(
-            !out.status.success(),
-            "`{script}` succeeded inside: {}",
-            text(&out)
-        );
+        refused_inside(&host, &status, script);
     }
     // gVisor reports a refused chmod as done; the host's mode is unchanged.
     let mode = |p: &str| std::fs::metadata(ws.join(p)).map(|m| m.mode() & 0o7777);
@@ -338,12 +343,7 @@ fn separate_git_dir() -> Result {
         "echo '!.env' >> /workspace/.bare/info/exclude",
         "mv /workspace/.bare /workspace/bare-old",
     ] {
-        let out = inside_any(&host, &status, script);
-        assert!(
-            !out.status.success(),
-            "`{script}` succeeded inside: {}",
-            text(&out)
-        );
+        refused_inside(&host, &status, script);
     }
     inside(
         &host,
