@@ -138,10 +138,9 @@ pub struct WorkspaceRules {
     /// Names read-only the same way, by prefix (hook managers' files in
     /// their variants, modules a hook runs with `python -m`).
     pub read_only_prefixes: Vec<NamePrefix>,
-    /// Git directories of the host inside the workspace that are not named
-    /// `.git` that a `.git` file or link names: routed and
-    /// protected as `.git` is, and the directories holding them cannot be
-    /// moved.
+    /// Git directories of the host inside the workspace, not named `.git`,
+    /// that a `.git` file or link names: routed and protected as `.git`
+    /// is, and the directories holding them cannot be moved.
     pub git_dirs: Vec<RelativePath>,
 }
 

@@ -1,6 +1,9 @@
 //! Reaching the workspace's directories beneath a descriptor: the one way
 //! both the Host Coordinator (taking the rules) and the Workspace Router
-//! (serving the sandbox) open and list them.
+//! (serving the sandbox) open and list them. Also the two host reads the
+//! coordinator makes outside that rule: a small file by path (git's
+//! configuration and hooks, the user's own), bounded and never blocking,
+//! and whether a directory's names compare without case.
 //!
 //! Owns the resolution rule: `openat2` with `RESOLVE_BENEATH |
 //! RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV`, so no

@@ -421,7 +421,7 @@ fn scan_hook(hook: &Path, worktree: &Path, runs: &mut Runs) {
         }
         let names = command_names(line);
         runs.paths
-            .extend(names.paths.iter().map(|p| normalize(&worktree.join(p))));
+            .extend(names.paths.iter().map(|p| worktree.join(p)));
         runs.modules
             .extend(names.modules.iter().map(|m| worktree.join(m)));
     }

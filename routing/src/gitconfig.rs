@@ -187,13 +187,13 @@ impl UserConfig {
     /// Lazaret can find (git resolves it against its working directory).
     fn expand(&self, value: &str, base: Option<&Path>) -> Option<PathBuf> {
         if let Some(rest) = value.strip_prefix("~/") {
-            return self.home.as_ref().map(|h| normalize(&h.join(rest)));
+            return self.home.as_ref().map(|h| h.join(rest));
         }
         let path = PathBuf::from(value);
         if path.is_absolute() {
-            return Some(normalize(&path));
+            return Some(path);
         }
-        base.map(|b| normalize(&b.join(path)))
+        base.map(|b| b.join(path))
     }
 }
 
@@ -411,6 +411,12 @@ mod tests {
         .unwrap();
         let user = UserConfig::default();
         let mut runs = user.what_runs(&[config], Path::new("/w"));
+        // As written: `..` is the kernel's to apply, after any link.
+        assert!(
+            runs.paths
+                .contains(&PathBuf::from("/w/./scripts/../bin/clean"))
+        );
+        runs.paths = runs.paths.iter().map(|p| normalize(p)).collect();
         runs.paths.sort();
         let mut expected = vec![
             PathBuf::from("/w/.husky"),
