@@ -424,13 +424,10 @@ impl Tree {
         )?;
         if let Some(stat) = host_stat {
             let kind = kind_of(&stat);
-            let (route, state) =
+            let (route, state, protection) =
                 self.classifier
-                    .child(dir, dir_path, name, kind == Kind::Dir, facts);
+                    .entry(dir, dir_path, name, kind == Kind::Dir, facts);
             if route == Route::Host {
-                let protection =
-                    self.classifier
-                        .protection(dir, dir_path, name, kind == Kind::Dir, facts);
                 return Ok(Some(Found {
                     path,
                     route,
@@ -484,16 +481,10 @@ impl Tree {
             None => false,
         };
         let facts = Self::facts(host_dir.as_ref().map(AsFd::as_fd), name, exists)?;
-        let (route, state) = self
-            .classifier
-            .child(dir, &parent.path, name, is_dir, facts);
-        let protection = match route {
-            Route::Host => self
-                .classifier
-                .protection(dir, &parent.path, name, is_dir, facts),
-            Route::Isolated => Protection::None,
-        };
-        if protection >= Protection::Fixed {
+        let (route, state, protection) =
+            self.classifier
+                .entry(dir, &parent.path, name, is_dir, facts);
+        if protection.is_pinned() {
             return Err(PROTECTED);
         }
         Ok(Plan {
@@ -555,7 +546,7 @@ impl Tree {
     /// `setattr`: what the sandbox may change, with its mode bits masked.
     pub fn setattr(&self, ino: u64, set: SetAttr, handle: Option<u64>) -> Result<Stat> {
         let node = self.node(ino)?;
-        if node.protection >= Protection::Fixed {
+        if node.protection.is_pinned() {
             return Err(PROTECTED);
         }
         if node.removed {
@@ -744,7 +735,7 @@ impl Tree {
             (true, false) => return Err(Errno::NOTDIR),
             _ => {}
         }
-        if found.protection >= Protection::Fixed {
+        if found.protection.is_pinned() {
             return Err(PROTECTED);
         }
         if let (true, Route::Host, Some(state)) = (dir, found.route, &found.state) {
@@ -793,9 +784,7 @@ impl Tree {
             .find(&from_dir.path, &from_state, name)?
             .ok_or(Errno::NOENT)?;
         let is_dir = source.kind == Kind::Dir;
-        if source.protection >= Protection::Fixed
-            || (is_dir && source.protection == Protection::Unmovable)
-        {
+        if source.protection.is_pinned() || (is_dir && source.protection == Protection::Unmovable) {
             return Err(PROTECTED);
         }
         refuse_special_in_git(&to_state, source.kind)?;
@@ -809,7 +798,7 @@ impl Tree {
         // A visible entry already at the target on the other side cannot
         // be replaced from this one.
         if let Some(existing) = self.find(&to_dir.path, &to_state, new_name)? {
-            if existing.protection >= Protection::Fixed {
+            if existing.protection.is_pinned() {
                 return Err(PROTECTED);
             }
             if existing.route != plan.route {
@@ -1205,7 +1194,7 @@ impl Tree {
     /// sandbox's kernel checks modes itself.
     pub fn access(&self, ino: u64, write: bool) -> Result<()> {
         let node = self.node(ino)?;
-        if write && node.protection >= Protection::Fixed {
+        if write && node.protection.is_pinned() {
             return Err(PROTECTED);
         }
         Ok(())

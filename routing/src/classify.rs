@@ -457,11 +457,27 @@ impl Classifier {
         is_dir: bool,
         host: HostFacts,
     ) -> (Route, DirState) {
-        let read_only = dir.read_only
-            || self.protection(dir, dir_path, name, is_dir, host) == Protection::ReadOnly;
-        let (route, mut state) = self.route_child(dir, dir_path, name, is_dir, host);
-        state.read_only = read_only && route == Route::Host;
+        let (route, state, _) = self.entry(dir, dir_path, name, is_dir, host);
         (route, state)
+    }
+
+    /// [`child`](Self::child), with what the sandbox may do to the entry
+    /// (nothing is protected on the isolated side), each worked out once.
+    pub fn entry(
+        &self,
+        dir: &DirState,
+        dir_path: &[u8],
+        name: &[u8],
+        is_dir: bool,
+        host: HostFacts,
+    ) -> (Route, DirState, Protection) {
+        let (route, mut state) = self.route_child(dir, dir_path, name, is_dir, host);
+        let protection = match route {
+            Route::Host => self.protection(dir, dir_path, name, is_dir, host),
+            Route::Isolated => Protection::None,
+        };
+        state.read_only = protection == Protection::ReadOnly;
+        (route, state, protection)
     }
 
     fn route_child(
@@ -538,15 +554,12 @@ impl Classifier {
         if s.tracked.contains(&rel) && !is_dir && !s.tracked_trees.contains(&rel) {
             return (Route::Host, tree(false));
         }
-        // A directory the index tracks whole (a submodule) is the host's,
-        // but what its own rules do not cover (a submodule's repository
-        // is a scope of its own) stays as ignored as around it: an entry
-        // the sandbox adds to the index exposes no directory's contents.
-        if is_dir && s.tracked_trees.contains(&rel) {
-            let ignored = *ignored || s.pattern_ignores(&self.global, &rel, true);
-            return (Route::Host, tree(ignored));
-        }
-        if s.tracked_dirs.contains(&rel) {
+        // A directory holding tracked paths, or one the index tracks whole
+        // (a submodule), is the host's, but what its own rules do not
+        // cover (a submodule's repository is a scope of its own) stays as
+        // ignored as around it: an entry the sandbox adds to the index
+        // exposes no directory's contents.
+        if s.tracked_dirs.contains(&rel) || (is_dir && s.tracked_trees.contains(&rel)) {
             let ignored = *ignored || s.pattern_ignores(&self.global, &rel, true);
             return (Route::Host, tree(ignored));
         }

@@ -75,27 +75,57 @@ pub fn list(dir: BorrowedFd<'_>) -> std::io::Result<Vec<Listed>> {
     Ok(out)
 }
 
-/// The content of the regular file at `path` (links followed), if it is
-/// one of at most `max` bytes: opened once, without blocking (a FIFO in
-/// its place cannot hang the reader), checked and read through that one
-/// descriptor, never more than `max + 1` bytes (a file whose size says 0,
-/// as in `/proc`, is bounded too).
-pub fn read_small(path: &std::path::Path, max: u64) -> Option<Vec<u8>> {
+/// Why a small file could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    /// It is larger than the reader takes.
+    #[error("it is larger than {max} bytes")]
+    TooLarge {
+        /// The limit.
+        max: u64,
+    },
+    /// The kernel refused.
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+}
+
+/// The content of the regular file at `path` (relative to `dir`, or to the
+/// working directory without one), of at most `max` bytes; `None` when
+/// there is no regular file there: nothing, a FIFO, a device, a directory,
+/// or, unless `follow`, a symbolic link. The file is opened once, without
+/// blocking (a FIFO put in its place cannot hang the reader), checked and
+/// read through that one descriptor, never more than `max + 1` bytes (a
+/// file whose size says 0, as in `/proc`, is bounded too).
+pub fn read_small(
+    dir: Option<BorrowedFd<'_>>,
+    path: &std::path::Path,
+    follow: bool,
+    max: u64,
+) -> Result<Option<Vec<u8>>, ReadError> {
     use std::io::Read;
-    let fd = rustix::fs::open(
-        path,
-        OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC,
-        Mode::empty(),
-    )
-    .ok()?;
+    let mut flags = OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC;
+    if !follow {
+        flags |= OFlags::NOFOLLOW;
+    }
+    let fd = match rustix::fs::openat(dir.unwrap_or(rustix::fs::CWD), path, flags, Mode::empty()) {
+        Ok(fd) => fd,
+        Err(rustix::io::Errno::NOENT | rustix::io::Errno::LOOP) => return Ok(None),
+        Err(e) => return Err(ReadError::Io(e.into())),
+    };
     let file = std::fs::File::from(fd);
-    let meta = file.metadata().ok()?;
-    if !meta.is_file() || meta.len() > max {
-        return None;
+    let meta = file.metadata()?;
+    if !meta.is_file() {
+        return Ok(None);
+    }
+    if meta.len() > max {
+        return Err(ReadError::TooLarge { max });
     }
     let mut content = Vec::new();
-    file.take(max + 1).read_to_end(&mut content).ok()?;
-    (content.len() as u64 <= max).then_some(content)
+    file.take(max + 1).read_to_end(&mut content)?;
+    if content.len() as u64 > max {
+        return Err(ReadError::TooLarge { max });
+    }
+    Ok(Some(content))
 }
 
 /// `FS_CASEFOLD_FL`: the directory's names compare without case.
@@ -129,11 +159,21 @@ pub fn case_insensitive(fs_type: u32, flags: u32) -> Option<&'static str> {
         .map(|(_, name)| *name)
 }
 
+/// Whether the directory `dir` (opened for reading) folds case by its own
+/// flag (`chattr +F`), which each directory of a filesystem may carry or
+/// not.
+pub fn dir_folds_case(dir: BorrowedFd<'_>) -> Option<&'static str> {
+    // A filesystem without inode flags has no case folding either.
+    let flags = rustix::fs::ioctl_getflags(dir).map_or(0, |f| f.bits());
+    case_insensitive(0, flags)
+}
+
 /// Whether names in the directory `dir` (opened for reading, holding
 /// `entries`) may compare without case: by its filesystem and flags (see
 /// [`case_insensitive`]), and by trying: one entry's name with its case
 /// swapped must not name the same file (which also catches a filesystem
-/// not listed, such as a share of a case-insensitive one).
+/// not listed, such as a share of a case-insensitive one). The
+/// filesystem's part holds for every directory on it.
 pub fn dir_case_insensitive(
     dir: BorrowedFd<'_>,
     entries: &[Listed],
@@ -191,11 +231,17 @@ mod tests {
     #[test]
     fn only_small_regular_files_are_read() {
         let dir = tempfile::tempdir().unwrap();
+        let read = |path: &std::path::Path, follow: bool, max: u64| {
+            read_small(None, path, follow, max).map_err(|e| e.to_string())
+        };
         let file = dir.path().join("file");
         std::fs::write(&file, "12345").unwrap();
-        assert_eq!(read_small(&file, 5).as_deref(), Some(&b"12345"[..]));
-        assert_eq!(read_small(&file, 4), None);
-        // A FIFO with no writer: refused at once, not waited on.
+        assert_eq!(read(&file, true, 5), Ok(Some(b"12345".to_vec())));
+        assert_eq!(
+            read(&file, true, 4),
+            Err("it is larger than 4 bytes".to_owned())
+        );
+        // A FIFO with no writer: passed over at once, not waited on.
         let fifo = dir.path().join("fifo");
         rustix::fs::mknodat(
             rustix::fs::CWD,
@@ -205,13 +251,16 @@ mod tests {
             0,
         )
         .unwrap();
-        assert_eq!(read_small(&fifo, 100), None);
+        assert_eq!(read(&fifo, true, 100), Ok(None));
         // A file whose size says 0 but reads on.
-        assert_eq!(
-            read_small(std::path::Path::new("/proc/self/maps"), 10),
-            None
-        );
-        assert_eq!(read_small(dir.path(), 100), None);
+        assert!(read(std::path::Path::new("/proc/self/maps"), true, 10).is_err());
+        assert_eq!(read(dir.path(), true, 100), Ok(None));
+        assert_eq!(read(&dir.path().join("absent"), true, 100), Ok(None));
+        // A link, unless followed.
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink("file", &link).unwrap();
+        assert_eq!(read(&link, false, 100), Ok(None));
+        assert_eq!(read(&link, true, 100), Ok(Some(b"12345".to_vec())));
     }
 
     #[test]

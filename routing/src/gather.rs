@@ -22,18 +22,18 @@
 //! index): it is parsed as data with bounded sizes, never executed.
 
 use std::ffi::OsStr;
-use std::io::Read;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Component, Path, PathBuf};
 
 use lazaret_proto::router::{IgnoreFile, IgnoreScope, NamePrefix, RelativePath, WorkspaceRules};
-use rustix::fs::{FileType, Mode, OFlags};
+use rustix::fs::{FileType, OFlags};
 
 use crate::classify::{Classifier, GIT_DIR_NAME, HEAD_NAME, HostFacts, Route, join};
 use crate::command::command_names;
-use crate::gitconfig::{Runs, UserConfig, normalize};
+use crate::fs::ReadError;
+use crate::gitconfig::{ConfigError, Configuration, Runs, UserConfig, normalize};
 
 /// The largest ignore file read (git's own limit is higher; a larger one
 /// is refused rather than silently skipped, which could expose a secret).
@@ -52,26 +52,27 @@ const MAX_GIT_FILE_LEN: u64 = 4096;
 #[derive(Debug, thiserror::Error)]
 pub enum GatherError {
     /// A file or directory could not be read.
-    #[error("cannot read {path}")]
+    #[error(
+        "cannot read {path} ({error}); Lazaret reads it to take the workspace's git rules: \
+         make it readable by you, or remove it"
+    )]
     Read {
         /// What was read.
         path: String,
         /// What the kernel said.
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// A directory of the workspace cannot be read, so its `.gitignore`
     /// (if any) cannot be; going on could expose what it ignores.
     #[error(
-        "cannot read {path} ({source}); Lazaret reads every .gitignore in the workspace before \
+        "cannot read {path} ({error}); Lazaret reads every .gitignore in the workspace before \
          the sandbox starts: make it readable (chmod u+rx) or list it in a .gitignore"
     )]
     Unreadable {
         /// The directory.
         path: String,
         /// What the kernel said.
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// The workspace is git metadata itself (a `.git` directory or a
     /// directory inside one), where the sandbox could write what git runs.
@@ -98,14 +99,20 @@ pub enum GatherError {
         /// What folds case.
         kind: &'static str,
     },
-    /// An ignore file is larger than Lazaret reads.
-    #[error("{path} is larger than {max} bytes; Lazaret cannot take ignore rules from it")]
+    /// An ignore or configuration file is larger than Lazaret reads.
+    #[error(
+        "{path} is larger than {max} bytes, more than Lazaret reads for the workspace's git \
+         rules: shorten it, or set isolate_gitignored = false in the profile"
+    )]
     TooLarge {
         /// The file.
         path: String,
         /// The limit.
         max: u64,
     },
+    /// A git configuration file could not be read.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
     /// A git index did not decode.
     #[error(
         "cannot read the git index {path}: {reason}; run `git status` on the host to rewrite it"
@@ -117,7 +124,10 @@ pub enum GatherError {
         reason: String,
     },
     /// A `.git` file does not name a git directory.
-    #[error("{path} is not a `gitdir: PATH` file")]
+    #[error(
+        "{path} is not a `gitdir: PATH` file of at most 4096 bytes, as git writes them: fix it \
+         (`git worktree repair`, `git submodule absorbgitdirs`) or remove it"
+    )]
     GitFile {
         /// The file.
         path: String,
@@ -125,9 +135,9 @@ pub enum GatherError {
 }
 
 fn read_error(path: impl std::fmt::Display) -> impl FnOnce(std::io::Error) -> GatherError {
-    move |source| GatherError::Read {
+    move |error| GatherError::Read {
         path: path.to_string(),
-        source,
+        error,
     }
 }
 
@@ -167,12 +177,12 @@ pub fn gather(
     let root = crate::fs::open_dir(workspace, b"", OFlags::RDONLY).map_err(|e| {
         GatherError::Unreadable {
             path: workspace_path.display().to_string(),
-            source: e.into(),
+            error: e.into(),
         }
     })?;
-    let entries = crate::fs::list(root.as_fd()).map_err(|source| GatherError::Unreadable {
+    let entries = crate::fs::list(root.as_fd()).map_err(|error| GatherError::Unreadable {
         path: workspace_path.display().to_string(),
-        source,
+        error,
     })?;
     refuse_case_insensitive(root.as_fd(), &entries, workspace_path)?;
     let mut rules = WorkspaceRules {
@@ -183,14 +193,13 @@ pub fn gather(
         read_only_prefixes: Vec::new(),
         git_dirs: Vec::new(),
     };
-    let files = user.files(
+    let config = user.read(&user.files(
         repository.as_ref().map(|r| r.git_dir.as_path()),
         repository.as_ref().map(|r| r.common_dir.as_path()),
-    );
+    ))?;
     if let Some(repo) = &repository {
         protect_what_git_runs(
-            user,
-            &files,
+            &config,
             &repo.worktree,
             &repo.common_dir,
             workspace_path,
@@ -209,14 +218,11 @@ pub fn gather(
             workspace_ignored: false,
         });
     }
-    let excludes_file = user.excludes_file(&files);
+    let excludes_file = config.excludes_file();
     if let Some(path) = &excludes_file {
-        rules.global_excludes = read_optional(path)?.unwrap_or_default();
+        rules.global_excludes = read_file(None, path, true)?.unwrap_or_default();
     }
-    let mut classifier = Classifier::empty(true, &rules.global_excludes);
-    for git_dir in &rules.git_dirs {
-        classifier.add_git_dir(git_dir.as_bytes());
-    }
+    let mut classifier = Classifier::new(&rules);
     let mut tracked = Vec::new();
 
     // The top scope: the repository (or none), with the `.gitignore` files
@@ -235,7 +241,8 @@ pub fn gather(
         tracked_ignored_dirs: Vec::new(),
     };
     if let Some(repo) = &repository {
-        top.exclude = read_optional(&repo.common_dir.join("info/exclude"))?.unwrap_or_default();
+        top.exclude =
+            read_file(None, &repo.common_dir.join("info/exclude"), true)?.unwrap_or_default();
         let mut dir = Vec::new();
         let mut dirs = vec![Vec::new()];
         for component in prefix.split(|b| *b == b'/').filter(|c| !c.is_empty()) {
@@ -248,7 +255,7 @@ pub fn gather(
                 .worktree
                 .join(OsStr::from_bytes(&dir))
                 .join(".gitignore");
-            if let Some(content) = read_optional_nofollow(&path)? {
+            if let Some(content) = read_file(None, &path, false)? {
                 top.ignore_files.push(IgnoreFile {
                     dir: RelativePath(dir),
                     content,
@@ -325,23 +332,22 @@ const MAX_LINKS: usize = 40;
 
 /// Adds to `rules` every path inside the workspace that git, for the
 /// repository at `worktree` with git directory `common_dir` and
-/// configuration `files`, reads as configuration or runs: its hooks
+/// configuration `config`, reads as configuration or runs: its hooks
 /// directory, included files and what its commands name; each hook, the
 /// paths its script names and the modules it runs; and, when hooks are
 /// installed, the hook managers' files. Each is taken as written and
 /// through every link on its way. The workspace itself is never made
 /// read-only whole.
 fn protect_what_git_runs(
-    user: &UserConfig,
-    files: &[PathBuf],
+    config: &Configuration,
     worktree: &Path,
     common_dir: &Path,
     workspace_path: &Path,
     rules: &mut WorkspaceRules,
 ) {
-    let mut runs = user.what_runs(files, worktree);
-    let hooks_dir = user
-        .hooks_path(files, worktree)
+    let mut runs = config.what_runs(worktree);
+    let hooks_dir = config
+        .hooks_path(worktree)
         .unwrap_or_else(|| common_dir.join("hooks"));
     let mut installed = false;
     if let Ok(hooks) = std::fs::read_dir(&hooks_dir) {
@@ -411,7 +417,8 @@ fn protect_what_git_runs(
 /// Adds what a hook script names: the paths its lines name (relative ones
 /// taken from the worktree, where git runs hooks) and the modules it runs.
 fn scan_hook(hook: &Path, worktree: &Path, runs: &mut Runs) {
-    let Some(text) = crate::fs::read_small(hook, MAX_HOOK_LEN) else {
+    // A hook too large to scan is still read-only itself.
+    let Ok(Some(text)) = crate::fs::read_small(None, hook, true, MAX_HOOK_LEN) else {
         return;
     };
     let text = String::from_utf8_lossy(&text);
@@ -431,8 +438,9 @@ fn scan_hook(hook: &Path, worktree: &Path, runs: &mut Runs) {
 /// one at a time (a link's target with the rest of the path; a link to a
 /// link, on), each what git reads at some step, ending with the path the
 /// kernel would open. `..` is applied to what precedes it once that is
-/// resolved, as the kernel applies it. At most [`MAX_LINKS`] links are
-/// followed.
+/// resolved, as the kernel applies it; each step is also given with its
+/// `..` applied by name, which may protect a path more than needed but
+/// never less. At most [`MAX_LINKS`] links are followed.
 fn resolutions(path: &Path) -> Vec<PathBuf> {
     let mut out = Vec::new();
     let mut path = path.to_path_buf();
@@ -595,7 +603,7 @@ fn git_dir_of(dir: &Path) -> Result<Option<(PathBuf, PathBuf)>, GatherError> {
         Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
             return Err(GatherError::Unreadable {
                 path: dir.display().to_string(),
-                source: e,
+                error: e,
             });
         }
         Err(e) => return Err(read_error(dot_git.display())(e)),
@@ -607,12 +615,17 @@ fn git_dir_of(dir: &Path) -> Result<Option<(PathBuf, PathBuf)>, GatherError> {
         }
         dot_git
     } else {
-        let text = read_bounded(&dot_git, MAX_GIT_FILE_LEN)?;
-        parse_git_file(&text, dir).ok_or_else(|| GatherError::GitFile {
+        let not_a_git_file = || GatherError::GitFile {
             path: dot_git.display().to_string(),
-        })?
+        };
+        let text = match crate::fs::read_small(None, &dot_git, true, MAX_GIT_FILE_LEN) {
+            Ok(Some(text)) => text,
+            Ok(None) | Err(ReadError::TooLarge { .. }) => return Err(not_a_git_file()),
+            Err(ReadError::Io(e)) => return Err(read_error(dot_git.display())(e)),
+        };
+        parse_git_file(&text, dir).ok_or_else(not_a_git_file)?
     };
-    let common_dir = match read_optional(&git_dir.join("commondir"))? {
+    let common_dir = match read_file(None, &git_dir.join("commondir"), true)? {
         Some(text) => {
             let text = String::from_utf8_lossy(&text).trim_end().to_owned();
             git_dir.join(text)
@@ -702,19 +715,29 @@ fn walk(
             Err(e) => {
                 return Err(GatherError::Unreadable {
                     path: label.display().to_string(),
-                    source: e.into(),
+                    error: e.into(),
                 });
             }
         };
-        let entries = crate::fs::list(fd.as_fd()).map_err(|source| GatherError::Unreadable {
+        let entries = crate::fs::list(fd.as_fd()).map_err(|error| GatherError::Unreadable {
             path: label.display().to_string(),
-            source,
+            error,
         })?;
-        refuse_case_insensitive(fd.as_fd(), &entries, &label)?;
+        // The root's filesystem is checked whole; below it (on the same
+        // filesystem: the walk crosses no mount) only a directory's own
+        // flag can differ.
+        if let Some(kind) = crate::fs::dir_folds_case(fd.as_fd()).filter(|_| !dir_path.is_empty()) {
+            return Err(GatherError::CaseInsensitive {
+                path: label.display().to_string(),
+                kind,
+            });
+        }
         let has = |name: &[u8]| entries.iter().any(|e| e.name == name);
         if let Some((Some(scope), rel)) = state.scope() {
             if has(b".gitignore") {
-                if let Some(content) = read_ignore_file(fd.as_fd(), &label.join(".gitignore"))? {
+                if let Some(content) =
+                    read_file(Some((fd.as_fd(), &label)), Path::new(".gitignore"), false)?
+                {
                     classifier.add_ignore_file(scope, rel, &content);
                     rules.scopes[scope].ignore_files.push(IgnoreFile {
                         dir: RelativePath(rel.to_vec()),
@@ -746,26 +769,20 @@ fn walk(
                 for added in &rules.git_dirs[known..] {
                     classifier.add_git_dir(&added.0);
                 }
-                let files = user.files(Some(&git_dir), Some(&common_dir));
-                protect_what_git_runs(
-                    user,
-                    &files,
-                    &child_label,
-                    &common_dir,
-                    workspace_path,
-                    rules,
-                );
+                let config = user.read(&user.files(Some(&git_dir), Some(&common_dir)))?;
+                protect_what_git_runs(&config, &child_label, &common_dir, workspace_path, rules);
                 // Its own excludes file, if its configuration names another,
                 // below its `info/exclude` (whose lines win).
-                let mut exclude = match user.excludes_file(&files) {
+                let mut exclude = match config.excludes_file() {
                     Some(own) if Some(own.as_path()) != excludes_file => {
-                        read_optional(&own)?.unwrap_or_default()
+                        read_file(None, &own, true)?.unwrap_or_default()
                     }
                     _ => Vec::new(),
                 };
                 exclude.push(b'\n');
-                exclude
-                    .extend(read_optional(&common_dir.join("info/exclude"))?.unwrap_or_default());
+                exclude.extend(
+                    read_file(None, &common_dir.join("info/exclude"), true)?.unwrap_or_default(),
+                );
                 let scope = classifier.add_scope(&child_path, b"", &exclude);
                 let paths = read_index(&git_dir.join("index"), None)?;
                 track(classifier, scope, &paths);
@@ -786,80 +803,27 @@ fn walk(
     Ok(())
 }
 
-/// Reads `dir/.gitignore` if it is a regular file (a link is skipped).
-fn read_ignore_file(dir: BorrowedFd<'_>, label: &Path) -> Result<Option<Vec<u8>>, GatherError> {
-    let fd = match rustix::fs::openat(
-        dir,
-        ".gitignore",
-        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
-        Mode::empty(),
-    ) {
-        Ok(fd) => fd,
-        Err(rustix::io::Errno::NOENT | rustix::io::Errno::LOOP) => return Ok(None),
-        Err(e) => return Err(read_error(label.display())(e.into())),
+/// The file at `path` (beneath `dir` when given), as
+/// [`read_small`](crate::fs::read_small) reads it, of at most
+/// [`MAX_IGNORE_FILE_LEN`] bytes: ignore files and git's small metadata.
+fn read_file(
+    dir: Option<(BorrowedFd<'_>, &Path)>,
+    path: &Path,
+    follow: bool,
+) -> Result<Option<Vec<u8>>, GatherError> {
+    let label = || match dir {
+        Some((_, dir)) => dir.join(path).display().to_string(),
+        None => path.display().to_string(),
     };
-    read_regular(std::fs::File::from(fd), label).map(Some)
-}
-
-fn read_regular(file: std::fs::File, label: &Path) -> Result<Vec<u8>, GatherError> {
-    let meta = file.metadata().map_err(read_error(label.display()))?;
-    if !meta.is_file() {
-        return Ok(Vec::new());
-    }
-    if meta.len() > MAX_IGNORE_FILE_LEN {
-        return Err(GatherError::TooLarge {
-            path: label.display().to_string(),
-            max: MAX_IGNORE_FILE_LEN,
-        });
-    }
-    let mut content = Vec::new();
-    file.take(MAX_IGNORE_FILE_LEN + 1)
-        .read_to_end(&mut content)
-        .map_err(read_error(label.display()))?;
-    if content.len() as u64 > MAX_IGNORE_FILE_LEN {
-        return Err(GatherError::TooLarge {
-            path: label.display().to_string(),
-            max: MAX_IGNORE_FILE_LEN,
-        });
-    }
-    Ok(content)
-}
-
-/// A file's content, or `None` when it does not exist.
-fn read_optional(path: &Path) -> Result<Option<Vec<u8>>, GatherError> {
-    match std::fs::File::open(path) {
-        Ok(file) => read_regular(file, path).map(Some),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(read_error(path.display())(e)),
-    }
-}
-
-/// Like [`read_optional`], but a link is skipped (in-tree `.gitignore`).
-fn read_optional_nofollow(path: &Path) -> Result<Option<Vec<u8>>, GatherError> {
-    use std::os::unix::fs::OpenOptionsExt;
-    match std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags((OFlags::NOFOLLOW | OFlags::NONBLOCK).bits() as i32)
-        .open(path)
-    {
-        Ok(file) => read_regular(file, path).map(Some),
-        Err(e)
-            if e.kind() == std::io::ErrorKind::NotFound
-                || e.raw_os_error() == Some(rustix::io::Errno::LOOP.raw_os_error()) =>
-        {
-            Ok(None)
+    crate::fs::read_small(dir.map(|(fd, _)| fd), path, follow, MAX_IGNORE_FILE_LEN).map_err(|e| {
+        match e {
+            ReadError::TooLarge { max } => GatherError::TooLarge { path: label(), max },
+            ReadError::Io(error) => GatherError::Read {
+                path: label(),
+                error,
+            },
         }
-        Err(e) => Err(read_error(path.display())(e)),
-    }
-}
-
-fn read_bounded(path: &Path, max: u64) -> Result<Vec<u8>, GatherError> {
-    let file = std::fs::File::open(path).map_err(read_error(path.display()))?;
-    let mut content = Vec::new();
-    file.take(max)
-        .read_to_end(&mut content)
-        .map_err(read_error(path.display()))?;
-    Ok(content)
+    })
 }
 
 #[cfg(test)]

@@ -81,19 +81,41 @@ impl UserConfig {
         files
     }
 
-    /// Every entry of `files`, in git's order, with each included file's
-    /// entries in its place (includes followed as deep as git follows
-    /// them), and the included files.
-    fn read_all(&self, files: &[PathBuf]) -> Configuration {
-        let mut configuration = Configuration::default();
+    /// The configuration git reads from `files` (see [`files`](Self::files)),
+    /// in git's order, each included file's entries in its place (includes
+    /// followed as deep as git follows them). A file that does not exist,
+    /// that cannot be opened, or is no regular file, is passed over, as git
+    /// passes it over; one larger than Lazaret reads is an error.
+    pub fn read(&self, files: &[PathBuf]) -> Result<Configuration, ConfigError> {
+        let mut configuration = Configuration {
+            user: self.clone(),
+            entries: Vec::new(),
+            included: Vec::new(),
+        };
         for file in files {
-            self.read_into(file, 0, &mut configuration);
+            self.read_into(file, 0, &mut configuration)?;
         }
-        configuration
+        Ok(configuration)
     }
 
-    fn read_into(&self, file: &Path, depth: usize, configuration: &mut Configuration) {
-        let Some(text) = read(file) else { return };
+    fn read_into(
+        &self,
+        file: &Path,
+        depth: usize,
+        configuration: &mut Configuration,
+    ) -> Result<(), ConfigError> {
+        let text = match crate::fs::read_small(None, file, true, MAX_CONFIG_LEN) {
+            Ok(Some(bytes)) => String::from_utf8_lossy(&bytes).into_owned(),
+            // git passes over a file it cannot open (with a warning), so
+            // nothing in it is run: nothing to protect either.
+            Ok(None) | Err(crate::fs::ReadError::Io(_)) => return Ok(()),
+            Err(error) => {
+                return Err(ConfigError {
+                    path: file.to_path_buf(),
+                    error,
+                });
+            }
+        };
         let dir = file.parent().unwrap_or(Path::new("/"));
         for entry in entries(&text) {
             let include =
@@ -101,7 +123,7 @@ impl UserConfig {
             if include {
                 if let Some(target) = self.expand(&entry.value, Some(dir)) {
                     if depth < MAX_INCLUDE_DEPTH {
-                        self.read_into(&target, depth + 1, configuration);
+                        self.read_into(&target, depth + 1, configuration)?;
                     }
                     configuration.included.push(target);
                 }
@@ -109,77 +131,7 @@ impl UserConfig {
             }
             configuration.entries.push(entry);
         }
-    }
-
-    /// The file `core.excludesFile` names in `files`, or git's default;
-    /// `None` when there is none.
-    pub fn excludes_file(&self, files: &[PathBuf]) -> Option<PathBuf> {
-        let configured = self
-            .read_all(files)
-            .entries
-            .into_iter()
-            .filter(|e| e.section == "core" && e.subsection.is_none() && e.key == "excludesfile")
-            .map(|e| e.value)
-            .next_back();
-        match configured {
-            Some(value) => self.expand(&value, None),
-            None => self.xdg_git_dir().map(|d| d.join("ignore")),
-        }
-    }
-
-    /// What `files` (and the files they include) make git read as
-    /// configuration or run: include targets, the hooks directory, and
-    /// what each command names (see [`command_names`]). A relative include
-    /// is taken from its file's directory; any other relative path from
-    /// `worktree`, where git runs hooks and filters.
-    pub fn what_runs(&self, files: &[PathBuf], worktree: &Path) -> Runs {
-        let configuration = self.read_all(files);
-        let mut runs = Runs {
-            paths: configuration.included,
-            modules: Vec::new(),
-        };
-        for entry in &configuration.entries {
-            self.entry_runs(entry, worktree, &mut runs);
-        }
-        runs
-    }
-
-    /// Adds what an entry names, if it is one git runs or reads: the
-    /// hooks directory, and what a command names (the
-    /// programs of `core`, diff and merge drivers, filters, credential
-    /// helpers, signing programs, editors, pagers, shell aliases,
-    /// transports, browsers, submodule update commands and the like).
-    fn entry_runs(&self, entry: &Entry, worktree: &Path, runs: &mut Runs) {
-        // A directory, always a path.
-        if entry.section == "core" && entry.key == "hookspath" {
-            runs.paths
-                .extend(self.expand(entry.value.trim(), Some(worktree)));
-            return;
-        }
-        if !runs_program(entry) {
-            return;
-        }
-        let named = command_names(&entry.value);
-        runs.paths.extend(
-            named
-                .paths
-                .iter()
-                .filter_map(|word| self.expand(word, Some(worktree))),
-        );
-        runs.modules
-            .extend(named.modules.iter().map(|m| worktree.join(m)));
-    }
-
-    /// The last `core.hooksPath` of `files` (and what they include),
-    /// resolved.
-    pub fn hooks_path(&self, files: &[PathBuf], worktree: &Path) -> Option<PathBuf> {
-        self.read_all(files)
-            .entries
-            .into_iter()
-            .filter(|e| e.section == "core" && e.subsection.is_none() && e.key == "hookspath")
-            .map(|e| e.value)
-            .next_back()
-            .and_then(|value| self.expand(value.trim(), Some(worktree)))
+        Ok(())
     }
 
     /// Expands a leading `~/` to the home directory and a relative path
@@ -200,12 +152,79 @@ impl UserConfig {
 /// How deep git follows includes.
 const MAX_INCLUDE_DEPTH: usize = 10;
 
-/// The entries of a set of configuration files, includes read in place.
-#[derive(Debug, Default)]
-struct Configuration {
+/// A git configuration file Lazaret could not read.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "cannot read the git configuration file {} ({error}); Lazaret reads it for what git runs \
+     from the workspace: make it readable by you, or remove it",
+    path.display()
+)]
+pub struct ConfigError {
+    /// The file.
+    pub path: PathBuf,
+    /// Why.
+    pub error: crate::fs::ReadError,
+}
+
+/// The configuration git reads for one repository, read once: every entry
+/// in git's order, includes read in place.
+#[derive(Debug)]
+pub struct Configuration {
+    user: UserConfig,
     entries: Vec<Entry>,
     /// The included files.
     included: Vec<PathBuf>,
+}
+
+impl Configuration {
+    /// The value of the last `core.KEY` (`key` lowercased), as git takes it.
+    fn core(&self, key: &str) -> Option<&str> {
+        self.entries
+            .iter()
+            .filter(|e| e.section == "core" && e.subsection.is_none() && e.key == key)
+            .map(|e| e.value.trim())
+            .next_back()
+    }
+
+    /// The file `core.excludesFile` names, or git's default; `None` when
+    /// there is none.
+    pub fn excludes_file(&self) -> Option<PathBuf> {
+        match self.core("excludesfile") {
+            Some(value) => self.user.expand(value, None),
+            None => self.user.xdg_git_dir().map(|d| d.join("ignore")),
+        }
+    }
+
+    /// The directory `core.hooksPath` names, relative ones taken from
+    /// `worktree`.
+    pub fn hooks_path(&self, worktree: &Path) -> Option<PathBuf> {
+        self.core("hookspath")
+            .and_then(|value| self.user.expand(value, Some(worktree)))
+    }
+
+    /// What the configuration makes git read as configuration or run:
+    /// include targets, the hooks directory, and what each command names
+    /// (see [`command_names`]). A relative path is taken from `worktree`,
+    /// where git runs hooks and filters.
+    pub fn what_runs(&self, worktree: &Path) -> Runs {
+        let mut runs = Runs {
+            paths: self.included.clone(),
+            modules: Vec::new(),
+        };
+        runs.paths.extend(self.hooks_path(worktree));
+        for entry in self.entries.iter().filter(|e| runs_program(e)) {
+            let named = command_names(&entry.value);
+            runs.paths.extend(
+                named
+                    .paths
+                    .iter()
+                    .filter_map(|word| self.user.expand(word, Some(worktree))),
+            );
+            runs.modules
+                .extend(named.modules.iter().map(|m| worktree.join(m)));
+        }
+        runs
+    }
 }
 
 /// What git's configuration (or a hook) makes git read or run.
@@ -252,11 +271,6 @@ pub fn normalize(path: &Path) -> PathBuf {
         }
     }
     out
-}
-
-fn read(path: &Path) -> Option<String> {
-    crate::fs::read_small(path, MAX_CONFIG_LEN)
-        .map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
 }
 
 /// The entries of one configuration text, in order.
@@ -345,12 +359,13 @@ fn unquote(value: &str) -> String {
 mod tests {
     use super::*;
 
+    /// The `core.excludesFile` a configuration file holding `text` sets.
     fn excludes(text: &str) -> Option<String> {
-        entries(text)
-            .into_iter()
-            .filter(|e| e.section == "core" && e.subsection.is_none() && e.key == "excludesfile")
-            .map(|e| e.value)
-            .next_back()
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("config");
+        std::fs::write(&file, text).unwrap();
+        let config = UserConfig::default().read(&[file]).unwrap();
+        config.core("excludesfile").map(str::to_owned)
     }
 
     #[test]
@@ -367,6 +382,15 @@ mod tests {
     }
 
     #[test]
+    fn a_configuration_file_larger_than_read_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("config");
+        std::fs::write(&file, vec![b'#'; MAX_CONFIG_LEN as usize + 1]).unwrap();
+        let error = UserConfig::default().read(&[file]).unwrap_err();
+        assert!(error.to_string().contains("larger than"), "{error}");
+    }
+
+    #[test]
     fn the_default_is_the_xdg_ignore_file() {
         let user = UserConfig {
             home: Some("/nonexistent-home".into()),
@@ -374,7 +398,7 @@ mod tests {
             ..UserConfig::default()
         };
         assert_eq!(
-            user.excludes_file(&[]),
+            user.read(&[]).unwrap().excludes_file(),
             Some(PathBuf::from("/nonexistent-home/.config/git/ignore"))
         );
         let user = UserConfig {
@@ -410,7 +434,7 @@ mod tests {
         )
         .unwrap();
         let user = UserConfig::default();
-        let mut runs = user.what_runs(&[config], Path::new("/w"));
+        let mut runs = user.read(&[config]).unwrap().what_runs(Path::new("/w"));
         // As written: `..` is the kernel's to apply, after any link.
         assert!(
             runs.paths
