@@ -11,13 +11,13 @@
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use lazaret_proto::channel::readable_within;
 use lazaret_proto::process::{
     BootId, HostProcessIdentity, PersistedHostProcessOwnership, PidfsProcessAuthorityV1,
     PidfsProcessIdentityV1,
 };
-use rustix::event::{PollFd, PollFlags, Timespec, poll};
 use rustix::process::{Pid, PidfdFlags, Signal, pidfd_open, pidfd_send_signal};
 
 /// The magic number of pidfs (`fstatfs(2)` `f_type`).
@@ -186,32 +186,13 @@ pub fn prove(record: &HostProcessIdentity) -> io::Result<Proof> {
 /// Waits until the process behind `pidfd` exits, up to `timeout`. Returns
 /// whether it exited.
 pub fn wait_exit(pidfd: BorrowedFd<'_>, timeout: Duration) -> io::Result<bool> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        let spec = Timespec::try_from(left).unwrap_or(Timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        });
-        let mut fds = [PollFd::new(&pidfd, PollFlags::IN)];
-        match poll(&mut fds, Some(&spec)) {
-            Ok(0) => return Ok(false),
-            Ok(_) => return Ok(true),
-            Err(rustix::io::Errno::INTR) if !left.is_zero() => {}
-            Err(e) => return Err(e.into()),
-        }
-    }
+    Ok(readable_within(pidfd, timeout)?)
 }
 
 /// Whether `fd` becomes readable within `timeout` (`poll(2)`; zero asks
 /// whether it is readable now).
 pub fn readable(fd: BorrowedFd<'_>, timeout: Duration) -> bool {
-    let spec = Timespec::try_from(timeout).unwrap_or(Timespec {
-        tv_sec: 1,
-        tv_nsec: 0,
-    });
-    let mut fds = [PollFd::new(&fd, PollFlags::IN)];
-    matches!(poll(&mut fds, Some(&spec)), Ok(n) if n > 0)
+    readable_within(fd, timeout).unwrap_or(false)
 }
 
 /// Sends SIGKILL to a proven pidfd and waits for the process to exit.

@@ -255,6 +255,29 @@ impl Limits {
     }
 }
 
+/// Waits up to `timeout` for `fd` (a channel, a pidfd) to become readable
+/// or hang up; `false` when the time ran out. The one bounded wait every
+/// role uses before a blocking receive or to see a process exit.
+pub fn readable_within(
+    fd: BorrowedFd<'_>,
+    timeout: std::time::Duration,
+) -> rustix::io::Result<bool> {
+    use rustix::event::{PollFd, PollFlags, Timespec, poll};
+    // A timeout too long to add is no timeout.
+    let deadline = std::time::Instant::now().checked_add(timeout);
+    loop {
+        let left = deadline.map(|d| d.saturating_duration_since(std::time::Instant::now()));
+        let timeout = left.and_then(|left| Timespec::try_from(left).ok());
+        let mut fds = [PollFd::new(&fd, PollFlags::IN)];
+        match poll(&mut fds, timeout.as_ref()) {
+            Ok(0) => return Ok(false),
+            Ok(_) => return Ok(true),
+            Err(Errno::INTR) => continue,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 /// A record taken off a channel together with the descriptors that came
 /// with it, in the order the sender listed them.
 #[derive(Debug)]

@@ -29,9 +29,11 @@ pub fn require_exactly(kept: CapabilitySet, role: &str) -> Result<(), String> {
     ];
     for (name, found, wanted) in sets {
         if found != Some(wanted) {
+            let named = |bits: u64| format!("{:?}", CapabilitySet::from_bits_retain(bits));
             return Err(format!(
-                "its {name} capability set is {}, not {wanted:#x}: {role}",
-                found.map_or("unreadable".into(), |v| format!("{v:#x}"))
+                "its {name} capability set is {}, not {}: {role}",
+                found.map_or("unreadable".into(), named),
+                named(wanted)
             ));
         }
     }

@@ -46,6 +46,14 @@ impl Router {
     pub fn new(tree: Tree) -> Self {
         Router { tree }
     }
+
+    /// A read of a directory from its start lists it again.
+    fn rewound(&self, fh: FileHandle, ino: INodeNo, offset: u64) -> crate::tree::Result<()> {
+        if offset == 0 {
+            self.tree.rewind(fh.0, ino.0)?;
+        }
+        Ok(())
+    }
 }
 
 fn errno(e: rustix::io::Errno) -> Errno {
@@ -264,9 +272,6 @@ impl Filesystem for Router {
         reply: ReplyEmpty,
     ) {
         let flags = rustix::fs::RenameFlags::from_bits_retain(flags.bits());
-        if flags.contains(rustix::fs::RenameFlags::WHITEOUT) {
-            return reply.error(Errno::EINVAL);
-        }
         let renamed = self.tree.rename(
             parent.0,
             name.as_bytes(),
@@ -377,10 +382,8 @@ impl Filesystem for Router {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        if offset == 0 {
-            if let Err(e) = self.tree.rewind(fh.0, ino.0) {
-                return reply.error(errno(e));
-            }
+        if let Err(e) = self.rewound(fh, ino, offset) {
+            return reply.error(errno(e));
         }
         let listing = match self.tree.listing(fh.0) {
             Ok(listing) => listing,
@@ -416,10 +419,8 @@ impl Filesystem for Router {
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
-        if offset == 0 {
-            if let Err(e) = self.tree.rewind(fh.0, ino.0) {
-                return reply.error(errno(e));
-            }
+        if let Err(e) = self.rewound(fh, ino, offset) {
+            return reply.error(errno(e));
         }
         // `.` and `..` (offsets 1 and 2) carry the directory's own
         // attributes and count as no lookup.

@@ -44,8 +44,6 @@ use lazaret_proto::router::{
 };
 use lazaret_routing::classify::Classifier;
 
-pub use nodes::Kind;
-
 type Channel = Endpoint<RouterReport, RouterRequest>;
 
 /// How many threads serve the connection.
@@ -70,8 +68,12 @@ pub fn run() -> ExitCode {
     let channel = match Channel::take_stdin() {
         Ok(channel) => channel,
         Err(e) => {
-            eprintln!("lazaret-router: {}", chain(&e));
-            return ExitCode::FAILURE;
+            eprintln!(
+                "lazaret-router: no channel on standard input ({}); it is started by \
+                 lazaret-supervisor, not by hand",
+                chain(&e)
+            );
+            return ExitCode::from(2);
         }
     };
     let session = match start(&channel) {
@@ -92,7 +94,10 @@ pub fn run() -> ExitCode {
     match session.run() {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("lazaret-router: the connection failed: {e}");
+            eprintln!(
+                "lazaret-router: serving /workspace failed ({e}); the workspace fails until \
+                 `lazaret down`"
+            );
             ExitCode::FAILURE
         }
     }
@@ -132,10 +137,13 @@ fn start(channel: &Channel) -> Result<(fuser::Session<fuse::Router>, RoutingSumm
 
     let rules = read_rules(&rules)?;
     let summary = RoutingSummary::of(&rules);
-    let tree = tree::Tree::new(host, isolated, Classifier::new(&rules))
-        .map_err(|e| failed(RouterStep::Request, format!("the directories: {e}")))?;
+    let tree = tree::Tree::new(host, isolated, Classifier::new(&rules)).map_err(|e| {
+        failed(
+            RouterStep::Request,
+            format!("the host workspace and isolated descriptors must be directories: {e}"),
+        )
+    })?;
     let mut config = fuser::Config::default();
-    config.acl = fuser::SessionACL::All;
     config.n_threads = Some(THREADS);
     config.clone_fd = true;
     let session = fuser::Session::from_fd(

@@ -150,13 +150,7 @@ impl Sides {
 
     fn isolated(&mut self, tree: &Tree, dir_path: &[u8]) -> Result<Option<BorrowedFd<'_>>> {
         if self.isolated.is_none() {
-            self.isolated = Some(
-                match tree.open_dir(Route::Isolated, dir_path, OFlags::PATH) {
-                    Ok(fd) => Some(fd),
-                    Err(Errno::NOENT | Errno::NOTDIR) => None,
-                    Err(e) => return Err(e),
-                },
-            );
+            self.isolated = Some(tree.isolated_dir_if_any(dir_path, OFlags::PATH)?);
         }
         Ok(self
             .isolated
@@ -285,8 +279,11 @@ impl Tree {
             Some(state),
             Protection::Fixed,
         );
-        rustix::fs::fstat(&host)?;
-        rustix::fs::fstat(&isolated)?;
+        for dir in [&host, &isolated] {
+            if kind_of(&rustix::fs::fstat(dir)?) != Kind::Dir {
+                return Err(Errno::NOTDIR);
+            }
+        }
         Ok(Tree {
             host,
             isolated,
@@ -322,15 +319,30 @@ impl Tree {
             .ok_or(Errno::STALE)
     }
 
+    /// The node of a directory and its state. A removed directory's
+    /// path may name another object now: it has no entries (`ENOENT` to
+    /// any lookup or creation in it, as for a removed directory on disk).
     fn dir_node(&self, ino: u64) -> Result<(Node, DirState)> {
         let node = self.node(ino)?;
         let state = node.state.clone().ok_or(Errno::NOTDIR)?;
+        if node.removed {
+            return Err(Errno::NOENT);
+        }
         Ok((node, state))
     }
 
     /// Opens the directory `path` of one side.
     fn open_dir(&self, route: Route, path: &[u8], flags: OFlags) -> Result<OwnedFd> {
         lazaret_routing::fs::open_dir(self.side(route), path, flags)
+    }
+
+    /// Opens the isolated side's directory `path`, if there is one.
+    fn isolated_dir_if_any(&self, path: &[u8], flags: OFlags) -> Result<Option<OwnedFd>> {
+        match self.open_dir(Route::Isolated, path, flags) {
+            Ok(fd) => Ok(Some(fd)),
+            Err(Errno::NOENT | Errno::NOTDIR) => Ok(None),
+            Err(e) => Err(e),
+        }
     }
 
     /// Opens the isolated directory `path`, creating it and its parents
@@ -532,12 +544,16 @@ impl Tree {
             .forget(ino, count);
     }
 
-    /// `getattr`; a removed file still open answers from its handle.
+    /// `getattr`; an open file (a removed one too) answers from its
+    /// handle.
     pub fn getattr(&self, ino: u64, handle: Option<u64>) -> Result<Stat> {
+        // An open file answers from its descriptor: no path to resolve.
+        if let Some(handle) = handle {
+            return rustix::fs::fstat(&*self.file(handle)?);
+        }
         let node = self.node(ino)?;
         if node.removed {
-            let fd = self.file(handle.ok_or(Errno::STALE)?)?;
-            return rustix::fs::fstat(&*fd);
+            return Err(Errno::STALE);
         }
         let entry = self.entry(&node)?;
         rustix::fs::statat(&entry.dir, os(&entry.name), AtFlags::SYMLINK_NOFOLLOW)
@@ -739,7 +755,7 @@ impl Tree {
             return Err(PROTECTED);
         }
         if let (true, Route::Host, Some(state)) = (dir, found.route, &found.state) {
-            if !self.isolated_entries(&found.path, state)?.is_empty() {
+            if !self.isolated_entries(&found.path, state, None)?.is_empty() {
                 return Err(Errno::NOTEMPTY);
             }
         }
@@ -852,13 +868,11 @@ impl Tree {
                 Err(Errno::NOENT | Errno::NOTDIR) => Vec::new(),
                 Err(e) => return Err(e),
             };
-            let isolated = match self.open_dir(Route::Isolated, &old_path, OFlags::RDONLY) {
-                Ok(fd) => list(fd.as_fd())?,
-                Err(Errno::NOENT | Errno::NOTDIR) => Vec::new(),
-                Err(e) => return Err(e),
+            let isolated = match self.isolated_dir_if_any(&old_path, OFlags::RDONLY)? {
+                Some(fd) => list(fd.as_fd())?,
+                None => Vec::new(),
             };
-            let holds_head = host.iter().any(|(n, _, _)| n == HEAD_NAME);
-            let host_names: HashSet<&[u8]> = host.iter().map(|(n, _, _)| n.as_slice()).collect();
+            let host_listing = HostListing::new(&host);
             let entries = host
                 .iter()
                 .map(|e| (e, Route::Host))
@@ -869,10 +883,7 @@ impl Tree {
                     return Ok(true);
                 }
                 let is_dir = *kind == Kind::Dir;
-                let facts = HostFacts {
-                    exists: host_names.contains(name.as_slice()),
-                    dir_holds_head: holds_head && needs_head(name),
-                };
+                let facts = host_listing.facts(name);
                 let (before, old_child) =
                     self.classifier.child(&old, &old_path, name, is_dir, facts);
                 let (after, new_child) =
@@ -895,10 +906,8 @@ impl Tree {
     /// there was one to move.
     fn move_isolated_dir(&self, from: &[u8], to: &[u8]) -> Result<bool> {
         let (from_parent, from_name) = split(from);
-        let source = match self.open_dir(Route::Isolated, from_parent, OFlags::PATH) {
-            Ok(fd) => fd,
-            Err(Errno::NOENT | Errno::NOTDIR) => return Ok(false),
-            Err(e) => return Err(e),
+        let Some(source) = self.isolated_dir_if_any(from_parent, OFlags::PATH)? else {
+            return Ok(false);
         };
         if Self::exists_at(source.as_fd(), from_name)?.is_none() {
             return Ok(false);
@@ -961,18 +970,29 @@ impl Tree {
     }
 
     /// The entries of the isolated side's directory of the host directory
-    /// at `path` that the merged view shows.
-    fn isolated_entries(&self, path: &[u8], state: &DirState) -> Result<Vec<DirEntry>> {
-        let fd = match self.open_dir(Route::Isolated, path, OFlags::RDONLY) {
-            Ok(fd) => fd,
-            Err(Errno::NOENT | Errno::NOTDIR) => return Ok(Vec::new()),
-            Err(e) => return Err(e),
+    /// at `path` that the merged view shows, given the host directory's
+    /// listing (listed here when not given).
+    fn isolated_entries(
+        &self,
+        path: &[u8],
+        state: &DirState,
+        host: Option<&[Listed]>,
+    ) -> Result<Vec<DirEntry>> {
+        let Some(fd) = self.isolated_dir_if_any(path, OFlags::RDONLY)? else {
+            return Ok(Vec::new());
         };
-        let host = self.open_dir(Route::Host, path, OFlags::PATH)?;
+        let listed_here;
+        let host = match host {
+            Some(host) => host,
+            None => {
+                listed_here = list(self.open_dir(Route::Host, path, OFlags::RDONLY)?.as_fd())?;
+                &listed_here
+            }
+        };
+        let host = HostListing::new(host);
         let mut out = Vec::new();
         for (name, kind, ino) in list(fd.as_fd())? {
-            let exists = Self::exists_at(host.as_fd(), &name)?.is_some();
-            let facts = Self::facts(Some(host.as_fd()), &name, exists)?;
+            let facts = host.facts(&name);
             let (route, _) = self
                 .classifier
                 .child(state, path, &name, kind == Kind::Dir, facts);
@@ -1089,7 +1109,17 @@ impl Tree {
 
     /// The merged listing of the directory `ino`.
     fn list_dir(&self, ino: u64) -> Result<Listing> {
-        let (node, state) = self.dir_node(ino)?;
+        let (node, state) = match self.dir_node(ino) {
+            Ok(dir) => dir,
+            // A removed directory lists nothing.
+            Err(Errno::NOENT) => {
+                return Ok(Listing {
+                    entries: Vec::new(),
+                    read: std::sync::atomic::AtomicBool::new(false),
+                });
+            }
+            Err(e) => return Err(e),
+        };
         let entries = match node.route {
             Route::Isolated => {
                 let dir = self.open_dir(Route::Isolated, &node.path, OFlags::RDONLY)?;
@@ -1101,23 +1131,23 @@ impl Tree {
             Route::Host => {
                 let dir = self.open_dir(Route::Host, &node.path, OFlags::RDONLY)?;
                 let listed = list(dir.as_fd())?;
-                let holds_head = listed.iter().any(|(n, _, _)| n == HEAD_NAME);
+                let host = HostListing::new(&listed);
                 let mut entries = Vec::with_capacity(listed.len());
-                for (name, kind, ino) in listed {
-                    let facts = HostFacts {
-                        exists: true,
-                        dir_holds_head: holds_head && needs_head(&name),
-                    };
-                    let is_dir = kind == Kind::Dir;
-                    let (route, _) = self
-                        .classifier
-                        .child(&state, &node.path, &name, is_dir, facts);
+                for (name, kind, ino) in &listed {
+                    let is_dir = *kind == Kind::Dir;
+                    let (route, _) =
+                        self.classifier
+                            .child(&state, &node.path, name, is_dir, host.facts(name));
                     if route == Route::Host {
-                        entries.push(DirEntry { name, kind, ino });
+                        entries.push(DirEntry {
+                            name: name.clone(),
+                            kind: *kind,
+                            ino: *ino,
+                        });
                     }
                 }
                 let shown: HashSet<Vec<u8>> = entries.iter().map(|e| e.name.clone()).collect();
-                for entry in self.isolated_entries(&node.path, &state)? {
+                for entry in self.isolated_entries(&node.path, &state, Some(&listed))? {
                     if !shown.contains(&entry.name) {
                         entries.push(entry);
                     }
@@ -1153,10 +1183,11 @@ impl Tree {
         // The directory as it is now (it may have been renamed since it
         // was listed): each name is found afresh, nothing taken from the
         // listing but the name. A removed directory lists nothing more.
-        let (node, state) = self.dir_node(ino)?;
-        if node.removed {
-            return Ok(());
-        }
+        let (node, state) = match self.dir_node(ino) {
+            Ok(dir) => dir,
+            Err(Errno::NOENT) => return Ok(()),
+            Err(e) => return Err(e),
+        };
         let mut sides = Sides::new(self, &node.path, &state)?;
         let mut emitted = false;
         for (i, entry) in listing.entries.iter().enumerate().skip(from) {
@@ -1274,9 +1305,33 @@ fn split(path: &[u8]) -> (&[u8], &[u8]) {
 }
 
 /// The entries of a directory opened for reading: name, kind, inode.
-fn list(dir: BorrowedFd<'_>) -> Result<Vec<(Vec<u8>, Kind, u64)>> {
-    let listed = lazaret_routing::fs::list(dir)
-        .map_err(|e| e.raw_os_error().map_or(Errno::IO, Errno::from_raw_os_error))?;
+/// One entry of a listed directory: its name, kind and inode number.
+type Listed = (Vec<u8>, Kind, u64);
+
+/// What a host directory's listing says about the names in it.
+struct HostListing<'a> {
+    names: HashSet<&'a [u8]>,
+    holds_head: bool,
+}
+
+impl<'a> HostListing<'a> {
+    fn new(listed: &'a [Listed]) -> Self {
+        HostListing {
+            names: listed.iter().map(|(n, _, _)| n.as_slice()).collect(),
+            holds_head: listed.iter().any(|(n, _, _)| n == HEAD_NAME),
+        }
+    }
+
+    fn facts(&self, name: &[u8]) -> HostFacts {
+        HostFacts {
+            exists: self.names.contains(name),
+            dir_holds_head: self.holds_head && needs_head(name),
+        }
+    }
+}
+
+fn list(dir: BorrowedFd<'_>) -> Result<Vec<Listed>> {
+    let listed = lazaret_routing::fs::list(dir).map_err(io_errno)?;
     Ok(listed
         .into_iter()
         .map(|entry| {
@@ -1362,25 +1417,17 @@ fn stat_time(sec: i64, nsec: u64) -> rustix::fs::Timespec {
     }
 }
 
-/// Copies a whole file between two descriptors.
+/// The errno of an I/O error (`EIO` when it carries none).
+fn io_errno(error: std::io::Error) -> Errno {
+    Errno::from_io_error(&error).unwrap_or(Errno::IO)
+}
+
+/// Copies a whole file between two descriptors, from their current
+/// offsets (the kernel copies in place where it can: `copy_file_range`).
 fn copy(source: &OwnedFd, target: &OwnedFd) -> Result<()> {
-    let mut buf = vec![0u8; 1 << 20];
-    let mut offset = 0u64;
-    loop {
-        let n = match rustix::io::pread(source, &mut buf, offset) {
-            Ok(0) => return Ok(()),
-            Ok(n) => n,
-            Err(Errno::INTR) => continue,
-            Err(e) => return Err(e),
-        };
-        let mut done = 0;
-        while done < n {
-            match rustix::io::pwrite(target, &buf[done..n], offset + done as u64) {
-                Ok(w) => done += w,
-                Err(Errno::INTR) => continue,
-                Err(e) => return Err(e),
-            }
-        }
-        offset += n as u64;
-    }
+    let mut reader = std::fs::File::from(rustix::io::dup(source)?);
+    let mut writer = std::fs::File::from(rustix::io::dup(target)?);
+    std::io::copy(&mut reader, &mut writer)
+        .map(drop)
+        .map_err(io_errno)
 }

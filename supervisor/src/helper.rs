@@ -9,7 +9,7 @@
 //! in the report beyond its shape; the callers and the Host Coordinator
 //! judge it.
 
-use std::os::fd::{AsFd, BorrowedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -70,9 +70,11 @@ impl<S: WireRecord, R: WireRecord> Helper<S, R> {
         })
     }
 
-    /// The helper's process ID, for a pidfd.
-    pub fn id(&self) -> u32 {
-        self.child.id()
+    /// A pidfd of the helper, which names it for good.
+    pub fn pidfd(&self) -> Result<OwnedFd, String> {
+        let pid = self.child.id();
+        crate::pidfd_of(pid)
+            .map_err(|e| format!("cannot open a pidfd for {} (pid {pid}): {e}", self.what))
     }
 
     /// Sends the helper its request with its descriptors.
@@ -84,7 +86,7 @@ impl<S: WireRecord, R: WireRecord> Helper<S, R> {
 
     /// The helper's one report, within `timeout`.
     pub fn report(&self, timeout: Duration) -> Result<R, String> {
-        match crate::readable_within(self.channel.as_fd(), timeout) {
+        match lazaret_proto::channel::readable_within(self.channel.as_fd(), timeout) {
             Ok(true) => {}
             Ok(false) => {
                 return Err(format!(

@@ -374,27 +374,6 @@ fn await_network(channel: &Channel, namespace: BorrowedFd<'_>) -> Result<bool, S
     }
 }
 
-/// Waits up to `timeout` for `fd` to become readable (or hang up); false
-/// when the time ran out.
-pub(crate) fn readable_within(
-    fd: BorrowedFd<'_>,
-    timeout: std::time::Duration,
-) -> rustix::io::Result<bool> {
-    use rustix::event::{PollFd, PollFlags, Timespec, poll};
-    let deadline = std::time::Instant::now() + timeout;
-    loop {
-        let left = deadline.saturating_duration_since(std::time::Instant::now());
-        let timeout = Timespec::try_from(left).ok();
-        let mut fds = [PollFd::new(&fd, PollFlags::IN)];
-        match poll(&mut fds, timeout.as_ref()) {
-            Ok(0) => return Ok(false),
-            Ok(_) => return Ok(true),
-            Err(rustix::io::Errno::INTR) => continue,
-            Err(e) => return Err(e),
-        }
-    }
-}
-
 /// Sends a report made at `step`; a failure to send fails that step.
 fn send(
     channel: &Channel,

@@ -77,25 +77,25 @@ pub fn route(
         ROUTER_CAPABILITIES,
         true,
     )?;
-    let pidfd = crate::pidfd_of(router.id()).map_err(|e| format!("cannot hold the router: {e}"));
     let request = RouterRequest::Serve(ServeRequest {
         fuse: FdIndex(0),
         host: FdIndex(1),
         isolated: FdIndex(2),
         rules: FdIndex(3),
     });
-    let sent = router.send(&request, &[fuse.as_fd(), host, isolated, rules]);
+    let sent = router.pidfd().and_then(|pidfd| {
+        router
+            .send(&request, &[fuse.as_fd(), host, isolated, rules])
+            .map(|()| pidfd)
+    });
     // The router is the connection's only server from here on.
     drop(fuse);
-    let result = pidfd.and_then(|pidfd| {
-        sent?;
-        match router.report(READY_TIMEOUT)? {
-            RouterReport::Ready(summary) => Ok(Routed { pidfd, summary }),
-            RouterReport::Failed(error) => Err(format!(
-                "the router failed ({:?}): {}",
-                error.step, error.detail
-            )),
-        }
+    let result = sent.and_then(|pidfd| match router.report(READY_TIMEOUT)? {
+        RouterReport::Ready(summary) => Ok(Routed { pidfd, summary }),
+        RouterReport::Failed(error) => Err(format!(
+            "the router failed ({:?}): {}",
+            error.step, error.detail
+        )),
     });
     router.keep_if_ok(result)
 }
