@@ -167,6 +167,8 @@ struct Plan {
     route: Route,
     state: DirState,
     protection: Protection,
+    /// The host side's parent directory, as opened to plan.
+    host_dir: Option<OwnedFd>,
 }
 
 /// What a node's parent directory and name are, for `*at` calls.
@@ -364,9 +366,12 @@ impl Tree {
     }
 
     /// The directory to create an entry of `route` in.
-    fn target_dir(&self, route: Route, path: &[u8]) -> Result<OwnedFd> {
-        match route {
-            Route::Host => self.open_dir(Route::Host, path, OFlags::PATH),
+    fn target_dir(&self, plan: &mut Plan, path: &[u8]) -> Result<OwnedFd> {
+        match plan.route {
+            Route::Host => match plan.host_dir.take() {
+                Some(dir) => Ok(dir),
+                None => self.open_dir(Route::Host, path, OFlags::PATH),
+            },
             Route::Isolated => self.isolated_dir(path),
         }
     }
@@ -504,6 +509,7 @@ impl Tree {
             route,
             state,
             protection,
+            host_dir,
         })
     }
 
@@ -649,8 +655,8 @@ impl Tree {
         if file_type != FileType::RegularFile {
             refuse_special_in_git(&state, Kind::Special)?;
         }
-        let plan = self.plan(&node, &state, name, false)?;
-        let dir = self.target_dir(plan.route, &node.path)?;
+        let mut plan = self.plan(&node, &state, name, false)?;
+        let dir = self.target_dir(&mut plan, &node.path)?;
         let perm = Mode::from_raw_mode(mode & !umask & MODE_MASK);
         rustix::fs::mknodat(&dir, os(name), file_type, perm, 0)?;
         let stat = rustix::fs::statat(&dir, os(name), AtFlags::SYMLINK_NOFOLLOW)?;
@@ -661,8 +667,8 @@ impl Tree {
     pub fn mkdir(&self, parent: u64, name: &[u8], mode: u32, umask: u32) -> Result<(u64, Stat)> {
         let _names = self.lock_names();
         let (node, state) = self.dir_node(parent)?;
-        let plan = self.plan(&node, &state, name, true)?;
-        let dir = self.target_dir(plan.route, &node.path)?;
+        let mut plan = self.plan(&node, &state, name, true)?;
+        let dir = self.target_dir(&mut plan, &node.path)?;
         let perm = Mode::from_raw_mode(mode & !umask & MODE_MASK);
         rustix::fs::mkdirat(&dir, os(name), perm)?;
         let stat = rustix::fs::statat(&dir, os(name), AtFlags::SYMLINK_NOFOLLOW)?;
@@ -674,8 +680,8 @@ impl Tree {
         let _names = self.lock_names();
         let (node, state) = self.dir_node(parent)?;
         refuse_special_in_git(&state, Kind::Symlink)?;
-        let plan = self.plan(&node, &state, name, false)?;
-        let dir = self.target_dir(plan.route, &node.path)?;
+        let mut plan = self.plan(&node, &state, name, false)?;
+        let dir = self.target_dir(&mut plan, &node.path)?;
         rustix::fs::symlinkat(os(target), &dir, os(name))?;
         let stat = rustix::fs::statat(&dir, os(name), AtFlags::SYMLINK_NOFOLLOW)?;
         Ok(self.made(plan, stat))
@@ -692,8 +698,8 @@ impl Tree {
     ) -> Result<(u64, Stat, u64)> {
         let _names = self.lock_names();
         let (node, state) = self.dir_node(parent)?;
-        let plan = self.plan(&node, &state, name, false)?;
-        let dir = self.target_dir(plan.route, &node.path)?;
+        let mut plan = self.plan(&node, &state, name, false)?;
+        let dir = self.target_dir(&mut plan, &node.path)?;
         let fd = rustix::fs::openat(
             &dir,
             os(name),
@@ -724,12 +730,12 @@ impl Tree {
         }
         let (dir_node, state) = self.dir_node(parent)?;
         refuse_special_in_git(&state, node.kind)?;
-        let plan = self.plan(&dir_node, &state, name, false)?;
+        let mut plan = self.plan(&dir_node, &state, name, false)?;
         if plan.route != node.route {
             return Err(Errno::XDEV);
         }
         let source = self.entry(&node)?;
-        let dir = self.target_dir(plan.route, &dir_node.path)?;
+        let dir = self.target_dir(&mut plan, &dir_node.path)?;
         rustix::fs::linkat(
             &source.dir,
             os(&source.name),
@@ -804,7 +810,7 @@ impl Tree {
             return Err(PROTECTED);
         }
         refuse_special_in_git(&to_state, source.kind)?;
-        let plan = self.plan(&to_dir, &to_state, new_name, is_dir)?;
+        let mut plan = self.plan(&to_dir, &to_state, new_name, is_dir)?;
         if is_dir && plan.protection == Protection::Unmovable {
             return Err(PROTECTED);
         }
@@ -822,7 +828,7 @@ impl Tree {
             }
         }
         let from = self.open_dir(source.route, &from_dir.path, OFlags::PATH)?;
-        let to = self.target_dir(plan.route, &to_dir.path)?;
+        let to = self.target_dir(&mut plan, &to_dir.path)?;
         if source.route != plan.route {
             if is_dir {
                 return Err(Errno::XDEV);
