@@ -198,6 +198,21 @@ pub struct WorkspaceStatus {
     pub router_running: bool,
 }
 
+impl WorkspaceStatus {
+    /// What is wrong with the routing of the Domain of `profile`, in the
+    /// words `status` and the Domain log use; `None` while the router
+    /// runs.
+    pub fn problem(&self, profile: &str) -> Option<String> {
+        (!self.router_running).then(|| {
+            format!(
+                "the Workspace Router exited: every workspace operation in the sandbox fails; \
+                 `lazaret logs {profile}` says why; `lazaret down {profile}` then \
+                 `lazaret up {profile}` routes it again"
+            )
+        })
+    }
+}
+
 /// The generation's network, as `lazaret status` shows it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NetworkStatus {

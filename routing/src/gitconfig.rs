@@ -12,6 +12,7 @@
 //! dependency for these few lookups, whose syntax is plain: `[section]` or
 //! `[section "subsection"]`, then `key = value` lines.
 
+use std::ffi::OsString;
 use std::path::{Component, Path, PathBuf};
 
 use crate::command::command_names;
@@ -48,6 +49,20 @@ pub struct Entry {
 }
 
 impl UserConfig {
+    /// Where git looks, as the environment tells it: `home` (`$HOME`, as
+    /// the caller validated it) and the variables `var` gives.
+    pub fn from_env(home: Option<PathBuf>, var: impl Fn(&str) -> Option<OsString>) -> Self {
+        UserConfig {
+            home,
+            xdg_config_home: var("XDG_CONFIG_HOME").map(Into::into),
+            global: var("GIT_CONFIG_GLOBAL").map(Into::into),
+            system: var("GIT_CONFIG_SYSTEM").map(Into::into),
+            // git takes any value but a false one as true.
+            no_system: var("GIT_CONFIG_NOSYSTEM")
+                .is_some_and(|v| !matches!(v.to_str(), Some("" | "0" | "false" | "no" | "off"))),
+        }
+    }
+
     /// `$XDG_CONFIG_HOME/git`, else `$HOME/.config/git`.
     fn xdg_git_dir(&self) -> Option<PathBuf> {
         self.xdg_config_home

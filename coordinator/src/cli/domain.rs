@@ -245,17 +245,11 @@ fn status_json(status: &DomainStatus) -> Value {
     let routing = &status.workspace_routing;
     // A dead participant never looks alive: a generation whose router
     // exited serves no workspace.
-    let (state, problems) = if routing.router_running {
-        (format!("{:?}", status.state).to_lowercase(), Vec::new())
+    let problems: Vec<String> = routing.problem(&status.profile).into_iter().collect();
+    let state = if problems.is_empty() {
+        format!("{:?}", status.state).to_lowercase()
     } else {
-        (
-            "degraded".to_owned(),
-            vec![
-                "the Workspace Router exited: every workspace operation in the sandbox fails; \
-                 run `lazaret down` and `lazaret up` again"
-                    .to_owned(),
-            ],
-        )
+        "degraded".to_owned()
     };
     json!({
         "profile": status.profile,
@@ -354,10 +348,9 @@ fn network_json(network: &NetworkStatus) -> Value {
 /// One line on how the workspace is routed, and whether it still is.
 fn routing_text(status: &DomainStatus) -> String {
     let r = &status.workspace_routing;
-    let router = if r.router_running {
-        format!("router pid {}", r.router.host_pid)
-    } else {
-        "ROUTER EXITED: the workspace is unavailable inside; run `lazaret down`".to_owned()
+    let router = match r.problem(&status.profile) {
+        None => format!("router pid {}", r.router.host_pid),
+        Some(problem) => format!("DEGRADED: {problem}"),
     };
     let repository = match &r.repository {
         Some(root) => format!("git repository {}", String::from_utf8_lossy(&root.0)),

@@ -685,6 +685,8 @@ fn bring_up(
         message,
         invalid_configuration: true,
     })?;
+    // So do the workspace's git rules.
+    let rules = super::workspace::take_rules(reporter, resolved)?;
 
     // The image, leased for this generation.
     reporter.progress(
@@ -774,7 +776,7 @@ fn bring_up(
 
     // The workspace routing: its rules and isolated directory.
     let workspace =
-        super::workspace::prepare(reporter, store, generation, resolved, &generation_dir)?;
+        super::workspace::prepare(store, generation, resolved, &generation_dir, rules, uid)?;
 
     // The Runtime Supervisor.
     reporter.progress(StartupStep::Sandbox, "starting the Runtime Supervisor");
@@ -870,7 +872,8 @@ fn bring_up(
     });
     record(Slot::NAMESPACE_HOLDER, &holder_record, StartupStep::Sandbox)?;
     reporter.progress(StartupStep::Workspace, "starting the Workspace Router");
-    let routed = super::workspace::await_router(supervisor, store, generation, workspace)?;
+    let routed =
+        super::workspace::await_router(supervisor, store, generation, resolved, workspace)?;
 
     // The network: slirp4netns attached, the policy installed and attested.
     let network = super::network::attach(
@@ -1300,11 +1303,10 @@ fn serve(
             // The workspace fails closed: the FUSE connection is aborted
             // and every operation on it fails. The generation stays, so
             // sessions can end in order; status says what happened.
-            log(
-                "the Workspace Router exited; every workspace operation in the sandbox fails \
-                 until `lazaret down`",
-            );
             live.workspace.router_running = false;
+            if let Some(problem) = live.workspace.problem(resolved.profile().as_str()) {
+                log(problem);
+            }
         }
         if !pidfd.is_empty() {
             log("the Runtime Supervisor exited unexpectedly; releasing the generation");

@@ -17,7 +17,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use lazaret_proto::channel::Received;
-use lazaret_proto::codec;
+use lazaret_proto::codec::{self, EncodeError};
 use lazaret_proto::common::HostPath;
 use lazaret_proto::control::{StartupStep, WorkspaceStatus};
 use lazaret_proto::ids::Sha256Digest;
@@ -41,6 +41,18 @@ const STEP: StartupStep = StartupStep::Workspace;
 /// The Domain's isolated directory, beneath its storage directory.
 pub const ISOLATED_DIR: &str = "workspace/isolated";
 
+/// The generation's rules, taken from the host and sealed.
+pub(super) struct Rules {
+    /// The sealed memfd of the encoded rules.
+    memfd: OwnedFd,
+    /// SHA-256 of the encoding, recorded with the participant.
+    digest: Sha256Digest,
+    summary: RoutingSummary,
+    /// The repository the workspace is (or is in), and whether it ignores
+    /// the whole workspace.
+    repository: Option<(HostPath, bool)>,
+}
+
 /// A routing ready to hand to the supervisor.
 pub(super) struct Prepared {
     /// The Domain's isolated directory.
@@ -49,15 +61,7 @@ pub(super) struct Prepared {
     pub(super) rules: OwnedFd,
     record: GitRoutingOwnership,
     summary: RoutingSummary,
-    status: StatusParts,
-}
-
-/// What `status` shows before the router runs.
-struct StatusParts {
-    isolate_ignored: bool,
-    repository: Option<HostPath>,
-    workspace_ignored: bool,
-    isolated_root: HostPath,
+    repository: Option<(HostPath, bool)>,
 }
 
 /// The routing of a running generation.
@@ -69,16 +73,14 @@ pub(super) struct Routed {
     pub(super) status: WorkspaceStatus,
 }
 
-/// Takes the rules, makes the isolated directory and records the intent.
-pub(super) fn prepare(
+/// Takes the rules from the host and seals them: before anything of the
+/// generation starts, so that a workspace that cannot be routed stops
+/// `up` at once.
+pub(super) fn take_rules(
     reporter: &Reporter,
-    store: &Arc<DomainStore>,
-    generation: &Generation,
     resolved: &ResolvedDomainConfiguration,
-    generation_dir: &RetainedDir,
-) -> Result<Prepared, Failure> {
-    let auth = resolved.authorities();
-    let workspace = &auth.workspace;
+) -> Result<Rules, Failure> {
+    let workspace = &resolved.authorities().workspace;
     let isolate = resolved.record().isolate_gitignored;
     reporter.progress(
         STEP,
@@ -88,21 +90,17 @@ pub(super) fn prepare(
             "git-ignored paths are not isolated (isolate_gitignored = false)"
         },
     );
-    let host = HostEnvironment::capture();
     // The files git itself would read, as the environment tells it.
-    let user = UserConfig {
-        home: host.variable("HOME").map(Into::into),
-        xdg_config_home: host.variable("XDG_CONFIG_HOME").map(Into::into),
-        global: host.variable("GIT_CONFIG_GLOBAL").map(Into::into),
-        system: host.variable("GIT_CONFIG_SYSTEM").map(Into::into),
-        no_system: host
-            .variable("GIT_CONFIG_NOSYSTEM")
-            .is_some_and(|v| !matches!(v.to_str(), Some("" | "0" | "false" | "no" | "off"))),
-    };
+    let host = HostEnvironment::capture();
+    let user = UserConfig::from_env(host.home().ok(), |name| host.variable(name));
     let gathered = gather(workspace.fd(), workspace.label(), isolate, &user).map_err(|e| {
         failure(
             STEP,
-            format!("cannot route the workspace: {}", super::chain(&e)),
+            format!(
+                "cannot take the git rules of the workspace {}: {}",
+                workspace.label().display(),
+                super::chain(&e)
+            ),
         )
     })?;
     let summary = RoutingSummary::of(&gathered.rules);
@@ -116,45 +114,60 @@ pub(super) fn prepare(
                 summary.tracked_ignored
             ),
         );
-    }
-    if gathered.workspace_ignored {
-        reporter.progress(
-            STEP,
-            format!(
-                "note: the repository at {} ignores this whole workspace, so the sandbox sees \
-                 none of its files and keeps what it writes in Domain storage; set \
-                 isolate_gitignored = false in the profile to share them",
-                gathered
-                    .repository
-                    .as_deref()
-                    .unwrap_or(Path::new("?"))
-                    .display()
-            ),
-        );
+        if gathered.workspace_ignored {
+            reporter.progress(
+                STEP,
+                format!(
+                    "note: the repository at {} ignores this whole workspace, so the sandbox \
+                     sees none of its files and keeps what it writes in Domain storage; set \
+                     isolate_gitignored = false in the profile to share them",
+                    repository.display()
+                ),
+            );
+        }
     }
     let bytes = codec::encode(&gathered.rules).map_err(|e| {
-        failure(
-            STEP,
-            format!(
-                "the workspace's ignore rules are too large to pass on ({}); split large \
-                 .gitignore files or set isolate_gitignored = false",
-                super::chain(&e)
+        let detail = match e {
+            EncodeError::Oversize { len, max, .. } => format!(
+                "the workspace's git rules take {len} bytes encoded, more than the {max} the \
+                 Workspace Router takes ({} ignore files, {} tracked paths the rules ignore); \
+                 set isolate_gitignored = false in the profile",
+                summary.ignore_files, summary.tracked_ignored
             ),
-        )
+            other => format!("cannot encode the workspace's git rules: {other}"),
+        };
+        failure(STEP, detail)
     })?;
-    let routing_digest = Sha256Digest(Sha256::digest(&bytes).into());
-    let rules = lazaret_proto::memfd::sealed_bytes("lazaret-workspace-rules", &bytes)
+    let memfd = lazaret_proto::memfd::sealed_bytes("lazaret-workspace-rules", &bytes)
         .map_err(|e| at(STEP)(&e))?;
+    Ok(Rules {
+        memfd,
+        digest: Sha256Digest(Sha256::digest(&bytes).into()),
+        summary,
+        repository: gathered
+            .repository
+            .map(|r| (HostPath::from(&r), gathered.workspace_ignored)),
+    })
+}
 
-    let uid = rustix::process::getuid().as_raw();
+/// Makes the isolated directory and records the intent, with `rules`.
+pub(super) fn prepare(
+    store: &Arc<DomainStore>,
+    generation: &Generation,
+    resolved: &ResolvedDomainConfiguration,
+    generation_dir: &RetainedDir,
+    rules: Rules,
+    uid: u32,
+) -> Result<Prepared, Failure> {
+    let auth = resolved.authorities();
     let isolated_path = auth.domain_storage.label().join(ISOLATED_DIR);
     let record = GitRoutingOwnership {
         mountpoint: Some(HostPath::from(
             &generation_dir.label().join("mnt/workspace"),
         )),
-        host_root: Some(HostPath::from(workspace.label())),
+        host_root: Some(HostPath::from(auth.workspace.label())),
         isolated_root: Some(HostPath::from(&isolated_path)),
-        routing_digest: Some(routing_digest),
+        routing_digest: Some(rules.digest),
         ..GitRoutingOwnership::default()
     };
     store
@@ -171,18 +184,12 @@ pub(super) fn prepare(
         .domain_storage
         .ensure_child(Path::new(ISOLATED_DIR), uid)
         .map_err(|e| at(STEP)(&e))?;
-    let status = StatusParts {
-        isolate_ignored: isolate,
-        repository: gathered.repository.as_deref().map(HostPath::from),
-        workspace_ignored: gathered.workspace_ignored,
-        isolated_root: HostPath::from(&isolated_path),
-    };
     Ok(Prepared {
         isolated,
-        rules,
+        rules: rules.memfd,
         record,
-        summary,
-        status,
+        summary: rules.summary,
+        repository: rules.repository,
     })
 }
 
@@ -191,6 +198,7 @@ pub(super) fn await_router(
     supervisor: &Supervisor,
     store: &Arc<DomainStore>,
     generation: &Generation,
+    resolved: &ResolvedDomainConfiguration,
     prepared: Prepared,
 ) -> Result<Routed, Failure> {
     let Received { message, fds } = await_report(supervisor, STEP)?;
@@ -200,7 +208,12 @@ pub(super) fn await_router(
     if summary != prepared.summary {
         return Err(failure(
             STEP,
-            "the Workspace Router reports other rules than it was given",
+            format!(
+                "the Workspace Router reports other rules ({summary:?}) than it was given \
+                 ({:?}); lazaret-router and lazaret are from different builds: reinstall \
+                 Lazaret",
+                prepared.summary
+            ),
         ));
     }
     let pidfd = router
@@ -217,16 +230,18 @@ pub(super) fn await_router(
             &participant(
                 generation,
                 ParticipantState::Active,
-                ParticipantOwnership::GitRouting(record),
+                ParticipantOwnership::GitRouting(record.clone()),
             ),
         )
         .map_err(|e| at(STEP)(&e))?;
-    let parts = prepared.status;
+    let (repository, workspace_ignored) = prepared
+        .repository
+        .map_or((None, false), |(path, ignored)| (Some(path), ignored));
     let status = WorkspaceStatus {
-        isolate_ignored: parts.isolate_ignored,
-        repository: parts.repository,
-        workspace_ignored: parts.workspace_ignored,
-        isolated_root: parts.isolated_root,
+        isolate_ignored: resolved.record().isolate_gitignored,
+        repository,
+        workspace_ignored,
+        isolated_root: record.isolated_root.unwrap_or_default(),
         summary,
         router: router.identity,
         router_running: true,
