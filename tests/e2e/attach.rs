@@ -21,7 +21,9 @@ use lazaret_tests::{bin, collect};
 use libtest_mimic::{Failed, Trial};
 use serde_json::Value;
 
-use crate::domain::{Result, assert_nothing_left, default_host, down, runnable, text, up};
+use crate::domain::{
+    Result, assert_nothing_left, default_host, down, runnable, text, up, wait_until,
+};
 
 /// How long one attached command may run.
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(60);
@@ -183,24 +185,6 @@ fn attach(host: &UserHost, cwd: &Path, command: &[&str]) -> Command {
         attach.arg("--").args(command);
     }
     attach
-}
-
-/// Polls `probe` every 100 ms until it answers, for at most `timeout`.
-fn wait_until<T>(
-    timeout: Duration,
-    what: &str,
-    mut probe: impl FnMut() -> Option<T>,
-) -> std::result::Result<T, Failed> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(value) = probe() {
-            return Ok(value);
-        }
-        if Instant::now() >= deadline {
-            return Err(format!("timed out after {timeout:?} waiting for {what}").into());
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
 }
 
 /// The sessions `lazaret status p --json` lists.

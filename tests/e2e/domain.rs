@@ -5,6 +5,7 @@
 //! to it) and runsc; CI provides both.
 
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 use lazaret_tests::domain::{SERIAL, UserHost, busybox_image, lazaret_processes, pid_exists};
 use libtest_mimic::{Failed, Trial};
@@ -83,10 +84,34 @@ pub(crate) type Result = std::result::Result<(), Failed>;
 /// The serial lock and a test host with the default one-profile
 /// configuration (profile `p`, the busybox image, `/root` persistent).
 pub(crate) fn default_host() -> (std::sync::MutexGuard<'static, ()>, UserHost) {
+    host_with_config(&config(&busybox_image(), "\"/root\""))
+}
+
+/// The serial lock and a test host whose configuration is `text`.
+pub(crate) fn host_with_config(text: &str) -> (std::sync::MutexGuard<'static, ()>, UserHost) {
     let serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let host = UserHost::new();
-    host.write_config(&config(&busybox_image(), "\"/root\""));
+    host.write_config(text);
     (serial, host)
+}
+
+/// Polls `probe` every 100 ms until it yields a value, for at most
+/// `timeout`; the error names `what` was awaited.
+pub(crate) fn wait_until<T>(
+    timeout: Duration,
+    what: &str,
+    mut probe: impl FnMut() -> Option<T>,
+) -> std::result::Result<T, Failed> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(value) = probe() {
+            return Ok(value);
+        }
+        if Instant::now() >= deadline {
+            return Err(format!("timed out after {timeout:?} waiting for {what}").into());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 /// Fails when a live process of the test user still runs Lazaret or runsc.

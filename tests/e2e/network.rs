@@ -14,7 +14,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 
-use lazaret_tests::domain::{SERIAL, UserHost, busybox_image};
+use lazaret_tests::domain::{UserHost, busybox_image};
 use lazaret_tests::net::{ALLOWED, ALLOWED_NET, ALLOWED_NET_HOST, DENIED, TestNet, UNLISTED};
 use lazaret_tests::netprobe;
 use libtest_mimic::Trial;
@@ -139,10 +139,7 @@ fn namespace_alive(inode: u64) -> bool {
 
 /// The serial lock and a test host configured with [`config`].
 fn policy_host() -> (std::sync::MutexGuard<'static, ()>, UserHost) {
-    let serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let host = UserHost::new();
-    host.write_config(&config());
-    (serial, host)
+    crate::domain::host_with_config(&config())
 }
 
 fn policy_holds() -> Result {

@@ -10,16 +10,31 @@
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::process::Output;
+use std::time::Duration;
 
-use lazaret_tests::domain::{SERIAL, UserHost, git_image};
+use lazaret_tests::domain::{UserHost, git_image};
 use libtest_mimic::{Failed, Trial};
 use serde_json::Value;
 
-use crate::domain::{Result, config, down, runnable, text, up};
+use crate::domain::{
+    Result, assert_nothing_left, config, down, host_with_config, runnable, text, up, wait_until,
+};
 
 pub fn trials() -> Vec<Trial> {
-    let runnable = runnable();
+    let tools = Path::new("/usr/bin/git").exists()
+        && rustix::fs::access(
+            "/dev/fuse",
+            rustix::fs::Access::READ_OK | rustix::fs::Access::WRITE_OK,
+        )
+        .is_ok();
+    let runnable = runnable() && tools;
+    if std::env::var_os("CI").is_some() {
+        assert!(
+            runnable,
+            "CI must run the workspace tests with git installed and /dev/fuse usable \
+             (packaging/device-access.sh)"
+        );
+    }
     [
         Trial::test(
             "workspace::ignored_paths_are_isolated_both_ways",
@@ -66,10 +81,7 @@ pub fn trials() -> Vec<Trial> {
 
 /// The serial lock and a test host whose profile `p` runs the git image.
 fn git_host() -> (std::sync::MutexGuard<'static, ()>, UserHost) {
-    let serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let host = UserHost::new();
-    host.write_config(&config(&git_image(), "\"/root\""));
-    (serial, host)
+    host_with_config(&config(&git_image(), "\"/root\""))
 }
 
 /// [`git_host`] whose workspace is a [`repository`], and the workspace.
@@ -121,18 +133,12 @@ fn inside(host: &UserHost, status: &Value, script: &str) -> std::result::Result<
 
 /// Runs `script` inside the sandbox; fails the test if it succeeds.
 fn refused_inside(host: &UserHost, status: &Value, script: &str) {
-    let out = inside_any(host, status, script);
+    let out = host.exec(status, script);
     assert!(
         !out.status.success(),
         "`{script}` succeeded inside: {}",
         text(&out)
     );
-}
-
-/// Runs `script` inside the sandbox and returns its output, whatever its
-/// exit status.
-fn inside_any(host: &UserHost, status: &Value, script: &str) -> Output {
-    host.exec(status, script)
 }
 
 fn ignored_paths_are_isolated() -> Result {
@@ -149,11 +155,7 @@ fn ignored_paths_are_isolated() -> Result {
     );
 
     // The host's ignored files are not there; tracked ones are.
-    let seen = inside_any(
-        &host,
-        &status,
-        "cat /workspace/.env; ls /workspace/node_modules",
-    );
+    let seen = host.exec(&status, "cat /workspace/.env; ls /workspace/node_modules");
     let seen = text(&seen);
     assert!(!seen.contains("host-only"), "{seen}");
     assert!(!seen.contains("SECRET=host-only-value"), "{seen}");
@@ -174,12 +176,11 @@ fn ignored_paths_are_isolated() -> Result {
     );
     assert_eq!(std::fs::read_to_string(ws.join("new.txt"))?, "new\n");
     sh(&host, &ws, "echo 'from the host' > host-new.txt");
-    let from_host = wait_inside(
-        &host,
-        &status,
-        "cat /workspace/host-new.txt",
-        "from the host\n",
-    )?;
+    let from_host = wait_until(Duration::from_secs(5), "the host's new file inside", || {
+        let out = host.exec(&status, "cat /workspace/host-new.txt");
+        let seen = String::from_utf8_lossy(&out.stdout).into_owned();
+        (seen == "from the host\n").then_some(seen)
+    })?;
     assert_eq!(from_host, "from the host\n");
 
     // What the sandbox writes to ignored paths stays in the Domain.
@@ -239,27 +240,6 @@ fn ignored_paths_are_isolated() -> Result {
     Ok(())
 }
 
-/// Runs `script` inside until it prints `expected` (host edits show up
-/// within the kernel's one-second attribute cache); returns the last
-/// output.
-fn wait_inside(
-    host: &UserHost,
-    status: &Value,
-    script: &str,
-    expected: &str,
-) -> std::result::Result<String, Failed> {
-    let mut last = String::new();
-    for _ in 0..20 {
-        let out = inside_any(host, status, script);
-        last = String::from_utf8_lossy(&out.stdout).into_owned();
-        if last == expected {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(250));
-    }
-    Ok(last)
-}
-
 fn git_works_inside() -> Result {
     let (_serial, host, ws) = repository_host();
     // Hooks kept in the worktree, as husky sets them up.
@@ -286,7 +266,7 @@ fn git_works_inside() -> Result {
     // gVisor reports a refused chmod as done; the host's mode is unchanged.
     let mode = |p: &str| std::fs::metadata(ws.join(p)).map(|m| m.mode() & 0o7777);
     let config_mode = mode(".git/config")?;
-    inside_any(&host, &status, "chmod 0777 /workspace/.git/config");
+    host.exec(&status, "chmod 0777 /workspace/.git/config");
     assert_eq!(mode(".git/config")?, config_mode);
     assert!(!ws.join(".git/hooks/pre-commit").exists());
     assert_eq!(std::fs::read(ws.join(".git/config"))?, config_before);
@@ -509,11 +489,7 @@ fn subdirectory() -> Result {
         ws.to_str(),
         "{status}"
     );
-    let seen = text(&inside_any(
-        &host,
-        &status,
-        "cat /workspace/.env /workspace/out.log",
-    ));
+    let seen = text(&host.exec(&status, "cat /workspace/.env /workspace/out.log"));
     assert!(
         !seen.contains("sub-value") && !seen.contains("build"),
         "{seen}"
@@ -545,12 +521,12 @@ fn worktree_and_submodule() -> Result {
     );
     let status = up(&host, &ws)?;
     assert_eq!(inside(&host, &status, "cat /workspace/lib/lib.c")?, "lib\n");
-    let seen = text(&inside_any(&host, &status, "cat /workspace/lib/x.o"));
+    let seen = text(&host.exec(&status, "cat /workspace/lib/x.o"));
     assert!(
         !seen.contains("object"),
         "the submodule's ignored file is visible: {seen}"
     );
-    let out = inside_any(&host, &status, "echo 'gitdir: /tmp' > /workspace/lib/.git");
+    let out = host.exec(&status, "echo 'gitdir: /tmp' > /workspace/lib/.git");
     assert!(
         !out.status.success(),
         "a submodule's .git file was rewritten: {}",
@@ -580,9 +556,9 @@ fn worktree_and_submodule() -> Result {
         inside(&host, &status, "cat /workspace/README")?,
         "hello from the host\n"
     );
-    let seen = text(&inside_any(&host, &status, "cat /workspace/.env"));
+    let seen = text(&host.exec(&status, "cat /workspace/.env"));
     assert!(!seen.contains("SECRET=wt"), "{seen}");
-    let out = inside_any(&host, &status, "echo 'gitdir: /tmp' > /workspace/.git");
+    let out = host.exec(&status, "echo 'gitdir: /tmp' > /workspace/.git");
     assert!(
         !out.status.success(),
         "the worktree's .git file was rewritten: {}",
@@ -602,6 +578,9 @@ fn killed_router() -> Result {
     let pid = status["workspace_routing"]["router"]["pid"]
         .as_u64()
         .ok_or("status names no router")?;
+    // The pid is the router's, not whatever else may have it.
+    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm"))?;
+    assert_eq!(comm.trim(), "lazaret-router", "pid {pid}");
     let killed = std::process::Command::new("kill")
         .args(["-KILL", &pid.to_string()])
         .status()?;
@@ -609,7 +588,7 @@ fn killed_router() -> Result {
     // The workspace fails closed: errors, not the host's files.
     let mut failed = false;
     for _ in 0..40 {
-        let out = inside_any(&host, &status, "cat /workspace/README && ls /workspace");
+        let out = host.exec(&status, "cat /workspace/README && ls /workspace");
         if !out.status.success() && !String::from_utf8_lossy(&out.stdout).contains("hello") {
             failed = true;
             break;
@@ -633,6 +612,7 @@ fn killed_router() -> Result {
         "hello from the host\n"
     );
     down(&host, &ws)?;
+    assert_nothing_left(&host);
     Ok(())
 }
 
@@ -649,11 +629,7 @@ fn unreadable_directory() -> Result {
          git -c user.name=h -c user.email=h@example.invalid commit -q -m config",
     );
     let status = up(&host, &ws)?;
-    let seen = text(&inside_any(
-        &host,
-        &status,
-        "cat /workspace/config/secret.env",
-    ));
+    let seen = text(&host.exec(&status, "cat /workspace/config/secret.env"));
     assert!(!seen.contains("SECRET=locked"), "{seen}");
     inside(&host, &status, "chmod 000 /workspace/config")?;
     down(&host, &ws)?;
