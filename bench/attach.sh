@@ -12,22 +12,15 @@ source bench/common.sh
 rounds=${1:-15}
 mib=${2:-64}
 
-cargo build --release --locked --workspace --bins -q
-lazaret=$(pwd)/target/release/lazaret
-scratch=$(mktemp -d /tmp/lazaret-bench.XXXXXX)
-export HOME=$scratch/home XDG_RUNTIME_DIR=$scratch/run
-cleanup() { "$lazaret" down bench --workspace "$scratch/project" >/dev/null 2>&1 || true; rm -rf "$scratch"; }
-trap cleanup EXIT
+bench_setup
 bench_host "$scratch"
 head -c "$((mib * 1024 * 1024))" /dev/urandom > "$scratch/project/big"
 cd "$scratch/project"
 "$lazaret" up bench >/dev/null 2>&1
 
 status=$("$lazaret" status bench --json)
-holder=$(field "['namespace_holder']['pid']")
-bare=(nsenter -t "$holder" -U -m -n -p --preserve-credentials --
-      runsc --rootless --ignore-cgroups --network=host --root "$(field "['runsc_root']")"
-      exec "$(field "['container_id']")")
+domain_exec
+bare=("${exec_cmd[@]}")
 
 
 attach_true=() bare_true=()

@@ -10,12 +10,8 @@ cd "$(dirname "$0")/.."
 source bench/common.sh
 rounds=${1:-15}
 
-cargo build --release --locked --workspace --bins -q
-lazaret=$(pwd)/target/release/lazaret
-scratch=$(mktemp -d /tmp/lazaret-bench.XXXXXX)
-trap 'HOME=$scratch/home XDG_RUNTIME_DIR=$scratch/run "$lazaret" down bench --workspace "$scratch/project" >/dev/null 2>&1 || true; rm -rf "$scratch"' EXIT
+bench_setup
 bench_host "$scratch"
-export HOME=$scratch/home XDG_RUNTIME_DIR=$scratch/run
 
 # Prepare the image once, outside the measurement.
 "$lazaret" up bench --workspace "$scratch/project" >/dev/null 2>&1

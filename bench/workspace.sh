@@ -19,18 +19,7 @@ rounds=${1:-3}
 files=${2:-5000}
 mib=${3:-256}
 
-cargo build --release --locked --workspace --bins -q
-lazaret=$(pwd)/target/release/lazaret
-scratch=$(mktemp -d /tmp/lazaret-bench.XXXXXX)
-export HOME=$scratch/home XDG_RUNTIME_DIR=$scratch/run
-cleanup() {
-    for p in bench shared; do
-        "$lazaret" down "$p" --workspace "$scratch/project" >/dev/null 2>&1 || true
-    done
-    chmod -R u+rwX "$scratch" 2>/dev/null || true
-    rm -rf "$scratch"
-}
-trap cleanup EXIT
+bench_setup bench shared
 bench_host "$scratch" \
     '[profiles.shared]' "image = \"oci:$scratch/image:latest\"" 'isolate_gitignored = false'
 cd "$scratch/project"
@@ -61,6 +50,7 @@ floor) : ;;
 clean) rm -rf "$dir" "$dir.big" ;;
 esac
 SH
+work=$(cat "$scratch/work.sh")
 
 phases=(floor create stat read find write readbig)
 
@@ -74,22 +64,19 @@ run_phases() {
     for round in $(seq "$rounds"); do
         for phase in "${phases[@]}"; do
             t0=$(now)
-            "$@" /bin/sh -c "$(cat "$scratch/work.sh")" sh "$phase" "/workspace/w$round" "$files" "$mib" </dev/null
+            "$@" /bin/sh -c "$work" sh "$phase" "/workspace/w$round" "$files" "$mib" </dev/null
             t1=$(now)
             eval "${label}_${phase}+=(\$(ms $t0 $t1))"
         done
-        "$@" /bin/sh -c "$(cat "$scratch/work.sh")" sh clean "/workspace/w$round" "$files" "$mib" </dev/null
+        "$@" /bin/sh -c "$work" sh clean "/workspace/w$round" "$files" "$mib" </dev/null
     done
 }
 
 # Lazaret, through runsc exec in the Domain's namespaces.
 lazaret_exec() {
-    local profile=$1
-    "$lazaret" up "$profile" >/dev/null 2>&1
-    status=$("$lazaret" status "$profile" --json)
-    exec_cmd=(nsenter -t "$(field "['namespace_holder']['pid']")" -U -m -n -p --preserve-credentials --
-              runsc --rootless --ignore-cgroups --network=host --root "$(field "['runsc_root']")"
-              exec "$(field "['container_id']")")
+    "$lazaret" up "$1" >/dev/null 2>&1
+    status=$("$lazaret" status "$1" --json)
+    domain_exec
 }
 lazaret_exec bench
 run_phases routed "${exec_cmd[@]}"
@@ -112,10 +99,11 @@ cat > "$scratch/bare/config.json" <<JSON
 JSON
 # Inside one `unshare`: start the bare sandbox, run the phases, stop it.
 export -f run_phases now ms
-export rounds files mib scratch
+phase_names="${phases[*]}"
+export rounds files mib scratch work phase_names
 bare_out=$(unshare -Urnm bash -c '
     set -eu
-    phases=(floor create stat read find write readbig)
+    read -ra phases <<<"$phase_names"
     r="runsc --rootless --ignore-cgroups --network=host --root $scratch/bare/state"
     $r run -detach --bundle "$scratch/bare" bare
     run_phases bare $r exec bare
