@@ -641,9 +641,31 @@ impl Tree {
         Ok(rustix::fs::readlinkat(&entry.dir, os(&entry.name), Vec::new())?.into_bytes())
     }
 
+    /// Makes the entry `name` of directory `parent` with `make` (given the
+    /// directory it goes in), after the checks every creation shares; git
+    /// metadata refuses it when it is a `special` kind.
+    fn make(
+        &self,
+        parent: u64,
+        name: &[u8],
+        is_dir: bool,
+        special: Option<Kind>,
+        make: impl FnOnce(&OwnedFd) -> Result<()>,
+    ) -> Result<(u64, Stat)> {
+        let _names = self.lock_names();
+        let (node, state) = self.dir_node(parent)?;
+        if let Some(kind) = special {
+            refuse_special_in_git(&state, kind)?;
+        }
+        let mut plan = self.plan(&node, &state, name, is_dir)?;
+        let dir = self.target_dir(&mut plan, &node.path)?;
+        make(&dir)?;
+        let stat = rustix::fs::statat(&dir, os(name), AtFlags::SYMLINK_NOFOLLOW)?;
+        Ok(self.made(plan, stat))
+    }
+
     /// `mknod`: regular files, FIFOs and sockets; never a device.
     pub fn mknod(&self, parent: u64, name: &[u8], mode: u32, umask: u32) -> Result<(u64, Stat)> {
-        let _names = self.lock_names();
         let file_type = FileType::from_raw_mode(mode);
         if !matches!(
             file_type,
@@ -651,40 +673,26 @@ impl Tree {
         ) {
             return Err(Errno::PERM);
         }
-        let (node, state) = self.dir_node(parent)?;
-        if file_type != FileType::RegularFile {
-            refuse_special_in_git(&state, Kind::Special)?;
-        }
-        let mut plan = self.plan(&node, &state, name, false)?;
-        let dir = self.target_dir(&mut plan, &node.path)?;
+        let special = (file_type != FileType::RegularFile).then_some(Kind::Special);
         let perm = Mode::from_raw_mode(mode & !umask & MODE_MASK);
-        rustix::fs::mknodat(&dir, os(name), file_type, perm, 0)?;
-        let stat = rustix::fs::statat(&dir, os(name), AtFlags::SYMLINK_NOFOLLOW)?;
-        Ok(self.made(plan, stat))
+        self.make(parent, name, false, special, |dir| {
+            rustix::fs::mknodat(dir, os(name), file_type, perm, 0)
+        })
     }
 
     /// `mkdir`.
     pub fn mkdir(&self, parent: u64, name: &[u8], mode: u32, umask: u32) -> Result<(u64, Stat)> {
-        let _names = self.lock_names();
-        let (node, state) = self.dir_node(parent)?;
-        let mut plan = self.plan(&node, &state, name, true)?;
-        let dir = self.target_dir(&mut plan, &node.path)?;
         let perm = Mode::from_raw_mode(mode & !umask & MODE_MASK);
-        rustix::fs::mkdirat(&dir, os(name), perm)?;
-        let stat = rustix::fs::statat(&dir, os(name), AtFlags::SYMLINK_NOFOLLOW)?;
-        Ok(self.made(plan, stat))
+        self.make(parent, name, true, None, |dir| {
+            rustix::fs::mkdirat(dir, os(name), perm)
+        })
     }
 
     /// `symlink`.
     pub fn symlink(&self, parent: u64, name: &[u8], target: &[u8]) -> Result<(u64, Stat)> {
-        let _names = self.lock_names();
-        let (node, state) = self.dir_node(parent)?;
-        refuse_special_in_git(&state, Kind::Symlink)?;
-        let mut plan = self.plan(&node, &state, name, false)?;
-        let dir = self.target_dir(&mut plan, &node.path)?;
-        rustix::fs::symlinkat(os(target), &dir, os(name))?;
-        let stat = rustix::fs::statat(&dir, os(name), AtFlags::SYMLINK_NOFOLLOW)?;
-        Ok(self.made(plan, stat))
+        self.make(parent, name, false, Some(Kind::Symlink), |dir| {
+            rustix::fs::symlinkat(os(target), dir, os(name))
+        })
     }
 
     /// `create`: a new regular file, opened.
