@@ -62,14 +62,10 @@ pub fn run() -> ExitCode {
         );
         return ExitCode::from(2);
     }
-    let channel = match Channel::take_stdin() {
+    let channel = match Channel::take_role_stdin("lazaret-netsidecar", "lazaret-supervisor") {
         Ok(channel) => channel,
-        Err(e) => {
-            eprintln!(
-                "lazaret-netsidecar: no channel on standard input ({}); it is started by \
-                 lazaret-supervisor, not by hand",
-                chain(&e)
-            );
+        Err(message) => {
+            eprintln!("{message}");
             return ExitCode::from(2);
         }
     };

@@ -432,6 +432,18 @@ impl<S: WireRecord, R: WireRecord> Endpoint<S, R> {
         Self::from_inherited(fd)
     }
 
+    /// [`take_stdin`](Self::take_stdin) for the role binary `role`, which
+    /// `parent` starts: the error, for whoever ran it, says so.
+    pub fn take_role_stdin(role: &str, parent: &str) -> Result<Self, String> {
+        Self::take_stdin().map_err(|e| {
+            format!(
+                "{role}: no channel on standard input ({}); it is started by {parent}, not by \
+                 hand",
+                crate::error_chain(&e)
+            )
+        })
+    }
+
     fn new(fd: OwnedFd) -> Self {
         Self {
             fd,

@@ -95,10 +95,10 @@ fn enter_namespaces() -> ExitCode {
         eprintln!("lazaret-supervisor: its coordinator is gone; exiting");
         return ExitCode::FAILURE;
     }
-    let channel = match Channel::take_stdin() {
+    let channel = match Channel::take_role_stdin("lazaret-supervisor", "lazaret") {
         Ok(channel) => channel,
-        Err(e) => {
-            eprintln!("lazaret-supervisor: {}", chain(&e));
+        Err(message) => {
+            eprintln!("{message}");
             return ExitCode::FAILURE;
         }
     };
@@ -131,10 +131,10 @@ fn pid1() -> ExitCode {
     // covers stage one. Its parent is outside the pid namespace, so
     // `getppid` reads 0 here and cannot be checked.
     let _ = rustix::process::set_parent_process_death_signal(Some(Signal::KILL));
-    let channel = match Channel::take_stdin() {
+    let channel = match Channel::take_role_stdin("lazaret-supervisor", "lazaret") {
         Ok(channel) => channel.with_limits(PLAN_LIMITS),
-        Err(e) => {
-            eprintln!("lazaret-supervisor: {}", chain(&e));
+        Err(message) => {
+            eprintln!("{message}");
             return ExitCode::FAILURE;
         }
     };
