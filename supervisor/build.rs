@@ -5,5 +5,10 @@
 include!("../build-support/static_exe.rs");
 
 fn main() {
-    build_static_exe("sandbox-init/init.rs", &[], "lazaret-init", "s");
+    build_static_exe(
+        "sandbox-init/init.rs",
+        &["sandbox-init/sys.rs"],
+        "lazaret-init",
+        "s",
+    );
 }

@@ -161,8 +161,9 @@ pub enum ExecSignal {
     Quit,
     /// SIGTERM.
     Terminate,
-    /// SIGKILL: the session's client is gone.
-    Kill,
+    /// SIGHUP to the session's leader: the session's client is gone, and
+    /// the leader kills every process of the session.
+    Hangup,
 }
 
 impl ExecSignal {
@@ -172,7 +173,7 @@ impl ExecSignal {
             ExecSignal::Interrupt => "INT",
             ExecSignal::Quit => "QUIT",
             ExecSignal::Terminate => "TERM",
-            ExecSignal::Kill => "KILL",
+            ExecSignal::Hangup => "HUP",
         }
     }
 }

@@ -78,6 +78,11 @@ pub fn read_environment(fd: BorrowedFd<'_>) -> Result<Vec<String>, String> {
     Ok(entries)
 }
 
+/// Where the sandbox's `lazaret-init` is, inside it.
+pub fn sandbox_init() -> String {
+    format!("{CONTROL_AREA}/bin/lazaret-init")
+}
+
 /// An OCI process running `args` as root of the sandbox with `env` in
 /// `cwd`, with the sandbox's capabilities (never CAP_NET_ADMIN or
 /// CAP_NET_RAW) and no new privileges, plus the fields in `extra`: the
@@ -138,7 +143,7 @@ pub fn spec(staged: &Staged, hostname: &str, environment: &[String]) -> Value {
 
     json!({
         "ociVersion": "1.0.2",
-        "process": process(&[format!("{CONTROL_AREA}/bin/lazaret-init")], env, "/", json!({
+        "process": process(&[sandbox_init()], env, "/", json!({
             "terminal": false,
             "rlimits": [{"type": "RLIMIT_NOFILE", "hard": 1024, "soft": 1024}],
         })),

@@ -2,7 +2,9 @@
 //! reaping of every child of the Domain's pid 1.
 //!
 //! Owns the process specification of a session (command, working
-//! directory `/workspace`, environment, terminal, capabilities) and its
+//! directory `/workspace`, environment, terminal, capabilities; the
+//! command runs under `lazaret-init session`, which ends every process of
+//! the session with it) and its
 //! delivery: the spec lives in a sealed memfd that `runsc exec` reads
 //! through `/proc/1/fd/N` (this process is pid 1 of the Domain pid
 //! namespace), so it is never a file. Owns the only `waitpid` of this
@@ -105,8 +107,15 @@ fn process_spec(request: &ExecRequest, environment: &[String]) -> serde_json::Va
         }
         ExecStdio::Pipes { .. } => (false, json!({"height": 0, "width": 0})),
     };
+    // The session's leader runs the command and ends the session with it.
+    let mut args = vec![crate::bundle::sandbox_init(), "session".to_owned()];
+    if terminal {
+        args.push("--terminal".to_owned());
+    }
+    args.push("--".to_owned());
+    args.extend(request.args.iter().cloned());
     crate::bundle::process(
-        &request.args,
+        &args,
         env,
         &request.cwd,
         json!({"terminal": terminal, "consoleSize": size}),

@@ -44,6 +44,14 @@ pub fn trials() -> Vec<Trial> {
             "attach::an_interactive_shell_in_a_terminal",
             interactive_terminal,
         ),
+        Trial::test(
+            "attach::the_terminal_stays_the_developers",
+            the_terminal_stays_the_developers,
+        ),
+        Trial::test(
+            "attach::background_processes_end_with_their_session",
+            background_processes_end,
+        ),
         Trial::test("attach::down_ends_an_attached_session", down_with_a_session),
         Trial::test("attach::a_killed_cli_leaves_no_runsc_exec", a_killed_cli),
         Trial::test(
@@ -504,6 +512,150 @@ fn interactive_terminal() -> Result {
 
     drop(tmux);
     down(&host, &ws)?;
+    Ok(())
+}
+
+/// A process inside never holds the developer's terminal: with standard
+/// output a terminal and input a pipe (`true | lazaret attach ...`), both
+/// are relayed and a background process ends with its session, so it can
+/// neither read the keys typed after `attach` returns nor write to the
+/// screen; the terminal's file status flags are as they were (the next
+/// program reads it), and the modes a full-screen program left set are
+/// reset.
+fn the_terminal_stays_the_developers() -> Result {
+    let (_serial, host) = default_host();
+    let ws = host.workspace.clone();
+    let status = up(&host, &ws)?;
+
+    let dir = host.user_dir("tmux");
+    let report = dir.join("report");
+    let typed = dir.join("typed");
+    let tmux = Tmux {
+        host: &host,
+        dir: dir.clone(),
+        cwd: ws.clone(),
+    };
+    let lazaret = bin("lazaret");
+    let (lazaret, report_path, typed_path) = (lazaret.display(), report.display(), typed.display());
+    let pane = format!(
+        "true | {lazaret} attach p -- sh -c \
+           '(sleep 3; dd bs=1 count=12 of=/root/stolen 0<&1; echo LEAKED-$((6*7))) & exit 0'; \
+         echo EXIT=$? > {report_path}; \
+         {lazaret} attach p -- printf '\\033[?1049h\\033[?1000h\\033[?2004h\\033[?25l'; \
+         echo MODES=$? >> {report_path}; \
+         sleep 6; head -n 1 > {typed_path}; echo TYPED=$? >> {report_path}; sleep 60"
+    );
+    let ws_arg = ws.to_str().ok_or("workspace path is not UTF-8")?;
+    tmux.ok(&[
+        "new-session",
+        "-d",
+        "-s",
+        "t",
+        "-x",
+        "100",
+        "-y",
+        "30",
+        "-c",
+        ws_arg,
+        &pane,
+    ])?;
+    let read_report = || std::fs::read_to_string(&report).unwrap_or_default();
+    wait_until(WAIT, "both sessions to end", || {
+        read_report().contains("MODES=").then_some(())
+    })?;
+    assert!(
+        read_report().starts_with("EXIT=0\nMODES=0\n"),
+        "{}",
+        read_report()
+    );
+    let flags = tmux.ok(&[
+        "display",
+        "-p",
+        "-t",
+        "t",
+        "#{alternate_on} #{mouse_standard_flag} #{cursor_flag}",
+    ])?;
+    assert_eq!(
+        flags.trim(),
+        "0 0 1",
+        "the alternate screen and mouse reporting are off and the cursor shows again"
+    );
+
+    // Typed while a background process of the first session, had it
+    // lived, would be reading the terminal.
+    std::thread::sleep(Duration::from_secs(4));
+    tmux.type_line("typed-by-developer")?;
+    wait_until(WAIT, "the shell's `head` to read the line", || {
+        read_report().contains("TYPED=").then_some(())
+    })?;
+    let screen = tmux.ok(&["capture-pane", "-p", "-t", "t"])?;
+    assert!(
+        read_report().contains("TYPED=0\n"),
+        "the next program reads the terminal: {}\n{screen}",
+        read_report()
+    );
+    assert_eq!(
+        std::fs::read_to_string(&typed)?,
+        "typed-by-developer\n",
+        "every key reached the developer's shell; the pane shows:\n{screen}"
+    );
+    assert!(!screen.contains("LEAKED-42"), "{screen}");
+    drop(tmux);
+
+    let stolen = host.exec(&status, "test -e /root/stolen");
+    assert_eq!(
+        stolen.status.code(),
+        Some(1),
+        "the background process never ran: {}",
+        text(&stolen)
+    );
+    down(&host, &ws)?;
+    Ok(())
+}
+
+/// What a session starts in the background ends when the session does,
+/// whether its command exits or its client is killed.
+fn background_processes_end() -> Result {
+    let (_serial, host) = default_host();
+    let ws = host.workspace.clone();
+    let status = up(&host, &ws)?;
+
+    let exited = run(
+        attach(
+            &host,
+            &ws,
+            &["sh", "-c", "sleep 4321 & sleep 4322 & exit 4"],
+        ),
+        None,
+    )?;
+    assert_eq!(exited.status.code(), Some(4), "{}", text(&exited));
+    let mut attached = Running::start(
+        attach(&host, &ws, &["sh", "-c", "sleep 4323 & sleep 1000"]),
+        None,
+    )?;
+    wait_until(WAIT, "the session's background process", || {
+        (!sandbox_processes(&host, &status, "sleep 4323").is_empty()).then_some(())
+    })?;
+    attached.kill()?;
+    attached.finish(WAIT)?;
+    let left = wait_until(WAIT, "the sessions' processes to end", || {
+        ["sleep 4321", "sleep 4322", "sleep 4323", "sleep 1000"]
+            .iter()
+            .all(|args| sandbox_processes(&host, &status, args).is_empty())
+            .then_some(())
+    });
+    let zombies = stdout(&host.exec(&status, "ps -o stat,pid,args"));
+    down(&host, &ws)?;
+    left.map_err(|e| {
+        format!(
+            "{}; in the sandbox:\n{zombies}",
+            e.message().unwrap_or_default()
+        )
+    })?;
+    assert!(
+        !zombies.lines().any(|l| l.trim_start().starts_with('Z')),
+        "every ended process is reaped:\n{zombies}"
+    );
     Ok(())
 }
 

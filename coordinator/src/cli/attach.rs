@@ -2,10 +2,13 @@
 //!
 //! Connects to the Domain's Session Coordinator socket, proves itself with
 //! the generation's client certificate and checks the coordinator against
-//! the trust manifest, then moves bytes: the local terminal (raw, restored
-//! on every exit path) or plain standard input and output, window-size
-//! changes, and the exit code of the process inside. Trusts the coordinator
-//! only through the TLS handshake pinned to the generation's CA.
+//! the trust manifest, then moves bytes: the local terminal (raw, and its
+//! modes and the standard streams' file status flags restored on every
+//! exit path) or plain standard input and output, window-size changes, and
+//! the exit code of the process inside. Only pipes and `/dev/null` are
+//! handed to the process inside; a terminal, socket or file is relayed.
+//! Trusts the coordinator only through the TLS handshake pinned to the
+//! generation's CA.
 
 use std::io::{IsTerminal, Write};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -20,7 +23,7 @@ use lazaret_proto::terminal::{
 use rustix::event::{PollFd, PollFlags, poll};
 use rustix::termios::{OptionalActions, Termios};
 
-use super::{Failure, Globals, failure};
+use super::{Failure, Globals, failure, screen};
 use crate::config::HostEnvironment;
 use crate::lifecycle::{DomainPaths, chain};
 use crate::session::link::TlsLink;
@@ -52,11 +55,36 @@ impl Drop for RawMode {
     }
 }
 
-/// Whether `fd` is a regular file.
-fn regular_file(fd: BorrowedFd<'_>) -> bool {
-    rustix::fs::fstat(fd).is_ok_and(|st| {
-        rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::RegularFile
-    })
+/// Puts the file status flags (`O_NONBLOCK`, `O_APPEND`, ...) of the
+/// standard streams back as they were, whatever ends the session: a
+/// process inside that is handed a pipe shares its open file, and the
+/// runtime makes it non-blocking.
+struct StatusFlags(Vec<(BorrowedFd<'static>, rustix::fs::OFlags)>);
+
+impl StatusFlags {
+    fn save() -> Self {
+        let streams = [
+            rustix::stdio::stdin(),
+            rustix::stdio::stdout(),
+            rustix::stdio::stderr(),
+        ];
+        Self(
+            streams
+                .into_iter()
+                .filter_map(|fd| Some((fd, rustix::fs::fcntl_getfl(fd).ok()?)))
+                .collect(),
+        )
+    }
+}
+
+impl Drop for StatusFlags {
+    fn drop(&mut self) {
+        for (fd, saved) in &self.0 {
+            if rustix::fs::fcntl_getfl(fd).is_ok_and(|now| now != *saved) {
+                let _ = rustix::fs::fcntl_setfl(fd, *saved);
+            }
+        }
+    }
 }
 
 fn window_size() -> (u16, u16) {
@@ -68,6 +96,7 @@ fn window_size() -> (u16, u16) {
 
 /// `lazaret attach PROFILE [-- COMMAND...]`: returns the exit code.
 pub fn attach(globals: &Globals, profile: &str, command: Vec<String>) -> Result<u8, Failure> {
+    let _flags = StatusFlags::save();
     let workspace = globals.workspace_dir()?;
     let paths = DomainPaths::locate(profile, &workspace, &HostEnvironment::capture())?;
     // A Domain that is not running has no runtime dir or no listener.
@@ -150,11 +179,12 @@ pub fn attach(globals: &Globals, profile: &str, command: Vec<String>) -> Result<
         columns,
         term: terminal.then(|| std::env::var("TERM").ok()).flatten(),
         // Without a terminal, the process reads and writes this CLI's own
-        // standard input and output when neither is a regular file (the
-        // sandbox would use its own file offsets there): nothing is relayed.
+        // standard input and output when both are pipes or /dev/null:
+        // nothing is relayed. A terminal (on standard output), a socket or
+        // a file is never handed in.
         direct_stdio: !terminal
-            && !regular_file(rustix::stdio::stdin())
-            && !regular_file(rustix::stdio::stdout()),
+            && crate::session::donatable(rustix::stdio::stdin())
+            && crate::session::donatable(rustix::stdio::stdout()),
     };
     let lost =
         |e: &dyn std::error::Error| failure(format!("the session connection failed: {}", chain(e)));
@@ -215,7 +245,22 @@ pub fn attach(globals: &Globals, profile: &str, command: Vec<String>) -> Result<
     } else {
         None
     };
-    let result = relay(&mut link, session_id, &signal_pipes, !open.direct_stdio);
+    let mut modes = screen::Modes::default();
+    let result = relay(
+        &mut link,
+        session_id,
+        &signal_pipes,
+        !open.direct_stdio,
+        terminal.then_some(&mut modes),
+    );
+    if terminal {
+        // What the program inside left set (the alternate screen, mouse
+        // reporting, a hidden cursor) is undone before the shell is back.
+        let mut stdout = std::io::stdout().lock();
+        let _ = stdout
+            .write_all(&modes.reset())
+            .and_then(|()| stdout.flush());
+    }
     drop(raw);
     for id in registered {
         signal_hook::low_level::unregister(id);
@@ -244,6 +289,7 @@ fn relay(
     session_id: lazaret_proto::ids::SessionId,
     signal_pipes: &[(OwnedFd, Option<TerminalSignalKind>)],
     forward_stdin: bool,
+    mut modes: Option<&mut screen::Modes>,
 ) -> Result<(SessionExitOutcome, u8), String> {
     let stdin = std::io::stdin();
     let stdin = stdin.as_fd();
@@ -262,6 +308,9 @@ fn relay(
         {
             match message {
                 SessionTerminalMessage::Output(output) => {
+                    if let Some(modes) = modes.as_deref_mut() {
+                        modes.observe(&output.bytes);
+                    }
                     if stdout
                         .write_all(&output.bytes)
                         .and_then(|()| stdout.flush())

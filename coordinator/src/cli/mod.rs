@@ -9,6 +9,7 @@
 mod args;
 mod attach;
 mod domain;
+mod screen;
 
 use std::ffi::OsString;
 use std::io::{self, Write};

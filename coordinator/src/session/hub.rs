@@ -355,13 +355,13 @@ impl Hub {
             }
             Err(error) => {
                 // The CLI is gone, or the session broke: its process must
-                // not outlive it. Kill it inside the sandbox, then its
-                // `runsc exec`.
+                // not outlive it. End its session inside the sandbox, then
+                // its `runsc exec`.
                 Signaller {
                     supervisor: &self.supervisor,
                     session_id,
                 }
-                .send(ExecSignal::Kill);
+                .send(ExecSignal::Hangup);
                 if !wait_exited(inbox, wake) {
                     let _ = pidfd_send_signal(&process, Signal::KILL);
                 }
@@ -436,6 +436,12 @@ impl SessionIo {
             let [input, output]: [OwnedFd; 2] = passed.try_into().map_err(|_| {
                 std::io::Error::other("a direct session must pass standard input and output")
             })?;
+            if !super::donatable(input.as_fd()) || !super::donatable(output.as_fd()) {
+                return Err(std::io::Error::other(
+                    "a direct session may pass only pipes or /dev/null; \
+                     a terminal, socket or file must be relayed",
+                ));
+            }
             return Ok(Self::Pipes {
                 input: None,
                 output: None,
