@@ -14,6 +14,7 @@ pub mod image;
 pub mod lifecycle;
 pub mod network;
 pub mod process;
+pub mod programs;
 pub mod session;
 pub mod store;
 mod sys;

@@ -10,7 +10,6 @@
 //! trusts nothing slirp4netns prints beyond showing it to the user.
 
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
-use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -20,7 +19,7 @@ use rustix::event::{PollFd, PollFlags, Timespec, poll};
 use rustix::fs::{Mode, OFlags};
 
 use crate::config::EffectiveNetworkPolicy;
-use crate::process::{HeldProcess, host_program, kill_and_wait, pidfd_of_child, wait_exit};
+use crate::process::{HeldProcess, kill_and_wait, pidfd_of_child, wait_exit};
 use crate::sys::spawn_inheriting;
 
 /// How long slirp4netns may take to attach.
@@ -59,14 +58,6 @@ pub fn policy_memfd(policy: &DerivedNetworkPolicy) -> Result<OwnedFd, String> {
         .map_err(|e| format!("cannot seal the policy in a memfd: {e}"))
 }
 
-/// The slirp4netns executable.
-fn slirp4netns() -> Result<PathBuf, String> {
-    host_program(
-        &["/usr/bin/slirp4netns", "/usr/local/bin/slirp4netns"],
-        "slirp4netns is not installed; install it with `apt-get install slirp4netns`",
-    )
-}
-
 /// A running slirp4netns attached to a generation's enforcement namespace.
 #[derive(Debug)]
 pub struct ConnectivityHelper {
@@ -92,7 +83,7 @@ impl ConnectivityHelper {
         log_dir: BorrowedFd<'_>,
         on_spawn: impl FnOnce(&HeldProcess) -> Result<(), String>,
     ) -> Result<Self, String> {
-        let binary = slirp4netns()?;
+        let binary = crate::programs::slirp4netns()?;
         let log: OwnedFd = rustix::fs::openat(
             log_dir,
             ".",

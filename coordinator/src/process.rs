@@ -213,13 +213,3 @@ pub fn pidfd_of_child(child: &std::process::Child) -> io::Result<OwnedFd> {
     // The child is not yet reaped, so its pid cannot name another process.
     rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()).map_err(Into::into)
 }
-
-/// The first of `candidates` that is a file: a host program found at a
-/// fixed path, never through `PATH`. `missing` says how to install it.
-pub fn host_program(candidates: &[&str], missing: &str) -> Result<std::path::PathBuf, String> {
-    candidates
-        .iter()
-        .map(std::path::PathBuf::from)
-        .find(|p| p.is_file())
-        .ok_or_else(|| missing.to_owned())
-}

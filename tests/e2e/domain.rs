@@ -4,6 +4,7 @@
 //! the coordinator is killed. Needs root (to create the test user and switch
 //! to it) and runsc; CI provides both.
 
+use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -37,6 +38,10 @@ pub fn trials() -> Vec<Trial> {
         Trial::test(
             "domain::a_bad_image_fails_cleanly",
             a_bad_image_fails_cleanly,
+        ),
+        Trial::test(
+            "domain::a_skopeo_planted_on_path_never_runs",
+            a_planted_skopeo_never_runs,
         ),
         Trial::test(
             "domain::concurrent_ups_start_one_generation",
@@ -309,6 +314,33 @@ fn a_bad_image_fails_cleanly() -> Result {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("up failed at image"), "{err}");
     assert!(host.status(&host.workspace, "p").is_none(), "nothing runs");
+    assert_nothing_left(&host);
+    Ok(())
+}
+
+/// Host programs are found at fixed paths, never through `PATH`: a
+/// `skopeo` first on the developer's `PATH` (a workspace's `.venv/bin`,
+/// which the sandbox can write) is never run for a registry image.
+fn a_planted_skopeo_never_runs() -> Result {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let host = UserHost::new();
+    host.write_config(&config("registry.invalid/lazaret/planted:1", "\"/root\""));
+    let planted = host.workspace.join(".venv/bin");
+    std::fs::create_dir_all(&planted)?;
+    let ran = host.user_dir("marks").join("planted-skopeo-ran");
+    let skopeo = planted.join("skopeo");
+    std::fs::write(
+        &skopeo,
+        format!("#!/bin/sh\ntouch {}\nexit 1\n", ran.display()),
+    )?;
+    std::fs::set_permissions(&skopeo, std::fs::Permissions::from_mode(0o755))?;
+    let path = format!("{}:/usr/sbin:/usr/bin:/sbin:/bin", planted.display());
+
+    let out = host.lazaret_with_env(&host.workspace, &["up", "p"], &[("PATH", &path)]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(!ran.exists(), "the planted skopeo ran: {}", text(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("registry.invalid"), "{err}");
     assert_nothing_left(&host);
     Ok(())
 }

@@ -138,10 +138,18 @@ fn is_unreachable(message: &str) -> bool {
     SIGNS.iter().any(|s| lower.contains(s))
 }
 
-fn skopeo(args: &[&str]) -> Command {
-    let mut command = Command::new("skopeo");
+/// skopeo at its fixed, trusted path with a cleared environment plus
+/// [`SKOPEO_ENVIRONMENT`](crate::programs::SKOPEO_ENVIRONMENT), ready for
+/// `args`.
+fn skopeo(args: &[&str]) -> Result<Command, ImageError> {
+    let path = crate::programs::skopeo()
+        .map_err(|detail| ImageError::UntrustedProgram { detail })?
+        .ok_or_else(|| ImageError::SkopeoMissing {
+            source: std::io::ErrorKind::NotFound.into(),
+        })?;
+    let mut command = crate::programs::command(&path, crate::programs::SKOPEO_ENVIRONMENT);
     command.args(args);
-    command
+    Ok(command)
 }
 
 /// Runs skopeo for at most the seconds `timeout_var` sets (else
@@ -210,7 +218,7 @@ pub fn resolve_registry(reference: &RegistryReference) -> Result<ManifestDigest,
     let shown = reference.to_string();
     let target = format!("docker://{shown}");
     let raw = run_skopeo(
-        skopeo(&["inspect", "--retry-times", "0", "--raw", &target]),
+        skopeo(&["inspect", "--retry-times", "0", "--raw", &target])?,
         (PROBE_TIMEOUT_VAR, 60),
         &shown,
     )?;
@@ -244,7 +252,7 @@ pub fn copy_with_skopeo(
 ) -> Result<(), ImageError> {
     let dest = format!("oci:{}:{tag}", destination.display());
     run_skopeo(
-        skopeo(&["copy", "--quiet", "--retry-times", "0", source, &dest]),
+        skopeo(&["copy", "--quiet", "--retry-times", "0", source, &dest])?,
         (COPY_TIMEOUT_VAR, 3600),
         shown,
     )

@@ -216,6 +216,12 @@ pub enum ImageError {
         #[source]
         source: io::Error,
     },
+    /// A host program is there but could be replaced by someone else.
+    #[error("{detail}")]
+    UntrustedProgram {
+        /// Which file or directory, and how to fix it.
+        detail: String,
+    },
     /// No registry could be reached.
     #[error(
         "no registry is reachable for {reference} ({detail}); this machine may be offline. Build a local image instead (packaging/build-busybox-image.sh DIR TAG) and set `image = \"oci:DIR:TAG\"` in the profile"

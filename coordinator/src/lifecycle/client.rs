@@ -16,7 +16,7 @@ use lazaret_proto::control::{ControlRequest, ControlResponse, StartupEvent};
 use rustix::fs::{FlockOperation, Mode, OFlags};
 
 use super::DomainPaths;
-use super::daemon::role_binary;
+use crate::programs::role_binary;
 
 /// Why a lifecycle request failed.
 #[derive(Debug, thiserror::Error)]

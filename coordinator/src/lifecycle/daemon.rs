@@ -643,25 +643,27 @@ pub(super) fn participant(
     }
 }
 
-/// The executable of a sibling role binary: beside this one, or in the
-/// installed libexec directory; never looked up through `PATH`.
-pub fn role_binary(name: &str) -> Result<PathBuf, String> {
-    let exe = std::env::current_exe().map_err(|e| format!("cannot locate this executable: {e}"))?;
-    let dir = exe.parent().unwrap_or(Path::new("/"));
-    let candidates = [dir.join(name), dir.join("../libexec/lazaret").join(name)];
-    candidates
+/// Refuses a host program `up` runs (its own role binaries, runsc,
+/// slirp4netns, skopeo) that lies beneath the workspace or a volume.
+fn programs_outside_the_sandbox(auth: &crate::config::ConfinedAuthorities) -> Result<(), String> {
+    let mut writable = vec![auth.workspace.label()];
+    writable.extend(auth.volumes.iter().map(|v| v.plan.canonical_label()));
+    let roles = [
+        "lazaret-coordinator",
+        "lazaret-supervisor",
+        "lazaret-router",
+        "lazaret-netsidecar",
+    ];
+    let mut programs = roles
         .iter()
-        .find(|p| p.is_file())
-        .cloned()
-        .ok_or_else(|| format!("{name} is not installed beside {}", exe.display()))
-}
-
-/// The gVisor runtime.
-fn runsc() -> Result<PathBuf, String> {
-    crate::process::host_program(
-        &["/usr/local/bin/runsc", "/usr/bin/runsc"],
-        "runsc (gVisor) is not installed; install it with `apt-get install runsc`",
-    )
+        .map(|name| crate::programs::role_binary(name))
+        .collect::<Result<Vec<_>, _>>()?;
+    programs.push(crate::programs::runsc()?);
+    programs.push(crate::programs::slirp4netns()?);
+    programs.extend(crate::programs::skopeo()?);
+    programs
+        .iter()
+        .try_for_each(|program| crate::programs::outside(program, &writable))
 }
 
 fn bring_up(
@@ -685,8 +687,14 @@ fn bring_up(
         message,
         invalid_configuration: true,
     })?;
-    // So do the workspace's git rules.
+    // So do the workspace's git rules, and a host program the sandbox
+    // could replace.
     let rules = super::workspace::take_rules(reporter, resolved)?;
+    programs_outside_the_sandbox(auth).map_err(|message| Failure {
+        step: StartupStep::Configuration,
+        message,
+        invalid_configuration: true,
+    })?;
 
     // The image, leased for this generation.
     reporter.progress(
@@ -781,8 +789,9 @@ fn bring_up(
     // The Runtime Supervisor.
     reporter.progress(StartupStep::Sandbox, "starting the Runtime Supervisor");
     let sandbox_failure = |message: String| failure(StartupStep::Sandbox, message);
-    let supervisor_path = role_binary("lazaret-supervisor").map_err(sandbox_failure)?;
-    let runsc = runsc().map_err(sandbox_failure)?;
+    let supervisor_path =
+        crate::programs::role_binary("lazaret-supervisor").map_err(sandbox_failure)?;
+    let runsc = crate::programs::runsc().map_err(sandbox_failure)?;
     let container_id = ContainerId(session::random_bytes());
     let mut helper = participant(
         generation,

@@ -1,0 +1,248 @@
+//! The host programs Lazaret runs — `runsc`, `slirp4netns`, `skopeo` and
+//! its own role binaries — and how they are found and started.
+//!
+//! Each is found at a fixed path, never through `PATH` (a workspace's
+//! `.venv/bin` on the developer's `PATH` would let the sandbox plant one),
+//! and trusted only when no one but root and the invoking user can replace
+//! it: the file and every directory above it owned by root or the user and
+//! not writable by group or others (a sticky directory such as `/tmp`
+//! excepted, whose entries only their owners may replace), the file
+//! executable by the user. A program beneath the workspace or a volume,
+//! which the sandbox can write, is refused at `up`. Each starts with a
+//! cleared environment plus the variables its allow-list names. Trusts the
+//! kernel's answers about the files, nothing else.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use rustix::fs::{Access, AtFlags, CWD, FileType, Mode};
+
+/// Where a package puts each host program, in the order tried.
+const RUNSC: &[&str] = &["/usr/local/bin/runsc", "/usr/bin/runsc"];
+const SLIRP4NETNS: &[&str] = &["/usr/local/bin/slirp4netns", "/usr/bin/slirp4netns"];
+const SKOPEO: &[&str] = &["/usr/local/bin/skopeo", "/usr/bin/skopeo"];
+
+/// What skopeo may see of the coordinator's environment: where its
+/// registry credentials and configuration are, temporary space, proxies.
+pub const SKOPEO_ENVIRONMENT: &[&str] = &[
+    "HOME",
+    "XDG_RUNTIME_DIR",
+    "XDG_CONFIG_HOME",
+    "TMPDIR",
+    "REGISTRY_AUTH_FILE",
+    "CONTAINERS_REGISTRIES_CONF",
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "NO_PROXY",
+    "http_proxy",
+    "https_proxy",
+    "no_proxy",
+];
+
+/// The gVisor runtime.
+pub fn runsc() -> Result<PathBuf, String> {
+    host_program(
+        RUNSC,
+        "runsc (gVisor) is not installed; install it with `apt-get install runsc`",
+    )
+}
+
+/// The user-mode network stack between the sandbox and the host.
+pub fn slirp4netns() -> Result<PathBuf, String> {
+    host_program(
+        SLIRP4NETNS,
+        "slirp4netns is not installed; install it with `apt-get install slirp4netns`",
+    )
+}
+
+/// The registry client, or `None` when it is not installed; an error when
+/// it is there but not trusted.
+pub fn skopeo() -> Result<Option<PathBuf>, String> {
+    match SKOPEO.iter().find(|p| exists(Path::new(p))) {
+        Some(path) => trusted(Path::new(path)).map(Some),
+        None => Ok(None),
+    }
+}
+
+/// The first of `candidates` that exists, once [`trusted`]; `missing` says
+/// how to install it when none does.
+fn host_program(candidates: &[&str], missing: &str) -> Result<PathBuf, String> {
+    let found = candidates
+        .iter()
+        .map(Path::new)
+        .find(|p| exists(p))
+        .ok_or_else(|| missing.to_owned())?;
+    trusted(found)
+}
+
+/// The executable of a sibling role binary: beside this one, or in the
+/// installed libexec directory, once [`trusted`].
+pub fn role_binary(name: &str) -> Result<PathBuf, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("cannot locate this executable: {e}"))?;
+    let dir = exe.parent().unwrap_or(Path::new("/"));
+    let candidates = [dir.join(name), dir.join("../libexec/lazaret").join(name)];
+    let found = candidates
+        .iter()
+        .find(|p| p.is_file())
+        .ok_or_else(|| format!("{name} is not installed beside {}", exe.display()))?;
+    trusted(found)
+}
+
+fn exists(path: &Path) -> bool {
+    rustix::fs::lstat(path).is_ok()
+}
+
+/// `path`, resolved, when no one but root and the invoking user can
+/// replace what it names: the file and every directory above it owned by
+/// one of them and not writable by group or others (a sticky directory
+/// excepted), the file a regular file the user may execute.
+pub fn trusted(path: &Path) -> Result<PathBuf, String> {
+    let uid = rustix::process::getuid().as_raw();
+    let canonical = std::fs::canonicalize(path)
+        .map_err(|e| format!("cannot resolve {}: {e}", path.display()))?;
+    let shown = canonical.display();
+    let stat = rustix::fs::stat(&canonical).map_err(|e| format!("cannot stat {shown}: {e}"))?;
+    if FileType::from_raw_mode(stat.st_mode) != FileType::RegularFile {
+        return Err(format!("{shown} is not a regular file"));
+    }
+    check_owner_and_mode(&canonical, &stat, uid)?;
+    rustix::fs::accessat(CWD, &canonical, Access::EXEC_OK, AtFlags::EACCESS)
+        .map_err(|_| format!("{shown} is not executable by you"))?;
+    for dir in canonical.ancestors().skip(1) {
+        let stat =
+            rustix::fs::stat(dir).map_err(|e| format!("cannot stat {}: {e}", dir.display()))?;
+        let sticky = Mode::from_raw_mode(stat.st_mode).contains(Mode::SVTX);
+        if !sticky {
+            check_owner_and_mode(dir, &stat, uid).map_err(|e| {
+                format!("{shown} is not trusted, since another user could replace it: {e}")
+            })?;
+        }
+    }
+    Ok(canonical)
+}
+
+fn check_owner_and_mode(path: &Path, stat: &rustix::fs::Stat, uid: u32) -> Result<(), String> {
+    let shown = path.display();
+    if stat.st_uid != 0 && stat.st_uid != uid {
+        return Err(format!(
+            "{shown} is owned by uid {}; Lazaret runs only programs that you (uid {uid}) or \
+             root own, in directories you or root own",
+            stat.st_uid
+        ));
+    }
+    let mode = stat.st_mode & 0o7777;
+    if mode & 0o022 != 0 {
+        return Err(format!(
+            "{shown} is writable by its group or others (mode {mode:04o}); run `chmod go-w {shown}`"
+        ));
+    }
+    Ok(())
+}
+
+/// Refuses `program` when it lies beneath one of `writable` (the
+/// workspace, the volumes' sources): the sandbox could replace it.
+pub fn outside(program: &Path, writable: &[&Path]) -> Result<(), String> {
+    match writable.iter().find(|root| program.starts_with(root)) {
+        None => Ok(()),
+        Some(root) => Err(format!(
+            "{} is beneath {}, which the sandbox can write; Lazaret will not run a program \
+             the sandbox could replace: install Lazaret and its helpers outside the workspace \
+             and the volumes",
+            program.display(),
+            root.display()
+        )),
+    }
+}
+
+/// A command for `program` with a cleared environment plus those of
+/// `allowed` that are set here.
+pub fn command(program: &Path, allowed: &[&str]) -> Command {
+    let mut command = Command::new(program);
+    command.env_clear();
+    for name in allowed {
+        if let Some(value) = std::env::var_os(name) {
+            command.env(name, value);
+        }
+    }
+    command
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+    use std::path::Path;
+
+    use super::{outside, trusted};
+
+    fn chmod(path: &Path, mode: u32) {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+
+    #[test]
+    fn only_programs_no_one_else_can_replace_are_trusted() {
+        let scratch = tempfile::tempdir().unwrap();
+        let dir = scratch.path().join("bin");
+        std::fs::create_dir(&dir).unwrap();
+        chmod(&dir, 0o755);
+        let program = dir.join("helper");
+        std::fs::write(&program, "#!/bin/sh\n").unwrap();
+        chmod(&program, 0o755);
+        let canonical = std::fs::canonicalize(&program).unwrap();
+        assert_eq!(trusted(&program), Ok(canonical.clone()));
+        // Through a link, the file it names is checked and returned.
+        let link = scratch.path().join("link");
+        std::os::unix::fs::symlink(&program, &link).unwrap();
+        assert_eq!(trusted(&link), Ok(canonical));
+
+        chmod(&program, 0o775);
+        assert!(trusted(&program).unwrap_err().contains("chmod go-w"));
+        chmod(&program, 0o644);
+        assert!(trusted(&program).unwrap_err().contains("not executable"));
+        chmod(&program, 0o755);
+
+        // A directory above it that others may write, unless sticky.
+        chmod(&dir, 0o777);
+        let refused = trusted(&program).unwrap_err();
+        assert!(
+            refused.contains("another user could replace it"),
+            "{refused}"
+        );
+        chmod(&dir, 0o1777);
+        assert!(trusted(&program).is_ok());
+        chmod(&dir, 0o755);
+
+        if rustix::process::geteuid().is_root() {
+            let other = Some(12_345);
+            std::os::unix::fs::chown(&program, other, None).unwrap();
+            assert!(
+                trusted(&program)
+                    .unwrap_err()
+                    .contains("owned by uid 12345")
+            );
+            std::os::unix::fs::chown(&program, Some(0), None).unwrap();
+            std::os::unix::fs::chown(&dir, other, None).unwrap();
+            assert!(
+                trusted(&program)
+                    .unwrap_err()
+                    .contains("owned by uid 12345")
+            );
+        }
+        assert!(trusted(&dir.join("missing")).is_err());
+        assert!(trusted(&dir).unwrap_err().contains("not a regular file"));
+    }
+
+    #[test]
+    fn programs_the_sandbox_can_write_are_refused() {
+        let program = Path::new("/home/dev/project/target/release/lazaret-supervisor");
+        for root in ["/home/dev/project", "/home/dev/project/target", "/"] {
+            let refused = outside(program, &[Path::new("/srv/volume"), Path::new(root)]);
+            assert!(
+                refused.unwrap_err().contains("the sandbox can write"),
+                "{root}"
+            );
+        }
+        for root in ["/home/dev/proj", "/home/dev/project/src", "/srv"] {
+            assert_eq!(outside(program, &[Path::new(root)]), Ok(()), "{root}");
+        }
+    }
+}
