@@ -1,7 +1,10 @@
 //! The generation's network, from the Host Coordinator's side.
 //!
-//! Owns two things: deriving the [`DerivedNetworkPolicy`] once from the
-//! resolved configuration (and sealing it in a memfd for the sidecar); and
+//! Owns three things: the platform's denials, special-purpose IPv4 ranges
+//! and the host's own addresses that no profile reaches (read over netlink
+//! at `up`); deriving the [`DerivedNetworkPolicy`] once from the resolved
+//! configuration and those denials (and sealing it in a memfd for the
+//! sidecar); and
 //! the connectivity helper, `slirp4netns`, which the
 //! coordinator starts on the host, attached to the Domain's enforcement
 //! namespace through descriptors the supervisor sent, and holds by pidfd
@@ -9,6 +12,7 @@
 //! namespace descriptors (the supervisor proved their identities); it
 //! trusts nothing slirp4netns prints beyond showing it to the user.
 
+use std::net::{IpAddr, Ipv4Addr};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -25,17 +29,131 @@ use crate::sys::spawn_inheriting;
 /// How long slirp4netns may take to attach.
 const READY_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// The special-purpose IPv4 ranges the platform denies whatever a profile
+/// allows (`allow_egress = ["0.0.0.0/0"]` included), with what each is:
+/// only a strictly longer allow reaches into one. Loopback (127.0.0.0/8)
+/// is not among them: it never leaves the sandbox's own namespace.
+pub const SPECIAL_PURPOSE: [([u8; 4], u8, &str); 7] = [
+    ([0, 0, 0, 0], 8, "this network"),
+    (
+        [100, 64, 0, 0],
+        10,
+        "shared address space (carrier-grade NAT, Tailscale)",
+    ),
+    (
+        [169, 254, 0, 0],
+        16,
+        "link-local, cloud metadata at 169.254.169.254",
+    ),
+    ([192, 0, 0, 0], 24, "IETF protocol assignments"),
+    ([224, 0, 0, 0], 4, "multicast"),
+    ([240, 0, 0, 0], 4, "reserved"),
+    ([255, 255, 255, 255], 32, "limited broadcast"),
+];
+
+/// The platform's denials for a host with `host_addresses`: the special
+/// ranges and each host address as a /32 (but loopback, which the special
+/// ranges leave to the namespace, and slirp4netns's resolver, whose own
+/// route must stay), sorted.
+pub fn platform_deny(host_addresses: &[Ipv4Addr]) -> Vec<IpPrefix> {
+    let special = SPECIAL_PURPOSE
+        .iter()
+        .filter_map(|&(octets, len, _)| IpPrefix::ipv4(octets, len));
+    let hosts = host_addresses
+        .iter()
+        .filter(|a| !a.is_loopback() && **a != ConnectivityLink::SLIRP4NETNS_RESOLVER)
+        .map(|a| IpPrefix::host(IpAddr::V4(*a)));
+    let mut prefixes: Vec<IpPrefix> = special.chain(hosts).collect();
+    prefixes.sort();
+    prefixes.dedup();
+    prefixes
+}
+
+/// The host's own IPv4 addresses, from an `RTM_GETADDR` dump of the
+/// network namespace this process runs in.
+pub fn host_addresses() -> Result<Vec<Ipv4Addr>, String> {
+    use futures_util::TryStreamExt;
+    use rtnetlink::packet_route::address::AddressAttribute;
+    let failed = |e: &dyn std::fmt::Display| format!("cannot read the host's addresses: {e}");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .build()
+        .map_err(|e| failed(&e))?;
+    runtime.block_on(async {
+        let (connection, handle, _) = rtnetlink::new_connection().map_err(|e| failed(&e))?;
+        tokio::spawn(connection);
+        let messages: Vec<_> = handle
+            .address()
+            .get()
+            .execute()
+            .try_collect()
+            .await
+            .map_err(|e| failed(&e))?;
+        let mut addresses: Vec<Ipv4Addr> = messages
+            .iter()
+            .flat_map(|m| &m.attributes)
+            .filter_map(|a| match a {
+                AddressAttribute::Address(IpAddr::V4(a))
+                | AddressAttribute::Local(IpAddr::V4(a)) => Some(*a),
+                _ => None,
+            })
+            .collect();
+        addresses.sort();
+        addresses.dedup();
+        Ok(addresses)
+    })
+}
+
+/// The network a generation gets: its policy, and which of its denials are
+/// the platform's.
+#[derive(Debug)]
+pub struct PlannedNetwork {
+    /// The policy to install.
+    pub policy: DerivedNetworkPolicy,
+    /// The platform's denials in it ([`platform_deny`]).
+    pub platform_deny: Vec<IpPrefix>,
+}
+
+impl PlannedNetwork {
+    /// The policy `up` installs on a host with `host_addresses`: the
+    /// configuration's, with the platform's denials.
+    pub fn new(
+        network: &EffectiveNetworkPolicy,
+        host_addresses: &[Ipv4Addr],
+    ) -> Result<Self, String> {
+        let platform_deny = platform_deny(host_addresses);
+        let policy = derive_policy(network, &platform_deny)?;
+        Ok(Self {
+            policy,
+            platform_deny,
+        })
+    }
+}
+
 /// The policy of a generation: the effective allow and deny prefixes (deny
-/// holds RFC 1918), slirp4netns's DNS forwarder as the one resolver, IPv4
-/// only, unlisted destinations denied. Refused when it cannot be installed
-/// as written.
-pub fn derive_policy(network: &EffectiveNetworkPolicy) -> Result<DerivedNetworkPolicy, String> {
+/// holds RFC 1918) and the platform's denials, slirp4netns's DNS forwarder
+/// as the one resolver, IPv4 only, unlisted destinations denied. An allow
+/// naming exactly a platform-denied network gives way to the denial (only a
+/// longer one reaches into it). Refused when it cannot be installed as
+/// written.
+pub fn derive_policy(
+    network: &EffectiveNetworkPolicy,
+    platform: &[IpPrefix],
+) -> Result<DerivedNetworkPolicy, String> {
     let prefix = |p: &lazaret_proto::config::Ipv4Prefix| {
         IpPrefix::ipv4(p.network(), p.prefix_len()).expect("a configuration prefix is normalized")
     };
     let policy = DerivedNetworkPolicy::ipv4_only(
-        network.allow.iter().map(prefix),
-        network.deny.iter().map(prefix),
+        network
+            .allow
+            .iter()
+            .map(prefix)
+            .filter(|allowed| !platform.contains(allowed)),
+        network
+            .deny
+            .iter()
+            .map(prefix)
+            .chain(platform.iter().copied()),
         [ConnectivityLink::SLIRP4NETNS_RESOLVER],
     );
     policy.validate().map_err(|e| {
@@ -235,10 +353,13 @@ mod tests {
     fn the_policy_holds_the_configuration_and_the_resolver() {
         let mut deny = RFC1918.to_vec();
         deny.push(prefix("198.18.0.0/24"));
-        let policy = derive_policy(&EffectiveNetworkPolicy {
-            allow: vec![prefix("198.18.0.10/32"), prefix("10.222.0.0/16")],
-            deny,
-        })
+        let policy = derive_policy(
+            &EffectiveNetworkPolicy {
+                allow: vec![prefix("198.18.0.10/32"), prefix("10.222.0.0/16")],
+                deny,
+            },
+            &[],
+        )
         .unwrap();
         let at = |a: [u8; 4]| policy.action_for(IpAddr::from(a));
         assert_eq!(at([198, 18, 0, 10]), PolicyAction::Allow);
@@ -254,11 +375,85 @@ mod tests {
     fn a_prefix_naming_the_resolver_is_refused_with_its_name() {
         let mut deny = RFC1918.to_vec();
         deny.push(prefix("10.0.2.3/32"));
-        let error = derive_policy(&EffectiveNetworkPolicy {
-            allow: vec![],
-            deny,
-        })
+        let error = derive_policy(
+            &EffectiveNetworkPolicy {
+                allow: vec![],
+                deny,
+            },
+            &[],
+        )
         .unwrap_err();
         assert!(error.contains("10.0.2.3/32"), "{error}");
+    }
+
+    #[test]
+    fn the_platform_denies_special_ranges_and_host_addresses_under_any_allow() {
+        let host = [
+            [192, 0, 2, 7],
+            [127, 0, 0, 1],
+            [10, 0, 2, 3],
+            [203, 0, 113, 9],
+        ]
+        .map(Ipv4Addr::from);
+        let planned = PlannedNetwork::new(
+            &EffectiveNetworkPolicy {
+                allow: vec![
+                    prefix("0.0.0.0/0"),
+                    // Exactly a platform range: the denial stands.
+                    prefix("100.64.0.0/10"),
+                    // Strictly longer: reaches into it.
+                    prefix("169.254.10.0/24"),
+                ],
+                deny: RFC1918.to_vec(),
+            },
+            &host,
+        )
+        .unwrap();
+        let at = |a: [u8; 4]| planned.policy.action_for(IpAddr::from(a));
+        for denied in [
+            [169, 254, 169, 254],
+            [100, 100, 100, 200],
+            [224, 0, 0, 251],
+            [239, 255, 255, 250],
+            [255, 255, 255, 255],
+            [240, 0, 0, 1],
+            [0, 0, 0, 1],
+            [192, 0, 0, 170],
+            [192, 0, 2, 7],
+            [203, 0, 113, 9],
+            [10, 1, 2, 3],
+        ] {
+            assert_eq!(at(denied), PolicyAction::Deny, "{denied:?}");
+        }
+        for allowed in [
+            [1, 1, 1, 1],
+            [169, 254, 10, 5],
+            [192, 0, 2, 8],
+            [10, 0, 2, 3],
+        ] {
+            assert_eq!(at(allowed), PolicyAction::Allow, "{allowed:?}");
+        }
+        // Loopback and the resolver are never among the platform's /32s.
+        let shown: Vec<String> = planned
+            .platform_deny
+            .iter()
+            .map(|p| format!("{}/{}", p.address, p.prefix_len))
+            .collect();
+        assert!(shown.contains(&"192.0.2.7/32".to_owned()), "{shown:?}");
+        assert!(
+            !shown
+                .iter()
+                .any(|p| p.starts_with("127.") || p == "10.0.2.3/32"),
+            "{shown:?}"
+        );
+    }
+
+    #[test]
+    fn the_host_addresses_are_read() {
+        let addresses = host_addresses().unwrap();
+        assert!(
+            addresses.contains(&Ipv4Addr::LOCALHOST),
+            "loopback is among {addresses:?}"
+        );
     }
 }

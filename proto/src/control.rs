@@ -15,7 +15,7 @@ use crate::config::ConfigurationFingerprintRecordV1;
 use crate::ids::{
     ConfigurationFingerprint, ContainerId, DomainId, GenerationId, ManifestDigest, SessionId,
 };
-use crate::network::{DerivedNetworkPolicy, NetworkReadinessAttestation};
+use crate::network::{DerivedNetworkPolicy, IpPrefix, NetworkReadinessAttestation};
 use crate::process::PidfsProcessIdentityV1;
 use crate::router::RoutingSummary;
 use crate::store::GenerationState;
@@ -219,6 +219,9 @@ pub struct NetworkStatus {
     /// The policy installed in the enforcement namespace (its digest is
     /// the attestation's `derived_policy_digest`).
     pub policy: DerivedNetworkPolicy,
+    /// The platform's denials among the policy's deny rules: special-purpose
+    /// ranges and the host's own addresses, whatever the profile allows.
+    pub platform_deny: Vec<IpPrefix>,
     /// The accepted readiness attestation.
     pub attestation: NetworkReadinessAttestation,
     /// The connectivity helper (slirp4netns).

@@ -37,6 +37,10 @@ pub fn trials() -> Vec<Trial> {
             helper_cannot_start,
         ),
         Trial::test("network::a_dead_helper_ends_the_generation", dead_helper),
+        Trial::test(
+            "network::special_ranges_and_host_addresses_stay_denied_under_allow_all",
+            platform_deny,
+        ),
     ]
     .into_iter()
     .map(|t| t.with_ignored_flag(!runnable))
@@ -259,6 +263,77 @@ fn policy_holds() -> Result {
         !namespace_alive(inode),
         "the enforcement namespace outlived down"
     );
+    Ok(())
+}
+
+/// With `allow_egress = ["0.0.0.0/0"]`, what agents are given, the cloud
+/// metadata address, carrier-grade NAT (Tailscale), multicast, broadcast
+/// and the host's own addresses are still unreachable: the platform denies
+/// them, and `config check` and `status` list them apart from the
+/// profile's denials.
+fn platform_deny() -> Result {
+    let (_serial, host) = crate::domain::host_with_config(&format!(
+        "schema = \"lazaret-trusted-host-config-v1\"\n\
+         [profiles.p]\nimage = \"{}\"\npersistent_dirs = []\n\
+         allow_egress = [\"0.0.0.0/0\"]\n",
+        busybox_image()
+    ));
+    let ws = host.workspace.clone();
+    let check = host.lazaret(&ws, &["config", "check", "p", "--json"]);
+    assert!(check.status.success(), "{}", text(&check));
+    let check: Value = serde_json::from_slice(&check.stdout)?;
+    let listed = |value: &Value| -> Vec<String> {
+        value
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|v| v.as_str().map(str::to_owned))
+            .collect()
+    };
+    let platform = listed(&check["platform_deny"]);
+    for range in [
+        "169.254.0.0/16",
+        "100.64.0.0/10",
+        "224.0.0.0/4",
+        "255.255.255.255/32",
+    ] {
+        assert!(
+            platform.iter().any(|p| p == range),
+            "{range} in {platform:?}"
+        );
+    }
+    assert_eq!(
+        listed(&check["effective_deny"]),
+        ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"],
+        "the configuration's own denials are unchanged"
+    );
+    let host_address = platform
+        .iter()
+        .find(|p| p.ends_with("/32") && *p != "255.255.255.255/32")
+        .and_then(|p| p.strip_suffix("/32"))
+        .ok_or(format!("no host address among {platform:?}"))?
+        .to_owned();
+
+    let probe_copy = ws.join("netprobe");
+    std::fs::copy(netprobe(), &probe_copy)?;
+    std::fs::set_permissions(&probe_copy, std::fs::Permissions::from_mode(0o755))?;
+    let out = host.lazaret(&ws, &["up", "p"]);
+    if !out.status.success() {
+        return Err(format!("up failed: {}", text(&out)).into());
+    }
+    let status: Value = host.status(&ws, "p").ok_or("no status after up")?;
+    assert_eq!(listed(&status["network"]["platform_deny"]), platform);
+    for target in [
+        "169.254.169.254:80",
+        "100.100.100.200:80",
+        "224.0.0.251:5353",
+        "255.255.255.255:9",
+        &format!("{host_address}:{PORT}"),
+    ] {
+        unreachable(&host, target, &["EHOSTUNREACH"])?;
+    }
+    down(&host, &ws)?;
+    assert_nothing_left(&host);
     Ok(())
 }
 

@@ -296,13 +296,15 @@ fn status_json(status: &DomainStatus) -> Value {
 
 fn network_json(network: &NetworkStatus) -> Value {
     let a = &network.attestation;
+    let shown = |p: &lazaret_proto::network::IpPrefix| format!("{}/{}", p.address, p.prefix_len);
+    // The profile's rules; the platform's denials are listed apart.
     let prefixes = |action| {
         network
             .policy
             .prefix_rules
             .iter()
-            .filter(|r| r.action == action)
-            .map(|r| format!("{}/{}", r.network.address, r.network.prefix_len))
+            .filter(|r| r.action == action && !network.platform_deny.contains(&r.network))
+            .map(|r| shown(&r.network))
             .collect::<Vec<_>>()
     };
     let dns_outcome = |o: &DnsOutcome| match o {
@@ -316,6 +318,7 @@ fn network_json(network: &NetworkStatus) -> Value {
         "readiness_fingerprint": a.readiness_identity().fingerprint().map(|d| d.to_hex()).unwrap_or_default(),
         "allow": prefixes(PolicyAction::Allow),
         "deny": prefixes(PolicyAction::Deny),
+        "platform_deny": network.platform_deny.iter().map(shown).collect::<Vec<_>>(),
         "unlisted": "unreachable",
         "ipv6": "disabled",
         "resolvers": network.policy.resolvers.iter().map(|r| r.address.to_string()).collect::<Vec<_>>(),
@@ -387,6 +390,7 @@ fn status_text(status: &DomainStatus) -> String {
          {permitted} permitted destinations probed (policy {policy})\n\
          \x20   allow          {allow}\n\
          \x20   deny           {deny}; anything unlisted; IPv6\n\
+         \x20   platform deny  {platform}\n\
          \x20   egress         slirp4netns pid {helper}, host loopback disabled\n\
          \x20   dns            {dns}\n",
         routing = routing_text(status),
@@ -399,6 +403,7 @@ fn status_text(status: &DomainStatus) -> String {
         policy = &status.network.attestation.derived_policy_digest.to_hex()[..16],
         allow = join_or_none(&v["network"]["allow"]),
         deny = join_or_none(&v["network"]["deny"]),
+        platform = join_or_none(&v["network"]["platform_deny"]),
         helper = status.network.connectivity_helper.host_pid,
         dns = v["network"]["dns"]
             .as_array()

@@ -182,8 +182,14 @@ fn config_check(globals: &Globals, profile: &str, as_json: bool) -> Result<(), F
         message: format!("invalid configuration: {message}"),
         status: EXIT_INVALID,
     };
-    let policy = crate::network::derive_policy(resolved.network()).map_err(invalid)?;
-    let policy_digest = policy.digest().map_err(|e| invalid(e.to_string()))?;
+    let host_addresses =
+        crate::network::host_addresses().map_err(|message| Failure { message, status: 1 })?;
+    let planned = crate::network::PlannedNetwork::new(resolved.network(), &host_addresses)
+        .map_err(invalid)?;
+    let policy_digest = planned
+        .policy
+        .digest()
+        .map_err(|e| invalid(e.to_string()))?;
     let record = resolved.record();
     let auth = resolved.authorities();
     let label = |dir: &config::RetainedDir| dir.label().display().to_string();
@@ -224,6 +230,11 @@ fn config_check(globals: &Globals, profile: &str, as_json: bool) -> Result<(), F
     let cidrs = |set: &[lazaret_proto::config::Ipv4Prefix]| -> Vec<String> {
         set.iter().map(ToString::to_string).collect()
     };
+    let prefixes = |set: &[lazaret_proto::network::IpPrefix]| -> Vec<String> {
+        set.iter()
+            .map(|p| format!("{}/{}", p.address, p.prefix_len))
+            .collect()
+    };
     let report = json!({
         "profile": resolved.profile().as_str(),
         "config": auth.config_file.canonical_label().display().to_string(),
@@ -240,6 +251,7 @@ fn config_check(globals: &Globals, profile: &str, as_json: bool) -> Result<(), F
         "env": env,
         "effective_allow": cidrs(&resolved.network().allow),
         "effective_deny": cidrs(&resolved.network().deny),
+        "platform_deny": prefixes(&planned.platform_deny),
         "network_policy_digest": policy_digest.to_hex(),
         "escalation": {
             "enabled": record.escalation_enabled,
@@ -315,6 +327,7 @@ fn human_report(report: &serde_json::Value) -> String {
     }
     row("egress allow", list(&report["effective_allow"]));
     row("egress deny", list(&report["effective_deny"]));
+    row("platform deny", list(&report["platform_deny"]));
     let escalation = &report["escalation"];
     row(
         "escalation",

@@ -59,7 +59,7 @@ use crate::catalog::{PreparedLower, StorageCatalog};
 use crate::config::{self, HostEnvironment, LoadRequest, ResolvedDomainConfiguration, RetainedDir};
 use crate::image::fsops::open_beneath;
 use crate::image::parse_reference;
-use crate::network::{ConnectivityHelper, derive_policy};
+use crate::network::{ConnectivityHelper, PlannedNetwork};
 use crate::process::{HeldProcess, kill_and_wait, pidfd_of_child, readable, wait_exit};
 use crate::session;
 use crate::session::hub::Hub;
@@ -682,11 +682,17 @@ fn bring_up(
     };
     // The policy first: one that cannot be installed stops `up` before
     // anything starts.
-    let policy = derive_policy(resolved.network()).map_err(|message| Failure {
+    let host_addresses = crate::network::host_addresses().map_err(|message| Failure {
         step: StartupStep::Network,
         message,
-        invalid_configuration: true,
+        invalid_configuration: false,
     })?;
+    let planned =
+        PlannedNetwork::new(resolved.network(), &host_addresses).map_err(|message| Failure {
+            step: StartupStep::Network,
+            message,
+            invalid_configuration: true,
+        })?;
     // So do the workspace's git rules, and a host program the sandbox
     // could replace.
     let rules = super::workspace::take_rules(reporter, resolved)?;
@@ -871,7 +877,7 @@ fn bring_up(
             container_id,
         },
         generation,
-        &policy,
+        &planned.policy,
     )?;
     let namespaces = await_namespaces(supervisor)?;
     holder_record.state = ParticipantState::Active;
@@ -892,7 +898,7 @@ fn bring_up(
         resolved,
         supervisor,
         &namespaces,
-        policy,
+        planned,
         &generation_dir,
         &mut starting.helper,
     )?;

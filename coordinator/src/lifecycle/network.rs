@@ -16,10 +16,12 @@ use std::sync::Arc;
 
 use lazaret_proto::channel::Received;
 use lazaret_proto::control::{NetworkStatus, StartupStep};
+
+use crate::network::PlannedNetwork;
 use lazaret_proto::ids::NetworkSidecarId;
 use lazaret_proto::network::{
-    ConnectivityLink, DerivedNetworkPolicy, DnsOutcome, NetworkReachabilityProbe,
-    NetworkReadinessIdentity, NetworkReadinessIdentitySchemaId,
+    ConnectivityLink, DnsOutcome, NetworkReachabilityProbe, NetworkReadinessIdentity,
+    NetworkReadinessIdentitySchemaId,
 };
 use lazaret_proto::ownership::{HelperOwnership, NetworkOwnership, ParticipantOwnership};
 use lazaret_proto::process::PersistedHostProcessOwnership;
@@ -48,7 +50,7 @@ pub(super) fn attach(
     resolved: &ResolvedDomainConfiguration,
     supervisor: &Supervisor,
     namespaces: &Namespaces,
-    policy: DerivedNetworkPolicy,
+    planned: PlannedNetwork,
     generation_dir: &RetainedDir,
     helper: &mut Option<ConnectivityHelper>,
 ) -> Result<NetworkStatus, Failure> {
@@ -57,6 +59,10 @@ pub(super) fn attach(
             .put_participant(slot, &participant(generation, state, ownership))
             .map_err(|e| at(STEP)(&e))
     };
+    let PlannedNetwork {
+        policy,
+        platform_deny,
+    } = planned;
     let policy_digest = policy.digest().map_err(|e| at(STEP)(&e))?;
     let mut network = NetworkOwnership {
         derived_policy_digest: Some(policy_digest),
@@ -159,6 +165,7 @@ pub(super) fn attach(
     reporter.progress(STEP, summary(&attestation));
     Ok(NetworkStatus {
         policy,
+        platform_deny,
         attestation: *attestation,
         connectivity_helper: running.held.identity,
     })
