@@ -20,8 +20,12 @@ use serde_json::{Value, json};
 use crate::mounts::Staged;
 
 /// The capabilities of sandbox processes: what a package manager needs as
-/// root, and nothing that touches the network configuration or raw sockets.
-pub const CAPABILITIES: [&str; 13] = [
+/// root (owners, modes, setuid programs' bits, switching users, signals, low
+/// ports), and nothing else: not the network configuration or raw sockets,
+/// not device nodes (`CAP_MKNOD`; the sandbox's `/dev` is gVisor's own),
+/// file capabilities (`CAP_SETFCAP`, `CAP_SETPCAP`), `chroot` or the audit
+/// log.
+pub const CAPABILITIES: [&str; 8] = [
     "CAP_CHOWN",
     "CAP_DAC_OVERRIDE",
     "CAP_FOWNER",
@@ -29,12 +33,7 @@ pub const CAPABILITIES: [&str; 13] = [
     "CAP_KILL",
     "CAP_SETGID",
     "CAP_SETUID",
-    "CAP_SETPCAP",
-    "CAP_SETFCAP",
     "CAP_NET_BIND_SERVICE",
-    "CAP_SYS_CHROOT",
-    "CAP_AUDIT_WRITE",
-    "CAP_MKNOD",
 ];
 
 /// The `PATH` of sandbox processes.

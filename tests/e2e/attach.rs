@@ -230,6 +230,27 @@ fn commands_through_pipes() -> Result {
     assert!(sorted.status.success(), "{}", text(&sorted));
     assert_eq!(stdout(&sorted), "b\na\n", "{}", text(&sorted));
 
+    // Only the capabilities a package manager needs as root: chown,
+    // dac_override, fowner, fsetid, kill, setgid, setuid,
+    // net_bind_service.
+    let caps = run(
+        attach(
+            &host,
+            &ws,
+            &["grep", "-E", "^Cap(Eff|Prm|Bnd)", "/proc/self/status"],
+        ),
+        None,
+    )?;
+    assert_eq!(
+        stdout(&caps)
+            .lines()
+            .map(|l| l.split_whitespace().last().unwrap_or_default())
+            .collect::<Vec<_>>(),
+        ["00000000000004fb"; 3],
+        "{}",
+        text(&caps)
+    );
+
     let seven = run(attach(&host, &ws, &["sh", "-c", "exit 7"]), None)?;
     assert_eq!(seven.status.code(), Some(7), "{}", text(&seven));
 

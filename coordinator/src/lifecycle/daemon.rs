@@ -680,6 +680,19 @@ fn bring_up(
     let record = |slot: Slot, p: &Participant, step: StartupStep| {
         store.put_participant(slot, p).map_err(|e| at(step)(&e))
     };
+    // Escalation is configured but not built: refused rather than ignored.
+    if resolved.record().escalation_enabled {
+        return Err(Failure {
+            step: StartupStep::Configuration,
+            message: format!(
+                "profile `{}` sets escalation.enabled = true, but host escalation is not \
+                 built in this version of Lazaret; set enabled = false (and remove its \
+                 auto_approve rules) to start the profile",
+                resolved.profile().as_str()
+            ),
+            invalid_configuration: true,
+        });
+    }
     // The policy first: one that cannot be installed stops `up` before
     // anything starts.
     let host_addresses = crate::network::host_addresses().map_err(|message| Failure {
