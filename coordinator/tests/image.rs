@@ -978,36 +978,107 @@ fn malicious_hardlinks_are_refused() {
 }
 
 #[test]
-fn device_nodes_are_refused() {
-    assert_refused(
-        LayerBuilder::new()
-            .entry(EntryType::Char, "dev/sda", 0o600, None, b"")
-            .tar(),
-        "dev/sda",
-        "character device node (8:1)",
+fn device_nodes_and_fifos_are_skipped() {
+    let fx = Fixture::new();
+    let mut layout = fx.layout("nodes");
+    let lower_layer = LayerBuilder::new()
+        .dir("dev", 0o755)
+        .file("dev/console", 0o644, b"an earlier layer's file")
+        .tar();
+    let upper_layer = LayerBuilder::new()
+        .entry(EntryType::Char, "dev/console", 0o600, None, b"")
+        .entry(EntryType::Block, "dev/sdb", 0o600, None, b"")
+        .entry(EntryType::Fifo, "run/pipe", 0o4640, None, b"")
+        .file("etc/kept", 0o644, b"kept")
+        .tar();
+    layout.image(
+        &[(lower_layer, TAR_LAYER), (upper_layer, TAR_LAYER)],
+        "latest",
     );
-    assert_refused(
-        LayerBuilder::new()
-            .entry(EntryType::Block, "dev/sdb", 0o600, None, b"")
-            .tar(),
-        "dev/sdb",
-        "block device node",
+    let (result, events) = prepare(&fx.catalog(), &oci(&layout.dir, "latest"), domain(1), 1);
+    let lower = result.unwrap();
+    for gone in ["dev/console", "dev/sdb", "run/pipe"] {
+        assert!(
+            fs::symlink_metadata(lower.rootfs_path.join(gone)).is_err(),
+            "{gone} is neither created nor left as it was"
+        );
+    }
+    assert_eq!(
+        fs::read(lower.rootfs_path.join("etc/kept")).unwrap(),
+        b"kept"
+    );
+    let Some(last @ Progress::Prepared { skipped_nodes, .. }) = events.last() else {
+        panic!("{events:?}");
+    };
+    assert_eq!(*skipped_nodes, 3);
+    assert!(
+        last.to_string().contains("3 device nodes and FIFOs"),
+        "{last}"
     );
 }
 
+/// A tar of one sparse file of `size` made by GNU tar in `format`.
+fn sparse_layer(fx: &Fixture, format: &str, size: &str) -> Vec<u8> {
+    let dir = fx.base.join(format!("sparse-{format}"));
+    fs::create_dir_all(&dir).unwrap();
+    let status = std::process::Command::new("truncate")
+        .args(["-s", size])
+        .arg(dir.join("big"))
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let output = std::process::Command::new("tar")
+        .args([&format!("--format={format}"), "--sparse", "-C"])
+        .arg(&dir)
+        .args(["-cf", "-", "big"])
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{output:?}");
+    output.stdout
+}
+
 #[test]
-fn fifos_are_created() {
+fn a_huge_sparse_layer_is_refused_before_it_fills_the_disk() {
     let fx = Fixture::new();
-    let mut layout = fx.layout("fifo");
-    let layer = LayerBuilder::new()
-        .entry(EntryType::Fifo, "run/pipe", 0o4640, None, b"")
-        .tar();
+    let mut layout = fx.layout("sparse");
+    let layer = sparse_layer(&fx, "gnu", "20G");
+    assert!(
+        layer.len() < 1 << 20,
+        "the layer is small: {} bytes",
+        layer.len()
+    );
     layout.image(&[(layer, TAR_LAYER)], "latest");
     let (result, _) = prepare(&fx.catalog(), &oci(&layout.dir, "latest"), domain(1), 1);
+    match image_error(result.unwrap_err()) {
+        ImageError::TooLarge { entry, needed, .. } => {
+            assert_eq!(entry, "big");
+            assert_eq!(needed, 20 << 30);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(fx.staging_entries(), 0, "nothing of it is left");
+}
+
+#[test]
+fn pax_sparse_files_are_refused() {
+    let fx = Fixture::new();
+    let mut layout = fx.layout("pax-sparse");
+    layout.image(&[(sparse_layer(&fx, "posix", "1M"), TAR_LAYER)], "latest");
+    let (result, _) = prepare(&fx.catalog(), &oci(&layout.dir, "latest"), domain(1), 1);
+    let error = image_error(result.unwrap_err()).to_string();
+    assert!(error.contains("sparse file in the PAX format"), "{error}");
+}
+
+#[test]
+fn small_gnu_sparse_files_are_expanded() {
+    let fx = Fixture::new();
+    let mut layout = fx.layout("gnu-sparse");
+    layout.image(&[(sparse_layer(&fx, "gnu", "3M"), TAR_LAYER)], "latest");
+    let (result, _) = prepare(&fx.catalog(), &oci(&layout.dir, "latest"), domain(1), 1);
     let lower = result.unwrap();
-    let meta = fs::symlink_metadata(lower.rootfs_path.join("run/pipe")).unwrap();
-    assert!(std::os::unix::fs::FileTypeExt::is_fifo(&meta.file_type()));
-    assert_eq!(meta.permissions().mode() & 0o7777, 0o640);
+    let big = fs::read(lower.rootfs_path.join("big")).unwrap();
+    assert_eq!(big.len(), 3 << 20);
+    assert!(big.iter().all(|&b| b == 0));
 }
 
 // ---------------------------------------------------------------- archives and registries

@@ -973,6 +973,7 @@ impl StorageCatalog {
             progress(Progress::Prepared {
                 artifact_id: lower.artifact_id,
                 disk_bytes: stats.disk_bytes,
+                skipped_nodes: stats.skipped_nodes,
             });
             Ok((lower, true))
         })();

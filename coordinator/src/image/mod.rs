@@ -185,6 +185,23 @@ pub enum ImageError {
         /// Why it is refused.
         reason: String,
     },
+    /// An image would unpack to more than the disk or the bound allows.
+    #[error(
+        "layer {layer}: entry `{entry}` would bring the image's files to {needed} bytes, \
+         past the {limit} bytes it may take (the free space of the storage's filesystem less \
+         1 GiB, and at most 16 GiB unless LAZARET_IMAGE_MAX_BYTES sets another bound); the \
+         image is refused before it fills the disk"
+    )]
+    TooLarge {
+        /// The layer digest (or archive path).
+        layer: String,
+        /// The entry's path as written in the tar.
+        entry: String,
+        /// The bytes of file contents with this entry.
+        needed: u64,
+        /// The bound.
+        limit: u64,
+    },
     /// Writing a layer entry failed.
     #[error("layer {layer}: cannot {operation} `{entry}`")]
     Unpack {
@@ -294,6 +311,8 @@ pub enum Progress {
         artifact_id: PreparedArtifactId,
         /// Bytes it occupies on disk.
         disk_bytes: u64,
+        /// Device nodes and FIFOs the layers held, not created.
+        skipped_nodes: u64,
     },
 }
 
@@ -360,11 +379,22 @@ impl std::fmt::Display for Progress {
             Self::Prepared {
                 artifact_id,
                 disk_bytes,
-            } => write!(
-                f,
-                "prepared image {artifact_id} ({} on disk)",
-                mib(*disk_bytes)
-            ),
+                skipped_nodes,
+            } => {
+                write!(
+                    f,
+                    "prepared image {artifact_id} ({} on disk)",
+                    mib(*disk_bytes)
+                )?;
+                if *skipped_nodes > 0 {
+                    write!(
+                        f,
+                        "; {skipped_nodes} device nodes and FIFOs in its layers were skipped \
+                         (the sandbox's /dev is its own)"
+                    )?;
+                }
+                Ok(())
+            }
         }
     }
 }

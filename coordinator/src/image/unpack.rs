@@ -11,13 +11,23 @@
 //! the entry) when its path is absolute or has a `..` component, when a
 //! parent on its path is a symbolic link, when it is a hard link whose
 //! target is refused by the same rules or is missing or a directory, and
-//! when it is a character or block device. Setuid and setgid bits, and the
+//! when it is a sparse file in the PAX format, which is not expanded.
+//! Device nodes and FIFOs in layers are skipped and counted, never created
+//! (root filesystems often carry `/dev/console`; the sandbox's `/dev` is
+//! gVisor's own, and a FIFO in the host catalog could stall a host reader);
+//! in an `oci-archive` either is refused. Setuid and setgid bits, and the
 //! sticky bit on anything but a directory, are stripped and counted, never
 //! created. Ownership in the tar is ignored: everything belongs to the
 //! invoking user (root inside the rootless sandbox). Symbolic links are
 //! created with their target as written (an absolute target means the
-//! sandbox root once mounted) and never followed here. FIFOs in layers are
-//! created (they grant nothing); in an `oci-archive` they are refused. Extended attributes are not applied.
+//! sandbox root once mounted) and never followed here. Extended attributes
+//! are not applied.
+//!
+//! Bounds: at most [`MAX_ENTRIES`] entries, and file contents (a GNU sparse
+//! file counted at its full size, since its holes are written out) within
+//! [`MAX_FILE_BYTES`] (or what [`MAX_FILE_BYTES_VAR`] sets) and the free space of the destination's filesystem
+//! less [`FREE_RESERVE`], checked before each file is written, so a small
+//! layer that expands hugely is refused before it fills the disk.
 //!
 //! Whiteouts (OCI image spec, "Whiteouts"): `.wh.NAME` removes `NAME` as
 //! left by earlier layers, and `.wh..wh..opq` removes every entry of its
@@ -48,6 +58,16 @@ const MAX_DEPTH: usize = 1024;
 const WHITEOUT: &[u8] = b".wh.";
 /// The opaque-directory marker.
 const OPAQUE: &[u8] = b".wh..wh..opq";
+/// The most entries one image may have.
+pub const MAX_ENTRIES: u64 = 4_000_000;
+/// The most bytes of file contents one image may unpack to, unless
+/// [`MAX_FILE_BYTES_VAR`] sets another bound.
+pub const MAX_FILE_BYTES: u64 = 16 << 30;
+/// The environment variable that sets another bound on an image's file
+/// contents, in bytes.
+pub const MAX_FILE_BYTES_VAR: &str = "LAZARET_IMAGE_MAX_BYTES";
+/// Free space an unpack always leaves on its filesystem.
+pub const FREE_RESERVE: u64 = 1 << 30;
 
 /// What an unpack did, for the caller's report.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -62,8 +82,8 @@ pub struct UnpackStats {
     pub symlinks: u64,
     /// Hard links created.
     pub hardlinks: u64,
-    /// FIFOs created.
-    pub fifos: u64,
+    /// Device nodes and FIFOs skipped.
+    pub skipped_nodes: u64,
     /// Whiteouts and opaque markers applied.
     pub whiteouts: u64,
     /// Entries whose setuid, setgid or (on non-directories) sticky bits
@@ -90,6 +110,8 @@ pub struct Unpacker {
     dirs: BTreeMap<Vec<u8>, DirMeta>,
     layer_paths: HashSet<Vec<u8>>,
     stats: UnpackStats,
+    /// The most bytes of file contents this unpack may write.
+    byte_limit: u64,
     buffer: Vec<u8>,
 }
 
@@ -105,6 +127,15 @@ impl At<'_> {
             layer: self.layer.to_owned(),
             entry: self.entry.escape_ascii().to_string(),
             reason: reason.into(),
+        }
+    }
+
+    fn too_large(&self, needed: u64, limit: u64) -> ImageError {
+        ImageError::TooLarge {
+            layer: self.layer.to_owned(),
+            entry: self.entry.escape_ascii().to_string(),
+            needed,
+            limit,
         }
     }
 
@@ -162,13 +193,51 @@ fn timestamps(mtime: u64) -> Timestamps {
     }
 }
 
+/// The bound on an image's file contents: [`MAX_FILE_BYTES_VAR`] when it
+/// holds a number of bytes, else [`MAX_FILE_BYTES`].
+fn max_file_bytes() -> u64 {
+    std::env::var(MAX_FILE_BYTES_VAR)
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(MAX_FILE_BYTES)
+}
+
+/// Refuses a sparse file in the PAX format (`GNU.sparse.*` records): its
+/// data holds a map the tar reader does not apply, so writing it as read
+/// would give the file other contents.
+fn refuse_pax_sparse<R: Read>(
+    entry: &mut tar::Entry<'_, R>,
+    at: &At<'_>,
+) -> Result<(), ImageError> {
+    let Ok(Some(extensions)) = entry.pax_extensions() else {
+        return Ok(());
+    };
+    for extension in extensions {
+        let key = extension
+            .map(|e| e.key_bytes().to_vec())
+            .unwrap_or_default();
+        if key.starts_with(b"GNU.sparse.") {
+            return Err(at.refuse(
+                "is a sparse file in the PAX format, which Lazaret does not expand; \
+                 build the image without sparse files (no `tar --sparse`)",
+            ));
+        }
+    }
+    Ok(())
+}
+
 impl Unpacker {
     /// An unpacker writing beneath `root` (any directory descriptor,
     /// `O_PATH` is enough). With `whiteouts` false (for `oci-archive`
     /// extraction, where they have no meaning), `.wh.` names and FIFOs are
     /// refused rather than applied. The root gets mode `0755` unless a layer has
-    /// a `./` entry.
+    /// a `./` entry. File contents may take the free space of `root`'s
+    /// filesystem less [`FREE_RESERVE`], and at most [`MAX_FILE_BYTES`] (or
+    /// what [`MAX_FILE_BYTES_VAR`] sets).
     pub fn new(root: OwnedFd, whiteouts: bool) -> Self {
+        let free = rustix::fs::fstatvfs(&root)
+            .map(|s| s.f_bavail.saturating_mul(s.f_frsize))
+            .unwrap_or(0);
         let mut dirs = BTreeMap::new();
         dirs.insert(
             Vec::new(),
@@ -183,6 +252,7 @@ impl Unpacker {
             dirs,
             layer_paths: HashSet::new(),
             stats: UnpackStats::default(),
+            byte_limit: free.saturating_sub(FREE_RESERVE).min(max_file_bytes()),
             buffer: vec![0; 64 * 1024],
         }
     }
@@ -208,6 +278,11 @@ impl Unpacker {
                 entry: &path,
             };
             self.stats.entries += 1;
+            if self.stats.entries > MAX_ENTRIES {
+                return Err(at.refuse(format!(
+                    "is past the {MAX_ENTRIES} entries one image may have"
+                )));
+            }
             self.apply_entry(&mut entry, &at)?;
         }
         Ok(())
@@ -259,6 +334,20 @@ impl Unpacker {
                 self.stats.directories += 1;
             }
             EntryType::Regular | EntryType::Continuous | EntryType::GNUSparse => {
+                refuse_pax_sparse(entry, at)?;
+                let size = if kind == EntryType::GNUSparse {
+                    entry
+                        .header()
+                        .as_gnu()
+                        .and_then(|gnu| gnu.real_size().ok())
+                        .ok_or_else(|| at.refuse("is a GNU sparse file without a real size"))?
+                } else {
+                    entry.size()
+                };
+                let needed = self.stats.file_bytes.saturating_add(size);
+                if needed > self.byte_limit {
+                    return Err(at.too_large(needed, self.byte_limit));
+                }
                 let mode = self.sanitize(entry, false, at)?;
                 self.clear(parent.as_fd(), name, &key, false, at)?;
                 self.write_file(parent.as_fd(), name, entry, mode, at)?;
@@ -295,28 +384,15 @@ impl Unpacker {
             EntryType::Fifo if !self.whiteouts => {
                 return Err(at.refuse("is a FIFO, which has no place in an OCI archive"));
             }
-            EntryType::Fifo => {
-                let mode = self.sanitize(entry, false, at)?;
-                self.clear(parent.as_fd(), name, &key, false, at)?;
-                rustix::fs::mknodat(&parent, name, FileType::Fifo, Mode::RUSR | Mode::WUSR, 0)
-                    .map_err(|e| at.io("create FIFO", e))?;
-                let fifo = open_beneath(parent.as_fd(), name, OFlags::PATH, Mode::empty())
-                    .map_err(|e| at.io("open FIFO", e))?;
-                fsops::chmod_fd(fifo.as_fd(), Mode::from_raw_mode(mode))
-                    .map_err(|e| at.io("set the mode of", e))?;
-                self.stats.fifos += 1;
+            EntryType::Char | EntryType::Block if !self.whiteouts => {
+                return Err(at.refuse("is a device node, which has no place in an OCI archive"));
             }
-            EntryType::Char | EntryType::Block => {
-                let what = if kind == EntryType::Char {
-                    "character"
-                } else {
-                    "block"
-                };
-                let major = entry.header().device_major().ok().flatten().unwrap_or(0);
-                let minor = entry.header().device_minor().ok().flatten().unwrap_or(0);
-                return Err(at.refuse(format!(
-                    "is a {what} device node ({major}:{minor}); images may not create device nodes"
-                )));
+            EntryType::Fifo | EntryType::Char | EntryType::Block => {
+                // Whatever the path held before is gone, as the layer says;
+                // the node itself is not made.
+                self.clear(parent.as_fd(), name, &key, false, at)?;
+                self.stats.skipped_nodes += 1;
+                return Ok(());
             }
             other => {
                 return Err(at.refuse(format!(
@@ -474,6 +550,9 @@ impl Unpacker {
                     source,
                 })?;
             self.stats.file_bytes += n as u64;
+            if self.stats.file_bytes > self.byte_limit {
+                return Err(at.too_large(self.stats.file_bytes, self.byte_limit));
+            }
         }
         rustix::fs::fchmod(&file, Mode::from_raw_mode(mode))
             .map_err(|e| at.io("set the mode of", e))?;
