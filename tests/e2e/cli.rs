@@ -30,6 +30,10 @@ pub fn trials() -> Vec<Trial> {
             invalid_exits_2,
         ),
         Trial::test(
+            "cli::configuration_errors_never_echo_control_bytes_or_huge_lines",
+            errors_are_printable,
+        ),
+        Trial::test(
             "cli::environment_values_are_never_printed",
             env_values_hidden,
         ),
@@ -267,6 +271,36 @@ fn global_options() -> Result {
         ids.push(report["domain_id"].clone());
     }
     assert!(ids.windows(2).all(|w| w[0] == w[1]));
+    Ok(())
+}
+
+/// A configuration error shows neither the terminal control sequences a
+/// value holds nor a whole 400 KB line.
+fn errors_are_printable() -> Result {
+    let s = Scratch::new();
+    let long = "A".repeat(400_000);
+    for config in [
+        // Not TOML: a long line with raw control bytes.
+        format!(
+            "schema = \"lazaret-trusted-host-config-v1\"\n[profiles.dev]\n\
+             image = \"{long}\x1b]0;title\x07\" trailing\n"
+        ),
+        // TOML, with escaped control characters in an echoed value.
+        VALID.replace(
+            "lazaret-trusted-host-config-v1",
+            &format!("\\u001b]0;title\\u0007\\u001b[2J{long}"),
+        ),
+    ] {
+        write_config(&s, &config);
+        let (code, out, err) = text(&run(s.lazaret(["config", "check", "dev"])));
+        assert_eq!(code, Some(2), "{}", &err[..err.len().min(500)]);
+        assert!(out.is_empty());
+        assert!(err.len() < 2048, "a short message: {} bytes", err.len());
+        assert!(
+            !err.chars().any(|c| c.is_control() && c != '\n'),
+            "no control character: {err:?}"
+        );
+    }
     Ok(())
 }
 

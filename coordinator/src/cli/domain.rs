@@ -51,6 +51,7 @@ impl Progress {
         else {
             return self.close_bar();
         };
+        let detail = super::printable(detail);
         let mut err = std::io::stderr().lock();
         match fraction {
             Some((done, total)) if self.terminal && *total > 0 => {

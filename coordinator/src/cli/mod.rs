@@ -56,13 +56,42 @@ impl From<ConfigError> for Failure {
     }
 }
 
+/// The longest line of a message shown to the user, in characters.
+const MAX_SHOWN_LINE: usize = 400;
+
+/// `text` as it may reach the developer's terminal: control characters
+/// other than newline and tab escaped (a configuration value, an image
+/// name or a file name could otherwise set the terminal's title or worse),
+/// and each line cut after [`MAX_SHOWN_LINE`] characters.
+pub fn printable(text: &str) -> String {
+    let mut out = String::with_capacity(text.len().min(4096));
+    for (i, line) in text.split('\n').enumerate() {
+        if i > 0 {
+            out.push('\n');
+        }
+        for (shown, c) in line.chars().enumerate() {
+            if shown == MAX_SHOWN_LINE {
+                let rest = line.chars().count() - shown;
+                out.push_str(&format!("… ({rest} more characters)"));
+                break;
+            }
+            if c.is_control() && c != '\t' {
+                out.extend(c.escape_default());
+            } else {
+                out.push(c);
+            }
+        }
+    }
+    out
+}
+
 /// Runs the CLI with the process's arguments.
 pub fn run() -> ExitCode {
     let cli = Cli::parse();
     match dispatch(cli) {
         Ok(code) => ExitCode::from(code),
         Err(failure) => {
-            eprintln!("lazaret: {}", failure.message);
+            eprintln!("lazaret: {}", printable(&failure.message));
             ExitCode::from(failure.status)
         }
     }
@@ -401,6 +430,16 @@ fn config_init(globals: &Globals) -> Result<(), Failure> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn printable_escapes_controls_and_cuts_long_lines() {
+        let shown = super::printable("a\x1b]0;t\x07b\n\tc\u{9b}d");
+        assert_eq!(shown, "a\\u{1b}]0;t\\u{7}b\n\tc\\u{9b}d");
+        let long = format!("{}\nnext", "é".repeat(1000));
+        let shown = super::printable(&long);
+        assert!(shown.starts_with(&"é".repeat(400)), "{shown}");
+        assert!(shown.contains("… (600 more characters)\nnext"), "{shown}");
+    }
+
     use super::*;
 
     #[test]

@@ -19,6 +19,21 @@ use lazaret_proto::layout::SandboxLayoutV1;
 
 use super::{ConfigError, field};
 
+/// Where and why `text` is not TOML, without quoting the document (a line
+/// may be long, or hold control characters).
+fn toml_error(text: &str, error: &toml::de::Error) -> String {
+    let message = error.message().trim_end();
+    match error.span() {
+        Some(span) => {
+            let before = &text[..span.start.min(text.len())];
+            let line = before.matches('\n').count() + 1;
+            let column = before.rsplit('\n').next().unwrap_or("").chars().count() + 1;
+            format!("at line {line}, column {column}: {message}")
+        }
+        None => message.to_owned(),
+    }
+}
+
 /// Decodes `bytes` and validates the structure of every profile.
 pub fn decode(
     source_label: &str,
@@ -33,7 +48,7 @@ pub fn decode(
         .parse()
         .map_err(|e: toml::de::Error| ConfigError::Syntax {
             path: source_label.to_owned(),
-            message: e.to_string().trim_end().to_owned(),
+            message: toml_error(text, &e),
         })?;
 
     // Dispatch on `schema` before interpreting anything else, so a document
