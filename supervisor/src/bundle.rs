@@ -36,6 +36,12 @@ pub const CAPABILITIES: [&str; 8] = [
     "CAP_NET_BIND_SERVICE",
 ];
 
+/// The most processes (and threads) of one uid inside the sandbox, as
+/// gVisor counts them: a fork bomb inside stops here with `EAGAIN`. Root
+/// inside cannot raise it (no `CAP_SYS_RESOURCE`); processes it moves to
+/// other uids meet the host's bound, [`crate::DOMAIN_TASKS`].
+pub const SANDBOX_PROCESSES: u64 = 512;
+
 /// The `PATH` of sandbox processes.
 pub const SANDBOX_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
@@ -144,7 +150,10 @@ pub fn spec(staged: &Staged, hostname: &str, environment: &[String]) -> Value {
         "ociVersion": "1.0.2",
         "process": process(&[sandbox_init()], env, "/", json!({
             "terminal": false,
-            "rlimits": [{"type": "RLIMIT_NOFILE", "hard": 1024, "soft": 1024}],
+            "rlimits": [
+                {"type": "RLIMIT_NOFILE", "hard": 1024, "soft": 1024},
+                {"type": "RLIMIT_NPROC", "hard": SANDBOX_PROCESSES, "soft": SANDBOX_PROCESSES},
+            ],
         })),
         "root": {"path": staged.rootfs, "readonly": false},
         "hostname": hostname,

@@ -109,6 +109,7 @@ fn enter_namespaces() -> ExitCode {
         let _ = channel.send(&SupervisorReport::Failed(error), &[]);
         return ExitCode::FAILURE;
     }
+    bound_domain_tasks();
     let child = Command::new("/proc/self/exe")
         .arg("--pid1")
         .env_clear()
@@ -122,6 +123,28 @@ fn enter_namespaces() -> ExitCode {
             eprintln!("lazaret-supervisor: cannot run the Domain pid 1: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// The most host tasks (processes and threads) the Domain may have: the
+/// kernel counts them per user namespace, so the sandbox (about eight host
+/// tasks per process inside), the router and the supervisor share this
+/// bound, and a sandbox that reaches it fails to fork instead of taking
+/// every pid of the host. Not enforced when the invoking user is root.
+pub const DOMAIN_TASKS: u64 = 8192;
+
+/// Sets `RLIMIT_NPROC` to [`DOMAIN_TASKS`] (or the lower hard limit this
+/// process already has) for itself and everything it starts.
+fn bound_domain_tasks() {
+    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+    let hard = getrlimit(Resource::Nproc).maximum.unwrap_or(u64::MAX);
+    let bound = DOMAIN_TASKS.min(hard);
+    let limit = Rlimit {
+        current: Some(bound),
+        maximum: Some(bound),
+    };
+    if let Err(e) = setrlimit(Resource::Nproc, limit) {
+        eprintln!("lazaret-supervisor: cannot bound the Domain's tasks: {e}");
     }
 }
 

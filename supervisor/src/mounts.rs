@@ -20,6 +20,14 @@ use lazaret_proto::config::{VolumeAccess, VolumeKind};
 use rustix::fs::{Mode, OFlags, ResolveFlags};
 use rustix::mount::{MountFlags, MountPropagationFlags};
 
+/// The size of the tmpfs holding the root filesystem's ephemeral upper:
+/// what the sandbox may write outside its persistent dirs, volumes and
+/// workspace, in memory, until `down`.
+pub const ROOT_UPPER_SIZE: &str = "1g";
+/// The size of the staging tmpfs itself (the bundle, runsc's state, the
+/// control area): small files only.
+const STAGING_SIZE: &str = "64m";
+
 /// The static `lazaret-init` executable (built from `sandbox-init/init.rs`).
 const SANDBOX_INIT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/lazaret-init"));
 
@@ -103,6 +111,34 @@ fn bind(source: BorrowedFd<'_>, target: &Path, what: &str) -> Result<(), MountEr
         target: target.display().to_string(),
         source: e.into(),
     })
+}
+
+/// Makes the bind mount at `target` read-only in the Domain mount
+/// namespace itself, not only in the sandbox's view, keeping the flags
+/// the mount already has (a user namespace may not drop those the host
+/// locked, such as `nosuid`).
+fn read_only(target: &Path, what: &str) -> Result<(), MountError> {
+    let failed = |e: rustix::io::Errno| MountError::Mount {
+        what: format!("{what} read-only"),
+        target: target.display().to_string(),
+        source: e.into(),
+    };
+    use rustix::fs::StatVfsMountFlags as Vfs;
+    let kept = rustix::fs::statvfs(target).map_err(failed)?.f_flag;
+    let mut flags = MountFlags::BIND | MountFlags::RDONLY;
+    for (vfs, mount) in [
+        (Vfs::NOSUID, MountFlags::NOSUID),
+        (Vfs::NODEV, MountFlags::NODEV),
+        (Vfs::NOEXEC, MountFlags::NOEXEC),
+        (Vfs::NOATIME, MountFlags::NOATIME),
+        (Vfs::NODIRATIME, MountFlags::NODIRATIME),
+        (Vfs::RELATIME, MountFlags::RELATIME),
+    ] {
+        if kept.contains(vfs) {
+            flags |= mount;
+        }
+    }
+    rustix::mount::mount_remount(target, flags, "").map_err(failed)
 }
 
 /// One persistent directory to stage.
@@ -251,14 +287,25 @@ pub fn stage(runtime_dir: &Path, sources: &Sources<'_>) -> Result<Staged, MountE
         &scratch,
         "tmpfs",
         MountFlags::NOSUID | MountFlags::NODEV,
-        "mode=0700",
+        &format!("mode=0700,size={STAGING_SIZE}"),
     )?;
     let empty = scratch.join("empty");
+    for dir in ["empty", "root/ephemeral", "root/merged"] {
+        create_dir(&scratch.join(dir))?;
+    }
+    // The root filesystem's upper, bounded: a full upper makes writes
+    // inside fail with ENOSPC, never the host's memory run out.
+    let ephemeral = scratch.join("root/ephemeral");
+    mount(
+        "the root filesystem's ephemeral upper",
+        &ephemeral,
+        "tmpfs",
+        MountFlags::NOSUID | MountFlags::NODEV,
+        &format!("mode=0700,size={ROOT_UPPER_SIZE}"),
+    )?;
     for dir in [
-        "empty",
-        "root/upper",
-        "root/work",
-        "root/merged",
+        "root/ephemeral/upper",
+        "root/ephemeral/work",
         "bundle",
         "runsc",
         "control/bin",
@@ -271,8 +318,8 @@ pub fn stage(runtime_dir: &Path, sources: &Sources<'_>) -> Result<Staged, MountE
     let root_options = format!(
         "lowerdir={},upperdir={},workdir={},userxattr",
         fd_path(sources.rootfs),
-        scratch.join("root/upper").display(),
-        scratch.join("root/work").display()
+        scratch.join("root/ephemeral/upper").display(),
+        scratch.join("root/ephemeral/work").display()
     );
     mount(
         "the root filesystem overlay",
@@ -319,6 +366,9 @@ pub fn stage(runtime_dir: &Path, sources: &Sources<'_>) -> Result<Staged, MountE
             }
         }
         bind(volume.source, &target, volume.sandbox_path)?;
+        if volume.access == VolumeAccess::ReadOnly {
+            read_only(&target, volume.sandbox_path)?;
+        }
         volumes.push((volume.sandbox_path.to_owned(), target, volume.access));
     }
 
@@ -330,6 +380,13 @@ pub fn stage(runtime_dir: &Path, sources: &Sources<'_>) -> Result<Staged, MountE
             path: init.display().to_string(),
             source,
         })?;
+    // The control area, read-only in the Domain mount namespace too.
+    rustix::mount::mount_bind(&control, &control).map_err(|e| MountError::Mount {
+        what: "the control area".into(),
+        target: control.display().to_string(),
+        source: e.into(),
+    })?;
+    read_only(&control, "the control area")?;
 
     Ok(Staged {
         rootfs,

@@ -52,6 +52,7 @@ pub fn trials() -> Vec<Trial> {
             "attach::background_processes_end_with_their_session",
             background_processes_end,
         ),
+        Trial::test("attach::a_fork_bomb_stops_at_the_bound", fork_bomb_bounded),
         Trial::test("attach::down_ends_an_attached_session", down_with_a_session),
         Trial::test("attach::a_killed_cli_leaves_no_runsc_exec", a_killed_cli),
         Trial::test(
@@ -677,6 +678,44 @@ fn background_processes_end() -> Result {
         !zombies.lines().any(|l| l.trim_start().starts_with('Z')),
         "every ended process is reaped:\n{zombies}"
     );
+    Ok(())
+}
+
+/// 2,000 background processes inside stop at the sandbox's process bound;
+/// the host can still fork, and the sandbox still serves sessions.
+fn fork_bomb_bounded() -> Result {
+    let (_serial, host) = default_host();
+    let ws = host.workspace.clone();
+    let status = up(&host, &ws)?;
+    let out = run(
+        attach(
+            &host,
+            &ws,
+            &[
+                "sh",
+                "-c",
+                "i=0; while [ $i -lt 2000 ]; do sleep 600 & i=$((i+1)); echo $i > /tmp/count; done",
+            ],
+        ),
+        None,
+    )?;
+    assert!(
+        stdout(&out).contains("can't fork"),
+        "the loop ran into the bound: {}",
+        text(&out)
+    );
+    let count = host.exec(&status, "cat /tmp/count");
+    let started: u32 = stdout(&count).trim().parse()?;
+    assert!(
+        (400..2000).contains(&started),
+        "{started} processes started before the bound"
+    );
+    // The host forks; the sandbox serves a new session once the bomb's
+    // session has ended (its processes with it).
+    assert!(Command::new("true").status()?.success());
+    let after = run(attach(&host, &ws, &["echo", "still-here"]), None)?;
+    assert_eq!(stdout(&after), "still-here\n", "{}", text(&after));
+    down(&host, &ws)?;
     Ok(())
 }
 

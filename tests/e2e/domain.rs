@@ -546,6 +546,44 @@ fn volumes() -> Result {
     let state = host.home.join(".local/share/lazaret/profiles/p/state/file");
     assert_eq!(std::fs::read_to_string(&state)?, "kept\n");
     assert_eq!(std::fs::read_to_string(&notes)?, "read me\n");
+
+    // Read-only in the Domain mount namespace too, not only in the
+    // sandbox's view: the read-only volume and the control area.
+    let holder = status["namespace_holder"]["pid"]
+        .as_u64()
+        .ok_or("no holder pid")?;
+    let mountinfo = std::fs::read_to_string(format!("/proc/{holder}/mountinfo"))?;
+    let options = |suffix: &str| -> std::result::Result<String, String> {
+        mountinfo
+            .lines()
+            .map(|l| l.split(' ').collect::<Vec<_>>())
+            .find(|f| f.len() > 5 && f[4].ends_with(suffix))
+            .map(|f| f[5].to_owned())
+            .ok_or(format!("no mount at *{suffix} in:\n{mountinfo}"))
+    };
+    for (suffix, access) in [
+        ("/mnt/volume/0", "rw"),
+        ("/mnt/volume/1", "ro"),
+        ("/mnt/control", "ro"),
+    ] {
+        let options = options(suffix)?;
+        assert!(options.starts_with(access), "{suffix}: {options}");
+    }
+
+    // The root filesystem's ephemeral upper is bounded: a 2 GiB write
+    // stops at it, and the sandbox goes on.
+    let out = host.exec(
+        &status,
+        "dd if=/dev/zero of=/fill bs=1M count=2048 2>&1; echo rc=$?; \
+         du -m /fill | cut -f1; rm -f /fill; echo ok > /after && cat /after",
+    );
+    let shown = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        shown.contains("No space left") && !shown.contains("rc=0"),
+        "{}",
+        text(&out)
+    );
+    assert!(shown.ends_with("ok\n"), "{}", text(&out));
     down(&host, &ws)?;
     Ok(())
 }
