@@ -220,9 +220,9 @@ impl ConnectivityHelper {
         command
             .env_clear()
             .arg("--netns-type=path")
-            .arg(format!("--userns-path={}", path(user_namespace)))
             .arg("--disable-host-loopback")
             .arg("--enable-seccomp")
+            .arg("--enable-sandbox")
             .arg(format!("--mtu={}", link.mtu))
             .arg(format!("--ready-fd={}", number(&ready_write)))
             .arg(format!("--exit-fd={}", number(&exit_read)))
@@ -231,14 +231,15 @@ impl ConnectivityHelper {
             .stdin(Stdio::null())
             .stdout(Stdio::from(log.try_clone().map_err(|e| e.to_string())?))
             .stderr(Stdio::from(log.try_clone().map_err(|e| e.to_string())?));
+        // It starts in the Domain user namespace, root there: that lets
+        // `--enable-sandbox` give it a mount namespace of its own with
+        // only /etc and /run of the host, read-only (this slirp4netns
+        // joins only a target pid's user namespace for its sandbox, not
+        // `--userns-path`'s, and fails as an ordinary user).
         let child = spawn_inheriting(
             &mut command,
-            &[
-                user_namespace,
-                network_namespace,
-                ready_write.as_fd(),
-                exit_read.as_fd(),
-            ],
+            &[network_namespace, ready_write.as_fd(), exit_read.as_fd()],
+            Some(user_namespace),
         )
         .map_err(|e| format!("cannot start {}: {e}", binary.display()))?;
         drop((ready_write, exit_read));

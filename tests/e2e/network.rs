@@ -332,6 +332,25 @@ fn platform_deny() -> Result {
     ] {
         unreachable(&host, target, &["EHOSTUNREACH"])?;
     }
+
+    // slirp4netns, which parses every packet of the sandbox, runs in a
+    // sandbox of its own: a root of /etc and /run only, read-only, and no
+    // capability but binding low ports.
+    let helper = status["network"]["connectivity_helper"]["pid"]
+        .as_u64()
+        .ok_or("no connectivity helper pid")?;
+    let root = Path::new("/proc").join(helper.to_string()).join("root");
+    assert!(root.join("etc/resolv.conf").exists(), "it still reads /etc");
+    let mut seen: Vec<String> = std::fs::read_dir(&root)?
+        .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
+        .collect::<std::io::Result<_>>()?;
+    seen.sort();
+    assert_eq!(seen, ["etc", "run"], "slirp4netns sees only these");
+    let caps = std::fs::read_to_string(Path::new("/proc").join(helper.to_string()).join("status"))?;
+    assert!(
+        caps.lines().any(|l| l == "CapEff:\t0000000000000400"),
+        "only CAP_NET_BIND_SERVICE: {caps}"
+    );
     down(&host, &ws)?;
     assert_nothing_left(&host);
     Ok(())
