@@ -53,6 +53,10 @@ pub fn trials() -> Vec<Trial> {
             background_processes_end,
         ),
         Trial::test("attach::a_fork_bomb_stops_at_the_bound", fork_bomb_bounded),
+        Trial::test(
+            "attach::a_changed_configuration_is_refused",
+            changed_configuration,
+        ),
         Trial::test("attach::down_ends_an_attached_session", down_with_a_session),
         Trial::test("attach::a_killed_cli_leaves_no_runsc_exec", a_killed_cli),
         Trial::test(
@@ -678,6 +682,40 @@ fn background_processes_end() -> Result {
         !zombies.lines().any(|l| l.trim_start().starts_with('Z')),
         "every ended process is reaped:\n{zombies}"
     );
+    Ok(())
+}
+
+/// `attach` enters only a generation that runs the profile as configured
+/// now (the same configuration fingerprint), and needs none of the
+/// secrets its `env:` references name.
+fn changed_configuration() -> Result {
+    let config = format!(
+        "{}env = {{ API_TOKEN = \"env:LAZARET_E2E_TOKEN\" }}\n",
+        crate::domain::config(&lazaret_tests::domain::busybox_image(), "\"/root\"")
+    );
+    let (_serial, host) = crate::domain::host_with_config(&config);
+    let ws = host.workspace.clone();
+    let out = host.lazaret_with_env(&ws, &["up", "p"], &[("LAZARET_E2E_TOKEN", "t0k3n")]);
+    assert!(out.status.success(), "{}", text(&out));
+
+    // This shell does not export the token: attach does not need it.
+    let same = run(attach(&host, &ws, &["echo", "entered"]), None)?;
+    assert_eq!(stdout(&same), "entered\n", "{}", text(&same));
+
+    host.write_config(&format!("{config}allow_egress = [\"198.18.0.0/24\"]\n"));
+    let changed = run(attach(&host, &ws, &["echo", "entered"]), None)?;
+    assert_eq!(changed.status.code(), Some(1), "{}", text(&changed));
+    assert!(stdout(&changed).is_empty(), "{}", text(&changed));
+    assert!(
+        stderr(&changed).contains("runs under another configuration"),
+        "{}",
+        text(&changed)
+    );
+
+    host.write_config(&config);
+    let again = run(attach(&host, &ws, &["echo", "entered"]), None)?;
+    assert_eq!(stdout(&again), "entered\n", "{}", text(&again));
+    down(&host, &ws)?;
     Ok(())
 }
 

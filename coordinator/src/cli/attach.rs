@@ -169,6 +169,28 @@ pub fn attach(globals: &Globals, profile: &str, command: Vec<String>) -> Result<
             paths.runtime_dir.display()
         )));
     }
+    // The generation must run the profile as configured now: a session
+    // under an older configuration (another network policy, other volumes)
+    // is refused rather than entered unawares. The `env:` values are not
+    // needed for that, and this shell need not export them.
+    let loaded = globals
+        .load_with(profile, crate::config::EnvValues::Skip)
+        .map_err(|f| {
+            failure(format!(
+                "cannot check the running Domain against the configuration: {}",
+                f.message
+            ))
+        })?;
+    let running = manifest.generation_identity.configuration_fingerprint;
+    if loaded.fingerprint() != running {
+        return Err(failure(format!(
+            "profile `{profile}` runs under another configuration than the one it has now \
+             (fingerprint {} running, {} configured); run `lazaret up {profile}` to see what \
+             differs, then `lazaret down {profile}` and `lazaret up {profile}` to apply it",
+            &running.to_hex()[..16],
+            &loaded.fingerprint().to_hex()[..16],
+        )));
+    }
 
     let terminal = std::io::stdin().is_terminal();
     let (rows, columns) = window_size();

@@ -175,14 +175,26 @@ impl Globals {
     }
 
     fn load(&self, profile: &str) -> Result<ResolvedDomainConfiguration, Failure> {
+        self.load_with(profile, config::EnvValues::Read)
+    }
+
+    /// [`Self::load`], reading the `env:` values or not.
+    fn load_with(
+        &self,
+        profile: &str,
+        env_values: config::EnvValues,
+    ) -> Result<ResolvedDomainConfiguration, Failure> {
         let workspace = self.workspace_dir()?;
         let host = HostEnvironment::capture();
-        Ok(config::load(LoadRequest {
-            profile,
-            config: self.config.as_deref(),
-            workspace: &workspace,
-            host: &host,
-        })?)
+        Ok(config::load_with(
+            LoadRequest {
+                profile,
+                config: self.config.as_deref(),
+                workspace: &workspace,
+                host: &host,
+            },
+            env_values,
+        )?)
     }
 }
 

@@ -262,8 +262,28 @@ pub struct LoadRequest<'a> {
     pub host: &'a HostEnvironment,
 }
 
+/// Whether a load reads the host values that `env:` references name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EnvValues {
+    /// Read them; a missing one is an error (`up`, `config check`).
+    Read,
+    /// Leave them unread: the resolved environment is empty. For loads that
+    /// only compare the configuration (its fingerprint holds the references'
+    /// names, never their values), such as `attach`'s, in a shell that need
+    /// not export the secrets.
+    Skip,
+}
+
 /// Loads the selected profile: the same load `lazaret up` performs.
 pub fn load(request: LoadRequest<'_>) -> Result<ResolvedDomainConfiguration, ConfigError> {
+    load_with(request, EnvValues::Read)
+}
+
+/// [`load`], reading the `env:` values or not.
+pub fn load_with(
+    request: LoadRequest<'_>,
+    env_values: EnvValues,
+) -> Result<ResolvedDomainConfiguration, ConfigError> {
     let profile = ProfileName::parse(request.profile).map_err(|e| ConfigError::Field {
         field: "PROFILE".into(),
         rule: e.to_string(),
@@ -284,6 +304,7 @@ pub fn load(request: LoadRequest<'_>) -> Result<ResolvedDomainConfiguration, Con
             workspace: request.workspace,
             profile: &profile,
             layout,
+            env_values,
         },
     )
 }

@@ -86,6 +86,7 @@ pub struct Inputs<'a> {
     pub workspace: &'a Path,
     pub profile: &'a ProfileName,
     pub layout: SandboxLayoutV1,
+    pub env_values: super::EnvValues,
 }
 
 pub fn resolve(
@@ -98,6 +99,7 @@ pub fn resolve(
         workspace,
         profile: profile_name,
         layout,
+        env_values,
     } = inputs;
     let uid = host.uid;
     let Some(profile) = config.profiles.get(profile_name) else {
@@ -295,8 +297,10 @@ pub fn resolve(
     }
 
     // Only now: the host values that `env:` references name.
+    // (With `EnvValues::Skip`, none is read and the environment is empty.)
     let mut environment = Vec::with_capacity(profile.env.len());
-    for (name, reference) in &profile.env {
+    let read = env_values == super::EnvValues::Read;
+    for (name, reference) in profile.env.iter().filter(|_| read) {
         let env_field = format!("{here}.env.{name}");
         let host_name = reference.host_name().as_str();
         let value = host.variable(host_name).ok_or_else(|| {
