@@ -9,7 +9,6 @@
 //! memfd; the bundle holding them is on the Domain mount namespace's private
 //! tmpfs, in memory only. Trusts the staged paths it is given.
 
-use std::net::Ipv4Addr;
 use std::os::fd::BorrowedFd;
 use std::path::Path;
 
@@ -137,14 +136,9 @@ pub fn spec(staged: &Staged, hostname: &str, environment: &[String]) -> Value {
             *access == VolumeAccess::ReadOnly,
         ));
     }
+    // The control area also holds `resolv.conf`, which the image's
+    // `/etc/resolv.conf` links to (see `mounts::stage`).
     mounts.push(bind(CONTROL_AREA, &staged.control, true));
-    // The resolvers the policy keeps reachable; read-only, so the sandbox
-    // cannot point itself at a resolver the policy denies and then wonder.
-    mounts.push(bind(
-        "/etc/resolv.conf",
-        &staged.bundle.join(RESOLV_CONF),
-        true,
-    ));
 
     json!({
         "ociVersion": "1.0.2",
@@ -167,25 +161,12 @@ pub fn spec(staged: &Staged, hostname: &str, environment: &[String]) -> Value {
 /// Writes `config.json` into the staged bundle directory. It lives on the
 /// Domain mount namespace's private tmpfs: in memory, never on disk, and
 /// out of the host's view.
-pub fn write(
-    staged: &Staged,
-    hostname: &str,
-    environment: &[String],
-    resolvers: &[Ipv4Addr],
-) -> Result<(), String> {
+pub fn write(staged: &Staged, hostname: &str, environment: &[String]) -> Result<(), String> {
     let write = |name: &str, bytes: &[u8]| {
         let path = staged.bundle.join(name);
         std::fs::write(&path, bytes).map_err(|e| format!("cannot write {}: {e}", path.display()))
     };
-    let resolv_conf: String = resolvers
-        .iter()
-        .map(|r| format!("nameserver {r}\n"))
-        .collect();
-    write(RESOLV_CONF, resolv_conf.as_bytes())?;
     let text = serde_json::to_vec_pretty(&spec(staged, hostname, environment))
         .map_err(|e| format!("cannot encode the runtime specification: {e}"))?;
     write("config.json", &text)
 }
-
-/// The sandbox's `/etc/resolv.conf`, staged beside `config.json`.
-const RESOLV_CONF: &str = "resolv.conf";

@@ -309,7 +309,7 @@ fn start(
     )?;
     drop(user_fd);
 
-    let staged = mounts::stage(runtime_dir, &sources)
+    let staged = mounts::stage(runtime_dir, &sources, &plan.resolvers)
         .map_err(|e| failed(SupervisorStep::Mounts, chain(&e)))?;
     let routed = workspace::route(
         &staged.workspace,
@@ -329,7 +329,7 @@ fn start(
         &[routed.pidfd.as_fd()],
     )?;
     drop(routed);
-    bundle::write(&staged, "lazaret", &environment, &plan.resolvers)
+    bundle::write(&staged, "lazaret", &environment)
         .map_err(|e| failed(SupervisorStep::Bundle, e))?;
     if !await_network(channel, net_fd.as_fd())? {
         return Ok(None);

@@ -78,6 +78,20 @@ fn fd_path(fd: BorrowedFd<'_>) -> String {
     format!("/proc/self/fd/{}", fd.as_raw_fd())
 }
 
+/// Opens the directory `path` (made by this process, beneath its private
+/// staging tmpfs or the Domain's own state) without following a link.
+fn open_dir(path: &Path) -> Result<OwnedFd, MountError> {
+    rustix::fs::open(
+        path,
+        OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::RDONLY,
+        Mode::empty(),
+    )
+    .map_err(|e| MountError::Create {
+        path: path.display().to_string(),
+        source: e.into(),
+    })
+}
+
 fn create_dir(path: &Path) -> Result<(), MountError> {
     std::fs::create_dir_all(path).map_err(|source| MountError::Create {
         path: path.display().to_string(),
@@ -277,9 +291,35 @@ pub fn private_proc() -> Result<(), MountError> {
     )
 }
 
-/// Stages the whole filesystem beneath `runtime_dir/mnt`. Must run inside
-/// the Domain mount namespace.
-pub fn stage(runtime_dir: &Path, sources: &Sources<'_>) -> Result<Staged, MountError> {
+/// Where the image's `/etc/resolv.conf` points, relative to `/etc` (as
+/// systemd-resolved's link does): the control area's `resolv.conf`, which
+/// names the resolvers the policy keeps reachable, read-only.
+const RESOLV_CONF_LINK: &str = "../run/lazaret/resolv.conf";
+
+/// Makes `name` beneath `dir` the link to the control area's `resolv.conf`,
+/// replacing what is there unless it is a directory (which the sandbox may
+/// have made in its own persistent `/etc`; then its resolution is its own).
+fn link_resolv_conf(dir: BorrowedFd<'_>, what: &str) -> Result<(), MountError> {
+    let failed = |e: rustix::io::Errno| MountError::Create {
+        path: format!("{what}/resolv.conf"),
+        source: e.into(),
+    };
+    match rustix::fs::unlinkat(dir, "resolv.conf", rustix::fs::AtFlags::empty()) {
+        Ok(()) | Err(rustix::io::Errno::NOENT) => {}
+        Err(rustix::io::Errno::ISDIR) => return Ok(()),
+        Err(e) => return Err(failed(e)),
+    }
+    rustix::fs::symlinkat(RESOLV_CONF_LINK, dir, "resolv.conf").map_err(failed)
+}
+
+/// Stages the whole filesystem beneath `runtime_dir/mnt`, with `resolvers`
+/// in the control area's `resolv.conf`. Must run inside the Domain mount
+/// namespace.
+pub fn stage(
+    runtime_dir: &Path,
+    sources: &Sources<'_>,
+    resolvers: &[std::net::Ipv4Addr],
+) -> Result<Staged, MountError> {
     let scratch = runtime_dir.join("mnt");
     create_dir(&scratch)?;
     mount(
@@ -304,7 +344,7 @@ pub fn stage(runtime_dir: &Path, sources: &Sources<'_>) -> Result<Staged, MountE
         &format!("mode=0700,size={ROOT_UPPER_SIZE}"),
     )?;
     for dir in [
-        "root/ephemeral/upper",
+        "root/ephemeral/upper/etc",
         "root/ephemeral/work",
         "bundle",
         "runsc",
@@ -313,7 +353,17 @@ pub fn stage(runtime_dir: &Path, sources: &Sources<'_>) -> Result<Staged, MountE
         create_dir(&scratch.join(dir))?;
     }
 
-    // The root filesystem: the prepared lower under an ephemeral upper.
+    // The root filesystem: the prepared lower under an ephemeral upper,
+    // whose `/etc/resolv.conf` is the link to the control area's.
+    let upper_etc = scratch.join("root/ephemeral/upper/etc");
+    std::fs::set_permissions(&upper_etc, std::fs::Permissions::from_mode(0o755)).map_err(
+        |source| MountError::Create {
+            path: upper_etc.display().to_string(),
+            source,
+        },
+    )?;
+    let etc = open_dir(&upper_etc)?;
+    link_resolv_conf(etc.as_fd(), "the root's /etc")?;
     let rootfs = scratch.join("root/merged");
     let root_options = format!(
         "lowerdir={},upperdir={},workdir={},userxattr",
@@ -339,6 +389,12 @@ pub fn stage(runtime_dir: &Path, sources: &Sources<'_>) -> Result<Staged, MountE
             None => empty.display().to_string(),
         };
         let state = fd_path(anchor.state_dir);
+        if anchor.sandbox_path == "/etc" {
+            // A persistent /etc keeps everything but this link, which
+            // every `up` puts back.
+            let upper = open_dir(Path::new(&format!("{state}/upper")))?;
+            link_resolv_conf(upper.as_fd(), "the persistent /etc")?;
+        }
         let target = scratch.join(format!("anchor/{i}"));
         create_dir(&target)?;
         let options =
@@ -373,6 +429,19 @@ pub fn stage(runtime_dir: &Path, sources: &Sources<'_>) -> Result<Staged, MountE
     }
 
     let control = scratch.join("control");
+    let resolv_conf: String = resolvers
+        .iter()
+        .map(|r| format!("nameserver {r}\n"))
+        .collect();
+    let resolv_path = control.join("resolv.conf");
+    std::fs::write(&resolv_path, resolv_conf)
+        .and_then(|()| {
+            std::fs::set_permissions(&resolv_path, std::fs::Permissions::from_mode(0o444))
+        })
+        .map_err(|source| MountError::Create {
+            path: resolv_path.display().to_string(),
+            source,
+        })?;
     let init = control.join("bin/lazaret-init");
     std::fs::write(&init, SANDBOX_INIT)
         .and_then(|()| std::fs::set_permissions(&init, std::fs::Permissions::from_mode(0o555)))

@@ -53,6 +53,10 @@ pub fn trials() -> Vec<Trial> {
         ),
         Trial::test("domain::volumes_mount_with_their_access", volumes),
         Trial::test(
+            "domain::name_resolution_works_with_a_persistent_etc",
+            persistent_etc,
+        ),
+        Trial::test(
             "domain::loopback_works_beside_the_policy_tap_only",
             loopback_only,
         ),
@@ -584,6 +588,39 @@ fn volumes() -> Result {
         text(&out)
     );
     assert!(shown.ends_with("ok\n"), "{}", text(&out));
+    down(&host, &ws)?;
+    Ok(())
+}
+
+/// `/etc/resolv.conf` is a link to the control area's read-only
+/// `resolv.conf`, so a persistent `/etc` is accepted and keeps what the
+/// sandbox writes there, while every `up` puts the link back.
+fn persistent_etc() -> Result {
+    let (_serial, host) = host_with_config(&config(&busybox_image(), "\"/root\", \"/etc\""));
+    let ws = host.workspace.clone();
+    let status = up(&host, &ws)?;
+    let out = host.exec(
+        &status,
+        "readlink /etc/resolv.conf; cat /etc/resolv.conf; \
+         (echo x > /run/lazaret/resolv.conf) 2>/dev/null && echo WRITABLE; \
+         echo kept > /etc/kept; rm /etc/resolv.conf; \
+         echo 'nameserver 198.18.0.1' > /etc/resolv.conf",
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "../run/lazaret/resolv.conf\nnameserver 10.0.2.3\n",
+        "{}",
+        text(&out)
+    );
+    down(&host, &ws)?;
+    let status = up(&host, &ws)?;
+    let out = host.exec(&status, "cat /etc/kept /etc/resolv.conf");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "kept\nnameserver 10.0.2.3\n",
+        "{}",
+        text(&out)
+    );
     down(&host, &ws)?;
     Ok(())
 }
