@@ -12,7 +12,9 @@
 //!    does not validate;
 //! 5. with rtnetlink: brings up loopback, disables IPv6, configures the
 //!    connectivity helper's tap device, installs one route per policy rule
-//!    and one per resolver, and reads the namespace back;
+//!    and one per resolver, and reads the namespace back; then, with
+//!    `nft`, installs the packet filter that enforces the policy a second
+//!    time and reads it back;
 //! 6. probes the policy's destinations and its resolvers;
 //! 7. answers with a [`NetworkReadinessAttestation`] built only from what it
 //!    observed, and exits.
@@ -22,6 +24,7 @@
 
 #![deny(missing_docs)]
 
+mod filter;
 mod install;
 mod probe;
 
@@ -125,6 +128,7 @@ fn attest(channel: &Channel) -> Result<NetworkReadinessAttestation, SidecarError
             )
         })?;
     let readback = runtime.block_on(install::install(&policy, link))?;
+    let observed_filter = filter::install(&policy.expected_filter())?;
     let probes = probe::run(&policy, link);
 
     Ok(NetworkReadinessAttestation {
@@ -139,6 +143,7 @@ fn attest(channel: &Channel) -> Result<NetworkReadinessAttestation, SidecarError
             helper_ready: readback.tap_up,
             observed_routes: readback.routes,
             ipv6_disabled: readback.ipv6_disabled,
+            observed_filter,
         },
         denied_destinations: probes.denied,
         permitted_destinations: probes.permitted,

@@ -179,6 +179,33 @@ pub struct PrefixRule {
     pub action: PolicyAction,
 }
 
+/// One rule of the second enforcement layer: the nftables filter on the
+/// enforcement namespace's output, evaluated in order (first match wins;
+/// what matches none is dropped). Its input accepts only loopback and
+/// replies to what left.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum FilterRule {
+    /// Anything out of `lo` is accepted.
+    AcceptLoopback,
+    /// DNS (UDP and TCP port 53) to a resolver is accepted.
+    AcceptDns {
+        /// The resolver.
+        resolver: Ipv4Addr,
+    },
+    /// Traffic to `network` is accepted or dropped.
+    Prefix {
+        /// The destination network.
+        network: IpPrefix,
+        /// Accept or drop.
+        action: PolicyAction,
+    },
+}
+
+/// Multicast and limited broadcast: the filter drops them before any
+/// allowed prefix is looked at.
+pub const FILTER_ALWAYS_DROPPED: [([u8; 4], u8); 2] =
+    [([224, 0, 0, 0], 4), ([255, 255, 255, 255], 32)];
+
 /// A DNS resolver the sandbox may reach (slirp's forwarder).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct Resolver {
@@ -437,6 +464,31 @@ impl DerivedNetworkPolicy {
         routes
     }
 
+    /// The output filter that enforces the policy a second time, rule by
+    /// rule in order: loopback, DNS to each resolver, the multicast and
+    /// broadcast drops, then every prefix rule, longest prefix first (so
+    /// the first match is the longest, as with routes).
+    pub fn expected_filter(&self) -> Vec<FilterRule> {
+        let mut filter = vec![FilterRule::AcceptLoopback];
+        filter.extend(self.resolvers.iter().filter_map(|r| match r.address {
+            IpAddr::V4(resolver) => Some(FilterRule::AcceptDns { resolver }),
+            IpAddr::V6(_) => None,
+        }));
+        filter.extend(FILTER_ALWAYS_DROPPED.iter().filter_map(|&(octets, len)| {
+            Some(FilterRule::Prefix {
+                network: IpPrefix::ipv4(octets, len)?,
+                action: PolicyAction::Deny,
+            })
+        }));
+        let mut rules = self.prefix_rules.clone();
+        rules.sort_by_key(|r| (std::cmp::Reverse(r.network.prefix_len), r.network));
+        filter.extend(rules.into_iter().map(|r| FilterRule::Prefix {
+            network: r.network,
+            action: r.action,
+        }));
+        filter
+    }
+
     /// What the policy does with traffic to `address`: the longest matching
     /// route's action, else the family's default; a disabled family is
     /// denied.
@@ -628,6 +680,9 @@ pub struct NetworkObservation {
     pub observed_routes: Vec<PrefixRule>,
     /// Whether IPv6 was found disabled on every interface.
     pub ipv6_disabled: bool,
+    /// The output filter's rules found in the namespace, in order (its
+    /// chains, hooks and drop policies checked as they were read).
+    pub observed_filter: Vec<FilterRule>,
 }
 
 /// A destination the policy denies, and whether it proved unreachable.
@@ -796,8 +851,8 @@ impl NetworkReadinessAttestation {
     }
 
     /// Checks the attestation is about exactly what was asked and shows the
-    /// policy in force: the same identity, the routes read back equal to
-    /// the policy's, every destination of the policy's probe plan probed
+    /// policy in force: the same identity, the routes and the filter read
+    /// back equal to the policy's, every destination of the policy's probe plan probed
     /// and none else, and observations that show a ready network.
     pub fn verify(
         &self,
@@ -810,6 +865,9 @@ impl NetworkReadinessAttestation {
         }
         if self.observation.observed_routes != policy.expected_routes() {
             return Err(AttestationMismatch::Routes);
+        }
+        if self.observation.observed_filter != policy.expected_filter() {
+            return Err(AttestationMismatch::Filter);
         }
         let plan = policy.probe_plan(link.gateway);
         let mut denied: Vec<_> = self
@@ -864,6 +922,9 @@ pub enum AttestationMismatch {
     /// The routes read back differ from the policy's.
     #[error("the routes read back from the namespace differ from the policy")]
     Routes,
+    /// The filter read back differs from the policy's.
+    #[error("the packet filter read back from the namespace differs from the policy")]
+    Filter,
     /// It probed other destinations than the policy's probe plan.
     #[error("it did not probe exactly the destinations the policy calls for")]
     Probes,
@@ -928,6 +989,7 @@ pub(crate) mod tests {
                 helper_ready: true,
                 observed_routes: policy.prefix_rules.clone(),
                 ipv6_disabled: true,
+                observed_filter: policy.expected_filter(),
             },
             denied_destinations: vec![DeniedDestinationObservation {
                 destination: IpAddr::V4(Ipv4Addr::new(10, 1, 2, 3)),
@@ -1093,6 +1155,7 @@ pub(crate) mod tests {
         let mut attestation = attestation();
         attestation.derived_policy_digest = policy.digest().unwrap();
         attestation.observation.observed_routes = policy.expected_routes();
+        attestation.observation.observed_filter = policy.expected_filter();
         attestation.denied_destinations = plan
             .denied
             .iter()
@@ -1135,6 +1198,55 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn the_filter_decides_as_the_routes_do() {
+        // A /32 allowed inside a denied /24 inside an allowed /8: the
+        // filter lists them longest first, so its first match is the
+        // route's longest match; multicast and broadcast go before all.
+        let policy = DerivedNetworkPolicy::ipv4_only(
+            [
+                IpPrefix::ipv4([0, 0, 0, 0], 0).unwrap(),
+                IpPrefix::ipv4([198, 18, 0, 10], 32).unwrap(),
+            ],
+            [IpPrefix::ipv4([198, 18, 0, 0], 24).unwrap()],
+            [ConnectivityLink::SLIRP4NETNS_RESOLVER],
+        );
+        let filter = policy.expected_filter();
+        let prefix = |octets, len, action| FilterRule::Prefix {
+            network: IpPrefix::ipv4(octets, len).unwrap(),
+            action,
+        };
+        assert_eq!(
+            filter,
+            [
+                FilterRule::AcceptLoopback,
+                FilterRule::AcceptDns {
+                    resolver: ConnectivityLink::SLIRP4NETNS_RESOLVER
+                },
+                prefix([224, 0, 0, 0], 4, PolicyAction::Deny),
+                prefix([255, 255, 255, 255], 32, PolicyAction::Deny),
+                prefix([198, 18, 0, 10], 32, PolicyAction::Allow),
+                prefix([198, 18, 0, 0], 24, PolicyAction::Deny),
+                prefix([0, 0, 0, 0], 0, PolicyAction::Allow),
+            ]
+        );
+        for address in [[198, 18, 0, 10], [198, 18, 0, 11], [8, 8, 8, 8]] {
+            let first = filter.iter().find_map(|rule| match rule {
+                FilterRule::Prefix { network, action }
+                    if network.contains(IpAddr::from(address)) =>
+                {
+                    Some(*action)
+                }
+                _ => None,
+            });
+            assert_eq!(
+                first,
+                Some(policy.action_for(IpAddr::from(address))),
+                "{address:?}"
+            );
+        }
+    }
+
+    #[test]
     fn a_rule_may_not_shadow_the_resolver() {
         let policy = DerivedNetworkPolicy::ipv4_only(
             [],
@@ -1163,6 +1275,19 @@ pub(crate) mod tests {
         assert_eq!(
             routes.verify(&identity, &policy, &link),
             Err(AttestationMismatch::Routes)
+        );
+        // A filter rule missing, or two swapped (first match wins).
+        let mut filter = good.clone();
+        filter.observation.observed_filter.pop();
+        assert_eq!(
+            filter.verify(&identity, &policy, &link),
+            Err(AttestationMismatch::Filter)
+        );
+        let mut swapped = good.clone();
+        swapped.observation.observed_filter.swap(3, 4);
+        assert_eq!(
+            swapped.verify(&identity, &policy, &link),
+            Err(AttestationMismatch::Filter)
         );
         let mut skipped = good.clone();
         skipped.denied_destinations.pop();

@@ -75,6 +75,8 @@ pub enum SidecarStep {
     Readback,
     /// Probing failed.
     Probes,
+    /// Installing or reading back the packet filter failed.
+    Filter,
 }
 
 /// A failure the sidecar reports before exiting.

@@ -253,6 +253,27 @@ fn policy_holds() -> Result {
     unreachable(&host, &denied, &["EHOSTUNREACH"])?;
     unreachable(&host, &unlisted, &["ENETUNREACH"])?;
 
+    // The routes broken on purpose from outside the sandbox: routes to the
+    // denied and the unlisted host now lead out, and the packet filter
+    // still drops what they carry: the connection fails (EPERM, or a
+    // timeout as gVisor retries the dropped SYN), where without the filter
+    // the test's server there would answer.
+    let holder = status["namespace_holder"]["pid"]
+        .as_u64()
+        .ok_or("no holder pid")?
+        .to_string();
+    for address in [DENIED, UNLISTED] {
+        let added = Command::new("nsenter")
+            .args(["-t", &holder, "-n", "ip", "route", "replace"])
+            .arg(format!("{address}/32"))
+            .args(["via", "10.0.2.2", "dev", "tap0", "onlink"])
+            .output()?;
+        assert!(added.status.success(), "{}", text(&added));
+    }
+    unreachable(&host, &denied, &["EPERM", "ETIMEDOUT"])?;
+    unreachable(&host, &unlisted, &["EPERM", "ETIMEDOUT"])?;
+    answers(&host, &allowed)?;
+
     let inode = network["enforcement_namespace"]["inode"]
         .as_u64()
         .ok_or("no namespace inode")?;

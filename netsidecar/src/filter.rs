@@ -1,0 +1,285 @@
+//! The second enforcement layer: an nftables filter in the enforcement
+//! namespace, installed and read back with `nft` and its JSON interface.
+//!
+//! One table, `inet lazaret`, with two base chains that drop by default:
+//! `output` holds the policy's [`FilterRule`]s in order (first match wins),
+//! `input` accepts only loopback and replies to what left. The routes
+//! already decide every destination; the filter decides again, so a route
+//! changed from outside the sandbox (or a bug in how routes are installed)
+//! opens nothing. The readback lists the whole ruleset and turns it back
+//! into [`FilterRule`]s, refusing anything it does not recognise: what the
+//! attestation reports is what the kernel holds. Trusts `nft` at its fixed
+//! path, as installed by the host's package manager.
+
+use std::io::Write;
+use std::net::{IpAddr, Ipv4Addr};
+use std::process::{Command, Stdio};
+
+use lazaret_proto::network::{FilterRule, IpPrefix, PolicyAction};
+use lazaret_proto::sidecar::{SidecarError, SidecarStep};
+use serde_json::{Value, json};
+
+use crate::failed;
+
+/// Where `nft` is, in the order tried; never looked up through `PATH`.
+const NFT: &[&str] = &["/usr/sbin/nft", "/sbin/nft"];
+
+const FAMILY: &str = "inet";
+const TABLE: &str = "lazaret";
+
+fn error(detail: impl std::fmt::Display) -> SidecarError {
+    failed(SidecarStep::Filter, detail)
+}
+
+/// Installs `filter` as the namespace's only ruleset and reads it back.
+pub fn install(filter: &[FilterRule]) -> Result<Vec<FilterRule>, SidecarError> {
+    let mut commands = vec![json!({"add": {"table": {"family": FAMILY, "name": TABLE}}})];
+    commands.extend(["output", "input"].map(|hook| {
+        json!({"add": {"chain": {
+            "family": FAMILY, "table": TABLE, "name": hook,
+            "type": "filter", "hook": hook, "prio": 0, "policy": "drop",
+        }}})
+    }));
+    let rule = |chain: &str, expr: Value| json!({"add": {"rule": {"family": FAMILY, "table": TABLE, "chain": chain, "expr": expr}}});
+    commands.extend(input_rules().into_iter().map(|e| rule("input", e)));
+    commands.extend(filter.iter().flat_map(exprs).map(|e| rule("output", e)));
+    let document = json!({"nftables": commands}).to_string();
+    nft(&["-j", "-f", "-"], Some(document.as_bytes()))?;
+    read_back()
+}
+
+/// The `input` chain's rules: loopback, and replies.
+fn input_rules() -> [Value; 2] {
+    [
+        json!([
+            {"match": {"op": "==", "left": {"meta": {"key": "iifname"}}, "right": "lo"}},
+            {"accept": null},
+        ]),
+        json!([
+            {"match": {"op": "in", "left": {"ct": {"key": "state"}}, "right": ["established", "related"]}},
+            {"accept": null},
+        ]),
+    ]
+}
+
+/// The rule expressions that implement one [`FilterRule`]: DNS takes two
+/// rules (UDP, then TCP), the others one.
+fn exprs(rule: &FilterRule) -> Vec<Value> {
+    let daddr = |right: Value| json!({"match": {"op": "==", "left": {"payload": {"protocol": "ip", "field": "daddr"}}, "right": right}});
+    match *rule {
+        FilterRule::AcceptLoopback => vec![json!([
+            {"match": {"op": "==", "left": {"meta": {"key": "oifname"}}, "right": "lo"}},
+            {"accept": null},
+        ])],
+        FilterRule::AcceptDns { resolver } => ["udp", "tcp"]
+            .map(|protocol| {
+                json!([
+                    daddr(json!(resolver.to_string())),
+                    {"match": {"op": "==", "left": {"payload": {"protocol": protocol, "field": "dport"}}, "right": 53}},
+                    {"accept": null},
+                ])
+            })
+            .into(),
+        FilterRule::Prefix { network, action } => {
+            let verdict = match action {
+                PolicyAction::Allow => json!({"accept": null}),
+                PolicyAction::Deny => json!({"drop": null}),
+            };
+            vec![json!([daddr(destination(&network)), verdict])]
+        }
+    }
+}
+
+/// A destination as `nft` writes it back: a host as a bare address, any
+/// other network as a prefix.
+fn destination(network: &IpPrefix) -> Value {
+    if network.prefix_len == 32 {
+        json!(network.address.to_string())
+    } else {
+        json!({"prefix": {"addr": network.address.to_string(), "len": network.prefix_len}})
+    }
+}
+
+/// Lists the whole ruleset and turns it back into the output chain's
+/// [`FilterRule`]s, after checking that it holds nothing but this table,
+/// its two chains as installed, and the input chain's two rules.
+pub fn read_back() -> Result<Vec<FilterRule>, SidecarError> {
+    let listed = nft(&["-j", "list", "ruleset"], None)?;
+    let document: Value =
+        serde_json::from_slice(&listed).map_err(|e| error(format!("nft listed no JSON: {e}")))?;
+    let objects = document["nftables"]
+        .as_array()
+        .ok_or_else(|| error("nft listed no `nftables` array"))?;
+    let mut chains = Vec::new();
+    let mut input = Vec::new();
+    let mut output = Vec::new();
+    for object in objects {
+        let Some((kind, body)) = object.as_object().and_then(|o| o.iter().next()) else {
+            return Err(error(format!("unexpected ruleset entry {object}")));
+        };
+        let ours = body["family"] == FAMILY && (body["table"] == TABLE || body["name"] == TABLE);
+        match kind.as_str() {
+            "metainfo" => {}
+            "table" if ours && body["name"] == TABLE => {}
+            "chain" if ours => chains.push((
+                body["name"].clone(),
+                body["type"].clone(),
+                body["hook"].clone(),
+                body["prio"].clone(),
+                body["policy"].clone(),
+            )),
+            "rule" if ours && body["chain"] == "input" => input.push(body["expr"].clone()),
+            "rule" if ours && body["chain"] == "output" => output.push(body["expr"].clone()),
+            _ => return Err(error(format!("the namespace holds another {kind}: {body}"))),
+        }
+    }
+    chains.sort_by_key(|c| c.0.to_string());
+    let expected_chains: Vec<_> = ["input", "output"]
+        .map(|hook| {
+            (
+                json!(hook),
+                json!("filter"),
+                json!(hook),
+                json!(0),
+                json!("drop"),
+            )
+        })
+        .into();
+    if chains != expected_chains {
+        return Err(error(format!(
+            "the filter's chains are not the two drop-by-default base chains: {chains:?}"
+        )));
+    }
+    if input != input_rules() {
+        return Err(error(format!(
+            "the input chain holds other rules: {input:?}"
+        )));
+    }
+    rules_of(&output)
+}
+
+/// Turns the output chain's rule expressions back into [`FilterRule`]s.
+fn rules_of(output: &[Value]) -> Result<Vec<FilterRule>, SidecarError> {
+    let mut rules = Vec::new();
+    let mut rest = output;
+    while let Some((first, tail)) = rest.split_first() {
+        rest = tail;
+        if *first == exprs(&FilterRule::AcceptLoopback)[0] {
+            rules.push(FilterRule::AcceptLoopback);
+            continue;
+        }
+        let destination = first[0]["match"]["right"].clone();
+        let address = destination
+            .as_str()
+            .and_then(|a| a.parse::<Ipv4Addr>().ok());
+        if let Some(resolver) = address {
+            let dns = FilterRule::AcceptDns { resolver };
+            let [udp, tcp] = <[Value; 2]>::try_from(exprs(&dns)).unwrap_or_default();
+            if *first == udp && tail.first() == Some(&tcp) {
+                rest = &tail[1..];
+                rules.push(dns);
+                continue;
+            }
+        }
+        let network = match (&address, &destination["prefix"]) {
+            (Some(host), _) => IpPrefix::host(IpAddr::V4(*host)),
+            (None, prefix) => prefix["addr"]
+                .as_str()
+                .and_then(|a| a.parse::<Ipv4Addr>().ok())
+                .zip(prefix["len"].as_u64().and_then(|l| u8::try_from(l).ok()))
+                .and_then(|(addr, len)| IpPrefix::ipv4(addr.octets(), len))
+                .ok_or_else(|| error(format!("unrecognised output rule {first}")))?,
+        };
+        let rule = [PolicyAction::Allow, PolicyAction::Deny]
+            .into_iter()
+            .map(|action| FilterRule::Prefix { network, action })
+            .find(|rule| exprs(rule)[0] == *first)
+            .ok_or_else(|| error(format!("unrecognised output rule {first}")))?;
+        rules.push(rule);
+    }
+    Ok(rules)
+}
+
+/// Runs `nft ARGS` with `input` on its standard input; its standard
+/// output, or an error with what it said.
+fn nft(args: &[&str], input: Option<&[u8]>) -> Result<Vec<u8>, SidecarError> {
+    let program = NFT
+        .iter()
+        .find(|p| std::path::Path::new(p).is_file())
+        .ok_or_else(|| error("nft is not installed; install it with `apt-get install nftables`"))?;
+    let mut child = Command::new(program)
+        .args(args)
+        .env_clear()
+        .stdin(if input.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| error(format!("cannot run {program}: {e}")))?;
+    if let (Some(bytes), Some(mut stdin)) = (input, child.stdin.take()) {
+        stdin
+            .write_all(bytes)
+            .map_err(|e| error(format!("cannot write to {program}: {e}")))?;
+    }
+    let output = child
+        .wait_with_output()
+        .map_err(|e| error(format!("cannot wait for {program}: {e}")))?;
+    if !output.status.success() {
+        return Err(error(format!(
+            "`nft {}` failed ({}): {}",
+            args.join(" "),
+            output.status,
+            String::from_utf8_lossy(&output.stderr).trim()
+        )));
+    }
+    Ok(output.stdout)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn prefix(octets: [u8; 4], len: u8, action: PolicyAction) -> FilterRule {
+        FilterRule::Prefix {
+            network: IpPrefix::ipv4(octets, len).unwrap(),
+            action,
+        }
+    }
+
+    #[test]
+    fn rules_read_back_as_written() {
+        let filter = [
+            FilterRule::AcceptLoopback,
+            FilterRule::AcceptDns {
+                resolver: Ipv4Addr::new(10, 0, 2, 3),
+            },
+            prefix([224, 0, 0, 0], 4, PolicyAction::Deny),
+            prefix([255, 255, 255, 255], 32, PolicyAction::Deny),
+            prefix([198, 18, 0, 10], 32, PolicyAction::Allow),
+            prefix([0, 0, 0, 0], 0, PolicyAction::Allow),
+        ];
+        let written: Vec<Value> = filter.iter().flat_map(exprs).collect();
+        assert_eq!(written.len(), filter.len() + 1, "DNS takes two rules");
+        assert_eq!(rules_of(&written).unwrap(), filter);
+    }
+
+    #[test]
+    fn unknown_rules_are_refused() {
+        let foreign = [
+            json!([{"accept": null}]),
+            json!([{"match": {"op": "!=", "left": {"payload": {"protocol": "ip", "field": "daddr"}}, "right": "1.2.3.4"}}, {"accept": null}]),
+            json!([{"match": {"op": "==", "left": {"payload": {"protocol": "ip", "field": "daddr"}}, "right": "1.2.3.4"}}, {"counter": null}, {"accept": null}]),
+        ];
+        for rule in foreign {
+            assert!(rules_of(std::slice::from_ref(&rule)).is_err(), "{rule}");
+        }
+        // Half of a DNS pair is not DNS.
+        let dns = exprs(&FilterRule::AcceptDns {
+            resolver: Ipv4Addr::new(10, 0, 2, 3),
+        });
+        assert!(rules_of(&dns[..1]).is_err());
+    }
+}
