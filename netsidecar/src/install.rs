@@ -21,6 +21,7 @@ use rtnetlink::packet_route::link::{LinkAttribute, LinkFlags};
 use rtnetlink::packet_route::route::{
     RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteScope, RouteType,
 };
+use rtnetlink::packet_route::rule::{RuleAction, RuleAttribute};
 use rtnetlink::{Handle, LinkUnspec, RouteMessageBuilder};
 
 use crate::failed;
@@ -37,6 +38,11 @@ pub struct Readback {
 }
 
 const IPV6_CONF: &str = "/proc/sys/net/ipv6/conf";
+
+/// The kernel's `local` routing table (`RT_TABLE_LOCAL`).
+const TABLE_LOCAL: u32 = 255;
+/// The kernel's `default` routing table (`RT_TABLE_DEFAULT`).
+const TABLE_DEFAULT: u32 = 253;
 
 /// Installs `policy` on `link` and reads the namespace back.
 pub async fn install(
@@ -124,6 +130,7 @@ pub async fn install(
         add_route(&handle, message, IpPrefix::host(resolver.address)).await?;
     }
 
+    check_rules(&handle).await?;
     let routes = read_routes(&handle, tap, link).await?;
     let links = list_links(&handle).await?;
     let tap_up = links
@@ -202,10 +209,68 @@ async fn has_address(handle: &Handle, index: u32, wanted: Ipv4Addr) -> Result<bo
     }))
 }
 
+/// Requires the IPv4 routing rules to be the kernel's three defaults (look
+/// up `local`, then `main`, then `default`) and nothing else: a rule that
+/// sent some traffic to another table would route around the policy.
+async fn check_rules(handle: &Handle) -> Result<(), SidecarError> {
+    let messages = dump(
+        handle.rule().get(rtnetlink::IpVersion::V4).execute(),
+        "routing rules",
+    )
+    .await?;
+    let mut found = Vec::new();
+    for m in &messages {
+        let mut priority = 0;
+        let mut table = u32::from(m.header.table);
+        for a in &m.attributes {
+            match a {
+                RuleAttribute::Priority(p) => priority = *p,
+                RuleAttribute::Table(t) => table = *t,
+                // What the kernel reports for "none".
+                RuleAttribute::Protocol(_)
+                | RuleAttribute::SuppressPrefixLen(u32::MAX)
+                | RuleAttribute::SuppressIfGroup(u32::MAX) => {}
+                other => {
+                    return Err(failed(
+                        SidecarStep::Readback,
+                        format!("a routing rule (priority {priority}) has a selector: {other:?}"),
+                    ));
+                }
+            }
+        }
+        let plain = m.header.src_len == 0
+            && m.header.dst_len == 0
+            && m.header.tos == 0
+            && m.header.action == RuleAction::ToTable;
+        if !plain {
+            return Err(failed(
+                SidecarStep::Readback,
+                format!("the routing rule at priority {priority} is not a plain table lookup"),
+            ));
+        }
+        found.push((priority, table));
+    }
+    found.sort_unstable();
+    let defaults = [
+        (0, TABLE_LOCAL),
+        (32766, u32::from(RouteHeader::RT_TABLE_MAIN)),
+        (32767, TABLE_DEFAULT),
+    ];
+    if found != defaults {
+        return Err(failed(
+            SidecarStep::Readback,
+            format!("the routing rules are not the kernel's defaults: (priority, table) {found:?}"),
+        ));
+    }
+    Ok(())
+}
+
 /// The main table's IPv4 routes as rules: unicast via the gateway on the
 /// tap device is an allowed prefix, a link route on the tap device to one
 /// host is a resolver (allowed), `unreachable` is a denied prefix. Any
-/// other route is an error: nothing but the policy may route.
+/// other route is an error: nothing but the policy may route. The `local`
+/// table may hold only the kernel's local and broadcast routes; every other
+/// table must be empty.
 async fn read_routes(
     handle: &Handle,
     tap: u32,
@@ -229,10 +294,24 @@ async fn read_routes(
                 _ => None,
             })
             .unwrap_or(u32::from(m.header.table));
-        if m.header.address_family != NetlinkFamily::Inet
-            || table != u32::from(RouteHeader::RT_TABLE_MAIN)
+        if m.header.address_family != NetlinkFamily::Inet {
+            continue;
+        }
+        if table == TABLE_LOCAL && matches!(m.header.kind, RouteType::Local | RouteType::Broadcast)
         {
             continue;
+        }
+        if table != u32::from(RouteHeader::RT_TABLE_MAIN) {
+            return Err(failed(
+                SidecarStep::Readback,
+                format!(
+                    "a {:?} route to {}/{} is in routing table {table}; only the main table \
+                     may route",
+                    m.header.kind,
+                    route_destination(&m),
+                    m.header.destination_prefix_length
+                ),
+            ));
         }
         let mut destination = Ipv4Addr::UNSPECIFIED;
         let mut gateway = None;
@@ -280,6 +359,16 @@ async fn read_routes(
     }
     rules.sort();
     Ok(rules)
+}
+
+fn route_destination(m: &RouteMessage) -> Ipv4Addr {
+    m.attributes
+        .iter()
+        .find_map(|a| match a {
+            RouteAttribute::Destination(RouteAddress::Inet(d)) => Some(*d),
+            _ => None,
+        })
+        .unwrap_or(Ipv4Addr::UNSPECIFIED)
 }
 
 fn disable_ipv6(interfaces: &[&str]) -> Result<(), SidecarError> {
