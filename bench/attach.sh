@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Times `lazaret attach` against a bare `runsc exec` into the same running
 # sandbox (entered through the Domain's namespaces), in one run: the time of
-# `-- true` (start to exit, the floor under time to first output) and the
-# throughput of `-- cat BIGFILE`. Prints medians and ratios.
+# `-- true` (start to exit, the floor under time to first output), of a
+# command that does a little work (`sh -c 'ls /'`), and the throughput of
+# `-- cat BIGFILE`. Prints medians and ratios.
+# A session's command starts through `lazaret-init session` (one more
+# `exec` inside the sandbox), which the bare `runsc exec` does not pay.
 #
 # usage: bench/attach.sh [ROUNDS] [MIB]   (default 15 rounds, 64 MiB)
 # Run it as the user Lazaret runs as; it uses scratch directories only.
@@ -30,6 +33,13 @@ for _ in $(seq "$rounds"); do
     attach_true+=("$(ms "$t0" "$t1")"); bare_true+=("$(ms "$t1" "$t2")")
 done
 
+attach_ls=() bare_ls=()
+for _ in $(seq "$rounds"); do
+    t0=$(now); "$lazaret" attach bench -- sh -c 'ls / >/dev/null' </dev/null; t1=$(now)
+    "${bare[@]}" sh -c 'ls / >/dev/null' </dev/null; t2=$(now)
+    attach_ls+=("$(ms "$t0" "$t1")"); bare_ls+=("$(ms "$t1" "$t2")")
+done
+
 rate() { local t=$(ms "$1" "$2"); echo $(( mib * 1000 / (t > 0 ? t : 1) )); }
 attach_cat=() bare_cat=() bare_pipe=()
 for _ in $(seq 3); do
@@ -41,10 +51,13 @@ for _ in $(seq 3); do
 done
 
 at=$(median "${attach_true[@]}"); bt=$(median "${bare_true[@]}")
+al=$(median "${attach_ls[@]}"); bl=$(median "${bare_ls[@]}")
 ac=$(median "${attach_cat[@]}"); bc=$(median "${bare_cat[@]}"); bp=$(median "${bare_pipe[@]}")
 printf 'rounds: %s (throughput: 3 rounds of %s MiB)\n' "$rounds" "$mib"
 printf 'attach -- true      median %6s ms    bare runsc exec  median %6s ms    ratio %s (target <= 1.3)\n' \
     "$at" "$bt" "$(ratio "$at" "$bt")"
+printf "attach -- sh -c 'ls /' median %6s ms bare runsc exec  median %6s ms    ratio %s (target <= 1.3)\n" \
+    "$al" "$bl" "$(ratio "$al" "$bl")"
 printf 'attach -- cat big   median %6s MiB/s bare runsc exec  median %6s MiB/s ratio %s (target >= 0.8)\n' \
     "$ac" "$bc" "$(ratio "$ac" "$bc")"
 printf '                                       bare into a pipe median %6s MiB/s ratio %s\n' \

@@ -161,9 +161,9 @@ pub enum ExecSignal {
     Quit,
     /// SIGTERM.
     Terminate,
-    /// SIGHUP to the session's leader: the session's client is gone, and
-    /// the leader kills every process of the session.
-    Hangup,
+    /// SIGKILL: the session's client is gone (the sandbox's pid 1 then ends
+    /// the rest of the session).
+    Kill,
 }
 
 impl ExecSignal {
@@ -173,7 +173,7 @@ impl ExecSignal {
             ExecSignal::Interrupt => "INT",
             ExecSignal::Quit => "QUIT",
             ExecSignal::Terminate => "TERM",
-            ExecSignal::Hangup => "HUP",
+            ExecSignal::Kill => "KILL",
         }
     }
 }

@@ -1,35 +1,43 @@
 //! The few C library calls `lazaret-init` needs that `std` does not offer:
-//! waiting for any child, signalling a pid, and taking signals
-//! synchronously. Declared by hand (the program has no dependencies beyond
-//! `std`, whose static C library provides them); each wrapper is safe.
+//! reaping any child, signalling a pid, and taking signals synchronously
+//! with their sender. Declared by hand (the program has no dependencies
+//! beyond `std`, whose static C library provides them); each wrapper is
+//! safe.
 
 use std::io;
+use std::time::Duration;
 
-pub const SIGHUP: i32 = 1;
-pub const SIGINT: i32 = 2;
-pub const SIGQUIT: i32 = 3;
 pub const SIGKILL: i32 = 9;
-pub const SIGTERM: i32 = 15;
 pub const SIGCHLD: i32 = 17;
-pub const SIGTSTP: i32 = 20;
-pub const SIGTTIN: i32 = 21;
-pub const SIGTTOU: i32 = 22;
+/// "A session began": a real-time signal (queued, never merged with
+/// another), sent to pid 1 by each session's first process.
+pub const SESSION_BEGAN: i32 = 40;
 
 const SIG_BLOCK: i32 = 0;
-const SIG_SETMASK: i32 = 2;
+const WNOHANG: i32 = 1;
 
 /// The C library's `sigset_t`: 1024 bits.
 #[repr(C)]
 struct SigSet([u64; 16]);
 
-/// The C library's `siginfo_t`: 128 bytes, of which only the signal
-/// number is read.
+/// The C library's `siginfo_t` (128 bytes) as filled for a signal sent by
+/// a process: number, error, code, then the sender's pid and uid.
 #[repr(C)]
 struct SigInfo {
     signo: i32,
     errno: i32,
     code: i32,
-    rest: [u8; 116],
+    pad: i32,
+    pid: i32,
+    uid: u32,
+    rest: [u8; 104],
+}
+
+/// The C library's `struct timespec`.
+#[repr(C)]
+struct Timespec {
+    seconds: i64,
+    nanoseconds: i64,
 }
 
 unsafe extern "C" {
@@ -38,18 +46,18 @@ unsafe extern "C" {
     fn sigemptyset(set: *mut SigSet) -> i32;
     fn sigaddset(set: *mut SigSet, signal: i32) -> i32;
     fn sigprocmask(how: i32, set: *const SigSet, old: *mut SigSet) -> i32;
-    fn sigwaitinfo(set: *const SigSet, info: *mut SigInfo) -> i32;
+    fn sigtimedwait(set: *const SigSet, info: *mut SigInfo, timeout: *const Timespec) -> i32;
 }
 
-/// Waits for any child to end and reaps it: `Ok(())`, or the error
-/// (`ECHILD` when there is no child).
-pub fn reap_any() -> io::Result<()> {
-    let mut status = 0;
-    // SAFETY: `status` is a valid, writable int for the call.
-    if unsafe { waitpid(-1, &mut status, 0) } < 0 {
-        return Err(io::Error::last_os_error());
+/// Reaps every child that has ended, without waiting.
+pub fn reap_all() {
+    loop {
+        let mut status = 0;
+        // SAFETY: `status` is a valid, writable int for the call.
+        if unsafe { waitpid(-1, &mut status, WNOHANG) } <= 0 {
+            return;
+        }
     }
-    Ok(())
 }
 
 /// Sends `signal` to `pid`; a process that is already gone is no error.
@@ -60,14 +68,21 @@ pub fn signal(pid: i32, signal: i32) {
     }
 }
 
+/// A signal taken from the blocked set, and the pid that sent it (0 for
+/// the kernel).
+pub struct Received {
+    /// The signal.
+    pub signal: i32,
+    /// Who sent it.
+    pub sender: u32,
+}
+
 /// A set of signals this (single-threaded) process blocks and then takes
 /// one at a time.
 pub struct Signals(SigSet);
 
 impl Signals {
-    /// Blocks `signals`: from now on they wait for [`Signals::next`].
-    /// Children inherit the mask unless started through
-    /// [`Signals::unblocked_in_child`].
+    /// Blocks `signals`: from now on they wait for [`Signals::next_within`].
     pub fn block(signals: &[i32]) -> io::Result<Self> {
         let mut set = SigSet([0; 16]);
         // SAFETY: `set` is a valid sigset_t for each call; the signal
@@ -84,38 +99,28 @@ impl Signals {
         Ok(Self(set))
     }
 
-    /// Makes `command`'s child start with no signal blocked.
-    pub fn unblocked_in_child(command: &mut std::process::Command) {
-        use std::os::unix::process::CommandExt;
-        let empty = SigSet([0; 16]);
-        // SAFETY: the closure runs in the forked child before exec and only
-        // calls sigprocmask, which is async-signal-safe, on a set it owns.
-        unsafe {
-            command.pre_exec(move || {
-                if sigprocmask(SIG_SETMASK, &empty, std::ptr::null_mut()) != 0 {
-                    return Err(io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-    }
-
-    /// Waits for the next of the blocked signals and returns its number.
-    pub fn next(&self) -> i32 {
-        loop {
-            let mut info = SigInfo {
-                signo: 0,
-                errno: 0,
-                code: 0,
-                rest: [0; 116],
-            };
-            // SAFETY: the set is initialised and `info` is a writable
-            // siginfo_t-sized buffer.
-            let signo = unsafe { sigwaitinfo(&self.0, &mut info) };
-            if signo > 0 {
-                return signo;
-            }
-            // EINTR (a signal outside the set): wait again.
-        }
+    /// The next of the blocked signals, waiting at most `timeout`; `None`
+    /// when none came (or another signal interrupted the wait).
+    pub fn next_within(&self, timeout: Duration) -> Option<Received> {
+        let mut info = SigInfo {
+            signo: 0,
+            errno: 0,
+            code: 0,
+            pad: 0,
+            pid: 0,
+            uid: 0,
+            rest: [0; 104],
+        };
+        let timeout = Timespec {
+            seconds: i64::try_from(timeout.as_secs()).unwrap_or(i64::MAX),
+            nanoseconds: i64::from(timeout.subsec_nanos()),
+        };
+        // SAFETY: the set is initialised, `info` is a writable
+        // siginfo_t-sized buffer and `timeout` a valid timespec.
+        let signo = unsafe { sigtimedwait(&self.0, &mut info, &timeout) };
+        (signo > 0).then(|| Received {
+            signal: signo,
+            sender: u32::try_from(info.pid).unwrap_or(0),
+        })
     }
 }

@@ -3,8 +3,8 @@
 //!
 //! Owns the process specification of a session (command, working
 //! directory `/workspace`, environment, terminal, capabilities; the
-//! command runs under `lazaret-init session`, which ends every process of
-//! the session with it) and its
+//! command starts through `lazaret-init session`, so that pid 1 ends every
+//! process of the session after it) and its
 //! delivery: the spec lives in a sealed memfd that `runsc exec` reads
 //! through `/proc/1/fd/N` (this process is pid 1 of the Domain pid
 //! namespace), so it is never a file. Owns the only `waitpid` of this
@@ -107,12 +107,13 @@ fn process_spec(request: &ExecRequest, environment: &[String]) -> serde_json::Va
         }
         ExecStdio::Pipes { .. } => (false, json!({"height": 0, "width": 0})),
     };
-    // The session's leader runs the command and ends the session with it.
-    let mut args = vec![crate::bundle::sandbox_init(), "session".to_owned()];
-    if terminal {
-        args.push("--terminal".to_owned());
-    }
-    args.push("--".to_owned());
+    // Through `lazaret-init session`, which tells pid 1 the session began
+    // (so it ends what the session leaves) and becomes the command.
+    let mut args = vec![
+        crate::bundle::sandbox_init(),
+        "session".to_owned(),
+        "--".to_owned(),
+    ];
     args.extend(request.args.iter().cloned());
     crate::bundle::process(
         &args,

@@ -97,6 +97,24 @@ fn window_size() -> (u16, u16) {
 /// `lazaret attach PROFILE [-- COMMAND...]`: returns the exit code.
 pub fn attach(globals: &Globals, profile: &str, command: Vec<String>) -> Result<u8, Failure> {
     let _flags = StatusFlags::save();
+    // The configuration is loaded on a thread of its own while the
+    // connection is made, which mostly waits on the coordinator.
+    std::thread::scope(|scope| {
+        let loaded = scope.spawn(|| globals.load_with(profile, crate::config::EnvValues::Skip));
+        connect_and_run(globals, profile, command, loaded)
+    })
+}
+
+/// The rest of [`attach`], with the configuration being loaded by `loaded`.
+fn connect_and_run(
+    globals: &Globals,
+    profile: &str,
+    command: Vec<String>,
+    loaded: std::thread::ScopedJoinHandle<
+        '_,
+        Result<crate::config::ResolvedDomainConfiguration, Failure>,
+    >,
+) -> Result<u8, Failure> {
     let workspace = globals.workspace_dir()?;
     let paths = DomainPaths::locate(profile, &workspace, &HostEnvironment::capture())?;
     // A Domain that is not running has no runtime dir or no listener.
@@ -173,8 +191,9 @@ pub fn attach(globals: &Globals, profile: &str, command: Vec<String>) -> Result<
     // under an older configuration (another network policy, other volumes)
     // is refused rather than entered unawares. The `env:` values are not
     // needed for that, and this shell need not export them.
-    let loaded = globals
-        .load_with(profile, crate::config::EnvValues::Skip)
+    let loaded = loaded
+        .join()
+        .map_err(|_| failure("loading the configuration failed unexpectedly"))?
         .map_err(|f| {
             failure(format!(
                 "cannot check the running Domain against the configuration: {}",

@@ -355,13 +355,13 @@ impl Hub {
             }
             Err(error) => {
                 // The CLI is gone, or the session broke: its process must
-                // not outlive it. End its session inside the sandbox, then
-                // its `runsc exec`.
+                // not outlive it. Kill it inside the sandbox (the sandbox's
+                // pid 1 ends the rest of its session), then its `runsc exec`.
                 Signaller {
                     supervisor: &self.supervisor,
                     session_id,
                 }
-                .send(ExecSignal::Hangup);
+                .send(ExecSignal::Kill);
                 if !wait_exited(inbox, wake) {
                     let _ = pidfd_send_signal(&process, Signal::KILL);
                 }
