@@ -39,6 +39,33 @@ pub const SKOPEO_ENVIRONMENT: &[&str] = &[
     "no_proxy",
 ];
 
+/// What the Host Coordinator may see of the CLI's environment, besides the
+/// variables the profile's `env:` references name and Lazaret's own
+/// `LAZARET_*` settings: where the user's configuration, data and runtime
+/// directories are, git's configuration (the workspace rules read it), and
+/// what skopeo may be given.
+pub const COORDINATOR_ENVIRONMENT: &[&str] = &[
+    "HOME",
+    "XDG_CONFIG_HOME",
+    "XDG_DATA_HOME",
+    "XDG_RUNTIME_DIR",
+    "GIT_CONFIG_GLOBAL",
+    "GIT_CONFIG_SYSTEM",
+    "GIT_CONFIG_NOSYSTEM",
+    "TMPDIR",
+    "REGISTRY_AUTH_FILE",
+    "CONTAINERS_REGISTRIES_CONF",
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "NO_PROXY",
+    "http_proxy",
+    "https_proxy",
+    "no_proxy",
+];
+
+/// The prefix of Lazaret's own settings, passed to the coordinator.
+const LAZARET_SETTINGS: &str = "LAZARET_";
+
 /// The gVisor runtime.
 pub fn runsc() -> Result<PathBuf, String> {
     host_program(
@@ -161,6 +188,23 @@ pub fn command(program: &Path, allowed: &[&str]) -> Command {
     command.env_clear();
     for name in allowed {
         if let Some(value) = std::env::var_os(name) {
+            command.env(name, value);
+        }
+    }
+    command
+}
+
+/// A command for the Host Coordinator at `program`: a cleared environment
+/// plus [`COORDINATOR_ENVIRONMENT`], every `LAZARET_*` setting, and the
+/// variables in `referenced` (the host names of the profile's `env:`
+/// references), those that are set here.
+pub fn coordinator_command(program: &Path, referenced: &[String]) -> Command {
+    let mut command = command(program, COORDINATOR_ENVIRONMENT);
+    for (name, value) in std::env::vars_os() {
+        let settings = name
+            .to_str()
+            .is_some_and(|n| n.starts_with(LAZARET_SETTINGS) || referenced.iter().any(|r| r == n));
+        if settings {
             command.env(name, value);
         }
     }

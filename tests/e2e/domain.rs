@@ -489,14 +489,38 @@ fn environment() -> Result {
     let host = UserHost::new();
     let secret = "sk-e2e-secret-7f3a9c";
     host.write_config(&format!(
-        "{}env = {{ API_TOKEN = \"env:LAZARET_E2E_TOKEN\" }}\n",
+        "{}env = {{ API_TOKEN = \"env:E2E_API_TOKEN\" }}\n",
         config(&busybox_image(), "\"/root\"")
     ));
     let ws = host.workspace.clone();
-    let out = host.lazaret_with_env(&ws, &["up", "p"], &[("LAZARET_E2E_TOKEN", secret)]);
+    let out = host.lazaret_with_env(
+        &ws,
+        &["up", "p"],
+        &[
+            ("E2E_API_TOKEN", secret),
+            ("E2E_UNRELATED", "not-passed-on"),
+        ],
+    );
     assert!(out.status.success(), "{}", text(&out));
     assert!(!text(&out).contains(secret), "up printed the value");
     let status = host.status(&ws, "p").ok_or("not running")?;
+    // The coordinator sees the variables the profile references and its
+    // allow-list, not the rest of the CLI's environment.
+    let coordinator = status["coordinator"]["pid"]
+        .as_u64()
+        .ok_or("no coordinator pid")?;
+    let environ = std::fs::read(format!("/proc/{coordinator}/environ"))?;
+    let names: Vec<String> = environ
+        .split(|&b| b == 0)
+        .filter_map(|v| v.split(|&b| b == b'=').next())
+        .map(|n| String::from_utf8_lossy(n).into_owned())
+        .collect();
+    assert!(names.iter().any(|n| n == "E2E_API_TOKEN"), "{names:?}");
+    assert!(names.iter().any(|n| n == "HOME"), "{names:?}");
+    assert!(
+        !names.iter().any(|n| n == "E2E_UNRELATED" || n == "PATH"),
+        "{names:?}"
+    );
     let inside = host.exec(&status, "tr '\\0' '\\n' < /proc/1/environ");
     let environ = String::from_utf8_lossy(&inside.stdout).into_owned();
     assert!(

@@ -93,6 +93,23 @@ fn locate(globals: &Globals, profile: &str) -> Result<(PathBuf, DomainPaths), Fa
     Ok((workspace, paths))
 }
 
+/// The host variables the profile's `env:` references name, which the
+/// coordinator is given; none when the configuration does not load (the
+/// coordinator loads it again and reports why).
+fn referenced_variables(globals: &Globals, profile: &str) -> Vec<String> {
+    globals
+        .load_with(profile, crate::config::EnvValues::Skip)
+        .map(|resolved| {
+            resolved
+                .record()
+                .environment_references
+                .iter()
+                .map(|r| r.host_name.clone())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// `lazaret up PROFILE`.
 pub fn up(globals: &Globals, profile: &str) -> Result<(), Failure> {
     let (workspace, paths) = locate(globals, profile)?;
@@ -102,6 +119,7 @@ pub fn up(globals: &Globals, profile: &str) -> Result<(), Failure> {
         profile,
         globals.config.as_ref(),
         &workspace,
+        &referenced_variables(globals, profile),
         &paths.log_file(),
         &mut |event| progress.event(event),
     )?;
@@ -179,6 +197,7 @@ pub fn down(globals: &Globals, profile: &str) -> Result<(), Failure> {
                 profile,
                 globals.config.as_ref(),
                 &workspace,
+                &referenced_variables(globals, profile),
                 &paths.log_file(),
                 &mut |_| {},
             )?;

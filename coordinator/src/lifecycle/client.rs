@@ -8,7 +8,7 @@
 use std::ffi::OsString;
 use std::os::fd::AsFd;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use lazaret_proto::channel::{ChannelError, Endpoint, Received};
@@ -87,18 +87,21 @@ pub enum CoordinatorMode {
 
 /// Starts `lazaret-coordinator MODE` for the Domain and passes every
 /// startup event to `on_event` until a final one (ready, already running,
-/// recovered, failed), which is returned.
+/// recovered, failed), which is returned. The coordinator sees only the
+/// environment [`crate::programs::coordinator_command`] allows, with
+/// `referenced` the host variables the profile's `env:` references name.
 pub fn run_coordinator(
     mode: CoordinatorMode,
     profile: &str,
     config: Option<&OsString>,
     workspace: &Path,
+    referenced: &[String],
     log_hint: &Path,
     on_event: &mut dyn FnMut(&StartupEvent),
 ) -> Result<StartupEvent, ClientError> {
     let binary = role_binary("lazaret-coordinator").map_err(ClientError::Spawn)?;
     let (ours, theirs) = lazaret_proto::channel::pair::<ControlRequest, StartupEvent>()?;
-    let mut command = Command::new(&binary);
+    let mut command = crate::programs::coordinator_command(&binary, referenced);
     command
         .arg(match mode {
             CoordinatorMode::Start => "start",
