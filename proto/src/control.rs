@@ -172,6 +172,37 @@ pub struct DomainStatus {
     pub network: NetworkStatus,
     /// How the workspace is routed.
     pub workspace_routing: WorkspaceStatus,
+    /// What the uppers hold now.
+    pub storage: StorageUsage,
+}
+
+/// What the sandbox's uppers hold, as `lazaret status` shows it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StorageUsage {
+    /// The root filesystem's ephemeral upper, in memory; `None` when it
+    /// could not be read.
+    pub ephemeral_upper: Option<TmpfsUsage>,
+    /// Each persistent dir's upper on disk (one that could not be read is
+    /// left out).
+    pub persistent_uppers: Vec<PersistentUsage>,
+}
+
+/// A tmpfs's use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TmpfsUsage {
+    /// Bytes in use.
+    pub used_bytes: u64,
+    /// Its size.
+    pub size_bytes: u64,
+}
+
+/// One persistent dir's upper.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PersistentUsage {
+    /// The sandbox path.
+    pub sandbox_path: String,
+    /// Bytes it occupies on disk.
+    pub bytes: u64,
 }
 
 /// The generation's workspace routing, as `lazaret status` shows it.

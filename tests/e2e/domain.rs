@@ -612,6 +612,26 @@ fn volumes() -> Result {
         text(&out)
     );
     assert!(shown.ends_with("ok\n"), "{}", text(&out));
+
+    // `status` shows what the uppers hold: 3 MiB kept in /root, 2 MiB in
+    // the rest of the root until `down`, of its 1 GiB.
+    let out = host.exec(
+        &status,
+        "head -c 3145728 /dev/zero > /root/kept && head -c 2097152 /dev/zero > /scratch",
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    let storage = host.status(&ws, "p").ok_or("not running")?["storage"].clone();
+    let ephemeral = &storage["ephemeral_upper"];
+    assert_eq!(ephemeral["size_bytes"], 1u64 << 30, "{storage}");
+    assert!(
+        ephemeral["used_bytes"].as_u64() >= Some(2 << 20),
+        "{storage}"
+    );
+    let root = storage["persistent_uppers"]
+        .as_array()
+        .and_then(|a| a.iter().find(|p| p["sandbox_path"] == "/root"))
+        .ok_or(format!("no /root upper in {storage}"))?;
+    assert!(root["bytes"].as_u64() >= Some(3 << 20), "{storage}");
     down(&host, &ws)?;
     Ok(())
 }

@@ -296,6 +296,14 @@ fn status_json(status: &DomainStatus) -> Value {
             "opened_at_unix": s.opened_at.as_secs(),
         })).collect::<Vec<_>>(),
         "network": network_json(&status.network),
+        "storage": {
+            "ephemeral_upper": status.storage.ephemeral_upper.map(|t| json!({
+                "used_bytes": t.used_bytes, "size_bytes": t.size_bytes,
+            })),
+            "persistent_uppers": status.storage.persistent_uppers.iter().map(|p| json!({
+                "sandbox_path": p.sandbox_path, "bytes": p.bytes,
+            })).collect::<Vec<_>>(),
+        },
         "workspace_routing": {
             "isolate_gitignored": routing.isolate_ignored,
             "repository": routing.repository.as_ref().map(|r| String::from_utf8_lossy(&r.0).into_owned()),
@@ -464,12 +472,41 @@ fn status_text(status: &DomainStatus) -> String {
                 .collect::<Vec<_>>()
                 .join("; ")
         },
-        dirs = if status.configuration.persistent_dirs.is_empty() {
-            "(none)".to_owned()
-        } else {
-            status.configuration.persistent_dirs.join(", ")
-        },
+        dirs = persistent_text(status),
     )
+}
+
+/// The persistent dirs with what each upper holds, and the root's
+/// ephemeral upper.
+fn persistent_text(status: &DomainStatus) -> String {
+    let mib = |bytes: u64| format!("{:.1} MiB", bytes as f64 / f64::from(1u32 << 20));
+    let mut parts: Vec<String> = status
+        .configuration
+        .persistent_dirs
+        .iter()
+        .map(|dir| {
+            match status
+                .storage
+                .persistent_uppers
+                .iter()
+                .find(|p| &p.sandbox_path == dir)
+            {
+                Some(p) => format!("{dir} ({} kept)", mib(p.bytes)),
+                None => dir.clone(),
+            }
+        })
+        .collect();
+    if parts.is_empty() {
+        parts.push("(none)".to_owned());
+    }
+    if let Some(t) = status.storage.ephemeral_upper {
+        parts.push(format!(
+            "the rest of / {} of {} until down",
+            mib(t.used_bytes),
+            mib(t.size_bytes)
+        ));
+    }
+    parts.join(", ")
 }
 
 /// The strings of a JSON array, comma-separated, or `(none)`.

@@ -599,6 +599,7 @@ struct Live {
     network: NetworkStatus,
     router: HeldProcess,
     workspace: WorkspaceStatus,
+    uppers: super::usage::Uppers,
 }
 
 impl Live {
@@ -626,6 +627,7 @@ impl Live {
             sessions: self.hub.sessions(),
             network: self.network.clone(),
             workspace_routing: self.workspace.clone(),
+            storage: self.uppers.measure(self.holder.identity.host_pid),
         }
     }
 }
@@ -800,6 +802,12 @@ fn bring_up(
             uid,
         )
         .map_err(|e| at(StartupStep::State)(&e))?;
+    let uppers = super::usage::Uppers::new(
+        &generation_dir,
+        &resolved.record().persistent_dirs,
+        &anchor_dirs,
+    )
+    .map_err(|e| at(StartupStep::State)(&e))?;
 
     // The workspace routing: its rules and isolated directory.
     let workspace =
@@ -990,6 +998,7 @@ fn bring_up(
         network,
         router: routed.router,
         workspace: routed.status,
+        uppers,
     })
 }
 

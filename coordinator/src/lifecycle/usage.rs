@@ -1,0 +1,75 @@
+//! What a running generation's uppers hold, for `lazaret status`: the root
+//! filesystem's ephemeral upper (a tmpfs in the Domain mount namespace,
+//! seen through the namespace holder's `/proc/PID/root`) and each
+//! persistent dir's upper in Domain storage, walked without following a
+//! link. Trusts only the kernel's answers; a figure it cannot read is left
+//! out, never guessed.
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::{Path, PathBuf};
+
+use lazaret_proto::control::{PersistentUsage, StorageUsage, TmpfsUsage};
+
+use crate::config::RetainedDir;
+
+/// Where a generation's uppers are.
+#[derive(Debug)]
+pub(super) struct Uppers {
+    /// The ephemeral upper's mount point inside the Domain mount namespace.
+    ephemeral: PathBuf,
+    /// Each persistent dir and the Domain storage directory holding its
+    /// `upper/`.
+    persistent: Vec<(String, OwnedFd)>,
+}
+
+impl Uppers {
+    /// The uppers of the generation whose runtime directory is
+    /// `generation_dir`, with `anchors` the State Anchor directories of
+    /// `persistent_dirs`, in the same order.
+    pub(super) fn new(
+        generation_dir: &RetainedDir,
+        persistent_dirs: &[String],
+        anchors: &[RetainedDir],
+    ) -> std::io::Result<Self> {
+        let persistent = persistent_dirs
+            .iter()
+            .zip(anchors)
+            .map(|(path, anchor)| Ok((path.clone(), anchor.fd().try_clone_to_owned()?)))
+            .collect::<std::io::Result<_>>()?;
+        Ok(Self {
+            ephemeral: generation_dir.label().join("mnt/root/ephemeral"),
+            persistent,
+        })
+    }
+
+    /// What they hold now; `holder` is the namespace holder's host pid.
+    pub(super) fn measure(&self, holder: u32) -> StorageUsage {
+        let inside = Path::new("/proc")
+            .join(holder.to_string())
+            .join("root")
+            .join(self.ephemeral.strip_prefix("/").unwrap_or(&self.ephemeral));
+        let ephemeral_upper = rustix::fs::statvfs(&inside).ok().map(|s| TmpfsUsage {
+            used_bytes: s
+                .f_blocks
+                .saturating_sub(s.f_bfree)
+                .saturating_mul(s.f_frsize),
+            size_bytes: s.f_blocks.saturating_mul(s.f_frsize),
+        });
+        let persistent_uppers = self
+            .persistent
+            .iter()
+            .filter_map(|(path, anchor)| {
+                let upper = crate::image::fsops::open_dir_read(anchor.as_fd(), "upper").ok()?;
+                let bytes = crate::image::fsops::disk_usage(upper.as_fd()).ok()?;
+                Some(PersistentUsage {
+                    sandbox_path: path.clone(),
+                    bytes,
+                })
+            })
+            .collect();
+        StorageUsage {
+            ephemeral_upper,
+            persistent_uppers,
+        }
+    }
+}
