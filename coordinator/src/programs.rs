@@ -39,28 +39,16 @@ pub const SKOPEO_ENVIRONMENT: &[&str] = &[
     "no_proxy",
 ];
 
-/// What the Host Coordinator may see of the CLI's environment, besides the
-/// variables the profile's `env:` references name and Lazaret's own
-/// `LAZARET_*` settings: where the user's configuration, data and runtime
-/// directories are, git's configuration (the workspace rules read it), and
-/// what skopeo may be given.
+/// What the Host Coordinator may see of the CLI's environment besides
+/// [`SKOPEO_ENVIRONMENT`] (which it passes on), the variables the
+/// profile's `env:` references name and Lazaret's own `LAZARET_*`
+/// settings: its data directory and git's configuration (the workspace
+/// rules read it).
 pub const COORDINATOR_ENVIRONMENT: &[&str] = &[
-    "HOME",
-    "XDG_CONFIG_HOME",
     "XDG_DATA_HOME",
-    "XDG_RUNTIME_DIR",
     "GIT_CONFIG_GLOBAL",
     "GIT_CONFIG_SYSTEM",
     "GIT_CONFIG_NOSYSTEM",
-    "TMPDIR",
-    "REGISTRY_AUTH_FILE",
-    "CONTAINERS_REGISTRIES_CONF",
-    "HTTP_PROXY",
-    "HTTPS_PROXY",
-    "NO_PROXY",
-    "http_proxy",
-    "https_proxy",
-    "no_proxy",
 ];
 
 /// The prefix of Lazaret's own settings, passed to the coordinator.
@@ -195,16 +183,18 @@ pub fn command(program: &Path, allowed: &[&str]) -> Command {
 }
 
 /// A command for the Host Coordinator at `program`: a cleared environment
-/// plus [`COORDINATOR_ENVIRONMENT`], every `LAZARET_*` setting, and the
-/// variables in `referenced` (the host names of the profile's `env:`
-/// references), those that are set here.
+/// plus [`COORDINATOR_ENVIRONMENT`], [`SKOPEO_ENVIRONMENT`], every
+/// `LAZARET_*` setting, and the variables in `referenced` (the host names
+/// of the profile's `env:` references), those that are set here.
 pub fn coordinator_command(program: &Path, referenced: &[String]) -> Command {
-    let mut command = command(program, COORDINATOR_ENVIRONMENT);
+    let mut command = command(program, SKOPEO_ENVIRONMENT);
     for (name, value) in std::env::vars_os() {
-        let settings = name
-            .to_str()
-            .is_some_and(|n| n.starts_with(LAZARET_SETTINGS) || referenced.iter().any(|r| r == n));
-        if settings {
+        let passed = name.to_str().is_some_and(|n| {
+            n.starts_with(LAZARET_SETTINGS)
+                || COORDINATOR_ENVIRONMENT.contains(&n)
+                || referenced.iter().any(|r| r == n)
+        });
+        if passed {
             command.env(name, value);
         }
     }

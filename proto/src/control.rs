@@ -201,8 +201,11 @@ pub struct TmpfsUsage {
 pub struct PersistentUsage {
     /// The sandbox path.
     pub sandbox_path: String,
-    /// Bytes it occupies on disk.
+    /// Bytes it occupies on disk, as far as counted.
     pub bytes: u64,
+    /// Whether the whole upper was counted (`status` walks them for a
+    /// bounded time; a larger one shows "at least").
+    pub complete: bool,
 }
 
 /// The generation's workspace routing, as `lazaret status` shows it.

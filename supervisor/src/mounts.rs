@@ -78,16 +78,18 @@ fn fd_path(fd: BorrowedFd<'_>) -> String {
     format!("/proc/self/fd/{}", fd.as_raw_fd())
 }
 
-/// Opens the directory `path` (made by this process, beneath its private
-/// staging tmpfs or the Domain's own state) without following a link.
-fn open_dir(path: &Path) -> Result<OwnedFd, MountError> {
-    rustix::fs::open(
+/// Opens the directory `path` beneath `at` (a directory this process made
+/// on its staging tmpfs, or the Domain's own state) without following a
+/// link; `what` names it in errors.
+fn open_dir(at: BorrowedFd<'_>, path: &Path, what: &str) -> Result<OwnedFd, MountError> {
+    rustix::fs::openat(
+        at,
         path,
         OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::RDONLY,
         Mode::empty(),
     )
     .map_err(|e| MountError::Create {
-        path: path.display().to_string(),
+        path: format!("{what} ({})", path.display()),
         source: e.into(),
     })
 }
@@ -362,7 +364,7 @@ pub fn stage(
             source,
         },
     )?;
-    let etc = open_dir(&upper_etc)?;
+    let etc = open_dir(rustix::fs::CWD, &upper_etc, "the root's upper /etc")?;
     link_resolv_conf(etc.as_fd(), "the root's /etc")?;
     let rootfs = scratch.join("root/merged");
     let root_options = format!(
@@ -392,7 +394,7 @@ pub fn stage(
         if anchor.sandbox_path == "/etc" {
             // A persistent /etc keeps everything but this link, which
             // every `up` puts back.
-            let upper = open_dir(Path::new(&format!("{state}/upper")))?;
+            let upper = open_dir(anchor.state_dir, Path::new("upper"), "the persistent /etc")?;
             link_resolv_conf(upper.as_fd(), "the persistent /etc")?;
         }
         let target = scratch.join(format!("anchor/{i}"));

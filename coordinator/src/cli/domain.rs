@@ -301,7 +301,7 @@ fn status_json(status: &DomainStatus) -> Value {
                 "used_bytes": t.used_bytes, "size_bytes": t.size_bytes,
             })),
             "persistent_uppers": status.storage.persistent_uppers.iter().map(|p| json!({
-                "sandbox_path": p.sandbox_path, "bytes": p.bytes,
+                "sandbox_path": p.sandbox_path, "bytes": p.bytes, "complete": p.complete,
             })).collect::<Vec<_>>(),
         },
         "workspace_routing": {
@@ -491,7 +491,8 @@ fn persistent_text(status: &DomainStatus) -> String {
                 .iter()
                 .find(|p| &p.sandbox_path == dir)
             {
-                Some(p) => format!("{dir} ({} kept)", mib(p.bytes)),
+                Some(p) if p.complete => format!("{dir} ({} kept)", mib(p.bytes)),
+                Some(p) => format!("{dir} (at least {} kept)", mib(p.bytes)),
                 None => dir.clone(),
             }
         })

@@ -157,23 +157,55 @@ pub(crate) fn remove_children(
 /// The bytes a tree occupies on disk (`st_blocks * 512`), each inode
 /// counted once. `dir` is opened for reading.
 pub(crate) fn disk_usage(dir: BorrowedFd<'_>) -> Result<u64, Errno> {
-    fn walk(dir: BorrowedFd<'_>, seen: &mut HashSet<(u64, u64)>) -> Result<u64, Errno> {
+    disk_usage_until(dir, None).map(|(bytes, _)| bytes)
+}
+
+/// [`disk_usage`], stopping at `deadline` if one is given: the bytes
+/// counted, and whether the whole tree was (a directory this process may
+/// not read, which the sandbox can make in its uppers, is left out and
+/// makes the count incomplete too).
+pub(crate) fn disk_usage_until(
+    dir: BorrowedFd<'_>,
+    deadline: Option<std::time::Instant>,
+) -> Result<(u64, bool), Errno> {
+    struct Walk {
+        seen: HashSet<(u64, u64)>,
+        deadline: Option<std::time::Instant>,
+        complete: bool,
+    }
+    fn walk(dir: BorrowedFd<'_>, state: &mut Walk) -> Result<u64, Errno> {
         let mut total = 0u64;
         for name in list_dir(dir)? {
+            if state
+                .deadline
+                .is_some_and(|d| std::time::Instant::now() >= d)
+            {
+                state.complete = false;
+                break;
+            }
             let name = OsStr::from_bytes(&name);
             let Some(stat) = lstat_at(dir, name)? else {
                 continue;
             };
-            if !seen.insert((stat.st_dev, stat.st_ino)) {
+            if !state.seen.insert((stat.st_dev, stat.st_ino)) {
                 continue;
             }
             total = total.saturating_add(u64::try_from(stat.st_blocks).unwrap_or(0) * 512);
             if file_type(&stat) == FileType::Directory {
-                let child = open_dir_read(dir, name)?;
-                total = total.saturating_add(walk(child.as_fd(), seen)?);
+                match open_dir_read(dir, name) {
+                    Ok(child) => total = total.saturating_add(walk(child.as_fd(), state)?),
+                    Err(Errno::ACCESS) => state.complete = false,
+                    Err(e) => return Err(e),
+                }
             }
         }
         Ok(total)
     }
-    walk(dir, &mut HashSet::new())
+    let mut state = Walk {
+        seen: HashSet::new(),
+        deadline,
+        complete: true,
+    };
+    let bytes = walk(dir, &mut state)?;
+    Ok((bytes, state.complete))
 }

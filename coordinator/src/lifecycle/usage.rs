@@ -2,15 +2,21 @@
 //! filesystem's ephemeral upper (a tmpfs in the Domain mount namespace,
 //! seen through the namespace holder's `/proc/PID/root`) and each
 //! persistent dir's upper in Domain storage, walked without following a
-//! link. Trusts only the kernel's answers; a figure it cannot read is left
-//! out, never guessed.
+//! link for at most [`WALK_BUDGET`] in all (the walk runs on the
+//! coordinator's serve loop, which also carries the sessions' reports): a
+//! figure cut short says so. Trusts only the kernel's answers; a figure it
+//! cannot read is left out, never guessed.
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use lazaret_proto::control::{PersistentUsage, StorageUsage, TmpfsUsage};
 
 use crate::config::RetainedDir;
+
+/// How long one `status` may spend walking the persistent uppers.
+const WALK_BUDGET: Duration = Duration::from_millis(200);
 
 /// Where a generation's uppers are.
 #[derive(Debug)]
@@ -55,15 +61,18 @@ impl Uppers {
                 .saturating_mul(s.f_frsize),
             size_bytes: s.f_blocks.saturating_mul(s.f_frsize),
         });
+        let deadline = Instant::now() + WALK_BUDGET;
         let persistent_uppers = self
             .persistent
             .iter()
             .filter_map(|(path, anchor)| {
                 let upper = crate::image::fsops::open_dir_read(anchor.as_fd(), "upper").ok()?;
-                let bytes = crate::image::fsops::disk_usage(upper.as_fd()).ok()?;
+                let (bytes, complete) =
+                    crate::image::fsops::disk_usage_until(upper.as_fd(), Some(deadline)).ok()?;
                 Some(PersistentUsage {
                     sandbox_path: path.clone(),
                     bytes,
+                    complete,
                 })
             })
             .collect();
