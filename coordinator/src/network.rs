@@ -30,25 +30,24 @@ use crate::sys::spawn_inheriting;
 const READY_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The special-purpose IPv4 ranges the platform denies whatever a profile
-/// allows (`allow_egress = ["0.0.0.0/0"]` included), with what each is:
-/// only a strictly longer allow reaches into one. Loopback (127.0.0.0/8)
-/// is not among them: it never leaves the sandbox's own namespace.
-pub const SPECIAL_PURPOSE: [([u8; 4], u8, &str); 7] = [
-    ([0, 0, 0, 0], 8, "this network"),
-    (
-        [100, 64, 0, 0],
-        10,
-        "shared address space (carrier-grade NAT, Tailscale)",
-    ),
-    (
-        [169, 254, 0, 0],
-        16,
-        "link-local, cloud metadata at 169.254.169.254",
-    ),
-    ([192, 0, 0, 0], 24, "IETF protocol assignments"),
-    ([224, 0, 0, 0], 4, "multicast"),
-    ([240, 0, 0, 0], 4, "reserved"),
-    ([255, 255, 255, 255], 32, "limited broadcast"),
+/// allows (`allow_egress = ["0.0.0.0/0"]` included): only a strictly
+/// longer allow reaches into one. Loopback (127.0.0.0/8) is not among
+/// them: it never leaves the sandbox's own namespace.
+pub const SPECIAL_PURPOSE: [([u8; 4], u8); 7] = [
+    // "This network".
+    ([0, 0, 0, 0], 8),
+    // Shared address space: carrier-grade NAT, Tailscale.
+    ([100, 64, 0, 0], 10),
+    // Link-local, with cloud metadata at 169.254.169.254.
+    ([169, 254, 0, 0], 16),
+    // IETF protocol assignments.
+    ([192, 0, 0, 0], 24),
+    // Multicast.
+    ([224, 0, 0, 0], 4),
+    // Reserved.
+    ([240, 0, 0, 0], 4),
+    // Limited broadcast.
+    ([255, 255, 255, 255], 32),
 ];
 
 /// The platform's denials for a host with `host_addresses`: the special
@@ -58,7 +57,7 @@ pub const SPECIAL_PURPOSE: [([u8; 4], u8, &str); 7] = [
 pub fn platform_deny(host_addresses: &[Ipv4Addr]) -> Vec<IpPrefix> {
     let special = SPECIAL_PURPOSE
         .iter()
-        .filter_map(|&(octets, len, _)| IpPrefix::ipv4(octets, len));
+        .filter_map(|&(octets, len)| IpPrefix::ipv4(octets, len));
     let hosts = host_addresses
         .iter()
         .filter(|a| !a.is_loopback() && **a != ConnectivityLink::SLIRP4NETNS_RESOLVER)
