@@ -7,6 +7,7 @@
 
 #![deny(missing_docs)]
 
+pub mod aio;
 pub mod catalog;
 pub mod cli;
 pub mod config;

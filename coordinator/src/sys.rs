@@ -1,5 +1,7 @@
 //! The coordinator's only unsafe code: work a spawned child does between
-//! fork and exec.
+//! fork and exec, the one socket option rustix does not name
+//! (`SO_PEERPIDFD`), and registering descriptors with the event loop's
+//! reactor.
 
 #![allow(unsafe_code)]
 
@@ -42,4 +44,71 @@ pub fn spawn_inheriting(
         });
     }
     command.spawn()
+}
+
+/// `SO_PEERPIDFD` (asm-generic, and x86-64's).
+const SO_PEERPIDFD: libc::c_int = 77;
+
+/// A pidfd of the process at the other end of a connected Unix socket
+/// (`SO_PEERPIDFD`, Linux 6.5): the process that connected, held so that
+/// its pid cannot be reused under us.
+pub fn peer_pidfd(socket: BorrowedFd<'_>) -> std::io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    let mut fd: libc::c_int = -1;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: `getsockopt` writes at most `len` bytes into `fd`, a live
+    // `c_int` of that size, and updates `len`; `socket` is a borrowed, open
+    // descriptor for the duration of the call.
+    let rc = unsafe {
+        libc::getsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            SO_PEERPIDFD,
+            (&raw mut fd).cast(),
+            &raw mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    if fd < 0 || len as usize != std::mem::size_of::<libc::c_int>() {
+        return Err(std::io::Error::other("SO_PEERPIDFD returned no descriptor"));
+    }
+    // SAFETY: the kernel installed `fd` in this process for the caller (it
+    // is close-on-exec) and nothing else owns it.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
+}
+
+/// A channel endpoint shared with synchronous code, registered by its
+/// descriptor.
+#[derive(Debug)]
+pub struct SharedEndpoint<S, R>(pub std::sync::Arc<lazaret_proto::channel::Endpoint<S, R>>);
+
+impl<S, R> AsRawFd for SharedEndpoint<S, R> {
+    fn as_raw_fd(&self) -> RawFd {
+        std::os::fd::AsFd::as_fd(&*self.0).as_raw_fd()
+    }
+}
+
+/// Registers a descriptor this process owns with the current runtime's
+/// reactor.
+pub fn register_owned(
+    fd: std::os::fd::OwnedFd,
+) -> std::io::Result<tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>> {
+    // SAFETY: the `AsyncFd` owns `fd`, so the descriptor stays open and
+    // names the same open file description until the `AsyncFd` is dropped,
+    // and `as_raw_fd` of an `OwnedFd` always returns it.
+    unsafe { tokio::io::unix::AsyncFd::register(fd) }.map_err(std::io::Error::from)
+}
+
+/// Registers a shared channel endpoint with the current runtime's reactor.
+pub fn register_endpoint<S, R>(
+    endpoint: std::sync::Arc<lazaret_proto::channel::Endpoint<S, R>>,
+) -> std::io::Result<tokio::io::unix::AsyncFd<SharedEndpoint<S, R>>> {
+    // SAFETY: the `AsyncFd` holds an `Arc` of the endpoint, which owns its
+    // descriptor for as long as any `Arc` lives and never replaces it, so
+    // the descriptor stays open and names the same socket until the
+    // `AsyncFd` is dropped, and `as_raw_fd` always returns it.
+    unsafe { tokio::io::unix::AsyncFd::register(SharedEndpoint(endpoint)) }
+        .map_err(std::io::Error::from)
 }

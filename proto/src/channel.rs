@@ -151,6 +151,10 @@ pub enum ChannelError {
     /// connection.
     #[error("the channel peer disconnected")]
     Disconnected,
+    /// A non-blocking or time-bounded operation found nothing to receive,
+    /// or no room to send: the peer did not send or did not read in time.
+    #[error("the channel peer did not answer or read in time")]
+    NotReady,
     /// `recvmsg(2)` failed.
     #[error("cannot receive from the channel")]
     Receive {
@@ -419,6 +423,38 @@ impl<S: WireRecord, R: WireRecord> Endpoint<S, R> {
         Ok(Self::new(fd))
     }
 
+    /// Connects like [`connect`](Self::connect), with the connect itself
+    /// (which waits while the listener's backlog is full) and every later
+    /// `send` and `recv` on this endpoint bounded by `timeout`: past it they
+    /// fail with [`ChannelError::NotReady`]. For asking a peer that may be
+    /// stopped or stuck.
+    pub fn connect_within(
+        path: &std::path::Path,
+        timeout: std::time::Duration,
+    ) -> Result<Self, ChannelError> {
+        let (fd, address) = named_socket(path)?;
+        let fail = |operation, source| ChannelError::Socket {
+            operation,
+            path: path.display().to_string(),
+            source,
+        };
+        let timeout = Some(timeout.max(std::time::Duration::from_millis(1)));
+        rustix::net::sockopt::set_socket_timeout(&fd, rustix::net::sockopt::Timeout::Send, timeout)
+            .and_then(|()| {
+                rustix::net::sockopt::set_socket_timeout(
+                    &fd,
+                    rustix::net::sockopt::Timeout::Recv,
+                    timeout,
+                )
+            })
+            .map_err(|e| fail("set timeouts on", e))?;
+        match retry(|| rustix::net::connect(&fd, &address)) {
+            Ok(()) => Ok(Self::new(fd)),
+            Err(Errno::AGAIN) => Err(ChannelError::NotReady),
+            Err(source) => Err(fail("connect to", source)),
+        }
+    }
+
     /// Takes the channel a parent passed as standard input, and puts
     /// `/dev/null` in its place so no child of this process inherits it.
     pub fn take_stdin() -> Result<Self, ChannelError> {
@@ -489,14 +525,43 @@ impl<S: WireRecord, R: WireRecord> Endpoint<S, R> {
     ///
     /// See [`Sender::send`].
     pub fn send(&self, message: &S, fds: &[BorrowedFd<'_>]) -> Result<(), ChannelError> {
-        send_packet(self.fd.as_fd(), &self.limits, message, fds)
+        send_packet(
+            self.fd.as_fd(),
+            &self.limits,
+            message,
+            fds,
+            SendFlags::empty(),
+        )
     }
 
     /// Receives the next packet as one record with its descriptors.
     ///
     /// See [`Receiver::recv`].
     pub fn recv(&self) -> Result<Received<R>, ChannelError> {
-        recv_packet(self.fd.as_fd(), &self.limits)
+        recv_packet(self.fd.as_fd(), &self.limits, RecvFlags::empty())
+    }
+
+    /// [`send`](Self::send) without waiting (`MSG_DONTWAIT`): a socket
+    /// whose buffer is full fails with [`ChannelError::NotReady`] and sends
+    /// nothing. For event loops that wait for writability themselves.
+    pub fn try_send(&self, message: &S, fds: &[BorrowedFd<'_>]) -> Result<(), ChannelError> {
+        send_packet(
+            self.fd.as_fd(),
+            &self.limits,
+            message,
+            fds,
+            SendFlags::DONTWAIT,
+        )
+    }
+
+    /// [`recv`](Self::recv) without waiting (`MSG_DONTWAIT`): `None` when
+    /// no packet is queued. For event loops that wait for readability
+    /// themselves.
+    pub fn try_recv(&self) -> Result<Option<Received<R>>, ChannelError> {
+        match recv_packet(self.fd.as_fd(), &self.limits, RecvFlags::DONTWAIT) {
+            Err(ChannelError::NotReady) => Ok(None),
+            other => other.map(Some),
+        }
     }
 
     /// Reports the peer's credentials; see [`PeerCredentials`] for what they
@@ -545,7 +610,13 @@ impl<S: WireRecord> Sender<S> {
     /// descriptors; the peer receives duplicates. A closed peer is
     /// [`ChannelError::Disconnected`]; no `SIGPIPE` is raised.
     pub fn send(&self, message: &S, fds: &[BorrowedFd<'_>]) -> Result<(), ChannelError> {
-        send_packet(self.fd.as_fd(), &self.limits, message, fds)
+        send_packet(
+            self.fd.as_fd(),
+            &self.limits,
+            message,
+            fds,
+            SendFlags::empty(),
+        )
     }
 
     /// This half's per-packet caps.
@@ -564,7 +635,7 @@ impl<R: WireRecord> Receiver<R> {
     /// [`ChannelError::Disconnected`]. On every error the packet's
     /// descriptors are closed.
     pub fn recv(&self) -> Result<Received<R>, ChannelError> {
-        recv_packet(self.fd.as_fd(), &self.limits)
+        recv_packet(self.fd.as_fd(), &self.limits, RecvFlags::empty())
     }
 
     /// This half's per-packet caps.
@@ -663,6 +734,7 @@ fn send_packet<S: WireRecord>(
     limits: &Limits,
     message: &S,
     fds: &[BorrowedFd<'_>],
+    flags: SendFlags,
 ) -> Result<(), ChannelError> {
     let max_fds = limits.fds();
     if fds.len() > max_fds {
@@ -690,9 +762,10 @@ fn send_packet<S: WireRecord>(
     }
 
     let iov = [IoSlice::new(&bytes)];
-    let sent = retry(|| rustix::net::sendmsg(fd, &iov, &mut control, SendFlags::NOSIGNAL))
+    let sent = retry(|| rustix::net::sendmsg(fd, &iov, &mut control, SendFlags::NOSIGNAL | flags))
         .map_err(|source| match source {
             Errno::PIPE | Errno::CONNRESET => ChannelError::Disconnected,
+            Errno::AGAIN => ChannelError::NotReady,
             source => ChannelError::Send { source },
         })?;
     if sent != bytes.len() {
@@ -707,6 +780,7 @@ fn send_packet<S: WireRecord>(
 fn recv_error(source: Errno) -> ChannelError {
     match source {
         Errno::CONNRESET => ChannelError::Disconnected,
+        Errno::AGAIN => ChannelError::NotReady,
         source => ChannelError::Receive { source },
     }
 }
@@ -714,6 +788,7 @@ fn recv_error(source: Errno) -> ChannelError {
 fn recv_packet<R: WireRecord>(
     fd: BorrowedFd<'_>,
     limits: &Limits,
+    flags: RecvFlags,
 ) -> Result<Received<R>, ChannelError> {
     let max_bytes = limits.recv_max_bytes::<R>();
     let max_fds = limits.fds();
@@ -725,7 +800,7 @@ fn recv_packet<R: WireRecord>(
             fd,
             &mut [IoSliceMut::new(&mut [])],
             &mut RecvAncillaryBuffer::default(),
-            RecvFlags::PEEK | RecvFlags::TRUNC | RecvFlags::CMSG_CLOEXEC,
+            RecvFlags::PEEK | RecvFlags::TRUNC | RecvFlags::CMSG_CLOEXEC | flags,
         )
     })
     .map_err(recv_error)?
@@ -746,7 +821,7 @@ fn recv_packet<R: WireRecord>(
             fd,
             &mut [IoSliceMut::new(&mut data)],
             &mut control,
-            RecvFlags::TRUNC | RecvFlags::CMSG_CLOEXEC,
+            RecvFlags::TRUNC | RecvFlags::CMSG_CLOEXEC | flags,
         )
     })
     .map_err(recv_error)?;

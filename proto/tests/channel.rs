@@ -395,3 +395,52 @@ fn error_messages_are_lowercase_and_chain_their_source() {
     assert!(!text.ends_with('.'), "{text}");
     assert!(std::error::Error::source(&err).is_some());
 }
+
+#[test]
+fn non_blocking_calls_say_when_the_peer_is_not_ready() {
+    let (a, b) = channel::pair::<Ping, Ping>().unwrap();
+    assert!(matches!(b.try_recv(), Ok(None)), "nothing queued yet");
+    a.try_send(&Ping::Text("one".into()), &[]).unwrap();
+    let got = b.try_recv().unwrap().expect("a queued packet");
+    assert_eq!(got.message, Ping::Text("one".into()));
+
+    // A peer that never reads: the socket fills, and a send that cannot
+    // wait says so instead of blocking.
+    let blob = Ping::Blob(vec![7; 32 * 1024]);
+    let mut sent = 0;
+    let refused = loop {
+        match a.try_send(&blob, &[]) {
+            Ok(()) => sent += 1,
+            Err(e) => break e,
+        }
+        assert!(sent < 10_000, "the socket never filled");
+    };
+    assert!(matches!(refused, ChannelError::NotReady), "{refused:?}");
+}
+
+#[test]
+fn a_bounded_connect_and_receive_end_in_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("silent.sock");
+    let listener = channel::listen(&path).unwrap();
+    // Accepted by the kernel (backlog), never answered by anyone.
+    let peer = Endpoint::<Ping, Ping>::connect_within(&path, std::time::Duration::from_millis(100))
+        .unwrap();
+    peer.send(&Ping::Text("status?".into()), &[]).unwrap();
+    let started = std::time::Instant::now();
+    let silent = peer.recv().unwrap_err();
+    assert!(matches!(silent, ChannelError::NotReady), "{silent:?}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(5));
+
+    // A backlog that is full refuses a bounded connect in time.
+    let mut held = Vec::new();
+    let refused = loop {
+        match Endpoint::<Ping, Ping>::connect_within(&path, std::time::Duration::from_millis(50)) {
+            Ok(peer) => held.push(peer),
+            Err(e) => break e,
+        }
+        assert!(held.len() < 10_000, "the backlog never filled");
+    };
+    assert!(matches!(refused, ChannelError::NotReady), "{refused:?}");
+    drop(listener);
+}

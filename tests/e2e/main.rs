@@ -6,6 +6,7 @@
 mod attach;
 mod cli;
 mod domain;
+mod liveness;
 mod net;
 mod network;
 mod workspace;
@@ -17,6 +18,7 @@ fn main() {
     let mut trials: Vec<Trial> = cli::trials();
     trials.extend(domain::trials());
     trials.extend(attach::trials());
+    trials.extend(liveness::trials());
     trials.extend(net::trials());
     trials.extend(network::trials());
     trials.extend(workspace::trials());

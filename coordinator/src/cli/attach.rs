@@ -317,6 +317,12 @@ fn connect_and_run(
     }
 }
 
+/// Whether the connection has room to send now.
+fn writable(fd: BorrowedFd<'_>) -> bool {
+    let mut fds = [PollFd::new(&fd, PollFlags::OUT)];
+    matches!(poll(&mut fds, Some(&rustix::event::Timespec::default())), Ok(n) if n > 0)
+}
+
 fn not_running(profile: &str) -> Failure {
     failure(format!(
         "profile `{profile}` is not running in this workspace; start it with `lazaret up {profile}`"
@@ -367,13 +373,24 @@ fn relay(
                 SessionTerminalMessage::Exit(exit) => return Ok((exit.outcome, exit.exit_code)),
             }
         }
-        let mut fds = vec![PollFd::new(&link_fd, PollFlags::IN)];
+        // Input is read only while the connection has room for it: a
+        // process that does not read its input holds this CLI back
+        // (backpressure) instead of a write that blocks or times out, and
+        // output and signals still flow meanwhile.
+        let room = !stdin_open || writable(link_fd.as_fd());
+        let link_events = if room {
+            PollFlags::IN
+        } else {
+            PollFlags::IN | PollFlags::OUT
+        };
+        let mut fds = vec![PollFd::new(&link_fd, link_events)];
         fds.extend(
             signal_pipes
                 .iter()
                 .map(|(fd, _)| PollFd::new(fd, PollFlags::IN)),
         );
-        if stdin_open {
+        let read_stdin = stdin_open && room;
+        if read_stdin {
             fds.push(PollFd::new(&stdin, PollFlags::IN));
         }
         match poll(&mut fds, None) {
@@ -381,10 +398,11 @@ fn relay(
             Err(rustix::io::Errno::INTR) => continue,
             Err(e) => return Err(e.to_string()),
         }
+        let link_revents = fds[0].revents();
         let ready: Vec<bool> = fds.iter().map(|f| !f.revents().is_empty()).collect();
         drop(fds);
-        let link_ready = ready[0];
-        let stdin_ready = stdin_open && ready[1 + signal_pipes.len()];
+        let link_ready = link_revents.intersects(PollFlags::IN | PollFlags::HUP | PollFlags::ERR);
+        let stdin_ready = read_stdin && ready[1 + signal_pipes.len()];
 
         for ((fd, kind), _) in signal_pipes.iter().zip(&ready[1..]).filter(|(_, r)| **r) {
             let mut raised = [0u8; 16];

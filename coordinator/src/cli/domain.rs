@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 
 use super::{Failure, Globals, failure, print};
 use crate::config::HostEnvironment;
-use crate::lifecycle::client::{self, ClientError, CoordinatorMode};
+use crate::lifecycle::client::{self, ClientError, CoordinatorMode, RequestError};
 use crate::lifecycle::{DomainPaths, chain};
 
 /// How long `down` waits for the coordinator to exit after stopping.
@@ -173,7 +173,7 @@ pub fn up(globals: &Globals, profile: &str) -> Result<(), Failure> {
 /// `lazaret down PROFILE`.
 pub fn down(globals: &Globals, profile: &str) -> Result<(), Failure> {
     let (workspace, paths) = locate(globals, profile)?;
-    match client::request(&paths, ControlRequest::Down) {
+    match client::request(&paths, ControlRequest::Down, client::DOWN_TIMEOUT) {
         Ok(ControlResponse::Stopped { generation_id }) => {
             client::wait_released(&paths, EXIT_WAIT)?;
             print(&format!(
@@ -185,12 +185,14 @@ pub fn down(globals: &Globals, profile: &str) -> Result<(), Failure> {
         Ok(other) => Err(failure(format!(
             "unexpected answer from the coordinator: {other:?}"
         ))),
-        Err(e) if !client::no_coordinator(&e) => Err(failure(format!(
-            "cannot ask the Domain's coordinator to stop at {}: {}",
-            paths.control_socket().display(),
-            chain(&e)
-        ))),
-        Err(_) => {
+        Err(e @ (RequestError::NoAnswer { .. } | RequestError::Channel { .. })) => {
+            Err(failure(format!(
+                "cannot ask Domain {}'s coordinator to stop: {}",
+                paths.domain_id,
+                chain(&e)
+            )))
+        }
+        Err(RequestError::NotRunning) => {
             // No coordinator answers: finish whatever a crashed one left.
             let outcome = client::run_coordinator(
                 CoordinatorMode::Recover,
@@ -230,15 +232,24 @@ pub fn down(globals: &Globals, profile: &str) -> Result<(), Failure> {
     }
 }
 
-/// The running Domains under the Runtime Root.
-fn running_domains() -> Result<Vec<DomainStatus>, Failure> {
+/// What the running Domains under the Runtime Root answered.
+#[derive(Default)]
+struct Running {
+    /// The Domains that answered, by workspace and profile.
+    answered: Vec<DomainStatus>,
+    /// The Domains whose coordinator holds the socket but does not answer.
+    silent: Vec<(DomainPaths, RequestError)>,
+}
+
+/// Asks every Domain under the Runtime Root for its status.
+fn running_domains() -> Result<Running, Failure> {
     let root = HostEnvironment::capture()
         .runtime_root()?
         .join(crate::config::DOMAINS_DIR);
     let Ok(entries) = std::fs::read_dir(&root) else {
-        return Ok(Vec::new());
+        return Ok(Running::default());
     };
-    let mut out = Vec::new();
+    let mut out = Running::default();
     for entry in entries.flatten() {
         let Some(id) = entry
             .file_name()
@@ -248,12 +259,14 @@ fn running_domains() -> Result<Vec<DomainStatus>, Failure> {
             continue;
         };
         let paths = DomainPaths::new(id, entry.path());
-        if let Ok(ControlResponse::Status(status)) = client::request(&paths, ControlRequest::Status)
-        {
-            out.push(*status);
+        match client::request(&paths, ControlRequest::Status, client::STATUS_TIMEOUT) {
+            Ok(ControlResponse::Status(status)) => out.answered.push(*status),
+            Ok(_) | Err(RequestError::NotRunning) => {}
+            Err(e) => out.silent.push((paths, e)),
         }
     }
-    out.sort_by(|a, b| (&a.workspace, &a.profile).cmp(&(&b.workspace, &b.profile)));
+    out.answered
+        .sort_by(|a, b| (&a.workspace, &a.profile).cmp(&(&b.workspace, &b.profile)));
     Ok(out)
 }
 
@@ -532,37 +545,69 @@ pub fn status(
     all: bool,
     as_json: bool,
 ) -> Result<(), Failure> {
-    let statuses: Vec<DomainStatus> = match profile {
+    let (statuses, silent) = match profile {
         Some(profile) => {
             let (_, paths) = locate(globals, profile)?;
-            match client::request(&paths, ControlRequest::Status) {
-                Ok(ControlResponse::Status(status)) => vec![*status],
-                Err(e) if !client::no_coordinator(&e) => {
-                    return Err(failure(format!(
-                        "cannot ask the Domain's coordinator at {}: {}",
-                        paths.control_socket().display(),
-                        chain(&e)
-                    )));
-                }
-                _ => Vec::new(),
+            match client::request(&paths, ControlRequest::Status, client::STATUS_TIMEOUT) {
+                Ok(ControlResponse::Status(status)) => (vec![*status], Vec::new()),
+                Ok(_) | Err(RequestError::NotRunning) => (Vec::new(), Vec::new()),
+                Err(e) => (Vec::new(), vec![(paths, e)]),
             }
         }
         None => {
             let workspace = crate::config::confined::canonicalize(&globals.workspace_dir()?)
                 .map_err(|e| failure(format!("cannot resolve the workspace: {}", chain(&e))))?;
             let here = workspace.as_os_str().as_encoded_bytes().to_vec();
-            running_domains()?
+            let running = running_domains()?;
+            let answered = running
+                .answered
                 .into_iter()
                 .filter(|s| all || s.workspace.0 == here)
-                .collect()
+                .collect();
+            // A silent Domain's workspace is unknown: it is named wherever
+            // it is.
+            (answered, running.silent)
         }
+    };
+    // A Domain that does not answer is named, never left out: its
+    // coordinator holds the Domain and something is wrong with it.
+    let silent_failure = || {
+        (!silent.is_empty()).then(|| {
+            failure(
+                silent
+                    .iter()
+                    .map(|(paths, e)| {
+                        format!("Domain {} does not answer: {}", paths.domain_id, chain(e))
+                    })
+                    .collect::<Vec<_>>()
+                    .join("\n"),
+            )
+        })
     };
     if as_json {
         let list: Vec<Value> = statuses.iter().map(status_json).collect();
-        let mut text = serde_json::to_string_pretty(&json!({ "domains": list }))
-            .map_err(|e| failure(e.to_string()))?;
+        let silent_list: Vec<Value> = silent
+            .iter()
+            .map(|(paths, e)| json!({"domain_id": paths.domain_id.to_hex(), "error": chain(e)}))
+            .collect();
+        let mut text =
+            serde_json::to_string_pretty(&json!({ "domains": list, "not_answering": silent_list }))
+                .map_err(|e| failure(e.to_string()))?;
         text.push('\n');
-        return print(&text);
+        print(&text)?;
+        return silent_failure().map_or(Ok(()), Err);
+    }
+    if let Some(failure) = silent_failure() {
+        if !statuses.is_empty() {
+            print(
+                &statuses
+                    .iter()
+                    .map(status_text)
+                    .collect::<Vec<_>>()
+                    .join("\n"),
+            )?;
+        }
+        return Err(failure);
     }
     if statuses.is_empty() {
         let scope = match (profile, all) {

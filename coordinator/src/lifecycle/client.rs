@@ -38,42 +38,89 @@ pub enum ClientError {
     Lingering(Duration),
 }
 
-/// Sends one request to the running coordinator of a Domain.
+/// How long a coordinator may take to answer `status`.
+pub const STATUS_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long a coordinator may take to stop its Domain and answer `down`.
+pub const DOWN_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Why a control request got no answer.
+#[derive(Debug, thiserror::Error)]
+pub enum RequestError {
+    /// No coordinator serves the Domain: no runtime directory or socket,
+    /// nobody listening, or it died while answering.
+    #[error("no Host Coordinator serves the Domain")]
+    NotRunning,
+    /// A coordinator holds the socket but did not answer in time: it is
+    /// stopped or stuck.
+    #[error(
+        "the Host Coordinator at {socket} did not answer within {} s; it may be stopped \
+         (SIGSTOP) or stuck",
+        within.as_secs()
+    )]
+    NoAnswer {
+        /// The control socket.
+        socket: String,
+        /// How long it was given.
+        within: Duration,
+    },
+    /// The channel failed otherwise.
+    #[error("the Host Coordinator at {socket} answered wrongly")]
+    Channel {
+        /// The control socket.
+        socket: String,
+        /// What failed.
+        #[source]
+        source: ChannelError,
+    },
+}
+
+/// Sends one request to the running coordinator of a Domain and waits at
+/// most `within` for its answer (connecting, sending and receiving are each
+/// bounded by it).
 pub fn request(
     paths: &DomainPaths,
     request: ControlRequest,
-) -> Result<ControlResponse, ChannelError> {
-    let dir = rustix::fs::open(
+    within: Duration,
+) -> Result<ControlResponse, RequestError> {
+    let socket_name = paths.control_socket().display().to_string();
+    let classify = |error: ChannelError| match error {
+        ChannelError::Socket {
+            source: rustix::io::Errno::NOENT | rustix::io::Errno::CONNREFUSED,
+            ..
+        }
+        | ChannelError::Disconnected => RequestError::NotRunning,
+        ChannelError::NotReady => RequestError::NoAnswer {
+            socket: socket_name.clone(),
+            within,
+        },
+        source => RequestError::Channel {
+            socket: socket_name.clone(),
+            source,
+        },
+    };
+    let dir = match rustix::fs::open(
         &paths.runtime_dir,
         OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
         Mode::empty(),
-    )
-    .map_err(|source| ChannelError::Socket {
-        operation: "open the directory of",
-        path: paths.control_socket().display().to_string(),
-        source,
-    })?;
-    let socket = lazaret_proto::channel::socket_path_at(dir.as_fd(), super::CONTROL_SOCKET);
-    let peer = Endpoint::<ControlRequest, ControlResponse>::connect(&socket)?;
-    peer.require_peer_uid(rustix::process::getuid())?;
-    peer.send(&request, &[])?;
-    Ok(peer.recv()?.message)
-}
-
-/// Whether a failed [`request`] means no coordinator serves the Domain
-/// (no runtime dir or socket, nobody listening, or it died while
-/// answering), rather than one that answered wrongly.
-pub fn no_coordinator(error: &ChannelError) -> bool {
-    match error {
-        ChannelError::Socket { source, .. } => {
-            matches!(
-                *source,
-                rustix::io::Errno::NOENT | rustix::io::Errno::CONNREFUSED
-            )
+    ) {
+        Ok(dir) => dir,
+        Err(rustix::io::Errno::NOENT) => return Err(RequestError::NotRunning),
+        Err(source) => {
+            return Err(classify(ChannelError::Socket {
+                operation: "open the directory of",
+                path: socket_name.clone(),
+                source,
+            }));
         }
-        ChannelError::Disconnected => true,
-        _ => false,
-    }
+    };
+    let socket = lazaret_proto::channel::socket_path_at(dir.as_fd(), super::CONTROL_SOCKET);
+    let peer = Endpoint::<ControlRequest, ControlResponse>::connect_within(&socket, within)
+        .map_err(&classify)?;
+    peer.require_peer_uid(rustix::process::getuid())
+        .map_err(&classify)?;
+    peer.send(&request, &[]).map_err(&classify)?;
+    Ok(peer.recv().map_err(&classify)?.message)
 }
 
 /// Which coordinator mode to run.
@@ -120,6 +167,10 @@ pub fn run_coordinator(
     let mut child = command
         .spawn()
         .map_err(|e| ClientError::Spawn(format!("{}: {e}", binary.display())))?;
+    // The command still holds the coordinator's end of the channel: drop
+    // it, so a coordinator that dies is seen as the channel's end instead of
+    // a wait on an end this process holds itself.
+    drop(command);
     let outcome = loop {
         match ours.recv() {
             Ok(Received { message, .. }) => {

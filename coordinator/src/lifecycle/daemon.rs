@@ -50,7 +50,6 @@ use lazaret_proto::supervisor::{
     VolumeMount,
 };
 use lazaret_proto::trust::GenerationIdentity;
-use rustix::event::{PollFd, PollFlags, poll};
 use rustix::fs::{FlockOperation, Mode, OFlags};
 
 use super::recovery::release_generation;
@@ -68,7 +67,6 @@ use crate::store::{DomainStore, Slot};
 
 type Startup = Endpoint<StartupEvent, ControlRequest>;
 type SupervisorChannel = Endpoint<SupervisorRequest, SupervisorReport>;
-type ControlPeer = Endpoint<ControlResponse, ControlRequest>;
 
 /// How long the supervisor may take to stop the sandbox.
 const STOP_TIMEOUT: Duration = Duration::from_secs(20);
@@ -223,9 +221,9 @@ fn redirect_to_log(runtime: &RetainedDir) -> Result<(), Failure> {
 }
 
 /// The stores of a Domain whose ownership this process holds.
-struct Owned {
-    store: Arc<DomainStore>,
-    catalog: StorageCatalog,
+pub(super) struct Owned {
+    pub(super) store: Arc<DomainStore>,
+    pub(super) catalog: StorageCatalog,
 }
 
 fn open_stores(resolved: &ResolvedDomainConfiguration) -> Result<Owned, Failure> {
@@ -282,12 +280,9 @@ pub fn recover(args: Args) -> ExitCode {
     let outcome = (|| {
         let resolved = load(&args)?;
         let auth = resolved.authorities();
-        let Some(_lock) = try_lock(&auth.domain_runtime)? else {
-            let paths = DomainPaths::new(
-                resolved.domain_id(),
-                auth.domain_runtime.label().to_path_buf(),
-            );
-            return already_running(&paths, &resolved);
+        let _lock = match own(&auth.domain_runtime, &resolved)? {
+            Ownership::Mine(lock) => lock,
+            Ownership::Theirs(event) => return Ok(event),
         };
         redirect_to_log(&auth.domain_runtime)?;
         super::journal::init(&resolved.domain_id().to_hex());
@@ -304,41 +299,63 @@ pub fn recover(args: Args) -> ExitCode {
     }
 }
 
-/// Asks the coordinator that owns the Domain for its status, waiting for a
-/// starting one to publish its control socket.
-fn already_running(
-    paths: &DomainPaths,
+/// Who owns the Domain.
+enum Ownership {
+    /// This process: the lock.
+    Mine(OwnedFd),
+    /// A running coordinator, which answered this.
+    Theirs(StartupEvent),
+}
+
+/// Takes the Domain, or asks the coordinator that owns it for its status.
+/// An owner that has not published its control socket yet (starting) or
+/// has removed it (stopping) is waited for, up to [`PUBLISH_WAIT`], taking
+/// the lock again each time it may have been released.
+fn own(
+    runtime: &RetainedDir,
     resolved: &ResolvedDomainConfiguration,
-) -> Result<StartupEvent, Failure> {
+) -> Result<Ownership, Failure> {
+    let paths = DomainPaths::new(resolved.domain_id(), runtime.label().to_path_buf());
     let deadline = Instant::now() + PUBLISH_WAIT;
-    let status = loop {
-        match super::client::request(paths, ControlRequest::Status) {
-            Ok(ControlResponse::Status(status)) => break status,
+    loop {
+        if let Some(lock) = try_lock(runtime)? {
+            return Ok(Ownership::Mine(lock));
+        }
+        let asked = super::client::request(
+            &paths,
+            ControlRequest::Status,
+            super::client::STATUS_TIMEOUT,
+        );
+        match asked {
+            Ok(ControlResponse::Status(status)) => {
+                let differences = differences(&status.configuration, resolved.record());
+                return Ok(Ownership::Theirs(StartupEvent::AlreadyRunning {
+                    status,
+                    differences,
+                }));
+            }
             Ok(other) => {
                 return Err(failure(
                     StartupStep::Ownership,
                     format!("the running coordinator answered {other:?}"),
                 ));
             }
-            Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
+            Err(super::client::RequestError::NotRunning) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(50));
+            }
             Err(e) => {
                 return Err(failure(
                     StartupStep::Ownership,
                     format!(
                         "another Lazaret process owns this Domain but does not answer ({}); \
-                         if it is stuck, run `lazaret down {}`",
+                         if it is stuck, end it and run `lazaret down {}`",
                         chain(&e),
                         resolved.profile()
                     ),
                 ));
             }
         }
-    };
-    let differences = differences(&status.configuration, resolved.record());
-    Ok(StartupEvent::AlreadyRunning {
-        status,
-        differences,
-    })
+    }
 }
 
 /// The names of the configuration fields that differ between two records.
@@ -413,21 +430,11 @@ pub fn start(args: Args) -> ExitCode {
         Err(failure) => return reporter.fail(failure),
     };
     let auth = resolved.authorities();
-    let paths = DomainPaths::new(
-        resolved.domain_id(),
-        auth.domain_runtime.label().to_path_buf(),
-    );
-
-    let lock = match try_lock(&auth.domain_runtime) {
-        Ok(Some(lock)) => lock,
-        Ok(None) => {
-            return match already_running(&paths, &resolved) {
-                Ok(event) => {
-                    reporter.send(event);
-                    ExitCode::SUCCESS
-                }
-                Err(failure) => reporter.fail(failure),
-            };
+    let lock = match own(&auth.domain_runtime, &resolved) {
+        Ok(Ownership::Mine(lock)) => lock,
+        Ok(Ownership::Theirs(event)) => {
+            reporter.send(event);
+            return ExitCode::SUCCESS;
         }
         Err(failure) => return reporter.fail(failure),
     };
@@ -489,7 +496,7 @@ pub fn start(args: Args) -> ExitCode {
             return reporter.fail(failure);
         }
     };
-    let status = live.status(&resolved, &generation);
+    let status = live.status(&resolved, &generation, Vec::new());
     reporter.send(StartupEvent::Ready(Box::new(status)));
     drop(reporter);
     log(format_args!(
@@ -497,7 +504,7 @@ pub fn start(args: Args) -> ExitCode {
         generation.generation_id
     ));
 
-    let code = serve(&owned, &resolved, generation, live);
+    let code = super::serve::serve(&owned, &resolved, generation, live);
     // Close the stores before giving up ownership: the next owner opens them.
     drop(owned);
     drop(lock);
@@ -555,13 +562,13 @@ impl Starting {
 /// A running supervisor: its process, pidfd and channel.
 pub(super) struct Supervisor {
     child: Child,
-    held: HeldProcess,
+    pub(super) held: HeldProcess,
     pub(super) channel: Arc<SupervisorChannel>,
 }
 
 impl Supervisor {
     /// Asks the supervisor to stop the sandbox, then makes sure it is gone.
-    fn stop(mut self) {
+    pub(super) fn stop(mut self) {
         let asked = self.channel.send(&SupervisorRequest::Stop, &[]).is_ok();
         if asked && readable(self.channel.as_fd(), STOP_TIMEOUT) {
             if let Ok(Received {
@@ -584,29 +591,41 @@ impl Supervisor {
 }
 
 /// Everything a running generation holds.
-struct Live {
+pub(super) struct Live {
     coordinator: HeldProcess,
     holder: HeldProcess,
-    supervisor: Supervisor,
-    sandbox: HeldProcess,
-    listener: OwnedFd,
-    sessions: UnixListener,
-    hub: Arc<Hub>,
+    pub(super) supervisor: Supervisor,
+    pub(super) sandbox: HeldProcess,
+    /// The runsc gofer, when the supervisor found it.
+    pub(super) gofer: Option<HeldProcess>,
+    /// The control socket.
+    pub(super) listener: OwnedFd,
+    /// The session socket.
+    pub(super) sessions: UnixListener,
+    /// The TLS configuration sessions are served with.
+    pub(super) session_server: Arc<rustls::ServerConfig>,
+    /// The sealed sandbox environment every session process gets.
+    pub(super) environment: OwnedFd,
+    pub(super) store: Arc<DomainStore>,
+    pub(super) generation_id: GenerationId,
+    /// The sessions' hub, once the event loop runs.
+    pub(super) hub: Option<Arc<Hub>>,
     prepared: PreparedLower,
     container_id: ContainerId,
     runtime_root: HostPath,
-    helper: ConnectivityHelper,
+    pub(super) helper: ConnectivityHelper,
     network: NetworkStatus,
-    router: HeldProcess,
-    workspace: WorkspaceStatus,
+    pub(super) router: HeldProcess,
+    pub(super) workspace: WorkspaceStatus,
     uppers: super::usage::Uppers,
 }
 
 impl Live {
-    fn status(
+    pub(super) fn status(
         &self,
         resolved: &ResolvedDomainConfiguration,
         generation: &Generation,
+        sessions: Vec<lazaret_proto::control::SessionSummary>,
     ) -> DomainStatus {
         DomainStatus {
             domain_id: resolved.domain_id(),
@@ -624,7 +643,7 @@ impl Live {
             supervisor: self.supervisor.held.identity,
             namespace_holder: self.holder.identity,
             sandbox: self.sandbox.identity,
-            sessions: self.hub.sessions(),
+            sessions,
             network: self.network.clone(),
             workspace_routing: self.workspace.clone(),
             storage: self.uppers.measure(self.holder.identity.host_pid),
@@ -930,7 +949,7 @@ fn bring_up(
         .channel
         .send(&SupervisorRequest::RunSandbox, &[])
         .map_err(|e| at(StartupStep::Sandbox)(&e))?;
-    let (runtime_root, sandbox_process) = await_sandbox(supervisor)?;
+    let (runtime_root, sandbox_process, gofer) = await_sandbox(supervisor)?;
     let holder = namespaces.holder;
     sandbox_record.container_process = sandbox_process.committed();
     sandbox_record.runtime_root = Some(runtime_root.clone());
@@ -961,15 +980,7 @@ fn bring_up(
 
     // The Session Coordinator: this generation's TLS credentials, the client
     // credential for the invoking user, and the session socket.
-    let supervisor_link = Arc::clone(
-        &starting
-            .supervisor
-            .as_ref()
-            .expect("the supervisor was started above")
-            .channel,
-    );
-    let (sessions, hub) =
-        publish_sessions(resolved, generation, store, supervisor_link, environment)?;
+    let (sessions, session_server) = publish_sessions(resolved, generation, store)?;
 
     generation.state = GenerationState::Running;
     store
@@ -988,9 +999,14 @@ fn bring_up(
         holder,
         supervisor,
         sandbox: sandbox_process,
+        gofer,
         listener,
         sessions,
-        hub,
+        session_server,
+        environment,
+        store: Arc::clone(store),
+        generation_id: generation.generation_id,
+        hub: None,
         prepared,
         container_id,
         runtime_root,
@@ -1009,9 +1025,7 @@ fn publish_sessions(
     resolved: &ResolvedDomainConfiguration,
     generation: &Generation,
     store: &Arc<DomainStore>,
-    supervisor: Arc<SupervisorChannel>,
-    environment: OwnedFd,
-) -> Result<(UnixListener, Arc<Hub>), Failure> {
+) -> Result<(UnixListener, Arc<rustls::ServerConfig>), Failure> {
     let auth = resolved.authorities();
     let step = at(StartupStep::Sandbox);
     let uid = rustix::process::getuid().as_raw();
@@ -1067,14 +1081,7 @@ fn publish_sessions(
             },
         )
         .map_err(|e| step(&e))?;
-    let hub = Hub::new(
-        supervisor,
-        environment,
-        Arc::clone(store),
-        generation.generation_id,
-        credentials.server_config(),
-    );
-    Ok((listener, hub))
+    Ok((listener, credentials.server_config()))
 }
 
 /// The resolved sandbox environment in a sealed memfd: `NAME=value\0`
@@ -1282,176 +1289,31 @@ fn await_namespaces(supervisor: &Supervisor) -> Result<Namespaces, Failure> {
     })
 }
 
-/// Waits for the sandbox to run: its runtime root and its process.
-fn await_sandbox(supervisor: &Supervisor) -> Result<(HostPath, HeldProcess), Failure> {
+/// Waits for the sandbox to run: its runtime root, its process and its
+/// gofer's.
+fn await_sandbox(
+    supervisor: &Supervisor,
+) -> Result<(HostPath, HeldProcess, Option<HeldProcess>), Failure> {
     let step = StartupStep::Sandbox;
     let Received { message, fds } = await_report(supervisor, step)?;
     let SupervisorReport::SandboxRunning {
         sandbox,
+        gofer,
         runtime_root,
         ..
     } = message
     else {
         return Err(unexpected(step, &message));
     };
+    let mut fds: Vec<Option<OwnedFd>> = fds.into_iter().map(Some).collect();
     let pidfd = sandbox
-        .pick(fds)
+        .take(&mut fds)
         .ok_or_else(|| failure(step, "the supervisor sent no sandbox pidfd"))?;
     let sandbox = HeldProcess::from_pidfd(pidfd).map_err(|e| at(step)(&e))?;
-    Ok((runtime_root, sandbox))
-}
-
-/// Serves `status` and `down` until stopped or the supervisor dies, then
-/// releases the generation.
-fn serve(
-    owned: &Owned,
-    resolved: &ResolvedDomainConfiguration,
-    mut generation: Generation,
-    mut live: Live,
-) -> ExitCode {
-    let uid = rustix::process::getuid();
-    let mut pending_down: Option<ControlPeer> = None;
-    loop {
-        let mut fds = vec![
-            PollFd::new(&live.listener, PollFlags::IN),
-            PollFd::new(&live.supervisor.held.pidfd, PollFlags::IN),
-            PollFd::new(&*live.supervisor.channel, PollFlags::IN),
-            PollFd::new(&live.sessions, PollFlags::IN),
-            PollFd::new(&live.helper.held.pidfd, PollFlags::IN),
-        ];
-        // A router that exited is not watched again (its pidfd stays
-        // readable).
-        if live.workspace.router_running {
-            fds.push(PollFd::new(&live.router.pidfd, PollFlags::IN));
-        }
-        match poll(&mut fds, None) {
-            Ok(_) => {}
-            Err(rustix::io::Errno::INTR) => continue,
-            Err(e) => {
-                log(format_args!("poll failed: {e}"));
-                break;
-            }
-        }
-        let revents: Vec<PollFlags> = fds.iter().map(PollFd::revents).collect();
-        drop(fds);
-        let [listener, pidfd, channel, sessions, helper] =
-            [revents[0], revents[1], revents[2], revents[3], revents[4]];
-        if revents.get(5).is_some_and(|r| !r.is_empty()) {
-            // The workspace fails closed: the FUSE connection is aborted
-            // and every operation on it fails. The generation stays, so
-            // sessions can end in order; status says what happened.
-            live.workspace.router_running = false;
-            if let Some(problem) = live.workspace.problem(resolved.profile().as_str()) {
-                log(problem);
-            }
-        }
-        if !pidfd.is_empty() {
-            log("the Runtime Supervisor exited unexpectedly; releasing the generation");
-            break;
-        }
-        if !helper.is_empty() {
-            // The sandbox has lost its only way out, and its attested
-            // network no longer exists as attested.
-            log("slirp4netns exited unexpectedly; releasing the generation");
-            break;
-        }
-        if !channel.is_empty() {
-            match live.supervisor.channel.recv() {
-                Ok(report) => {
-                    if let Some(other) = live.hub.dispatch(report) {
-                        log(format_args!("unexpected supervisor report: {other:?}"));
-                    }
-                }
-                Err(e) => {
-                    log(format_args!(
-                        "the Runtime Supervisor link failed ({}); releasing the generation",
-                        chain(&e)
-                    ));
-                    break;
-                }
-            }
-        }
-        if !sessions.is_empty() {
-            match live.sessions.accept() {
-                Ok((stream, _)) => live.hub.spawn_session(stream),
-                Err(e) => log(format_args!("session accept failed: {e}")),
-            }
-        }
-        if listener.is_empty() {
-            continue;
-        }
-        let peer: ControlPeer = match Endpoint::accept(live.listener.as_fd()) {
-            Ok(peer) => peer,
-            Err(e) => {
-                log(format_args!("accept failed: {}", chain(&e)));
-                continue;
-            }
-        };
-        if let Err(e) = peer.require_peer_uid(uid) {
-            log(format_args!("refused a control connection: {}", chain(&e)));
-            continue;
-        }
-        if !readable(peer.as_fd(), Duration::from_secs(5)) {
-            continue;
-        }
-        match peer.recv() {
-            Ok(Received {
-                message: ControlRequest::Status,
-                ..
-            }) => {
-                let status = live.status(resolved, &generation);
-                let _ = peer.send(&ControlResponse::Status(Box::new(status)), &[]);
-            }
-            Ok(Received {
-                message: ControlRequest::Down,
-                ..
-            }) => {
-                log("down requested");
-                pending_down = Some(peer);
-                break;
-            }
-            Err(e) => log(format_args!("bad control request: {}", chain(&e))),
-        }
-    }
-
-    generation.state = GenerationState::Stopping;
-    let _ = owned.store.put_generation(&generation);
-    // Attached clients hear that the Domain goes down before it does.
-    live.hub.domain_down();
-    live.supervisor.stop();
-    // The sandbox ends with the Domain pid namespace; wait for it, and kill
-    // it through its pidfd if it lingers.
-    if !wait_exit(live.sandbox.pidfd.as_fd(), Duration::from_secs(2)).unwrap_or(false) {
-        log("the sandbox outlived its namespace holder; killing it");
-        let _ = kill_and_wait(live.sandbox.pidfd.as_fd(), Duration::from_secs(5));
-    }
-    live.helper.stop();
-    let id = generation.generation_id;
-    let result = release_generation(
-        &owned.store,
-        &owned.catalog,
-        resolved.domain_id(),
-        generation,
-        &resolved.authorities().domain_runtime,
-    );
-    let response = match &result {
-        Ok(_) => {
-            log(format_args!("generation {id} stopped"));
-            ControlResponse::Stopped { generation_id: id }
-        }
-        Err(e) => {
-            log(format_args!("releasing generation {id}: {}", chain(e)));
-            ControlResponse::Failed {
-                message: format!("generation {id} did not release cleanly: {}", chain(e)),
-            }
-        }
-    };
-    if let Some(peer) = pending_down {
-        let _ = peer.send(&response, &[]);
-    }
-    if result.is_ok() {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
-    }
+    let gofer = gofer
+        .and_then(|index| index.take(&mut fds))
+        .map(HeldProcess::from_pidfd)
+        .transpose()
+        .map_err(|e| at(step)(&e))?;
+    Ok((runtime_root, sandbox, gofer))
 }

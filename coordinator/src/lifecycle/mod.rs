@@ -14,6 +14,7 @@ pub mod daemon;
 pub mod journal;
 mod network;
 pub mod recovery;
+mod serve;
 mod usage;
 mod workspace;
 

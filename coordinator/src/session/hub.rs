@@ -1,21 +1,25 @@
-//! The Session Coordinator's server side: one thread per Client Session,
-//! each holding its TLS link, its host PTY master (or pipes) and its
-//! `runsc exec` pidfd, and a hub that routes the supervisor's reports to
+//! The Session Coordinator's server side: one task per Client Session on
+//! the Host Coordinator's event loop, each holding its TLS connection
+//! (`tokio-rustls`), its host PTY master (or pipes), its `runsc exec` pidfd
+//! and its CLI's pidfd, and a hub that routes the supervisor's reports to
 //! the session they name.
 //!
-//! Owns each session from the TLS handshake to its recorded end. Trusts a
-//! peer only after the TLS handshake proved a client certificate of this
-//! generation's CA and the socket's peer uid equals the coordinator's; the
-//! `session_id` an event carries must be the connection's own.
+//! Owns each session from the TLS handshake to its recorded end. Nothing a
+//! session does blocks the loop: input a process does not read waits in a
+//! bounded buffer and the session stops reading its connection
+//! (backpressure); output waits for the client; a Domain going down ends
+//! every session within a bound. Trusts a peer only after the TLS
+//! handshake proved a client certificate of this generation's CA and the
+//! socket's peer uid equals the coordinator's; the `session_id` an event
+//! carries must be the connection's own.
 
 use std::collections::HashMap;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::os::unix::net::UnixStream;
-use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lazaret_proto::channel::{Endpoint, Received};
+use lazaret_proto::channel::Received;
+use lazaret_proto::codec::WireRecord;
 use lazaret_proto::common::UnixTimeNs;
 use lazaret_proto::control::SessionSummary;
 use lazaret_proto::ids::{CliId, GenerationId, SessionId};
@@ -28,15 +32,51 @@ use lazaret_proto::terminal::{
     MAX_TERMINAL_CHUNK, PtyIdentity, SessionExit, SessionExitOutcome, SessionTerminalEvent,
     SessionTerminalMessage, TerminalOutput,
 };
-use rustix::event::{PollFd, PollFlags, poll};
 use rustix::process::{Signal, pidfd_send_signal};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::sync::{mpsc, watch};
 
-use super::link::{LinkError, TlsLink};
-use crate::process::readable;
+use super::stream::FdStream;
+use super::tls::{FrameBuffer, FrameError, write_frame};
+use crate::aio::{AsyncChannel, Exit, Stream, exited};
 use crate::store::DomainStore;
 
 /// The supervisor link, shared by the sessions that send `Exec` on it.
-pub type SupervisorLink = Endpoint<SupervisorRequest, SupervisorReport>;
+pub type SupervisorLink = AsyncChannel<SupervisorRequest, SupervisorReport>;
+
+/// The most sessions a Domain serves at once.
+pub const MAX_SESSIONS: usize = 128;
+
+/// The most connections still proving who they are at once; more are
+/// closed unanswered.
+const MAX_HANDSHAKES: usize = 32;
+
+/// How long a client has to complete TLS and ask for its session.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long the sandbox has to start a session's process.
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long one write to a client may wait: a client that stops reading
+/// (a stopped CLI) ends its session instead of holding it.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long a killed session process has to report its exit before its
+/// `runsc exec` is killed.
+const KILL_WAIT: Duration = Duration::from_secs(5);
+
+/// How long a session's last message may take when the Domain goes down.
+const FAREWELL_TIMEOUT: Duration = Duration::from_millis(200);
+
+/// Input a session holds for a process that does not read it; past this it
+/// stops reading its connection.
+const INPUT_BOUND: usize = 256 * 1024;
+
+/// The output pipe's capacity for sessions without a terminal.
+const OUTPUT_PIPE_SIZE: usize = 1 << 20;
+
+/// How many output chunks one wakeup relays at most.
+const READS_PER_WAKEUP: usize = 16;
 
 /// What the hub tells one session.
 #[derive(Debug)]
@@ -47,36 +87,36 @@ enum HubEvent {
     Failed(String),
     /// Its process exited.
     Exited { code: u8, signaled: bool },
-    /// The Domain is going down.
-    DomainDown,
 }
 
-/// A session's mailbox in the hub: events, and a pipe that wakes its
-/// `poll(2)`.
+/// A session's entry in the hub.
 #[derive(Debug)]
 struct Route {
-    events: Sender<HubEvent>,
-    wake: OwnedFd,
+    events: mpsc::UnboundedSender<HubEvent>,
     summary: SessionSummary,
 }
 
-impl Route {
-    fn send(&self, event: HubEvent) {
-        let _ = self.events.send(event);
-        let _ = rustix::io::write(&self.wake, &[1]);
-    }
-}
-
 /// Routes supervisor reports to sessions, and holds what sessions share.
-#[derive(Debug)]
 pub struct Hub {
     supervisor: Arc<SupervisorLink>,
     environment: OwnedFd,
     store: Arc<DomainStore>,
     generation: GenerationId,
-    server: Arc<rustls::ServerConfig>,
+    acceptor: tokio_rustls::TlsAcceptor,
     routes: Mutex<HashMap<SessionId, Route>>,
-    threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
+    handshakes: Arc<tokio::sync::Semaphore>,
+    /// Set once the Domain goes down; every session ends on it.
+    down: watch::Sender<bool>,
+    tasks: Mutex<tokio::task::JoinSet<()>>,
+}
+
+impl std::fmt::Debug for Hub {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Hub")
+            .field("generation", &self.generation)
+            .field("sessions", &self.routes().len())
+            .finish_non_exhaustive()
+    }
 }
 
 impl Hub {
@@ -93,16 +133,27 @@ impl Hub {
             environment,
             store,
             generation,
-            server,
+            acceptor: tokio_rustls::TlsAcceptor::from(server),
             routes: Mutex::new(HashMap::new()),
-            threads: Mutex::new(Vec::new()),
+            handshakes: Arc::new(tokio::sync::Semaphore::new(MAX_HANDSHAKES)),
+            down: watch::Sender::new(false),
+            tasks: Mutex::new(tokio::task::JoinSet::new()),
         })
+    }
+
+    /// The supervisor link the sessions share.
+    pub fn supervisor(&self) -> Arc<SupervisorLink> {
+        Arc::clone(&self.supervisor)
+    }
+
+    fn routes(&self) -> std::sync::MutexGuard<'_, HashMap<SessionId, Route>> {
+        self.routes.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The sessions attached now.
     pub fn sessions(&self) -> Vec<SessionSummary> {
-        let routes = self.routes.lock().unwrap_or_else(|e| e.into_inner());
-        let mut out: Vec<SessionSummary> = routes.values().map(|r| r.summary.clone()).collect();
+        let mut out: Vec<SessionSummary> =
+            self.routes().values().map(|r| r.summary.clone()).collect();
         out.sort_by_key(|s| s.opened_at);
         out
     }
@@ -138,100 +189,140 @@ impl Hub {
             ),
             other => return Some(other),
         };
-        let routes = self.routes.lock().unwrap_or_else(|e| e.into_inner());
-        match (routes.get(&session_id), event) {
-            (Some(route), event) => route.send(event),
-            // A process whose session already gave up waiting has no owner:
-            // it must not run on.
-            (None, HubEvent::Started(pidfd)) => {
-                let _ = pidfd_send_signal(&pidfd, Signal::KILL);
-            }
-            (None, _) => {}
+        let unrouted = match self.routes().get(&session_id) {
+            Some(route) => route.events.send(event).err().map(|e| e.0),
+            None => Some(event),
+        };
+        // A process whose session already gave up waiting has no owner: it
+        // must not run on.
+        if let Some(HubEvent::Started(pidfd)) = unrouted {
+            let _ = pidfd_send_signal(&pidfd, Signal::KILL);
         }
         None
     }
 
-    /// Tells every session the Domain is going down, and waits for their
-    /// threads to end.
-    pub fn domain_down(&self) {
-        for route in self
-            .routes
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .values()
-        {
-            route.send(HubEvent::DomainDown);
+    /// Ends every session: each is told the Domain goes down and gets
+    /// `within` to say goodbye; what is left then is cut off and recorded
+    /// closed.
+    pub async fn domain_down(&self, within: Duration) {
+        self.down.send_replace(true);
+        let mut tasks = std::mem::take(&mut *self.tasks.lock().unwrap_or_else(|e| e.into_inner()));
+        let all_ended =
+            tokio::time::timeout(within, async { while tasks.join_next().await.is_some() {} })
+                .await;
+        if all_ended.is_err() {
+            tasks.abort_all();
+            while tasks.join_next().await.is_some() {}
         }
-        let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|e| e.into_inner()));
-        for thread in threads {
-            let _ = thread.join();
+        let left: Vec<SessionId> = self.routes().drain().map(|(id, _)| id).collect();
+        for session_id in left {
+            self.record(session_id, SessionTerminalState::Closed, true, None);
         }
     }
 
-    /// Serves one accepted connection on its own thread.
-    pub fn spawn_session(self: &Arc<Self>, stream: UnixStream) {
+    /// Serves one accepted connection on its own task. A connection past
+    /// the bound on handshakes in progress is closed at once.
+    pub fn spawn_session(self: &Arc<Self>, socket: tokio::net::UnixStream) {
+        let Ok(permit) = Arc::clone(&self.handshakes).try_acquire_owned() else {
+            crate::lifecycle::journal::log("too many session handshakes at once; closed one");
+            return;
+        };
         let hub = Arc::clone(self);
-        let thread = std::thread::spawn(move || {
-            if let Err(e) = hub.serve(stream) {
+        let mut tasks = self.tasks.lock().unwrap_or_else(|e| e.into_inner());
+        // Reap finished tasks so the set holds only live sessions.
+        while tasks.try_join_next().is_some() {}
+        tasks.spawn(async move {
+            if let Err(e) = hub.serve(socket, permit).await {
                 crate::lifecycle::journal::log(format_args!(
                     "session refused or failed: {}",
                     crate::lifecycle::chain(&e)
                 ));
             }
         });
-        let mut threads = self.threads.lock().unwrap_or_else(|e| e.into_inner());
-        threads.retain(|t| !t.is_finished());
-        threads.push(thread);
     }
 
-    fn serve(self: &Arc<Self>, stream: UnixStream) -> Result<(), SessionError> {
+    async fn serve(
+        self: &Arc<Self>,
+        socket: tokio::net::UnixStream,
+        handshake: tokio::sync::OwnedSemaphorePermit,
+    ) -> Result<(), SessionError> {
         use lazaret_proto::channel::{ChannelError, require_peer_uid};
-        require_peer_uid(stream.as_fd(), rustix::process::getuid()).map_err(|e| match e {
+        require_peer_uid(socket.as_fd(), rustix::process::getuid()).map_err(|e| match e {
             ChannelError::PeerUidMismatch { found, .. } => {
                 SessionError::Peer(format!("uid {found} is not this Domain's owner"))
             }
             e => SessionError::Peer(crate::lifecycle::chain(&e)),
         })?;
-        let conn = rustls::ServerConnection::new(Arc::clone(&self.server))?;
-        let mut link = TlsLink::handshake(conn, stream, Duration::from_secs(10))?;
-        let open: OpenSession = link.recv()?;
-        link.without_timeouts()?;
+        // The CLI, watched so that a session whose client died never looks
+        // alive, even while its input is held back.
+        let client = crate::sys::peer_pidfd(socket.as_fd())
+            .and_then(|pidfd| Exit::watch(pidfd.as_fd()))
+            .ok();
+        let (mut link, open) = tokio::time::timeout(HANDSHAKE_TIMEOUT, async {
+            let mut link = Link::new(self.acceptor.accept(FdStream::new(socket)).await?);
+            let open = link.recv::<OpenSession>().await?;
+            Ok::<_, SessionError>((link, open))
+        })
+        .await
+        .map_err(|_| SessionError::Peer("no session request within 10 s".into()))??;
+        drop(handshake);
+        let passed = link.take_fds();
+
         let session_id = SessionId(super::random_bytes());
-        let (events, inbox) = mpsc::channel();
-        let (wake_read, wake_write) = rustix::pipe::pipe_with(
-            rustix::pipe::PipeFlags::CLOEXEC | rustix::pipe::PipeFlags::NONBLOCK,
-        )
-        .map_err(|e| SessionError::Io(e.into()))?;
-        self.routes
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(
-                session_id,
-                Route {
-                    events,
-                    wake: wake_write,
-                    summary: SessionSummary {
-                        session_id,
-                        command: open.command.clone().unwrap_or_default(),
-                        terminal: open.terminal,
-                        opened_at: UnixTimeNs::now(),
-                    },
-                },
+        let (events, inbox) = mpsc::unbounded_channel();
+        let summary = SessionSummary {
+            session_id,
+            command: open.command.clone().unwrap_or_default(),
+            terminal: open.terminal,
+            opened_at: UnixTimeNs::now(),
+        };
+        let opened_at = summary.opened_at;
+        let full = {
+            let mut routes = self.routes();
+            let full = routes.len() >= MAX_SESSIONS;
+            if !full {
+                routes.insert(session_id, Route { events, summary });
+            }
+            full
+        };
+        if full {
+            let reason = format!(
+                "the Domain serves {MAX_SESSIONS} sessions at once, its most; end one first"
             );
-        let result = self.run(&mut link, session_id, &open, &inbox, wake_read.as_fd());
-        self.routes
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&session_id);
-        link.close();
+            return link.send(&SessionOpened::Refused { reason }).await;
+        }
+        let mut down = self.down.subscribe();
+        let mut session = Running {
+            hub: self,
+            session_id,
+            opened_at,
+            inbox,
+            client,
+        };
+        let result = tokio::select! {
+            result = session.run(&mut link, &open, passed) => result,
+            () = async { let _ = down.wait_for(|down| *down).await; } => {
+                // The whole sandbox stops next; nothing to kill here.
+                let exit = SessionExit {
+                    session_id,
+                    outcome: SessionExitOutcome::DomainDown,
+                    exit_code: 255,
+                };
+                let _ = tokio::time::timeout(
+                    FAREWELL_TIMEOUT,
+                    link.send(&SessionTerminalMessage::Exit(exit)),
+                )
+                .await;
+                session.record(SessionTerminalState::Closed, true, None);
+                Ok(())
+            }
+        };
+        self.routes().remove(&session_id);
+        let _ = tokio::time::timeout(FAREWELL_TIMEOUT, link.close()).await;
         result
     }
 
-    fn record(&self, session_id: SessionId, state: SessionTerminalState, closed: bool) {
-        self.record_with_pty(session_id, state, closed, None);
-    }
-
-    fn record_with_pty(
+    fn record(
         &self,
         session_id: SessionId,
         state: SessionTerminalState,
@@ -240,10 +331,9 @@ impl Hub {
     ) {
         let now = UnixTimeNs::now();
         let opened_at = self
-            .routes
-            .lock()
-            .ok()
-            .and_then(|r| r.get(&session_id).map(|r| r.summary.opened_at))
+            .routes()
+            .get(&session_id)
+            .map(|r| r.summary.opened_at)
             .unwrap_or(now);
         let session = Session {
             generation_id: self.generation,
@@ -261,33 +351,72 @@ impl Hub {
         };
         let _ = self.store.put_session_state(&session, &terminal);
     }
+}
 
-    /// Tells the client its session will not open, and records it closed.
-    fn refuse(
-        &self,
-        link: &mut TlsLink,
-        session_id: SessionId,
-        reason: String,
-    ) -> Result<(), SessionError> {
-        let sent = link.send(&SessionOpened::Refused { reason });
-        self.record(session_id, SessionTerminalState::Closed, true);
-        sent.map_err(Into::into)
+/// One session being served.
+struct Running<'a> {
+    hub: &'a Hub,
+    session_id: SessionId,
+    opened_at: UnixTimeNs,
+    inbox: mpsc::UnboundedReceiver<HubEvent>,
+    client: Option<Exit>,
+}
+
+impl Running<'_> {
+    fn record(&self, state: SessionTerminalState, closed: bool, pty: Option<PtyIdentity>) {
+        let now = UnixTimeNs::now();
+        let session = Session {
+            generation_id: self.hub.generation,
+            session_id: self.session_id,
+            cli_id: CliId(self.session_id.0),
+            opened_at: self.opened_at,
+            closed_at: closed.then_some(now),
+        };
+        let terminal = SessionTerminal {
+            generation_id: self.hub.generation,
+            session_id: self.session_id,
+            state,
+            pty,
+            guest_process: None,
+        };
+        let _ = self.hub.store.put_session_state(&session, &terminal);
     }
 
-    fn run(
-        &self,
-        link: &mut TlsLink,
-        session_id: SessionId,
+    /// Tells the client its session will not open, and records it closed.
+    async fn refuse(&self, link: &mut Link, reason: String) -> Result<(), SessionError> {
+        let sent = link.send(&SessionOpened::Refused { reason }).await;
+        self.record(SessionTerminalState::Closed, true, None);
+        sent
+    }
+
+    /// Sends a signal to the session's process inside the sandbox, through
+    /// the supervisor (`runsc kill --pid`).
+    async fn signal(&self, signal: ExecSignal) {
+        let _ = self
+            .hub
+            .supervisor
+            .send(
+                &SupervisorRequest::SignalExec {
+                    session_id: self.session_id,
+                    signal,
+                },
+                &[],
+            )
+            .await;
+    }
+
+    async fn run(
+        &mut self,
+        link: &mut Link,
         open: &OpenSession,
-        inbox: &Receiver<HubEvent>,
-        wake: BorrowedFd<'_>,
+        passed: Vec<OwnedFd>,
     ) -> Result<(), SessionError> {
-        self.record(session_id, SessionTerminalState::Intent, false);
-        let mut io = match SessionIo::open(open, link.take_received_fds()) {
+        self.record(SessionTerminalState::Intent, false, None);
+        let mut io = match SessionIo::open(open, passed) {
             Ok(io) => io,
             Err(e) => {
                 let reason = format!("cannot open the session's terminal: {e}");
-                return self.refuse(link, session_id, reason);
+                return self.refuse(link, reason).await;
             }
         };
         let args = open
@@ -295,137 +424,344 @@ impl Hub {
             .clone()
             .unwrap_or_else(|| vec!["/bin/sh".into(), "-l".into()]);
         let (stdio, passed) = io.take_process_ends(open);
-        let mut fds: Vec<BorrowedFd<'_>> = vec![self.environment.as_fd()];
-        fds.extend(passed.iter().map(AsFd::as_fd));
         let request = SupervisorRequest::Exec(ExecRequest {
-            session_id,
+            session_id: self.session_id,
             args,
             cwd: lazaret_proto::layout::WORKSPACE.into(),
             term: open.term.clone(),
             environment: FdIndex(0),
             stdio,
         });
-        self.supervisor
-            .send(&request, &fds)
-            .map_err(|e| SessionError::Supervisor(crate::lifecycle::chain(&e)))?;
+        {
+            let mut fds: Vec<BorrowedFd<'_>> = vec![self.hub.environment.as_fd()];
+            fds.extend(passed.iter().map(AsFd::as_fd));
+            self.hub
+                .supervisor
+                .send(&request, &fds)
+                .await
+                .map_err(|e| SessionError::Supervisor(crate::lifecycle::chain(&e)))?;
+        }
         // The child's ends now live in the supervisor; only ours remain here.
-        drop(fds);
         drop(passed);
 
-        let process = loop {
-            if !readable(wake, Duration::from_secs(30)) {
-                let reason = "the sandbox did not start the session within 30 s".into();
-                return self.refuse(link, session_id, reason);
-            }
-            drain(wake);
-            match inbox.try_recv() {
-                Ok(HubEvent::Started(pidfd)) => break pidfd,
-                Ok(HubEvent::Failed(reason)) => return self.refuse(link, session_id, reason),
-                Ok(HubEvent::DomainDown) => {
-                    let reason = "the Domain is going down".into();
-                    return self.refuse(link, session_id, reason);
+        let started = tokio::time::timeout(START_TIMEOUT, async {
+            loop {
+                match self.inbox.recv().await {
+                    Some(HubEvent::Started(pidfd)) => return Ok(pidfd),
+                    Some(HubEvent::Failed(reason)) => return Err(reason),
+                    Some(HubEvent::Exited { .. }) => {}
+                    None => return Err("the Domain is going down".to_owned()),
                 }
-                Ok(HubEvent::Exited { .. }) | Err(_) => {}
+            }
+        })
+        .await;
+        let process = match started {
+            Ok(Ok(pidfd)) => pidfd,
+            Ok(Err(reason)) => return self.refuse(link, reason).await,
+            Err(_) => {
+                let reason = "the sandbox did not start the session within 30 s".into();
+                return self.refuse(link, reason).await;
             }
         };
-        link.send(&SessionOpened::Opened { session_id })?;
-        self.record_with_pty(
-            session_id,
-            SessionTerminalState::Running,
-            false,
-            io.pty_identity(),
-        );
+        link.send(&SessionOpened::Opened {
+            session_id: self.session_id,
+        })
+        .await?;
+        self.record(SessionTerminalState::Running, false, io.pty_identity());
 
-        let outcome = pump(
-            link,
-            &mut io,
-            session_id,
-            inbox,
-            wake,
-            &Signaller {
-                supervisor: &self.supervisor,
-                session_id,
-            },
-        );
-        match outcome {
+        match self.pump(link, &mut io).await {
             Ok(exit) => {
-                let _ = link.send(&SessionTerminalMessage::Exit(exit));
-                self.record(session_id, SessionTerminalState::Exited, true);
+                let _ = link.send(&SessionTerminalMessage::Exit(exit)).await;
+                self.record(SessionTerminalState::Exited, true, None);
                 Ok(())
             }
             Err(error) => {
                 // The CLI is gone, or the session broke: its process must
                 // not outlive it. Kill it inside the sandbox (the sandbox's
                 // pid 1 ends the rest of its session), then its `runsc exec`.
-                Signaller {
-                    supervisor: &self.supervisor,
-                    session_id,
-                }
-                .send(ExecSignal::Kill);
-                if !wait_exited(inbox, wake) {
+                self.signal(ExecSignal::Kill).await;
+                let reported = tokio::time::timeout(KILL_WAIT, async {
+                    while let Some(event) = self.inbox.recv().await {
+                        if matches!(event, HubEvent::Exited { .. }) {
+                            break;
+                        }
+                    }
+                })
+                .await;
+                if reported.is_err() {
                     let _ = pidfd_send_signal(&process, Signal::KILL);
                 }
-                self.record(session_id, SessionTerminalState::Closed, true);
+                self.record(SessionTerminalState::Closed, true, None);
                 match error {
-                    SessionError::Link(LinkError::Closed) => Ok(()),
+                    SessionError::Closed => Ok(()),
                     other => Err(other),
                 }
             }
         }
     }
-}
 
-/// Sends signals to one session's process inside the sandbox, through the
-/// supervisor (`runsc kill --pid`).
-struct Signaller<'a> {
-    supervisor: &'a SupervisorLink,
-    session_id: SessionId,
-}
-
-impl Signaller<'_> {
-    fn send(&self, signal: ExecSignal) {
-        let _ = self.supervisor.send(
-            &SupervisorRequest::SignalExec {
-                session_id: self.session_id,
-                signal,
-            },
-            &[],
-        );
+    /// Moves bytes between the link and the session's streams until the
+    /// process exits (`Ok`) or the link ends (`Err`).
+    async fn pump(
+        &mut self,
+        link: &mut Link,
+        io: &mut SessionIo,
+    ) -> Result<SessionExit, SessionError> {
+        let session_id = self.session_id;
+        let mut input = Input::default();
+        let mut frames = FrameBuffer::<SessionTerminalEvent>::new();
+        let mut read_buf = vec![0u8; MAX_TERMINAL_CHUNK];
+        let mut out_buf = vec![0u8; MAX_TERMINAL_CHUNK];
+        let mut output_open = io.output.is_some();
+        let exit = loop {
+            let output = io.output.as_deref().filter(|_| output_open);
+            let input_target = io.input.as_deref().filter(|_| !input.bytes.is_empty());
+            tokio::select! {
+                event = self.inbox.recv() => match event {
+                    Some(HubEvent::Exited { code, signaled }) => {
+                        break SessionExit {
+                            session_id,
+                            outcome: if signaled {
+                                SessionExitOutcome::Terminated
+                            } else {
+                                SessionExitOutcome::Exited
+                            },
+                            exit_code: code,
+                        };
+                    }
+                    Some(_) => {}
+                    None => return Err(SessionError::Closed),
+                },
+                () = exited(self.client.as_ref()) => return Err(SessionError::Closed),
+                read = link.read(&mut read_buf), if input.bytes.len() < INPUT_BOUND => {
+                    let n = read?;
+                    if n == 0 {
+                        return Err(SessionError::Closed);
+                    }
+                    frames.push(&read_buf[..n]);
+                    while let Some(event) = frames.next_frame()? {
+                        if event.session_id() != session_id {
+                            return Err(SessionError::Peer(
+                                "an event named another session".into(),
+                            ));
+                        }
+                        self.handle(event, io, &mut input).await;
+                    }
+                }
+                written = write_some(input_target, &input.bytes), if input_target.is_some() => {
+                    match written {
+                        Ok(n) => {
+                            input.bytes.drain(..n);
+                        }
+                        // The process closed its input: what it did not
+                        // read is dropped, as a pipe would.
+                        Err(_) => {
+                            input.bytes.clear();
+                            input.close = true;
+                        }
+                    }
+                    if input.bytes.is_empty() && input.close {
+                        io.close_input();
+                    }
+                }
+                read = read_some(output, &mut out_buf), if output.is_some() => {
+                    match read? {
+                        None => output_open = false,
+                        Some(n) => {
+                            let output = io.output.as_ref().expect("checked above");
+                            relay(link, session_id, output, &mut out_buf, n, io.is_pipe()).await?;
+                        }
+                    }
+                }
+            }
+        };
+        // The process exited: relay what it left, until its output ends or
+        // stays quiet for a moment.
+        if let Some(output) = io.output.as_ref().filter(|_| output_open) {
+            while let Ok(read) =
+                tokio::time::timeout(Duration::from_millis(200), output.read(&mut out_buf)).await
+            {
+                match read? {
+                    None => break,
+                    Some(n) => {
+                        relay(link, session_id, output, &mut out_buf, n, io.is_pipe()).await?
+                    }
+                }
+            }
+        }
+        Ok(exit)
     }
-}
 
-/// Waits for the exit report of a killed session process.
-fn wait_exited(inbox: &Receiver<HubEvent>, wake: BorrowedFd<'_>) -> bool {
-    for _ in 0..100 {
-        if readable(wake, Duration::from_millis(100)) {
-            drain(wake);
-            while let Ok(event) = inbox.try_recv() {
-                if matches!(event, HubEvent::Exited { .. } | HubEvent::DomainDown) {
-                    return true;
+    /// Acts on one event from the client.
+    async fn handle(&self, event: SessionTerminalEvent, io: &mut SessionIo, input: &mut Input) {
+        match event {
+            SessionTerminalEvent::Input(bytes) => {
+                if io.input.is_some() && !input.close {
+                    input.bytes.extend_from_slice(&bytes.bytes);
+                }
+            }
+            SessionTerminalEvent::Resize(size) => {
+                if let Some(master) = io.terminal() {
+                    resize(master, size.rows, size.columns);
+                }
+            }
+            SessionTerminalEvent::Signal(signal) => self.signal(signal.signal.into()).await,
+            SessionTerminalEvent::Close(_) => {
+                // End of input: once what is held is written, closing our
+                // end of the input pipe gives the process end of file.
+                input.close = true;
+                if input.bytes.is_empty() {
+                    io.close_input();
                 }
             }
         }
     }
-    false
+}
+
+/// Input held for the process.
+#[derive(Default)]
+struct Input {
+    bytes: Vec<u8>,
+    /// The client ended its input: close the process's once `bytes` is
+    /// written.
+    close: bool,
+}
+
+async fn write_some(target: Option<&Stream>, bytes: &[u8]) -> std::io::Result<usize> {
+    match target {
+        Some(stream) => stream.write(bytes).await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn read_some(source: Option<&Stream>, buf: &mut [u8]) -> std::io::Result<Option<usize>> {
+    match source {
+        Some(stream) => stream.read(buf).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Relays `n` bytes already read into `buf`, then whatever more the output
+/// holds now (a few chunks; a PTY master one), in one flush.
+async fn relay(
+    link: &mut Link,
+    session_id: SessionId,
+    output: &Stream,
+    buf: &mut [u8],
+    mut n: usize,
+    more: bool,
+) -> Result<(), SessionError> {
+    for _ in 0..READS_PER_WAKEUP {
+        link.queue(&SessionTerminalMessage::Output(TerminalOutput {
+            session_id,
+            bytes: buf[..n].to_vec(),
+        }))?;
+        if !more {
+            break;
+        }
+        match output.try_read(buf)? {
+            Some(read) if read > 0 => n = read,
+            _ => break,
+        }
+    }
+    link.flush().await
+}
+
+/// The TLS connection of one session, with its frames.
+struct Link {
+    stream: tokio_rustls::server::TlsStream<FdStream>,
+    /// Frames queued and not yet written.
+    outgoing: Vec<u8>,
+}
+
+impl Link {
+    fn new(stream: tokio_rustls::server::TlsStream<FdStream>) -> Self {
+        Self {
+            stream,
+            outgoing: Vec::new(),
+        }
+    }
+
+    /// The descriptors the client attached so far.
+    fn take_fds(&mut self) -> Vec<OwnedFd> {
+        self.stream.get_mut().0.take_fds()
+    }
+
+    /// Reads what the connection has. Cancel-safe.
+    async fn read(&mut self, buf: &mut [u8]) -> Result<usize, SessionError> {
+        read_into(&mut self.stream, buf).await
+    }
+
+    /// Reads one frame of `T` (used before the session runs, when nothing
+    /// else is read).
+    async fn recv<T: WireRecord>(&mut self) -> Result<T, SessionError> {
+        let mut frames = FrameBuffer::<T>::new();
+        let mut buf = vec![0u8; 4096];
+        loop {
+            if let Some(record) = frames.next_frame()? {
+                return Ok(record);
+            }
+            let n = self.read(&mut buf).await?;
+            if n == 0 {
+                return Err(SessionError::Closed);
+            }
+            frames.push(&buf[..n]);
+        }
+    }
+
+    /// Queues one frame.
+    fn queue<T: WireRecord>(&mut self, record: &T) -> Result<(), SessionError> {
+        write_frame(&mut self.outgoing, record).map_err(SessionError::Frame)
+    }
+
+    /// Writes what is queued, within [`WRITE_TIMEOUT`].
+    async fn flush(&mut self) -> Result<(), SessionError> {
+        let bytes = std::mem::take(&mut self.outgoing);
+        tokio::time::timeout(WRITE_TIMEOUT, async {
+            self.stream.write_all(&bytes).await?;
+            self.stream.flush().await
+        })
+        .await
+        .map_err(|_| SessionError::Stalled)?
+        .map_err(SessionError::Io)
+    }
+
+    /// Sends one frame.
+    async fn send<T: WireRecord>(&mut self, record: &T) -> Result<(), SessionError> {
+        self.queue(record)?;
+        self.flush().await
+    }
+
+    /// Says goodbye: a TLS close_notify.
+    async fn close(&mut self) {
+        let _ = self.stream.shutdown().await;
+    }
+}
+
+async fn read_into<S: AsyncRead + Unpin>(
+    stream: &mut S,
+    buf: &mut [u8],
+) -> Result<usize, SessionError> {
+    match stream.read(buf).await {
+        Ok(n) => Ok(n),
+        // A client that went away without a close_notify has still gone.
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Ok(0),
+        Err(e) => Err(SessionError::Io(e)),
+    }
 }
 
 /// The host side of a session's standard streams.
 #[derive(Debug)]
-enum SessionIo {
-    /// A PTY: our master, and the slave until it is passed to the process.
-    Terminal {
-        master: OwnedFd,
-        slave: Option<OwnedFd>,
-    },
-    /// Pipes: we write `input` and read `output`; the other ends go to the
-    /// process. A direct session has only the process's ends: the CLI's own
-    /// descriptors.
-    Pipes {
-        input: Option<OwnedFd>,
-        output: Option<OwnedFd>,
-        child_input: Option<OwnedFd>,
-        child_output: Option<OwnedFd>,
-    },
+struct SessionIo {
+    /// Where input goes: the PTY master, or our end of the input pipe.
+    input: Option<Arc<Stream>>,
+    /// Where output comes from: the PTY master, or our end of the output
+    /// pipe. `None` when the process writes to the CLI directly.
+    output: Option<Arc<Stream>>,
+    /// Whether the streams are a PTY.
+    terminal: bool,
+    /// The process's ends, until they are passed to the supervisor.
+    process_ends: Vec<OwnedFd>,
 }
 
 impl SessionIo {
@@ -442,11 +778,11 @@ impl SessionIo {
                      a terminal, socket or file must be relayed",
                 ));
             }
-            return Ok(Self::Pipes {
+            return Ok(Self {
                 input: None,
                 output: None,
-                child_input: Some(input),
-                child_output: Some(output),
+                terminal: false,
+                process_ends: vec![input, output],
             });
         }
         if !passed.is_empty() {
@@ -469,23 +805,25 @@ impl SessionIo {
                 rustix::fs::Mode::empty(),
             )?;
             resize(master.as_fd(), open.rows, open.columns);
-            Ok(Self::Terminal {
-                master,
-                slave: Some(slave),
+            let master = Arc::new(Stream::new(master)?);
+            Ok(Self {
+                input: Some(Arc::clone(&master)),
+                output: Some(master),
+                terminal: true,
+                process_ends: vec![slave],
             })
         } else {
             let flags = rustix::pipe::PipeFlags::CLOEXEC;
             let (child_input, input) = rustix::pipe::pipe_with(flags)?;
             let (output, child_output) = rustix::pipe::pipe_with(flags)?;
-            // A large output pipe, read without blocking, lets the process
-            // write on while the coordinator relays.
+            // A large output pipe lets the process write on while the
+            // coordinator relays.
             let _ = rustix::pipe::fcntl_setpipe_size(&output, OUTPUT_PIPE_SIZE);
-            rustix::fs::fcntl_setfl(&output, rustix::fs::OFlags::NONBLOCK)?;
-            Ok(Self::Pipes {
-                input: Some(input),
-                output: Some(output),
-                child_input: Some(child_input),
-                child_output: Some(child_output),
+            Ok(Self {
+                input: Some(Arc::new(Stream::new(input)?)),
+                output: Some(Arc::new(Stream::new(output)?)),
+                terminal: false,
+                process_ends: vec![child_input, child_output],
             })
         }
     }
@@ -494,52 +832,52 @@ impl SessionIo {
     /// out of `self` so that only the process holds them (descriptors from
     /// index 1, after the environment).
     fn take_process_ends(&mut self, open: &OpenSession) -> (ExecStdio, Vec<OwnedFd>) {
-        match self {
-            Self::Terminal { slave, .. } => (
-                ExecStdio::Terminal {
-                    slave: FdIndex(1),
-                    rows: open.rows,
-                    columns: open.columns,
-                },
-                slave.take().into_iter().collect(),
-            ),
-            Self::Pipes {
-                child_input,
-                child_output,
-                ..
-            } => (
-                ExecStdio::Pipes {
-                    input: FdIndex(1),
-                    output: FdIndex(2),
-                },
-                [child_input.take(), child_output.take()]
-                    .into_iter()
-                    .flatten()
-                    .collect(),
-            ),
+        let stdio = if self.terminal {
+            ExecStdio::Terminal {
+                slave: FdIndex(1),
+                rows: open.rows,
+                columns: open.columns,
+            }
+        } else {
+            ExecStdio::Pipes {
+                input: FdIndex(1),
+                output: FdIndex(2),
+            }
+        };
+        (stdio, std::mem::take(&mut self.process_ends))
+    }
+
+    /// Whether the output is a pipe, which may be read several times per
+    /// wakeup (a PTY master gives one chunk).
+    fn is_pipe(&self) -> bool {
+        !self.terminal
+    }
+
+    /// The PTY master, for resizing.
+    fn terminal(&self) -> Option<BorrowedFd<'_>> {
+        self.output
+            .as_ref()
+            .filter(|_| self.terminal)
+            .map(|master| master.fd())
+    }
+
+    /// Closes the process's input (a pipe: it reads end of file). A PTY
+    /// stays open: its end of input is a byte the client sends.
+    fn close_input(&mut self) {
+        if !self.terminal {
+            self.input = None;
         }
     }
 
     /// The identity of the PTY master, for the session's record.
     fn pty_identity(&self) -> Option<PtyIdentity> {
-        let Self::Terminal { master, .. } = self else {
-            return None;
-        };
+        let master = self.terminal()?;
         let stat = rustix::fs::fstat(master).ok()?;
         Some(PtyIdentity {
-            master_fd: u32::try_from(std::os::fd::AsRawFd::as_raw_fd(master)).ok()?,
+            master_fd: u32::try_from(std::os::fd::AsRawFd::as_raw_fd(&master)).ok()?,
             device: stat.st_rdev,
             inode: stat.st_ino,
         })
-    }
-
-    /// What to read output from; `None` when the process writes to the
-    /// CLI directly.
-    fn output(&self) -> Option<BorrowedFd<'_>> {
-        match self {
-            Self::Terminal { master, .. } => Some(master.as_fd()),
-            Self::Pipes { output, .. } => output.as_ref().map(AsFd::as_fd),
-        }
     }
 }
 
@@ -553,184 +891,25 @@ fn resize(master: BorrowedFd<'_>, rows: u16, columns: u16) {
     let _ = rustix::termios::tcsetwinsize(master, size);
 }
 
-fn drain(wake: BorrowedFd<'_>) {
-    let mut buf = [0u8; 64];
-    while matches!(rustix::io::read(wake, &mut buf), Ok(n) if n > 0) {}
-}
-
 /// Why a session failed.
 #[derive(Debug, thiserror::Error)]
 pub enum SessionError {
-    /// The peer is not this Domain's owner.
+    /// The peer is not this Domain's owner, or broke the protocol.
     #[error("refused a session connection: {0}")]
     Peer(String),
-    /// TLS refused the peer.
-    #[error("refused a session connection")]
-    Tls(#[from] rustls::Error),
-    /// The link failed.
-    #[error("the session link failed")]
-    Link(#[from] LinkError),
+    /// The client closed the connection, or its process is gone.
+    #[error("the client went away")]
+    Closed,
+    /// The client stopped reading.
+    #[error("the client did not read its output for {} s", WRITE_TIMEOUT.as_secs())]
+    Stalled,
+    /// A frame was malformed.
+    #[error("a session frame was malformed")]
+    Frame(#[from] FrameError),
     /// The supervisor could not be asked.
     #[error("cannot ask the supervisor for the session process: {0}")]
     Supervisor(String),
-    /// A host descriptor failed.
-    #[error("a session descriptor failed")]
+    /// The connection or a host descriptor failed (TLS refusals included).
+    #[error("the session connection failed")]
     Io(#[from] std::io::Error),
-}
-
-/// The output pipe's capacity for sessions without a terminal.
-const OUTPUT_PIPE_SIZE: usize = 1 << 20;
-
-/// How many output chunks one wakeup relays at most.
-const READS_PER_WAKEUP: usize = 16;
-
-/// Moves bytes between the link and the session's streams until the
-/// process exits (`Ok`), the Domain goes down (`Ok` with `DomainDown`), or
-/// the link ends (`Err`).
-fn pump(
-    link: &mut TlsLink,
-    io: &mut SessionIo,
-    session_id: SessionId,
-    inbox: &Receiver<HubEvent>,
-    wake: BorrowedFd<'_>,
-    signaller: &Signaller<'_>,
-) -> Result<SessionExit, SessionError> {
-    let mut input_open = true;
-    let mut output_open = io.output().is_some();
-    let mut exited: Option<SessionExit> = None;
-    let mut buf = vec![0u8; MAX_TERMINAL_CHUNK];
-    let link_fd = link.fd().try_clone_to_owned()?;
-    let exit_of = |outcome, code| SessionExit {
-        session_id,
-        outcome,
-        exit_code: code,
-    };
-    loop {
-        // Once the process exited, wait only for its remaining output.
-        if let Some(exit) = exited {
-            let more = io
-                .output()
-                .is_some_and(|fd| readable(fd, Duration::from_millis(200)));
-            if !output_open || !more {
-                return Ok(exit);
-            }
-        }
-        let mut fds = vec![
-            PollFd::new(&link_fd, PollFlags::IN),
-            PollFd::new(&wake, PollFlags::IN),
-        ];
-        let output = io.output().filter(|_| output_open);
-        if let Some(output) = &output {
-            fds.push(PollFd::new(output, PollFlags::IN));
-        }
-        // Frames already buffered (some arrive with the session's opening)
-        // are handled without waiting.
-        let timeout = link.has_frame().then_some(rustix::event::Timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        });
-        match poll(&mut fds, timeout.as_ref()) {
-            Ok(_) => {}
-            Err(rustix::io::Errno::INTR) => continue,
-            Err(e) => return Err(SessionError::Io(e.into())),
-        }
-        let link_ready = !fds[0].revents().is_empty();
-        let wake_ready = !fds[1].revents().is_empty();
-        let output_ready = fds.get(2).is_some_and(|f| !f.revents().is_empty());
-        drop(fds);
-
-        if let Some(output) = output.filter(|_| output_ready) {
-            // Relay what is there now, a few chunks per wakeup.
-            for _ in 0..READS_PER_WAKEUP {
-                match rustix::io::read(output, &mut buf) {
-                    Ok(0) | Err(rustix::io::Errno::IO) => {
-                        output_open = false;
-                        break;
-                    }
-                    Ok(n) => link.send(&SessionTerminalMessage::Output(TerminalOutput {
-                        session_id,
-                        bytes: buf[..n].to_vec(),
-                    }))?,
-                    Err(rustix::io::Errno::INTR) => {}
-                    Err(rustix::io::Errno::AGAIN) => break,
-                    Err(e) => return Err(SessionError::Io(e.into())),
-                }
-                if !matches!(io, SessionIo::Pipes { .. }) {
-                    // A PTY master reads one chunk per wakeup: it blocks.
-                    break;
-                }
-            }
-        }
-        if wake_ready {
-            drain(wake);
-            while let Ok(event) = inbox.try_recv() {
-                match event {
-                    HubEvent::Exited { code, signaled } => {
-                        let outcome = if signaled {
-                            SessionExitOutcome::Terminated
-                        } else {
-                            SessionExitOutcome::Exited
-                        };
-                        exited = Some(exit_of(outcome, code));
-                    }
-                    HubEvent::DomainDown => {
-                        // The whole sandbox stops next; nothing to kill here.
-                        return Ok(exit_of(SessionExitOutcome::DomainDown, 255));
-                    }
-                    HubEvent::Started(_) | HubEvent::Failed(_) => {}
-                }
-            }
-        }
-        if exited.is_none() {
-            if link_ready {
-                link.fill()?;
-            }
-            while let Some(event) = link.next_frame::<SessionTerminalEvent>()? {
-                if event.session_id() != session_id {
-                    return Err(SessionError::Peer("an event named another session".into()));
-                }
-                match event {
-                    SessionTerminalEvent::Input(input) => {
-                        let target = match &*io {
-                            SessionIo::Terminal { master, .. } => Some(master.as_fd()),
-                            SessionIo::Pipes {
-                                input: Some(fd), ..
-                            } if input_open => Some(fd.as_fd()),
-                            SessionIo::Pipes { .. } => None,
-                        };
-                        if let Some(fd) = target {
-                            let _ = write_all(fd, &input.bytes);
-                        }
-                    }
-                    SessionTerminalEvent::Resize(size) => {
-                        if let SessionIo::Terminal { master, .. } = &*io {
-                            resize(master.as_fd(), size.rows, size.columns);
-                        }
-                    }
-                    SessionTerminalEvent::Signal(signal) => {
-                        signaller.send(signal.signal.into());
-                    }
-                    SessionTerminalEvent::Close(_) => {
-                        // End of input: closing our end of the input pipe
-                        // gives the process end of file.
-                        input_open = false;
-                        if let SessionIo::Pipes { input, .. } = io {
-                            *input = None;
-                        }
-                    }
-                }
-            }
-        }
-    }
-}
-
-fn write_all(fd: BorrowedFd<'_>, mut bytes: &[u8]) -> std::io::Result<()> {
-    while !bytes.is_empty() {
-        match rustix::io::write(fd, bytes) {
-            Ok(n) => bytes = &bytes[n..],
-            Err(rustix::io::Errno::INTR) => {}
-            Err(e) => return Err(e.into()),
-        }
-    }
-    Ok(())
 }

@@ -271,6 +271,39 @@ impl TlsLink {
 /// The most descriptors one read accepts; more are closed and refused.
 const MAX_PASSED_FDS: usize = 3;
 
+/// Reads bytes from a Unix stream socket with `recvmsg(2)` into `buf`,
+/// adding the descriptors they carry to `fds`. `flags` adds to
+/// `MSG_CMSG_CLOEXEC` (`MSG_DONTWAIT` for an event loop). More than
+/// [`MAX_PASSED_FDS`] in all is refused, and every descriptor is closed.
+pub fn recv_with_fds(
+    socket: BorrowedFd<'_>,
+    buf: &mut [u8],
+    fds: &mut Vec<OwnedFd>,
+    flags: RecvFlags,
+) -> io::Result<usize> {
+    let space = rustix::cmsg_space!(ScmRights(MAX_PASSED_FDS));
+    let mut storage = Vec::new();
+    let mut control = RecvAncillaryBuffer::new(control_space(&mut storage, space));
+    let received = rustix::net::recvmsg(
+        socket,
+        &mut [io::IoSliceMut::new(buf)],
+        &mut control,
+        RecvFlags::CMSG_CLOEXEC | flags,
+    )?;
+    for message in control.drain() {
+        if let RecvAncillaryMessage::ScmRights(rights) = message {
+            fds.extend(rights);
+        }
+    }
+    if received.flags.contains(ReturnFlags::CTRUNC) || fds.len() > MAX_PASSED_FDS {
+        fds.clear();
+        return Err(io::Error::other(
+            "the peer passed more descriptors than a session takes",
+        ));
+    }
+    Ok(received.bytes)
+}
+
 /// Reads bytes with `recvmsg(2)` and keeps the descriptors they carry.
 struct FdReader<'a> {
     stream: &'a UnixStream,
@@ -279,27 +312,7 @@ struct FdReader<'a> {
 
 impl Read for FdReader<'_> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let space = rustix::cmsg_space!(ScmRights(MAX_PASSED_FDS));
-        let mut storage = Vec::new();
-        let mut control = RecvAncillaryBuffer::new(control_space(&mut storage, space));
-        let received = rustix::net::recvmsg(
-            self.stream,
-            &mut [io::IoSliceMut::new(buf)],
-            &mut control,
-            RecvFlags::CMSG_CLOEXEC,
-        )?;
-        for message in control.drain() {
-            if let RecvAncillaryMessage::ScmRights(rights) = message {
-                self.fds.extend(rights);
-            }
-        }
-        if received.flags.contains(ReturnFlags::CTRUNC) || self.fds.len() > MAX_PASSED_FDS {
-            self.fds.clear();
-            return Err(io::Error::other(
-                "the peer passed more descriptors than a session takes",
-            ));
-        }
-        Ok(received.bytes)
+        recv_with_fds(self.stream.as_fd(), buf, self.fds, RecvFlags::empty())
     }
 }
 

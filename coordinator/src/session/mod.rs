@@ -8,6 +8,7 @@
 
 pub mod hub;
 pub mod link;
+pub mod stream;
 pub mod tls;
 
 use lazaret_proto::common::{ProtocolVersion, UnixTimeNs};

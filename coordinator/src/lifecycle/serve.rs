@@ -1,0 +1,308 @@
+//! Serving a running generation: the Host Coordinator's one event loop,
+//! then the generation's end.
+//!
+//! Owns the loop that waits, on one current-thread tokio runtime, for
+//! control requests, supervisor reports, session connections, the exit of
+//! every participant (supervisor, sandbox, gofer, slirp4netns, router) and
+//! SIGTERM; and the ordered stop that follows: sessions told and ended
+//! within a bound, the sandbox stopped, slirp4netns ended, the generation
+//! released, the `down` client answered. Nothing here waits without a
+//! bound. Trusts a control peer only after checking its uid, and what the
+//! supervisor reports only as far as routing it to the session it names.
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use lazaret_proto::channel::{ChannelError, Endpoint, Received};
+use lazaret_proto::control::{ControlRequest, ControlResponse};
+use lazaret_proto::store::{Generation, GenerationState};
+use tokio::sync::mpsc;
+
+use super::daemon::{Live, Owned};
+use super::recovery::release_generation;
+use super::{CONTROL_SOCKET, chain, journal};
+use crate::aio::{AsyncChannel, Exit, exited};
+use crate::config::ResolvedDomainConfiguration;
+use crate::process::{kill_and_wait, wait_exit};
+use crate::session::hub::Hub;
+
+type ControlPeer = AsyncChannel<ControlResponse, ControlRequest>;
+
+/// How long a control client has to send its request.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long sessions have to hear that the Domain goes down before they
+/// are cut off.
+const SESSIONS_END_WITHIN: Duration = Duration::from_millis(500);
+
+/// Why the loop ended.
+#[derive(Debug)]
+enum Ending {
+    /// `lazaret down`, whose client waits for the answer.
+    Down(ControlPeer),
+    /// SIGTERM.
+    Terminated,
+    /// A participant the generation cannot run without exited.
+    Died(&'static str),
+    /// The loop itself failed.
+    Broken(String),
+}
+
+/// Serves the generation until it is told to stop or a participant dies,
+/// then stops and releases it.
+pub(super) fn serve(
+    owned: &Owned,
+    resolved: &ResolvedDomainConfiguration,
+    mut generation: Generation,
+    mut live: Live,
+) -> ExitCode {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .enable_time()
+        .build();
+    let (ending, runtime) = match runtime {
+        Ok(runtime) => {
+            let ending = runtime.block_on(run(resolved, &generation, &mut live));
+            (ending, Some(runtime))
+        }
+        Err(e) => (
+            Ending::Broken(format!("cannot start the event loop: {e}")),
+            None,
+        ),
+    };
+    match &ending {
+        Ending::Down(_) => journal::log("down requested"),
+        Ending::Terminated => journal::log("SIGTERM received; stopping the Domain"),
+        Ending::Died(what) => journal::log(format_args!(
+            "{what} exited unexpectedly; the generation cannot run without it and is released"
+        )),
+        Ending::Broken(why) => journal::log(format_args!("{why}; releasing the generation")),
+    }
+
+    // No new client reaches a Domain that is going down: `status`, `up` and
+    // `attach` see it as not running from here on.
+    let runtime_dir = resolved.authorities().domain_runtime.fd();
+    let _ = rustix::fs::unlinkat(runtime_dir, CONTROL_SOCKET, rustix::fs::AtFlags::empty());
+    let _ = rustix::fs::unlinkat(
+        runtime_dir,
+        crate::session::SESSION_SOCKET,
+        rustix::fs::AtFlags::empty(),
+    );
+    generation.state = GenerationState::Stopping;
+    let _ = owned.store.put_generation(&generation);
+    // Attached clients hear that the Domain goes down before it does.
+    if let (Some(runtime), Some(hub)) = (&runtime, &live.hub) {
+        runtime.block_on(hub.domain_down(SESSIONS_END_WITHIN));
+    }
+    live.hub = None;
+    // Leave the loop's registrations before the loop goes.
+    let down_client = match ending {
+        Ending::Down(peer) => Some(peer.into_endpoint()),
+        _ => None,
+    };
+    drop(runtime);
+
+    live.supervisor.stop();
+    // The sandbox ends with the Domain pid namespace; wait for it, and kill
+    // it through its pidfd if it lingers.
+    if !wait_exit(live.sandbox.pidfd.as_fd(), Duration::from_secs(2)).unwrap_or(false) {
+        journal::log("the sandbox outlived its namespace holder; killing it");
+        let _ = kill_and_wait(live.sandbox.pidfd.as_fd(), Duration::from_secs(5));
+    }
+    live.helper.stop();
+    let id = generation.generation_id;
+    let result = release_generation(
+        &owned.store,
+        &owned.catalog,
+        resolved.domain_id(),
+        generation,
+        &resolved.authorities().domain_runtime,
+    );
+    let response = match &result {
+        Ok(_) => {
+            journal::log(format_args!("generation {id} stopped"));
+            ControlResponse::Stopped { generation_id: id }
+        }
+        Err(e) => {
+            journal::log(format_args!("releasing generation {id}: {}", chain(e)));
+            ControlResponse::Failed {
+                message: format!("generation {id} did not release cleanly: {}", chain(e)),
+            }
+        }
+    };
+    if let Some(peer) = down_client {
+        // The answer is small and the socket empty: it never waits.
+        let _ = peer.try_send(&response, &[]);
+    }
+    if result.is_ok() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+/// The event loop.
+async fn run(
+    resolved: &ResolvedDomainConfiguration,
+    generation: &Generation,
+    live: &mut Live,
+) -> Ending {
+    match Watched::register(live) {
+        Ok(watched) => watched.serve(resolved, generation, live).await,
+        Err(e) => Ending::Broken(format!("cannot watch the Domain's descriptors: {e}")),
+    }
+}
+
+/// Everything the loop waits on.
+struct Watched {
+    control: tokio::io::unix::AsyncFd<OwnedFd>,
+    sessions: tokio::net::UnixListener,
+    supervisor: Exit,
+    sandbox: Exit,
+    gofer: Option<Exit>,
+    slirp4netns: Exit,
+    router: Exit,
+    terminate: tokio::signal::unix::Signal,
+}
+
+impl Watched {
+    fn register(live: &mut Live) -> std::io::Result<Self> {
+        let control = live.listener.try_clone()?;
+        rustix::fs::fcntl_setfl(&control, rustix::fs::OFlags::NONBLOCK)?;
+        let sessions = live.sessions.try_clone()?;
+        sessions.set_nonblocking(true)?;
+        let supervisor = Arc::new(AsyncChannel::new(Arc::clone(&live.supervisor.channel))?);
+        live.hub = Some(Hub::new(
+            supervisor,
+            live.environment.try_clone()?,
+            Arc::clone(&live.store),
+            live.generation_id,
+            Arc::clone(&live.session_server),
+        ));
+        Ok(Self {
+            control: crate::sys::register_owned(control)?,
+            sessions: tokio::net::UnixListener::from_std(sessions)?,
+            supervisor: Exit::watch(live.supervisor.held.pidfd.as_fd())?,
+            sandbox: Exit::watch(live.sandbox.pidfd.as_fd())?,
+            gofer: live
+                .gofer
+                .as_ref()
+                .map(|gofer| Exit::watch(gofer.pidfd.as_fd()))
+                .transpose()?,
+            slirp4netns: Exit::watch(live.helper.held.pidfd.as_fd())?,
+            router: Exit::watch(live.router.pidfd.as_fd())?,
+            terminate: tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?,
+        })
+    }
+
+    async fn serve(
+        mut self,
+        resolved: &ResolvedDomainConfiguration,
+        generation: &Generation,
+        live: &mut Live,
+    ) -> Ending {
+        let hub = Arc::clone(live.hub.as_ref().expect("registered above"));
+        let supervisor = hub.supervisor();
+        let uid = rustix::process::getuid();
+        let (requests, mut asked) = mpsc::channel::<(ControlRequest, ControlPeer)>(16);
+        loop {
+            tokio::select! {
+                () = self.supervisor.exited() => return Ending::Died("the Runtime Supervisor"),
+                () = self.sandbox.exited() => return Ending::Died("the runsc sandbox"),
+                () = exited(self.gofer.as_ref()) => return Ending::Died("the runsc gofer"),
+                () = self.slirp4netns.exited() => return Ending::Died("slirp4netns"),
+                () = self.router.exited(), if live.workspace.router_running => {
+                    // The workspace fails closed: the FUSE connection is
+                    // aborted and every operation on it fails. The
+                    // generation stays, so sessions can end in order;
+                    // status says what happened.
+                    live.workspace.router_running = false;
+                    if let Some(problem) = live.workspace.problem(resolved.profile().as_str()) {
+                        journal::log(problem);
+                    }
+                }
+                _ = self.terminate.recv() => return Ending::Terminated,
+                report = supervisor.recv() => match report {
+                    Ok(report) => {
+                        if let Some(other) = hub.dispatch(report) {
+                            journal::log(format_args!("unexpected supervisor report: {other:?}"));
+                        }
+                    }
+                    Err(e) => {
+                        return Ending::Broken(format!(
+                            "the Runtime Supervisor link failed ({})",
+                            chain(&e)
+                        ));
+                    }
+                },
+                accepted = self.sessions.accept() => match accepted {
+                    Ok((socket, _)) => hub.spawn_session(socket),
+                    Err(e) => journal::log(format_args!("session accept failed: {e}")),
+                },
+                ready = self.control.readable() => match ready {
+                    Ok(mut guard) => {
+                        accept_control(guard.get_inner().as_fd(), uid, &requests);
+                        guard.clear_ready();
+                    }
+                    Err(e) => return Ending::Broken(format!("the control socket failed: {e}")),
+                },
+                Some((request, peer)) = asked.recv() => match request {
+                    ControlRequest::Status => {
+                        let status = live.status(resolved, generation, hub.sessions());
+                        tokio::spawn(async move {
+                            let response = ControlResponse::Status(Box::new(status));
+                            let _ = tokio::time::timeout(
+                                REQUEST_TIMEOUT,
+                                peer.send(&response, &[]),
+                            )
+                            .await;
+                        });
+                    }
+                    ControlRequest::Down => return Ending::Down(peer),
+                },
+            }
+        }
+    }
+}
+
+/// Accepts every control connection waiting, each on a task that reads its
+/// request within [`REQUEST_TIMEOUT`] and hands it to the loop.
+fn accept_control(
+    listener: std::os::fd::BorrowedFd<'_>,
+    uid: rustix::process::Uid,
+    requests: &mpsc::Sender<(ControlRequest, ControlPeer)>,
+) {
+    loop {
+        let peer = match Endpoint::<ControlResponse, ControlRequest>::accept(listener) {
+            Ok(peer) => peer,
+            Err(ChannelError::Socket {
+                source: rustix::io::Errno::AGAIN,
+                ..
+            }) => return,
+            Err(e) => {
+                journal::log(format_args!("accept failed: {}", chain(&e)));
+                return;
+            }
+        };
+        if let Err(e) = peer.require_peer_uid(uid) {
+            journal::log(format_args!("refused a control connection: {}", chain(&e)));
+            continue;
+        }
+        let requests = requests.clone();
+        tokio::spawn(async move {
+            let peer = match AsyncChannel::new(Arc::new(peer)) {
+                Ok(peer) => peer,
+                Err(e) => return journal::log(format_args!("control connection: {e}")),
+            };
+            match tokio::time::timeout(REQUEST_TIMEOUT, peer.recv()).await {
+                Ok(Ok(Received { message, .. })) => {
+                    let _ = requests.send((message, peer)).await;
+                }
+                Ok(Err(e)) => journal::log(format_args!("bad control request: {}", chain(&e))),
+                Err(_) => journal::log("a control client sent no request within 5 s"),
+            }
+        });
+    }
+}
