@@ -58,6 +58,12 @@ fn failed(step: SidecarStep, detail: impl std::fmt::Display) -> SidecarError {
 
 /// Runs the sidecar: one attestation, then exit.
 pub fn run() -> ExitCode {
+    // Nothing inherited beyond the standard streams (the channel is
+    // standard input) stays open in a role.
+    if let Err(e) = lazaret_proto::sys::close_inherited_descriptors() {
+        eprintln!("lazaret-netsidecar: cannot close inherited descriptors: {e}");
+        return ExitCode::FAILURE;
+    }
     if std::env::args_os().len() > 1 {
         eprintln!(
             "lazaret-netsidecar: started with unexpected arguments; it is started by \

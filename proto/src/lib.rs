@@ -5,7 +5,8 @@
 //! identity, sessions, trust, mailbox, network), their postcard codec, and the
 //! SEQPACKET channel that carries them with descriptors between roles. It
 //! trusts no bytes it decodes: every decoder refuses unknown versions,
-//! trailing bytes and oversize input. It needs no unsafe code.
+//! trailing bytes and oversize input. Its one unsafe call ([`sys`]) closes
+//! the descriptors a role inherited.
 
 #![deny(missing_docs)]
 
@@ -28,6 +29,7 @@ pub mod session;
 pub mod sidecar;
 pub mod store;
 pub mod supervisor;
+pub mod sys;
 pub mod terminal;
 pub mod trust;
 

@@ -58,6 +58,12 @@ fn failed(step: RouterStep, detail: impl std::fmt::Display) -> RouterError {
 
 /// Runs the router.
 pub fn run() -> ExitCode {
+    // Nothing inherited beyond the standard streams (the channel is
+    // standard input) stays open in a role.
+    if let Err(e) = lazaret_proto::sys::close_inherited_descriptors() {
+        eprintln!("lazaret-router: cannot close inherited descriptors: {e}");
+        return ExitCode::FAILURE;
+    }
     if std::env::args_os().len() > 1 {
         eprintln!(
             "lazaret-router: started with arguments; it is started by lazaret-supervisor, \

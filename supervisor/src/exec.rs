@@ -52,31 +52,44 @@ impl Reaper {
     }
 
     fn reap(&self) {
+        use rustix::process::{WaitId, WaitIdOptions};
         loop {
-            // `wait` is `wait4(-1)`: any child, in any process group.
-            match rustix::process::wait(WaitOptions::empty()) {
-                Ok(Some((pid, status))) => {
-                    let mut children = self.children.lock().unwrap_or_else(|e| e.into_inner());
-                    if children.watched.remove(&pid.as_raw_nonzero().get()) {
-                        children.exited.insert(pid.as_raw_nonzero().get(), status);
-                        self.changed.notify_all();
-                    }
-                }
+            // Wait, without reaping, until some child has exited. The reap
+            // itself happens under the lock, which a spawn holds until it
+            // has its child's pidfd: a pid is never reaped (and free for
+            // reuse) before the pidfd that names it exists.
+            if rustix::process::waitid(WaitId::All, WaitIdOptions::EXITED | WaitIdOptions::NOWAIT)
+                .is_err()
+            {
                 // No children right now: look again shortly.
-                Ok(None) | Err(_) => std::thread::sleep(std::time::Duration::from_millis(10)),
+                std::thread::sleep(std::time::Duration::from_millis(10));
+                continue;
+            }
+            let mut children = self.children.lock().unwrap_or_else(|e| e.into_inner());
+            // `wait` is `wait4(-1)`: any child, in any process group.
+            while let Ok(Some((pid, status))) = rustix::process::wait(WaitOptions::NOHANG) {
+                if children.watched.remove(&pid.as_raw_nonzero().get()) {
+                    children.exited.insert(pid.as_raw_nonzero().get(), status);
+                    self.changed.notify_all();
+                }
             }
         }
     }
 
-    /// Spawns `command` and watches it. The lock is held across the spawn,
-    /// so the reaper cannot take a status before the pid is watched.
-    fn spawn(&self, command: &mut Command) -> std::io::Result<i32> {
+    /// Spawns `command`, watches it, and opens its pidfd. The lock is held
+    /// across the spawn and the `pidfd_open`, so the reaper can neither take
+    /// the status before the pid is watched nor reap the pid before it is
+    /// held.
+    fn spawn(&self, command: &mut Command) -> std::io::Result<(i32, OwnedFd)> {
         let mut children = self.children.lock().unwrap_or_else(|e| e.into_inner());
         let child = command.spawn()?;
         let pid =
             i32::try_from(child.id()).map_err(|_| std::io::Error::other("pid out of range"))?;
+        let pidfd = Pid::from_raw(pid)
+            .ok_or_else(|| std::io::Error::other("a child without a pid"))
+            .and_then(|p| pidfd_open(p, PidfdFlags::empty()).map_err(Into::into))?;
         children.watched.insert(pid);
-        Ok(pid)
+        Ok((pid, pidfd))
     }
 
     /// Waits for a watched process to exit and returns its status.
@@ -157,7 +170,7 @@ pub fn signal(
     let mut command = runtime.command(["kill", "--pid", pid, runtime.container_id, signal.name()]);
     command.stderr(Stdio::null());
     // The reaper owns every wait of this process: spawn and wait through it.
-    let child = reaper
+    let (child, _pidfd) = reaper
         .spawn(&mut command)
         .map_err(|e| format!("cannot run runsc kill: {e}"))?;
     match reaper.wait(child).exit_status() {
@@ -211,15 +224,9 @@ pub fn spawn(
     if matches!(request.stdio, ExecStdio::Terminal { .. }) {
         crate::sys::with_controlling_terminal(&mut command);
     }
-    let pid = reaper
+    let (pid, pidfd) = reaper
         .spawn(&mut command)
         .map_err(|e| format!("cannot start runsc exec: {e}"))?;
-    let pidfd = Pid::from_raw(pid)
-        .ok_or("runsc exec has no pid")
-        .map_err(str::to_owned)
-        .and_then(|p| {
-            pidfd_open(p, PidfdFlags::empty()).map_err(|e| format!("pidfd of runsc exec: {e}"))
-        })?;
     Ok(Started {
         pidfd,
         pid,

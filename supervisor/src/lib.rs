@@ -62,6 +62,12 @@ type Channel = Endpoint<SupervisorReport, SupervisorRequest>;
 
 /// Runs the supervisor (with `--pid1`, its second stage).
 pub fn run() -> ExitCode {
+    // Nothing inherited beyond the standard streams (the channel is
+    // standard input) stays open in a role.
+    if let Err(e) = lazaret_proto::sys::close_inherited_descriptors() {
+        eprintln!("lazaret-supervisor: cannot close inherited descriptors: {e}");
+        return ExitCode::FAILURE;
+    }
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.as_slice() {
         [flag] if flag == "--pid1" => pid1(),

@@ -46,6 +46,10 @@ pub fn trials() -> Vec<Trial> {
             "liveness::a_sidecar_killed_while_attesting_fails_up_at_once",
             killed_sidecar,
         ),
+        Trial::test(
+            "liveness::roles_close_the_descriptors_they_inherit",
+            roles_close_inherited,
+        ),
     ]
     .into_iter()
     .map(|t| t.with_ignored_flag(!runnable))
@@ -412,5 +416,53 @@ fn killed_sidecar() -> Result {
             .is_empty()
             .then_some(())
     })?;
+    Ok(())
+}
+
+/// What the descriptors of `pid` name.
+fn open_files(pid: u64) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| std::fs::read_link(e.path()).ok())
+        .map(|target| target.display().to_string())
+        .collect()
+}
+
+fn roles_close_inherited() -> Result {
+    let (_serial, host) = default_host();
+    let ws = host.workspace.clone();
+    let marker = host.base().join("inherited-marker");
+    std::fs::write(&marker, "a descriptor the shell left open")?;
+    std::fs::set_permissions(&marker, std::os::unix::fs::PermissionsExt::from_mode(0o644))?;
+    // A shell that leaves descriptor 7 open (not close-on-exec) for the
+    // CLI, which hands it to the coordinator it starts.
+    let script = format!("exec 7<'{}'; exec '{}' up p", marker.display(), bin("lazaret").display());
+    let started = host
+        .command(Path::new("/bin/sh"), &ws)
+        .args(["-c", &script])
+        .output()?;
+    assert!(started.status.success(), "{}", text(&started));
+    let status = host.status(&ws, "p").ok_or("status after up")?;
+    let roles = [
+        ("coordinator", status["coordinator"]["pid"].as_u64()),
+        ("supervisor", status["supervisor"]["pid"].as_u64()),
+        (
+            "router",
+            status["workspace_routing"]["router"]["pid"].as_u64(),
+        ),
+    ];
+    let marker = marker.display().to_string();
+    let mut leaks = Vec::new();
+    for (role, pid) in roles {
+        let pid = pid.ok_or_else(|| format!("no {role} pid in {status}"))?;
+        if open_files(pid).contains(&marker) {
+            leaks.push(role);
+        }
+    }
+    down(&host, &ws)?;
+    assert!(leaks.is_empty(), "still open in {leaks:?}");
     Ok(())
 }

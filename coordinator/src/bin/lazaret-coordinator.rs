@@ -38,6 +38,12 @@ struct ModeArgs {
 }
 
 fn main() -> ExitCode {
+    // Nothing inherited beyond the standard streams (the channel is
+    // standard input) stays open in a role.
+    if let Err(e) = lazaret_proto::sys::close_inherited_descriptors() {
+        eprintln!("lazaret-coordinator: cannot close inherited descriptors: {e}");
+        return ExitCode::FAILURE;
+    }
     let cli = Cli::parse();
     let (mode, args) = match cli.mode {
         Mode::Start(a) => (daemon::start as fn(Args) -> ExitCode, a),

@@ -1,0 +1,24 @@
+//! The one unsafe call of the shared crate: closing every descriptor a
+//! role inherited beyond the ones it was handed.
+//!
+//! Trusts nothing a parent left open: a role starts with its standard
+//! streams (its channel on standard input) and nothing else, whatever the
+//! process that started the chain held.
+
+#![allow(unsafe_code)]
+
+/// Closes every descriptor above standard error (`close_range(3, ~0, 0)`).
+/// Call it first in a role's `main`, while the process is single-threaded
+/// and before anything else opens a descriptor.
+pub fn close_inherited_descriptors() -> std::io::Result<()> {
+    // SAFETY: `close_range` takes no pointers. Closing descriptors another
+    // part of this process owns would break I/O safety, so this runs first
+    // in `main`, single-threaded, when no descriptor above 2 is owned by
+    // anything: each one is a stray inherited from the parent.
+    let rc = unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
