@@ -71,23 +71,24 @@ pub fn run() -> ExitCode {
         );
         return ExitCode::from(2);
     }
+    lazaret_proto::logging::init();
     let channel = match Channel::take_role_stdin("lazaret-netsidecar", "lazaret-supervisor") {
         Ok(channel) => channel,
         Err(message) => {
-            eprintln!("{message}");
+            tracing::error!("{message}");
             return ExitCode::from(2);
         }
     };
     let report = match attest(&channel) {
         Ok(attestation) => SidecarReport::Attested(Box::new(attestation)),
         Err(error) => {
-            eprintln!("lazaret-netsidecar: {:?}: {}", error.step, error.detail);
+            tracing::error!("{:?}: {}", error.step, error.detail);
             SidecarReport::Failed(error)
         }
     };
     let ok = matches!(report, SidecarReport::Attested(_));
     if let Err(e) = channel.send(&report, &[]) {
-        eprintln!("lazaret-netsidecar: cannot answer: {}", chain(&e));
+        tracing::error!("cannot answer: {}", chain(&e));
         return ExitCode::FAILURE;
     }
     if ok {

@@ -18,6 +18,7 @@ pub mod config;
 pub mod control;
 pub mod ids;
 pub mod layout;
+pub mod logging;
 pub mod mailbox;
 pub mod memfd;
 pub mod network;

@@ -71,23 +71,24 @@ pub fn run() -> ExitCode {
         );
         return ExitCode::from(2);
     }
+    lazaret_proto::logging::init();
     let channel = match Channel::take_role_stdin("lazaret-router", "lazaret-supervisor") {
         Ok(channel) => channel,
         Err(message) => {
-            eprintln!("{message}");
+            tracing::error!("{message}");
             return ExitCode::from(2);
         }
     };
     let session = match start(&channel) {
         Ok((session, summary)) => {
             if let Err(e) = channel.send(&RouterReport::Ready(summary), &[]) {
-                eprintln!("lazaret-router: cannot report: {}", chain(&e));
+                tracing::error!("cannot report: {}", chain(&e));
                 return ExitCode::FAILURE;
             }
             session
         }
         Err(error) => {
-            eprintln!("lazaret-router: {:?}: {}", error.step, error.detail);
+            tracing::error!("{:?}: {}", error.step, error.detail);
             let _ = channel.send(&RouterReport::Failed(error), &[]);
             return ExitCode::FAILURE;
         }
@@ -96,9 +97,8 @@ pub fn run() -> ExitCode {
     match session.run() {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!(
-                "lazaret-router: serving /workspace failed ({e}); the workspace fails until \
-                 `lazaret down`"
+            tracing::error!(
+                "serving /workspace failed ({e}); the workspace fails until `lazaret down`"
             );
             ExitCode::FAILURE
         }

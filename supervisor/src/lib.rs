@@ -97,14 +97,15 @@ fn bind_to_parent() -> bool {
 
 /// Stage one: create the namespaces, start pid 1 in them, wait for it.
 fn enter_namespaces() -> ExitCode {
+    lazaret_proto::logging::init();
     if !bind_to_parent() {
-        eprintln!("lazaret-supervisor: its coordinator is gone; exiting");
+        tracing::error!("its coordinator is gone; exiting");
         return ExitCode::FAILURE;
     }
     let channel = match Channel::take_role_stdin("lazaret-supervisor", "lazaret") {
         Ok(channel) => channel,
         Err(message) => {
-            eprintln!("{message}");
+            tracing::error!("{message}");
             return ExitCode::FAILURE;
         }
     };
@@ -126,7 +127,7 @@ fn enter_namespaces() -> ExitCode {
         Ok(status) if status.success() => ExitCode::SUCCESS,
         Ok(_) => ExitCode::FAILURE,
         Err(e) => {
-            eprintln!("lazaret-supervisor: cannot run the Domain pid 1: {e}");
+            tracing::error!("cannot run the Domain pid 1: {e}");
             ExitCode::FAILURE
         }
     }
@@ -150,7 +151,7 @@ fn bound_domain_tasks() {
         maximum: Some(bound),
     };
     if let Err(e) = setrlimit(Resource::Nproc, limit) {
-        eprintln!("lazaret-supervisor: cannot bound the Domain's tasks: {e}");
+        tracing::warn!("cannot bound the Domain's tasks: {e}");
     }
 }
 
@@ -160,20 +161,18 @@ fn pid1() -> ExitCode {
     // covers stage one. Its parent is outside the pid namespace, so
     // `getppid` reads 0 here and cannot be checked.
     let _ = rustix::process::set_parent_process_death_signal(Some(Signal::KILL));
+    lazaret_proto::logging::init();
     let channel = match Channel::take_role_stdin("lazaret-supervisor", "lazaret") {
         Ok(channel) => channel.with_limits(PLAN_LIMITS),
         Err(message) => {
-            eprintln!("{message}");
+            tracing::error!("{message}");
             return ExitCode::FAILURE;
         }
     };
     let Received { message, fds } = match channel.recv() {
         Ok(received) => received,
         Err(e) => {
-            eprintln!(
-                "lazaret-supervisor: no plan from the coordinator: {}",
-                chain(&e)
-            );
+            tracing::error!("no plan from the coordinator: {}", chain(&e));
             return ExitCode::FAILURE;
         }
     };
@@ -182,7 +181,7 @@ fn pid1() -> ExitCode {
             SupervisorStep::Request,
             format!("the first request must be Start, not {message:?}"),
         );
-        eprintln!("lazaret-supervisor: {}", error.detail);
+        tracing::error!("{}", error.detail);
         let _ = channel.send(&SupervisorReport::Failed(error), &[]);
         return ExitCode::FAILURE;
     };
@@ -193,10 +192,7 @@ fn pid1() -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(error) => {
-            eprintln!(
-                "lazaret-supervisor: {:?} failed: {}",
-                error.step, error.detail
-            );
+            tracing::error!("{:?} failed: {}", error.step, error.detail);
             let _ = channel.send(&SupervisorReport::Failed(error), &[]);
             ExitCode::FAILURE
         }
@@ -502,7 +498,7 @@ fn serve(channel: Arc<Channel>, running: &Running, reaper: Arc<exec::Reaper>) ->
                 ..
             }) => {
                 if let Err(e) = exec::signal(&reaper, &running.runsc(), session_id, signal) {
-                    eprintln!("lazaret-supervisor: signal for session {session_id}: {e}");
+                    tracing::warn!("signal for session {session_id}: {e}");
                 }
             }
             Ok(Received {
@@ -517,7 +513,7 @@ fn serve(channel: Arc<Channel>, running: &Running, reaper: Arc<exec::Reaper>) ->
             }
             Err(ChannelError::Disconnected) => return ExitCode::FAILURE,
             Err(e) => {
-                eprintln!("lazaret-supervisor: channel failed: {}", chain(&e));
+                tracing::error!("channel failed: {}", chain(&e));
                 return ExitCode::FAILURE;
             }
         }

@@ -439,7 +439,11 @@ fn roles_close_inherited() -> Result {
     std::fs::set_permissions(&marker, std::os::unix::fs::PermissionsExt::from_mode(0o644))?;
     // A shell that leaves descriptor 7 open (not close-on-exec) for the
     // CLI, which hands it to the coordinator it starts.
-    let script = format!("exec 7<'{}'; exec '{}' up p", marker.display(), bin("lazaret").display());
+    let script = format!(
+        "exec 7<'{}'; exec '{}' up p",
+        marker.display(),
+        bin("lazaret").display()
+    );
     let started = host
         .command(Path::new("/bin/sh"), &ws)
         .args(["-c", &script])

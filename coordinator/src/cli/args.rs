@@ -84,9 +84,22 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Show the Host Coordinator log of a Domain.
-    #[command(after_help = "Example:\n  lazaret logs claude")]
-    Logs(ProfileArg),
+    /// Show the log of a Domain: the coordinator's (from the journal when it
+    /// logs there) and the helper roles'.
+    #[command(
+        after_help = "Examples:\n  lazaret logs claude\n  lazaret logs claude -f --since 10m"
+    )]
+    Logs {
+        #[command(flatten)]
+        profile: ProfileArg,
+        /// Keep showing what is logged, until interrupted.
+        #[arg(short, long)]
+        follow: bool,
+        /// Only what was logged since WHEN: 90s, 10m, 2h, 1d back from now,
+        /// an RFC 3339 UTC time (2026-12-01T10:00:00Z), or @SECONDS.
+        #[arg(long, value_name = "WHEN")]
+        since: Option<String>,
+    },
     /// Inspect, verify and reset persistent sandbox state (not in this version).
     #[command(after_help = "Examples:\n  lazaret state list\n  lazaret state reset claude")]
     State {

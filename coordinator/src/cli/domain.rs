@@ -626,24 +626,13 @@ pub fn status(
     )
 }
 
-/// `lazaret logs PROFILE`: the Domain's coordinator log.
-pub fn logs(globals: &Globals, profile: &str) -> Result<(), Failure> {
+/// `lazaret logs PROFILE [-f] [--since WHEN]`.
+pub fn logs(
+    globals: &Globals,
+    profile: &str,
+    follow: bool,
+    since: Option<&str>,
+) -> Result<(), Failure> {
     let (_, paths) = locate(globals, profile)?;
-    if crate::lifecycle::journal::socket_path().is_some() {
-        print(&format!(
-            "the coordinator logs to the journal; see: journalctl LAZARET_DOMAIN={}\n\
-             (the supervisor's own messages are in {})\n",
-            paths.domain_id,
-            paths.log_file().display()
-        ))?;
-    }
-    let log = paths.log_file();
-    match std::fs::read(&log) {
-        Ok(bytes) => print(&String::from_utf8_lossy(&bytes)),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => print(&format!(
-            "profile `{profile}` has no log in this workspace yet ({})\n",
-            log.display()
-        )),
-        Err(e) => Err(failure(format!("cannot read {}: {e}", log.display()))),
-    }
+    super::logs::logs(&paths, profile, follow, since)
 }

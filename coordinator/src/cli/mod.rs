@@ -9,6 +9,7 @@
 mod args;
 mod attach;
 mod domain;
+mod logs;
 mod screen;
 
 use std::ffi::OsString;
@@ -127,7 +128,11 @@ fn dispatch(cli: Cli) -> Result<u8, Failure> {
         Command::Status { profile, all, json } => {
             domain::status(&globals, profile.as_deref(), all, json)
         }
-        Command::Logs(profile) => domain::logs(&globals, &profile.profile),
+        Command::Logs {
+            profile,
+            follow,
+            since,
+        } => domain::logs(&globals, &profile.profile, follow, since.as_deref()),
         Command::State { command } => {
             let name = match command {
                 StateCommand::List => "state list",

@@ -105,20 +105,36 @@ pub(super) fn at(step: StartupStep) -> impl Fn(&dyn std::error::Error) -> Failur
     move |e| failure(step, chain(e))
 }
 
-/// Writes a line to the Domain log (standard error once redirected).
-fn log(message: impl std::fmt::Display) {
-    super::journal::log(message);
-}
-
-/// The startup channel to the CLI that started this coordinator.
+/// The startup channel to the CLI that started this coordinator, and the
+/// span of the start-up phase in progress.
 pub(super) struct Reporter {
     startup: Startup,
+    phase: std::cell::RefCell<Option<Phase>>,
+}
+
+/// One start-up phase: its span, entered while it runs, and when it began.
+struct Phase {
+    step: StartupStep,
+    span: tracing::span::EnteredSpan,
+    began: Instant,
+}
+
+impl Phase {
+    /// Ends the phase, logging how long it took inside its span.
+    fn end(self) {
+        let elapsed_ms = u64::try_from(self.began.elapsed().as_millis()).unwrap_or(u64::MAX);
+        tracing::info!(elapsed_ms, "{} done", self.step.as_str());
+        drop(self.span);
+    }
 }
 
 impl Reporter {
     fn take_stdin() -> Result<Self, ExitCode> {
         Startup::take_stdin()
-            .map(|startup| Reporter { startup })
+            .map(|startup| Reporter {
+                startup,
+                phase: std::cell::RefCell::new(None),
+            })
             .map_err(|e| {
                 eprintln!("lazaret-coordinator: {}", chain(&e));
                 ExitCode::FAILURE
@@ -130,9 +146,33 @@ impl Reporter {
         let _ = self.startup.send(&event, &[]);
     }
 
+    /// Enters `step`'s span, ending the phase before it if it was another.
+    fn enter(&self, step: StartupStep) {
+        let mut phase = self.phase.borrow_mut();
+        if phase.as_ref().is_some_and(|p| p.step == step) {
+            return;
+        }
+        if let Some(done) = phase.take() {
+            done.end();
+        }
+        *phase = Some(Phase {
+            step,
+            span: tracing::info_span!("phase", lazaret_phase = step.as_str()).entered(),
+            began: Instant::now(),
+        });
+    }
+
+    /// Ends the phase in progress.
+    fn finish_phase(&self) {
+        if let Some(done) = self.phase.borrow_mut().take() {
+            done.end();
+        }
+    }
+
     pub(super) fn progress(&self, step: StartupStep, detail: impl Into<String>) {
         let detail = detail.into();
-        log(format_args!("{}: {detail}", step.as_str()));
+        self.enter(step);
+        tracing::info!("{}: {detail}", step.as_str());
         self.send(StartupEvent::Progress {
             step,
             detail,
@@ -141,11 +181,8 @@ impl Reporter {
     }
 
     fn fail(&self, failure: Failure) -> ExitCode {
-        log(format_args!(
-            "{} failed: {}",
-            failure.step.as_str(),
-            failure.message
-        ));
+        tracing::error!("{} failed: {}", failure.step.as_str(), failure.message);
+        self.finish_phase();
         self.send(StartupEvent::Failed {
             step: failure.step,
             message: failure.message,
@@ -256,7 +293,7 @@ fn recover_stale(
         return Ok(None);
     };
     let id = stale.generation_id;
-    log(format_args!("finishing stale generation {id}"));
+    tracing::warn!("finishing stale generation {id}");
     let killed = release_generation(
         &owned.store,
         &owned.catalog,
@@ -265,9 +302,7 @@ fn recover_stale(
         &resolved.authorities().domain_runtime,
     )
     .map_err(|e| at(StartupStep::Ownership)(&e))?;
-    log(format_args!(
-        "stale generation {id} released; {killed} leftover processes stopped"
-    ));
+    tracing::info!("stale generation {id} released; {killed} leftover processes stopped");
     Ok(Some(id))
 }
 
@@ -285,7 +320,12 @@ pub fn recover(args: Args) -> ExitCode {
             Ownership::Theirs(event) => return Ok(event),
         };
         redirect_to_log(&auth.domain_runtime)?;
-        super::journal::init(&resolved.domain_id().to_hex());
+        super::journal::init();
+        let _domain = super::journal::domain_span(
+            &resolved.domain_id().to_hex(),
+            resolved.profile().as_str(),
+        )
+        .entered();
         let owned = open_stores(&resolved)?;
         let generation_id = recover_stale(&owned, &resolved)?;
         Ok(StartupEvent::Recovered { generation_id })
@@ -443,13 +483,16 @@ pub fn start(args: Args) -> ExitCode {
     if let Err(failure) = redirect_to_log(&auth.domain_runtime) {
         return reporter.fail(failure);
     }
-    super::journal::init(&resolved.domain_id().to_hex());
-    log(format_args!(
-        "coordinator for Domain {} (profile `{}`, workspace {})",
+    super::journal::init();
+    let _domain =
+        super::journal::domain_span(&resolved.domain_id().to_hex(), resolved.profile().as_str())
+            .entered();
+    tracing::info!(
+        "coordinator for Domain {}\n  profile: {}\n  workspace: {}",
         resolved.domain_id(),
         resolved.profile(),
         auth.workspace.label().display()
-    ));
+    );
     let owned = match open_stores(&resolved) {
         Ok(owned) => owned,
         Err(failure) => return reporter.fail(failure),
@@ -468,6 +511,7 @@ pub fn start(args: Args) -> ExitCode {
         Ok(begun) => begun,
         Err(failure) => return reporter.fail(failure),
     };
+    let _generation = super::journal::generation_span(generation.generation_id.0).entered();
     let mut starting = Starting::default();
     let brought_up = bring_up(
         &reporter,
@@ -488,21 +532,16 @@ pub fn start(args: Args) -> ExitCode {
                 generation,
                 &auth.domain_runtime,
             ) {
-                log(format_args!(
-                    "releasing the failed generation: {}",
-                    chain(&e)
-                ));
+                tracing::error!("releasing the failed generation: {}", chain(&e));
             }
             return reporter.fail(failure);
         }
     };
     let status = live.status(&resolved, &generation, Vec::new());
+    reporter.finish_phase();
     reporter.send(StartupEvent::Ready(Box::new(status)));
     drop(reporter);
-    log(format_args!(
-        "generation {} running",
-        generation.generation_id
-    ));
+    tracing::info!("generation {} running", generation.generation_id);
 
     let code = super::serve::serve(&owned, &resolved, generation, live);
     // Close the stores before giving up ownership: the next owner opens them.
@@ -576,14 +615,11 @@ impl Supervisor {
                 ..
             }) = self.channel.recv()
             {
-                log(format_args!(
-                    "the supervisor could not stop cleanly: {}",
-                    error.detail
-                ));
+                tracing::warn!("the supervisor could not stop cleanly: {}", error.detail);
             }
         }
         if !wait_exit(self.held.pidfd.as_fd(), Duration::from_secs(5)).unwrap_or(false) {
-            log("the supervisor did not exit; killing it");
+            tracing::warn!("the supervisor did not exit; killing it");
             let _ = kill_and_wait(self.held.pidfd.as_fd(), Duration::from_secs(5));
         }
         let _ = self.child.wait();

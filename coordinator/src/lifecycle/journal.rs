@@ -1,81 +1,61 @@
-//! Where the Host Coordinator's log lines go: to the systemd journal when
-//! its socket exists, else to the Domain's `coordinator.log` (standard
-//! error, once redirected).
+//! Where the Host Coordinator's logs go: `tracing` events, to the systemd
+//! journal through `tracing-journald` when its socket exists, else to the
+//! Domain's `coordinator.log` (standard error, once redirected).
 //!
-//! Owns the journal's native datagram protocol for single-line messages:
-//! `KEY=value` fields separated by newlines. Each line carries the Domain ID
-//! so `journalctl LAZARET_DOMAIN=<id>` shows one Domain. Trusts the socket
-//! path: the system's, or `LAZARET_JOURNAL_SOCKET` from the invoking user's
-//! environment (tests point it at a socket they own).
+//! Owns the subscriber of the coordinator process and the names of the
+//! fields every event carries through its spans: `LAZARET_DOMAIN` and
+//! `LAZARET_PROFILE` (the Domain span), `LAZARET_GENERATION` (the
+//! generation span) and `LAZARET_SESSION` (a session's span), so
+//! `journalctl LAZARET_DOMAIN=<id>` shows one Domain. Events never carry an
+//! `env:` value: the environment is logged by name only. Trusts the journal
+//! socket at its system path.
 
-use std::os::unix::net::UnixDatagram;
-use std::path::PathBuf;
-use std::sync::OnceLock;
+use std::path::{Path, PathBuf};
 
-use lazaret_proto::common::UnixTimeNs;
+use tracing_subscriber::layer::SubscriberExt;
 
 /// The journal's native socket.
-const SYSTEM_SOCKET: &str = "/run/systemd/journal/socket";
+pub const SYSTEM_SOCKET: &str = "/run/systemd/journal/socket";
 
-/// Where log lines go for this process.
-#[derive(Debug)]
-enum Sink {
-    Journal {
-        socket: UnixDatagram,
-        path: PathBuf,
-        domain: String,
-    },
-    Stderr,
-}
-
-static SINK: OnceLock<Sink> = OnceLock::new();
-
-/// The journal socket to use, if one exists.
+/// The journal socket, if one exists.
 pub fn socket_path() -> Option<PathBuf> {
-    let path = std::env::var_os("LAZARET_JOURNAL_SOCKET")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(SYSTEM_SOCKET));
-    std::fs::symlink_metadata(&path)
+    let path = Path::new(SYSTEM_SOCKET);
+    std::fs::symlink_metadata(path)
         .ok()
         .filter(|m| std::os::unix::fs::FileTypeExt::is_socket(&m.file_type()))
-        .map(|_| path)
+        .map(|_| path.to_path_buf())
 }
 
-/// Chooses the sink once, for the Domain `domain`: the journal if its
-/// socket exists, else standard error. Returns whether it is the journal.
-///
-/// The journal socket never blocks the coordinator: a line the journal
-/// cannot take at once (its queue is full, or it is gone) goes to standard
-/// error instead.
-pub fn init(domain: &str) -> bool {
-    let unbound = UnixDatagram::unbound().and_then(|s| s.set_nonblocking(true).map(|()| s));
-    let sink = match (socket_path(), unbound) {
-        (Some(path), Ok(socket)) => Sink::Journal {
-            socket,
-            path,
-            domain: domain.to_owned(),
-        },
-        _ => Sink::Stderr,
-    };
-    matches!(SINK.get_or_init(|| sink), Sink::Journal { .. })
+/// Installs this process's subscriber: the journal if its socket exists
+/// and takes a connection, else standard error (the Domain log file).
+/// Returns whether it is the journal. Call it once, after standard error
+/// is redirected.
+pub fn init() -> bool {
+    let journal = socket_path().and_then(|_| {
+        tracing_journald::layer().ok().map(|layer| {
+            layer
+                .with_syslog_identifier("lazaret-coordinator".to_owned())
+                .with_field_prefix(None)
+        })
+    });
+    let to_journal = journal.is_some();
+    let file = (!to_journal).then(|| {
+        tracing_subscriber::fmt::layer()
+            .with_writer(std::io::stderr)
+            .with_ansi(false)
+            .with_target(false)
+    });
+    let subscriber = tracing_subscriber::registry().with(journal).with(file);
+    let _ = tracing::subscriber::set_global_default(subscriber);
+    to_journal
 }
 
-/// Writes one log line.
-pub fn log(message: impl std::fmt::Display) {
-    let line = message.to_string().replace('\n', " ");
-    match SINK.get() {
-        Some(Sink::Journal {
-            socket,
-            path,
-            domain,
-        }) => {
-            let entry = format!(
-                "MESSAGE={line}\nPRIORITY=6\nSYSLOG_IDENTIFIER=lazaret-coordinator\nLAZARET_DOMAIN={domain}\n"
-            );
-            if socket.send_to(entry.as_bytes(), path).is_err() {
-                eprintln!("[{}] {line}", UnixTimeNs::now().as_secs());
-            }
-        }
-        Some(Sink::Stderr) | None => eprintln!("[{}] {line}", UnixTimeNs::now().as_secs()),
-    }
+/// The span every event of the Domain's coordinator runs in.
+pub fn domain_span(domain: &str, profile: &str) -> tracing::Span {
+    tracing::info_span!("domain", lazaret_domain = domain, lazaret_profile = profile)
+}
+
+/// The span of one generation, inside the Domain's.
+pub fn generation_span(generation: u64) -> tracing::Span {
+    tracing::info_span!("generation", lazaret_generation = generation)
 }

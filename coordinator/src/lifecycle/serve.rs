@@ -22,7 +22,7 @@ use tokio::sync::mpsc;
 
 use super::daemon::{Live, Owned};
 use super::recovery::release_generation;
-use super::{CONTROL_SOCKET, chain, journal};
+use super::{CONTROL_SOCKET, chain};
 use crate::aio::{AsyncChannel, Exit, exited};
 use crate::config::ResolvedDomainConfiguration;
 use crate::process::{kill_and_wait, wait_exit};
@@ -73,12 +73,12 @@ pub(super) fn serve(
         ),
     };
     match &ending {
-        Ending::Down(_) => journal::log("down requested"),
-        Ending::Terminated => journal::log("SIGTERM received; stopping the Domain"),
-        Ending::Died(what) => journal::log(format_args!(
+        Ending::Down(_) => tracing::info!("down requested"),
+        Ending::Terminated => tracing::info!("SIGTERM received; stopping the Domain"),
+        Ending::Died(what) => tracing::error!(
             "{what} exited unexpectedly; the generation cannot run without it and is released"
-        )),
-        Ending::Broken(why) => journal::log(format_args!("{why}; releasing the generation")),
+        ),
+        Ending::Broken(why) => tracing::error!("{why}; releasing the generation"),
     }
 
     // No new client reaches a Domain that is going down: `status`, `up` and
@@ -108,7 +108,7 @@ pub(super) fn serve(
     // The sandbox ends with the Domain pid namespace; wait for it, and kill
     // it through its pidfd if it lingers.
     if !wait_exit(live.sandbox.pidfd.as_fd(), Duration::from_secs(2)).unwrap_or(false) {
-        journal::log("the sandbox outlived its namespace holder; killing it");
+        tracing::warn!("the sandbox outlived its namespace holder; killing it");
         let _ = kill_and_wait(live.sandbox.pidfd.as_fd(), Duration::from_secs(5));
     }
     live.helper.stop();
@@ -122,11 +122,11 @@ pub(super) fn serve(
     );
     let response = match &result {
         Ok(_) => {
-            journal::log(format_args!("generation {id} stopped"));
+            tracing::info!("generation {id} stopped");
             ControlResponse::Stopped { generation_id: id }
         }
         Err(e) => {
-            journal::log(format_args!("releasing generation {id}: {}", chain(e)));
+            tracing::error!("releasing generation {id}: {}", chain(e));
             ControlResponse::Failed {
                 message: format!("generation {id} did not release cleanly: {}", chain(e)),
             }
@@ -220,14 +220,14 @@ impl Watched {
                     // status says what happened.
                     live.workspace.router_running = false;
                     if let Some(problem) = live.workspace.problem(resolved.profile().as_str()) {
-                        journal::log(problem);
+                        tracing::error!("{problem}");
                     }
                 }
                 _ = self.terminate.recv() => return Ending::Terminated,
                 report = supervisor.recv() => match report {
                     Ok(report) => {
                         if let Some(other) = hub.dispatch(report) {
-                            journal::log(format_args!("unexpected supervisor report: {other:?}"));
+                            tracing::warn!("unexpected supervisor report: {other:?}");
                         }
                     }
                     Err(e) => {
@@ -239,7 +239,7 @@ impl Watched {
                 },
                 accepted = self.sessions.accept() => match accepted {
                     Ok((socket, _)) => hub.spawn_session(socket),
-                    Err(e) => journal::log(format_args!("session accept failed: {e}")),
+                    Err(e) => tracing::warn!("session accept failed: {e}"),
                 },
                 ready = self.control.readable() => match ready {
                     Ok(mut guard) => {
@@ -282,26 +282,26 @@ fn accept_control(
                 ..
             }) => return,
             Err(e) => {
-                journal::log(format_args!("accept failed: {}", chain(&e)));
+                tracing::warn!("accept failed: {}", chain(&e));
                 return;
             }
         };
         if let Err(e) = peer.require_peer_uid(uid) {
-            journal::log(format_args!("refused a control connection: {}", chain(&e)));
+            tracing::warn!("refused a control connection: {}", chain(&e));
             continue;
         }
         let requests = requests.clone();
         tokio::spawn(async move {
             let peer = match AsyncChannel::new(Arc::new(peer)) {
                 Ok(peer) => peer,
-                Err(e) => return journal::log(format_args!("control connection: {e}")),
+                Err(e) => return tracing::warn!("control connection: {e}"),
             };
             match tokio::time::timeout(REQUEST_TIMEOUT, peer.recv()).await {
                 Ok(Ok(Received { message, .. })) => {
                     let _ = requests.send((message, peer)).await;
                 }
-                Ok(Err(e)) => journal::log(format_args!("bad control request: {}", chain(&e))),
-                Err(_) => journal::log("a control client sent no request within 5 s"),
+                Ok(Err(e)) => tracing::warn!("bad control request: {}", chain(&e)),
+                Err(_) => tracing::warn!("a control client sent no request within 5 s"),
             }
         });
     }

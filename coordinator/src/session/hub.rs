@@ -224,27 +224,30 @@ impl Hub {
     /// the bound on handshakes in progress is closed at once.
     pub fn spawn_session(self: &Arc<Self>, socket: tokio::net::UnixStream) {
         let Ok(permit) = Arc::clone(&self.handshakes).try_acquire_owned() else {
-            crate::lifecycle::journal::log("too many session handshakes at once; closed one");
+            tracing::warn!("too many session handshakes at once; closed one");
             return;
         };
         let hub = Arc::clone(self);
         let mut tasks = self.tasks.lock().unwrap_or_else(|e| e.into_inner());
         // Reap finished tasks so the set holds only live sessions.
         while tasks.try_join_next().is_some() {}
-        tasks.spawn(async move {
-            if let Err(e) = hub.serve(socket, permit).await {
-                crate::lifecycle::journal::log(format_args!(
-                    "session refused or failed: {}",
-                    crate::lifecycle::chain(&e)
-                ));
-            }
-        });
+        let session_id = SessionId(super::random_bytes());
+        let span = tracing::info_span!("session", lazaret_session = %session_id.to_hex());
+        tasks.spawn(tracing::Instrument::instrument(
+            async move {
+                if let Err(e) = hub.serve(socket, permit, session_id).await {
+                    tracing::warn!("session refused or failed: {}", crate::lifecycle::chain(&e));
+                }
+            },
+            span,
+        ));
     }
 
     async fn serve(
         self: &Arc<Self>,
         socket: tokio::net::UnixStream,
         handshake: tokio::sync::OwnedSemaphorePermit,
+        session_id: SessionId,
     ) -> Result<(), SessionError> {
         use lazaret_proto::channel::{ChannelError, require_peer_uid};
         require_peer_uid(socket.as_fd(), rustix::process::getuid()).map_err(|e| match e {
@@ -268,7 +271,6 @@ impl Hub {
         drop(handshake);
         let passed = link.take_fds();
 
-        let session_id = SessionId(super::random_bytes());
         let (events, inbox) = mpsc::unbounded_channel();
         let summary = SessionSummary {
             session_id,
@@ -314,6 +316,7 @@ impl Hub {
                 )
                 .await;
                 session.record(SessionTerminalState::Closed, true, None);
+                tracing::info!("session ended: the Domain went down");
                 Ok(())
             }
         };
@@ -468,9 +471,22 @@ impl Running<'_> {
         })
         .await?;
         self.record(SessionTerminalState::Running, false, io.pty_identity());
+        tracing::info!(
+            terminal = open.terminal,
+            direct = open.direct_stdio,
+            "session opened"
+        );
 
         match self.pump(link, &mut io).await {
             Ok(exit) => {
+                tracing::info!(
+                    exit_code = exit.exit_code,
+                    "session ended: its process {}",
+                    match exit.outcome {
+                        SessionExitOutcome::Terminated => "was ended by a signal",
+                        _ => "exited",
+                    }
+                );
                 let _ = link.send(&SessionTerminalMessage::Exit(exit)).await;
                 self.record(SessionTerminalState::Exited, true, None);
                 Ok(())
@@ -491,6 +507,7 @@ impl Running<'_> {
                 if reported.is_err() {
                     let _ = pidfd_send_signal(&process, Signal::KILL);
                 }
+                tracing::info!("session ended: {error}; its process was killed");
                 self.record(SessionTerminalState::Closed, true, None);
                 match error {
                     SessionError::Closed => Ok(()),
