@@ -62,3 +62,32 @@ printf 'attach -- cat big   median %6s MiB/s bare runsc exec  median %6s MiB/s r
     "$ac" "$bc" "$(ratio "$ac" "$bc")"
 printf '                                       bare into a pipe median %6s MiB/s ratio %s\n' \
     "$bp" "$(ratio "$ac" "$bp")"
+
+# Ten sessions at once, each relaying 64 MiB of output (to a file, so the
+# coordinator relays it rather than handing the process the file), while
+# the Host Coordinator's resident memory is sampled.
+hc=$(field "['coordinator']['pid']")
+rss() { awk '/^VmRSS:/ {print $2}' "/proc/$hc/status"; }
+threads() { ls "/proc/$hc/task" | wc -l; }
+rss_idle=$(rss); threads_idle=$(threads)
+t0=$(now)
+pids=()
+for n in $(seq 10); do
+    "$lazaret" attach bench -- cat /workspace/big </dev/null >"$scratch/out-$n" &
+    pids+=($!)
+done
+rss_peak=$rss_idle threads_peak=$threads_idle
+while kill -0 "${pids[@]}" 2>/dev/null; do
+    r=$(rss); [ "${r:-0}" -gt "$rss_peak" ] && rss_peak=$r
+    t=$(threads); [ "${t:-0}" -gt "$threads_peak" ] && threads_peak=$t
+    sleep 0.05
+done
+failed=0
+for pid in "${pids[@]}"; do wait "$pid" || failed=$((failed + 1)); done
+t1=$(now)
+short=0
+for n in $(seq 10); do
+    [ "$(stat -c %s "$scratch/out-$n")" -eq "$((mib * 1024 * 1024))" ] || short=$((short + 1))
+done
+printf 'ten sessions x %s MiB relayed: %s ms, %s failed, %s short; HC RSS idle %s KiB, peak %s KiB (target < 16384); HC threads idle %s, peak %s\n' \
+    "$mib" "$(ms "$t0" "$t1")" "$failed" "$short" "$rss_idle" "$rss_peak" "$threads_idle" "$threads_peak"

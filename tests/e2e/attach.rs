@@ -37,6 +37,10 @@ pub fn trials() -> Vec<Trial> {
     [
         Trial::test("attach::commands_run_through_pipes", commands_through_pipes),
         Trial::test(
+            "attach::relayed_output_arrives_whole",
+            relayed_output_arrives_whole,
+        ),
+        Trial::test(
             "attach::ten_sessions_at_once_keep_their_output",
             ten_sessions_at_once,
         ),
@@ -285,6 +289,36 @@ fn commands_through_pipes() -> Result {
     );
 
     down(&host, &ws)?;
+    Ok(())
+}
+
+/// Output relayed through the session (standard output is a file, which is
+/// never handed in) arrives byte for byte, however much there is.
+fn relayed_output_arrives_whole() -> Result {
+    let (_serial, host) = default_host();
+    let ws = host.workspace.clone();
+    let data: Vec<u8> = (0..24u32 << 20)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    std::fs::write(ws.join("big"), &data)?;
+    std::fs::set_permissions(ws.join("big"), std::fs::Permissions::from_mode(0o644))?;
+    up(&host, &ws)?;
+    let out = host.base().join("relayed");
+    std::fs::write(&out, b"")?;
+    std::os::unix::fs::chown(&out, Some(host.uid()), None)?;
+    let mut command = attach(&host, &ws, &["sh", "-c", "cat /workspace/big; echo end"]);
+    command
+        .stdin(Stdio::null())
+        .stdout(std::fs::OpenOptions::new().write(true).open(&out)?)
+        .stderr(Stdio::piped());
+    let ran = command.output()?;
+    down(&host, &ws)?;
+    assert!(ran.status.success(), "{}", text(&ran));
+    let got = std::fs::read(&out)?;
+    let mut expected = data;
+    expected.extend_from_slice(b"end\n");
+    assert_eq!(got.len(), expected.len(), "relayed bytes");
+    assert!(got == expected, "the relayed bytes differ from the file");
     Ok(())
 }
 

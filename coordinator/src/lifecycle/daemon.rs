@@ -112,10 +112,12 @@ pub(super) struct Reporter {
     phase: std::cell::RefCell<Option<Phase>>,
 }
 
-/// One start-up phase: its span, entered while it runs, and when it began.
+/// One start-up phase: its span and when it began. The span is not
+/// entered (phases do not nest with the generation's span); its one event
+/// says how long the phase took.
 struct Phase {
     step: StartupStep,
-    span: tracing::span::EnteredSpan,
+    span: tracing::Span,
     began: Instant,
 }
 
@@ -123,8 +125,8 @@ impl Phase {
     /// Ends the phase, logging how long it took inside its span.
     fn end(self) {
         let elapsed_ms = u64::try_from(self.began.elapsed().as_millis()).unwrap_or(u64::MAX);
-        tracing::info!(elapsed_ms, "{} done", self.step.as_str());
-        drop(self.span);
+        self.span
+            .in_scope(|| tracing::info!(elapsed_ms, "{} done", self.step.as_str()));
     }
 }
 
@@ -157,7 +159,7 @@ impl Reporter {
         }
         *phase = Some(Phase {
             step,
-            span: tracing::info_span!("phase", lazaret_phase = step.as_str()).entered(),
+            span: tracing::info_span!("phase", lazaret_phase = step.as_str()),
             began: Instant::now(),
         });
     }

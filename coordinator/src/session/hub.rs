@@ -75,8 +75,10 @@ const INPUT_BOUND: usize = 256 * 1024;
 /// The output pipe's capacity for sessions without a terminal.
 const OUTPUT_PIPE_SIZE: usize = 1 << 20;
 
-/// How many output chunks one wakeup relays at most.
-const READS_PER_WAKEUP: usize = 16;
+/// How many output chunks one wakeup relays at most: enough to spare
+/// system calls, few enough that ten sessions relaying at once hold a
+/// megabyte between them.
+const READS_PER_WAKEUP: usize = 4;
 
 /// What the hub tells one session.
 #[derive(Debug)]
@@ -659,7 +661,8 @@ async fn read_some(source: Option<&Stream>, buf: &mut [u8]) -> std::io::Result<O
 }
 
 /// Relays `n` bytes already read into `buf`, then whatever more the output
-/// holds now (a few chunks; a PTY master one), in one flush.
+/// holds now (up to [`READS_PER_WAKEUP`] chunks; a PTY master gives one),
+/// in one flush.
 async fn relay(
     link: &mut Link,
     session_id: SessionId,
@@ -668,12 +671,12 @@ async fn relay(
     mut n: usize,
     more: bool,
 ) -> Result<(), SessionError> {
-    for _ in 0..READS_PER_WAKEUP {
+    for chunk in 1..=READS_PER_WAKEUP {
         link.queue(&SessionTerminalMessage::Output(TerminalOutput {
             session_id,
             bytes: buf[..n].to_vec(),
         }))?;
-        if !more {
+        if !more || chunk == READS_PER_WAKEUP {
             break;
         }
         match output.try_read(buf)? {
