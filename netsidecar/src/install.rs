@@ -130,14 +130,43 @@ pub async fn install(
         add_route(&handle, message, IpPrefix::host(resolver.address)).await?;
     }
 
-    check_rules(&handle).await?;
-    let routes = read_routes(&handle, tap, link).await?;
+    readback(&handle, tap, link).await
+}
+
+/// Reads the namespace back without changing anything: what `install`
+/// reads after installing, for re-verifying a running policy.
+pub async fn observe(link: &ConnectivityLink) -> Result<Readback, SidecarError> {
+    let (connection, handle, _) = rtnetlink::new_connection()
+        .map_err(|e| failed(SidecarStep::Link, format!("cannot open rtnetlink: {e}")))?;
+    tokio::spawn(connection);
     let links = list_links(&handle).await?;
+    let tap = links
+        .iter()
+        .find(|(_, name, _)| *name == link.tap_name)
+        .map(|(index, _, _)| *index)
+        .ok_or_else(|| {
+            failed(
+                SidecarStep::Readback,
+                format!("the namespace has no {} device any more", link.tap_name),
+            )
+        })?;
+    readback(&handle, tap, link).await
+}
+
+/// The routes, the helper's device and IPv6 as the namespace has them now.
+async fn readback(
+    handle: &Handle,
+    tap: u32,
+    link: &ConnectivityLink,
+) -> Result<Readback, SidecarError> {
+    check_rules(handle).await?;
+    let routes = read_routes(handle, tap, link).await?;
+    let links = list_links(handle).await?;
     let tap_up = links
         .iter()
         .any(|(i, _, flags)| *i == tap && flags.contains(LinkFlags::Up))
-        && has_address(&handle, tap, link.guest_address).await?;
-    let ipv6_disabled = ipv6_disabled(&handle, &["all", "default", "lo", &link.tap_name]).await?;
+        && has_address(handle, tap, link.guest_address).await?;
+    let ipv6_disabled = ipv6_disabled(handle, &["all", "default", "lo", &link.tap_name]).await?;
     Ok(Readback {
         routes,
         tap_up,

@@ -19,6 +19,11 @@
 //! 7. answers with a [`NetworkReadinessAttestation`] built only from what it
 //!    observed, and exits.
 //!
+//! Asked to observe instead ([`ObserveRequest`], for `lazaret status`), it
+//! proves the namespace the same way, reads the routes, rules, helper
+//! device, IPv6 switches and packet filter back without changing anything,
+//! answers with the [`NetworkObservation`], and exits.
+//!
 //! It trusts only the supervisor at the other end of its inherited channel,
 //! and checks what that supervisor sends before acting on it.
 
@@ -42,7 +47,7 @@ use lazaret_proto::network::{
 };
 use lazaret_proto::ownership::NamespaceIdentity;
 use lazaret_proto::sidecar::{
-    AttestRequest, SidecarError, SidecarReport, SidecarRequest, SidecarStep,
+    AttestRequest, ObserveRequest, SidecarError, SidecarReport, SidecarRequest, SidecarStep,
 };
 use lazaret_proto::supervisor::FdIndex;
 use rustix::thread::CapabilitySet;
@@ -79,14 +84,14 @@ pub fn run() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let report = match attest(&channel) {
-        Ok(attestation) => SidecarReport::Attested(Box::new(attestation)),
+    let report = match serve(&channel) {
+        Ok(report) => report,
         Err(error) => {
             tracing::error!("{:?}: {}", error.step, error.detail);
             SidecarReport::Failed(error)
         }
     };
-    let ok = matches!(report, SidecarReport::Attested(_));
+    let ok = !matches!(report, SidecarReport::Failed(_));
     if let Err(e) = channel.send(&report, &[]) {
         tracing::error!("cannot answer: {}", chain(&e));
         return ExitCode::FAILURE;
@@ -98,24 +103,82 @@ pub fn run() -> ExitCode {
     }
 }
 
-fn attest(channel: &Channel) -> Result<NetworkReadinessAttestation, SidecarError> {
+/// Takes the one request and carries it out.
+fn serve(channel: &Channel) -> Result<SidecarReport, SidecarError> {
     check_privileges()?;
     let Received { message, fds } = channel
         .recv()
         .map_err(|e| failed(SidecarStep::Request, chain(&e)))?;
-    let SidecarRequest::Attest(AttestRequest {
+    match message {
+        SidecarRequest::Attest(request) => {
+            attest(request, &fds).map(|a| SidecarReport::Attested(Box::new(a)))
+        }
+        SidecarRequest::Observe(request) => {
+            observe(request, &fds).map(|o| SidecarReport::Observed(Box::new(o)))
+        }
+    }
+}
+
+/// The descriptor at `index` of a request.
+fn descriptor(
+    fds: &[std::os::fd::OwnedFd],
+    index: FdIndex,
+) -> Result<BorrowedFd<'_>, SidecarError> {
+    index.get(fds).ok_or_else(|| {
+        failed(
+            SidecarStep::Request,
+            format!("descriptor {} is missing", index.0),
+        )
+    })
+}
+
+/// A current-thread runtime for the rtnetlink exchange.
+fn netlink_runtime() -> Result<tokio::runtime::Runtime, SidecarError> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| {
+            failed(
+                SidecarStep::Link,
+                format!("cannot start the netlink runtime: {e}"),
+            )
+        })
+}
+
+/// Reads the namespace back for a running policy, changing nothing.
+fn observe(
+    request: ObserveRequest,
+    fds: &[std::os::fd::OwnedFd],
+) -> Result<NetworkObservation, SidecarError> {
+    let parameters = request.parameters;
+    check_namespace(
+        descriptor(fds, request.namespace)?,
+        parameters.enforcement_namespace,
+    )?;
+    parameters
+        .link
+        .validate()
+        .map_err(|e| failed(SidecarStep::Request, format!("link: {e}")))?;
+    let readback = netlink_runtime()?.block_on(install::observe(&parameters.link))?;
+    Ok(NetworkObservation {
+        policy_delivery: PolicyDelivery::SealedMemfd,
+        helper_ready: readback.tap_up,
+        observed_routes: readback.routes,
+        ipv6_disabled: readback.ipv6_disabled,
+        observed_filter: filter::read_back()?,
+    })
+}
+
+fn attest(
+    request: AttestRequest,
+    fds: &[std::os::fd::OwnedFd],
+) -> Result<NetworkReadinessAttestation, SidecarError> {
+    let AttestRequest {
         parameters,
         namespace,
         policy,
-    }) = message;
-    let fd = |index: FdIndex| {
-        index.get(&fds).ok_or_else(|| {
-            failed(
-                SidecarStep::Request,
-                format!("descriptor {} is missing", index.0),
-            )
-        })
-    };
+    } = request;
+    let fd = |index: FdIndex| descriptor(fds, index);
     check_namespace(fd(namespace)?, parameters.probe.enforcement_namespace)?;
     let policy = read_policy(fd(policy)?)?;
     let policy_digest = policy
@@ -125,16 +188,7 @@ fn attest(channel: &Channel) -> Result<NetworkReadinessAttestation, SidecarError
     link.validate()
         .map_err(|e| failed(SidecarStep::Request, format!("link: {e}")))?;
 
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| {
-            failed(
-                SidecarStep::Link,
-                format!("cannot start the netlink runtime: {e}"),
-            )
-        })?;
-    let readback = runtime.block_on(install::install(&policy, link))?;
+    let readback = netlink_runtime()?.block_on(install::install(&policy, link))?;
     let observed_filter = filter::install(&policy.expected_filter())?;
     let probes = probe::run(&policy, link);
 

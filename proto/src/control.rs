@@ -260,6 +260,31 @@ pub struct NetworkStatus {
     pub attestation: NetworkReadinessAttestation,
     /// The connectivity helper (slirp4netns).
     pub connectivity_helper: PidfsProcessIdentityV1,
+    /// What reading the namespace back found when this status was asked
+    /// for.
+    pub recheck: NetworkRecheck,
+}
+
+/// The policy re-verified: the enforcement namespace read back (routes,
+/// rules, filter) and compared with the policy in force.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum NetworkRecheck {
+    /// Not read back (the status of a generation still starting).
+    NotChecked,
+    /// The namespace still shows the policy.
+    Holds {
+        /// When it was read.
+        at: UnixTimeNs,
+    },
+    /// The namespace differs from the policy.
+    Differs {
+        /// When it was read.
+        at: UnixTimeNs,
+        /// How.
+        drift: Vec<crate::network::NetworkDrift>,
+    },
+    /// It could not be read back.
+    Failed(String),
 }
 
 /// One attached client session, as `lazaret status` lists it.

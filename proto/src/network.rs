@@ -913,6 +913,45 @@ impl WireRecord for NetworkReadinessAttestation {
     const MAX_ENCODED_LEN: usize = 256 * 1024;
 }
 
+impl NetworkObservation {
+    /// How what a later read-back found differs from `policy` in force:
+    /// nothing when the routes, the rules and the filter are still the
+    /// policy's and the helper's device is up.
+    pub fn drift(&self, policy: &DerivedNetworkPolicy) -> Vec<NetworkDrift> {
+        let mut drift = Vec::new();
+        if self.observed_routes != policy.expected_routes() {
+            drift.push(NetworkDrift::Routes);
+        }
+        if self.observed_filter != policy.expected_filter() {
+            drift.push(NetworkDrift::Filter);
+        }
+        if !self.helper_ready {
+            drift.push(NetworkDrift::HelperDown);
+        }
+        if !self.ipv6_disabled {
+            drift.push(NetworkDrift::Ipv6Enabled);
+        }
+        drift
+    }
+}
+
+/// A way a running namespace no longer shows its attested policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub enum NetworkDrift {
+    /// The routes differ from the policy's.
+    #[error("the routes differ from the policy")]
+    Routes,
+    /// The packet filter differs from the policy's.
+    #[error("the packet filter differs from the policy")]
+    Filter,
+    /// The connectivity helper's device is down or unaddressed.
+    #[error("the connectivity helper's device is down")]
+    HelperDown,
+    /// IPv6 is enabled on an interface.
+    #[error("IPv6 is enabled on an interface")]
+    Ipv6Enabled,
+}
+
 /// Why an attestation is not accepted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum AttestationMismatch {

@@ -43,11 +43,33 @@ pub struct AttestRequest {
     pub policy: FdIndex,
 }
 
+/// What a read-back is asked for: the namespace it must run in and the
+/// connectivity helper's network there.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ObserveParameters {
+    /// The enforcement network namespace.
+    pub enforcement_namespace: crate::ownership::NamespaceIdentity,
+    /// The connectivity helper's network in the namespace.
+    pub link: ConnectivityLink,
+}
+
+/// What the sidecar is asked to do to re-verify a running policy: read the
+/// namespace back, change nothing.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ObserveRequest {
+    /// What to observe.
+    pub parameters: ObserveParameters,
+    /// The enforcement network namespace (an nsfs descriptor).
+    pub namespace: FdIndex,
+}
+
 /// The supervisor's request to its sidecar.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum SidecarRequest {
     /// Install, probe and attest.
     Attest(AttestRequest),
+    /// Read the namespace back, changing nothing.
+    Observe(ObserveRequest),
 }
 
 impl WireRecord for SidecarRequest {
@@ -95,6 +117,8 @@ pub enum SidecarReport {
     Attested(Box<NetworkReadinessAttestation>),
     /// Installing or probing failed.
     Failed(SidecarError),
+    /// What a read-back found.
+    Observed(Box<crate::network::NetworkObservation>),
 }
 
 impl WireRecord for SidecarReport {

@@ -216,6 +216,10 @@ pub enum SupervisorRequest {
     },
     /// Stop the sandbox and exit, releasing every mount with the namespace.
     Stop,
+    /// Start the Network Sidecar to read the enforcement namespace back
+    /// (routes, rules, filter; nothing installed, nothing probed) and
+    /// report what it found: `lazaret status` re-verifies the policy.
+    ObserveNetwork(crate::sidecar::ObserveParameters),
 }
 
 impl WireRecord for SupervisorRequest {
@@ -320,6 +324,9 @@ pub enum SupervisorReport {
     },
     /// The sandbox is stopped; the supervisor exits after sending this.
     Stopped,
+    /// What the Network Sidecar read back from the enforcement namespace,
+    /// or why it could not.
+    NetworkObserved(Result<Box<crate::network::NetworkObservation>, String>),
 }
 
 impl WireRecord for SupervisorReport {

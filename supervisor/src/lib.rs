@@ -213,6 +213,8 @@ struct Running {
     runsc: PathBuf,
     runsc_root: PathBuf,
     container_id: String,
+    /// The enforcement network namespace, for the sidecar's read-backs.
+    network: Arc<OwnedFd>,
 }
 
 impl Running {
@@ -340,6 +342,7 @@ fn start(
         runsc,
         runsc_root: staged.runsc_root.clone(),
         container_id: plan.container_id.to_string(),
+        network: Arc::new(net_fd),
     };
     running
         .runsc()
@@ -500,6 +503,18 @@ fn serve(channel: Arc<Channel>, running: &Running, reaper: Arc<exec::Reaper>) ->
                 if let Err(e) = exec::signal(&reaper, &running.runsc(), session_id, signal) {
                     tracing::warn!("signal for session {session_id}: {e}");
                 }
+            }
+            Ok(Received {
+                message: SupervisorRequest::ObserveNetwork(parameters),
+                ..
+            }) => {
+                // The sidecar runs beside the sessions' requests, not in
+                // their way.
+                let (channel, namespace) = (Arc::clone(&channel), Arc::clone(&running.network));
+                std::thread::spawn(move || {
+                    let observed = network::observe(parameters, namespace.as_fd()).map(Box::new);
+                    let _ = channel.send(&SupervisorReport::NetworkObserved(observed), &[]);
+                });
             }
             Ok(Received {
                 message:

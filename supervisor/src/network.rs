@@ -1,4 +1,5 @@
-//! Starts the generation's Network Sidecar and relays its attestation.
+//! Starts the generation's Network Sidecar and relays its attestation, or
+//! its read-back of a running policy.
 //!
 //! Owns the sidecar's launch: the binary beside the supervisor's own (the
 //! supervisor's install path, never `PATH`), inside the enforcement network
@@ -11,8 +12,11 @@
 use std::os::fd::BorrowedFd;
 use std::time::Duration;
 
-use lazaret_proto::network::NetworkReadinessAttestation;
-use lazaret_proto::sidecar::{AttestParameters, AttestRequest, SidecarReport, SidecarRequest};
+use lazaret_proto::network::{NetworkObservation, NetworkReadinessAttestation};
+use lazaret_proto::sidecar::{
+    AttestParameters, AttestRequest, ObserveParameters, ObserveRequest, SidecarReport,
+    SidecarRequest,
+};
 use lazaret_proto::supervisor::FdIndex;
 use rustix::thread::CapabilitySet;
 
@@ -46,6 +50,37 @@ pub fn attest(
         .and_then(|report| match report {
             SidecarReport::Attested(attestation) => Ok(*attestation),
             SidecarReport::Failed(error) => Err(format!("{:?}: {}", error.step, error.detail)),
+            SidecarReport::Observed(_) => Err("the sidecar observed instead of attesting".into()),
+        });
+    sidecar.finish(result)
+}
+
+/// How long a read-back may take.
+const OBSERVE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Runs the sidecar to read `namespace` back, changing nothing, and returns
+/// what it found, or why it could not.
+pub fn observe(
+    parameters: ObserveParameters,
+    namespace: BorrowedFd<'_>,
+) -> Result<NetworkObservation, String> {
+    let sidecar = Helper::<SidecarRequest, SidecarReport>::start(
+        "lazaret-netsidecar",
+        "the sidecar",
+        CapabilitySet::NET_ADMIN,
+        false,
+    )?;
+    let request = SidecarRequest::Observe(ObserveRequest {
+        parameters,
+        namespace: FdIndex(0),
+    });
+    let result = sidecar
+        .send(&request, &[namespace])
+        .and_then(|()| sidecar.report(OBSERVE_TIMEOUT))
+        .and_then(|report| match report {
+            SidecarReport::Observed(observation) => Ok(*observation),
+            SidecarReport::Failed(error) => Err(format!("{:?}: {}", error.step, error.detail)),
+            SidecarReport::Attested(_) => Err("the sidecar attested instead of observing".into()),
         });
     sidecar.finish(result)
 }

@@ -253,6 +253,14 @@ fn policy_holds() -> Result {
     unreachable(&host, &denied, &["EHOSTUNREACH"])?;
     unreachable(&host, &unlisted, &["ENETUNREACH"])?;
 
+    // `status` reads the namespace back: the policy holds.
+    let checked = host.status(&ws, "p").ok_or("not running")?;
+    assert_eq!(
+        checked["network"]["recheck"]["state"], "holds",
+        "{}",
+        checked["network"]["recheck"]
+    );
+
     // The routes broken on purpose from outside the sandbox: routes to the
     // denied and the unlisted host now lead out, and the packet filter
     // still drops what they carry: the connection fails (EPERM, or a
@@ -273,6 +281,17 @@ fn policy_holds() -> Result {
     unreachable(&host, &denied, &["EPERM", "ETIMEDOUT"])?;
     unreachable(&host, &unlisted, &["EPERM", "ETIMEDOUT"])?;
     answers(&host, &allowed)?;
+    // And `status` says the routes no longer show the policy.
+    let checked = host.status(&ws, "p").ok_or("not running")?;
+    let recheck = &checked["network"]["recheck"];
+    assert_eq!(recheck["state"], "differs", "{recheck}");
+    assert!(
+        recheck["drift"].as_array().is_some_and(|d| d
+            .iter()
+            .any(|d| d.as_str().is_some_and(|d| d.contains("routes")))),
+        "{recheck}"
+    );
+    assert_eq!(checked["state"], "degraded", "{checked}");
 
     let inode = network["enforcement_namespace"]["inode"]
         .as_u64()

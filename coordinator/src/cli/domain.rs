@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use lazaret_proto::control::{
-    ControlRequest, ControlResponse, DomainStatus, NetworkStatus, StartupEvent,
+    ControlRequest, ControlResponse, DomainStatus, NetworkRecheck, NetworkStatus, StartupEvent,
 };
 use lazaret_proto::ids::to_hex;
 use lazaret_proto::network::{DnsOutcome, PolicyAction};
@@ -278,7 +278,8 @@ fn status_json(status: &DomainStatus) -> Value {
     let routing = &status.workspace_routing;
     // A dead participant never looks alive: a generation whose router
     // exited serves no workspace.
-    let problems: Vec<String> = routing.problem(&status.profile).into_iter().collect();
+    let mut problems: Vec<String> = routing.problem(&status.profile).into_iter().collect();
+    problems.extend(recheck_problem(&status.network.recheck));
     let state = if problems.is_empty() {
         format!("{:?}", status.state).to_lowercase()
     } else {
@@ -335,6 +336,38 @@ fn status_json(status: &DomainStatus) -> Value {
     })
 }
 
+/// What is wrong, if anything, with the network read back for this status.
+fn recheck_problem(recheck: &NetworkRecheck) -> Option<String> {
+    match recheck {
+        NetworkRecheck::NotChecked | NetworkRecheck::Holds { .. } => None,
+        NetworkRecheck::Differs { drift, .. } => Some(format!(
+            "the sandbox's network no longer shows its attested policy: {}; run `lazaret down` \
+             and `lazaret up` to install it again",
+            drift
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join("; ")
+        )),
+        NetworkRecheck::Failed(detail) => Some(format!(
+            "the sandbox's network could not be read back: {detail}"
+        )),
+    }
+}
+
+fn recheck_json(recheck: &NetworkRecheck) -> Value {
+    match recheck {
+        NetworkRecheck::NotChecked => json!({"state": "not_checked"}),
+        NetworkRecheck::Holds { at } => json!({"state": "holds", "at_unix": at.as_secs()}),
+        NetworkRecheck::Differs { at, drift } => json!({
+            "state": "differs",
+            "at_unix": at.as_secs(),
+            "drift": drift.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        }),
+        NetworkRecheck::Failed(detail) => json!({"state": "failed", "detail": detail}),
+    }
+}
+
 fn network_json(network: &NetworkStatus) -> Value {
     let a = &network.attestation;
     let shown = |p: &lazaret_proto::network::IpPrefix| format!("{}/{}", p.address, p.prefix_len);
@@ -373,6 +406,7 @@ fn network_json(network: &NetworkStatus) -> Value {
             "inode": a.enforcement_namespace.inode,
         },
         "attested_at_unix": a.observed_at.as_secs(),
+        "recheck": recheck_json(&network.recheck),
         "observed_routes": a.observation.observed_routes.len(),
         "denied_probes": a.denied_destinations.iter().map(|d| json!({
             "destination": d.destination.to_string(), "unreachable": d.unreachable,
@@ -429,6 +463,7 @@ fn status_text(status: &DomainStatus) -> String {
          \x20 sessions         {sessions}\n\
          \x20 network          attested: {routes} routes read back, {denied} denied and \
          {permitted} permitted destinations probed (policy {policy})\n\
+         \x20   re-verified    {recheck}\n\
          \x20   allow          {allow}\n\
          \x20   deny           {deny}; anything unlisted; IPv6\n\
          \x20   platform deny  {platform}\n\
@@ -446,6 +481,12 @@ fn status_text(status: &DomainStatus) -> String {
         deny = join_or_none(&v["network"]["deny"]),
         platform = join_or_none(&v["network"]["platform_deny"]),
         helper = status.network.connectivity_helper.host_pid,
+        recheck = match &status.network.recheck {
+            NetworkRecheck::Holds { .. } =>
+                "routes, rules and filter read back now: they hold".into(),
+            NetworkRecheck::NotChecked => "not yet".into(),
+            other => format!("NO: {}", recheck_problem(other).unwrap_or_default()),
+        },
         dns = v["network"]["dns"]
             .as_array()
             .into_iter()

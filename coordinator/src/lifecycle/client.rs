@@ -41,8 +41,10 @@ pub enum ClientError {
 /// How long a coordinator may take to answer `status`.
 pub const STATUS_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// How long a coordinator may take to stop its Domain and answer `down`.
-pub const DOWN_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a coordinator may take to stop its Domain and answer `down`:
+/// longer than its own bounds on stopping (sessions, supervisor, sandbox,
+/// slirp4netns) added up.
+pub const DOWN_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Why a control request got no answer.
 #[derive(Debug, thiserror::Error)]

@@ -539,7 +539,12 @@ pub fn start(args: Args) -> ExitCode {
             return reporter.fail(failure);
         }
     };
-    let status = live.status(&resolved, &generation, Vec::new());
+    let status = live.status(
+        &resolved,
+        &generation,
+        Vec::new(),
+        lazaret_proto::control::NetworkRecheck::NotChecked,
+    );
     reporter.finish_phase();
     reporter.send(StartupEvent::Ready(Box::new(status)));
     drop(reporter);
@@ -652,7 +657,7 @@ pub(super) struct Live {
     container_id: ContainerId,
     runtime_root: HostPath,
     pub(super) helper: ConnectivityHelper,
-    network: NetworkStatus,
+    pub(super) network: NetworkStatus,
     pub(super) router: HeldProcess,
     pub(super) workspace: WorkspaceStatus,
     uppers: super::usage::Uppers,
@@ -664,6 +669,7 @@ impl Live {
         resolved: &ResolvedDomainConfiguration,
         generation: &Generation,
         sessions: Vec<lazaret_proto::control::SessionSummary>,
+        recheck: lazaret_proto::control::NetworkRecheck,
     ) -> DomainStatus {
         DomainStatus {
             domain_id: resolved.domain_id(),
@@ -682,7 +688,10 @@ impl Live {
             namespace_holder: self.holder.identity,
             sandbox: self.sandbox.identity,
             sessions,
-            network: self.network.clone(),
+            network: NetworkStatus {
+                recheck,
+                ..self.network.clone()
+            },
             workspace_routing: self.workspace.clone(),
             storage: self.uppers.measure(self.holder.identity.host_pid),
         }

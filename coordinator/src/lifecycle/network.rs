@@ -15,7 +15,7 @@ use std::os::fd::AsFd;
 use std::sync::Arc;
 
 use lazaret_proto::channel::Received;
-use lazaret_proto::control::{NetworkStatus, StartupStep};
+use lazaret_proto::control::{NetworkRecheck, NetworkStatus, StartupStep};
 
 use crate::network::PlannedNetwork;
 use lazaret_proto::ids::NetworkSidecarId;
@@ -168,6 +168,7 @@ pub(super) fn attach(
         platform_deny,
         attestation: *attestation,
         connectivity_helper: running.held.identity,
+        recheck: NetworkRecheck::NotChecked,
     })
 }
 

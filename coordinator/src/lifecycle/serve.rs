@@ -16,8 +16,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lazaret_proto::channel::{ChannelError, Endpoint, Received};
-use lazaret_proto::control::{ControlRequest, ControlResponse};
+use lazaret_proto::control::{ControlRequest, ControlResponse, NetworkRecheck, NetworkStatus};
+use lazaret_proto::network::ConnectivityLink;
+use lazaret_proto::sidecar::ObserveParameters;
 use lazaret_proto::store::{Generation, GenerationState};
+use lazaret_proto::supervisor::{SupervisorReport, SupervisorRequest};
 use tokio::sync::mpsc;
 
 use super::daemon::{Live, Owned};
@@ -32,6 +35,10 @@ type ControlPeer = AsyncChannel<ControlResponse, ControlRequest>;
 
 /// How long a control client has to send its request.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long a read-back of the network may take before `status` answers
+/// without it.
+const RECHECK_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// How long sessions have to hear that the Domain goes down before they
 /// are cut off.
@@ -207,6 +214,10 @@ impl Watched {
         let supervisor = hub.supervisor();
         let uid = rustix::process::getuid();
         let (requests, mut asked) = mpsc::channel::<(ControlRequest, ControlPeer)>(16);
+        // Status requests wait for one read-back of the network, asked for
+        // by the first of them and answered to all.
+        let mut waiting: Vec<ControlPeer> = Vec::new();
+        let mut recheck_due: Option<tokio::time::Instant> = None;
         loop {
             tokio::select! {
                 () = self.supervisor.exited() => return Ending::Died("the Runtime Supervisor"),
@@ -225,11 +236,15 @@ impl Watched {
                 }
                 _ = self.terminate.recv() => return Ending::Terminated,
                 report = supervisor.recv() => match report {
-                    Ok(report) => {
-                        if let Some(other) = hub.dispatch(report) {
-                            tracing::warn!("unexpected supervisor report: {other:?}");
+                    Ok(report) => match hub.dispatch(report) {
+                        None => {}
+                        Some(SupervisorReport::NetworkObserved(observed)) => {
+                            let recheck = recheck(&live.network, observed);
+                            recheck_due = None;
+                            answer(&mut waiting, live, resolved, generation, &hub, &recheck);
                         }
-                    }
+                        Some(other) => tracing::warn!("unexpected supervisor report: {other:?}"),
+                    },
                     Err(e) => {
                         return Ending::Broken(format!(
                             "the Runtime Supervisor link failed ({})",
@@ -248,22 +263,98 @@ impl Watched {
                     }
                     Err(e) => return Ending::Broken(format!("the control socket failed: {e}")),
                 },
+                () = sleep_until(recheck_due) => {
+                    recheck_due = None;
+                    let recheck = NetworkRecheck::Failed(format!(
+                        "the namespace was not read back within {} s",
+                        RECHECK_TIMEOUT.as_secs()
+                    ));
+                    answer(&mut waiting, live, resolved, generation, &hub, &recheck);
+                }
                 Some((request, peer)) = asked.recv() => match request {
                     ControlRequest::Status => {
-                        let status = live.status(resolved, generation, hub.sessions());
-                        tokio::spawn(async move {
-                            let response = ControlResponse::Status(Box::new(status));
-                            let _ = tokio::time::timeout(
-                                REQUEST_TIMEOUT,
-                                peer.send(&response, &[]),
-                            )
-                            .await;
-                        });
+                        waiting.push(peer);
+                        if recheck_due.is_none() {
+                            let observe = SupervisorRequest::ObserveNetwork(ObserveParameters {
+                                enforcement_namespace: live
+                                    .network
+                                    .attestation
+                                    .enforcement_namespace,
+                                link: ConnectivityLink::slirp4netns(),
+                            });
+                            recheck_due = Some(tokio::time::Instant::now() + RECHECK_TIMEOUT);
+                            if let Err(e) = supervisor.send(&observe, &[]).await {
+                                return Ending::Broken(format!(
+                                    "the Runtime Supervisor link failed ({})",
+                                    chain(&e)
+                                ));
+                            }
+                        }
                     }
                     ControlRequest::Down => return Ending::Down(peer),
                 },
             }
         }
+    }
+}
+
+/// Completes at `due`, or never when there is nothing due.
+async fn sleep_until(due: Option<tokio::time::Instant>) {
+    match due {
+        Some(due) => tokio::time::sleep_until(due).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// What a read-back of the network says about the policy in force.
+fn recheck(
+    network: &NetworkStatus,
+    observed: Result<Box<lazaret_proto::network::NetworkObservation>, String>,
+) -> NetworkRecheck {
+    let at = lazaret_proto::common::UnixTimeNs::now();
+    match observed {
+        Ok(observation) => {
+            let drift = observation.drift(&network.policy);
+            if drift.is_empty() {
+                NetworkRecheck::Holds { at }
+            } else {
+                tracing::error!(
+                    "the enforcement namespace no longer shows the attested policy: {}",
+                    drift
+                        .iter()
+                        .map(ToString::to_string)
+                        .collect::<Vec<_>>()
+                        .join("; ")
+                );
+                NetworkRecheck::Differs { at, drift }
+            }
+        }
+        Err(detail) => {
+            tracing::error!("the enforcement namespace could not be read back: {detail}");
+            NetworkRecheck::Failed(detail)
+        }
+    }
+}
+
+/// Answers every waiting status request, each on a task bounded by
+/// [`REQUEST_TIMEOUT`].
+fn answer(
+    waiting: &mut Vec<ControlPeer>,
+    live: &Live,
+    resolved: &ResolvedDomainConfiguration,
+    generation: &Generation,
+    hub: &Hub,
+    recheck: &NetworkRecheck,
+) {
+    if waiting.is_empty() {
+        return;
+    }
+    let status = live.status(resolved, generation, hub.sessions(), recheck.clone());
+    for peer in waiting.drain(..) {
+        let response = ControlResponse::Status(Box::new(status.clone()));
+        tokio::spawn(async move {
+            let _ = tokio::time::timeout(REQUEST_TIMEOUT, peer.send(&response, &[])).await;
+        });
     }
 }
 

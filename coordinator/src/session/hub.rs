@@ -302,21 +302,28 @@ impl Hub {
             opened_at,
             inbox,
             client,
+            opened: false,
         };
         let result = tokio::select! {
             result = session.run(&mut link, &open, passed) => result,
             () = async { let _ = down.wait_for(|down| *down).await; } => {
-                // The whole sandbox stops next; nothing to kill here.
-                let exit = SessionExit {
-                    session_id,
-                    outcome: SessionExitOutcome::DomainDown,
-                    exit_code: 255,
+                // The whole sandbox stops next; nothing to kill here. A
+                // client still waiting for its session hears a refusal, one
+                // whose session runs hears its end.
+                let farewell = async {
+                    if session.opened {
+                        let exit = SessionExit {
+                            session_id,
+                            outcome: SessionExitOutcome::DomainDown,
+                            exit_code: 255,
+                        };
+                        link.send(&SessionTerminalMessage::Exit(exit)).await
+                    } else {
+                        let reason = "the Domain is going down".to_owned();
+                        link.send(&SessionOpened::Refused { reason }).await
+                    }
                 };
-                let _ = tokio::time::timeout(
-                    FAREWELL_TIMEOUT,
-                    link.send(&SessionTerminalMessage::Exit(exit)),
-                )
-                .await;
+                let _ = tokio::time::timeout(FAREWELL_TIMEOUT, farewell).await;
                 session.record(SessionTerminalState::Closed, true, None);
                 tracing::info!("session ended: the Domain went down");
                 Ok(())
@@ -365,6 +372,8 @@ struct Running<'a> {
     opened_at: UnixTimeNs,
     inbox: mpsc::UnboundedReceiver<HubEvent>,
     client: Option<Exit>,
+    /// Whether the client was told its session opened.
+    opened: bool,
 }
 
 impl Running<'_> {
@@ -472,6 +481,7 @@ impl Running<'_> {
             session_id: self.session_id,
         })
         .await?;
+        self.opened = true;
         self.record(SessionTerminalState::Running, false, io.pty_identity());
         tracing::info!(
             terminal = open.terminal,
