@@ -86,11 +86,33 @@ pub enum StartupEvent {
     Failed {
         /// The step that failed.
         step: StartupStep,
+        /// Whose the failure is.
+        kind: FailureKind,
         /// What failed and what to do, for the user.
         message: String,
-        /// Whether the failure is an invalid configuration (CLI exit 2).
-        invalid_configuration: bool,
     },
+}
+
+/// Whose a start-up failure is; it decides the CLI's exit code.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FailureKind {
+    /// The configuration, or something it names (an image reference, a
+    /// network policy, a profile that asks for what is not built), cannot
+    /// be used as written: the user edits it (exit 2).
+    InvalidConfiguration,
+    /// The host or a participant failed while the step ran (exit 1).
+    Failed,
+}
+
+impl FailureKind {
+    /// The CLI's exit code for a failure of this kind.
+    #[must_use]
+    pub fn exit_code(self) -> u8 {
+        match self {
+            FailureKind::InvalidConfiguration => 2,
+            FailureKind::Failed => 1,
+        }
+    }
 }
 
 impl WireRecord for StartupEvent {

@@ -45,6 +45,38 @@ impl FdIndex {
     }
 }
 
+/// The descriptors a packet carries, built beside the record that names
+/// them: each [`FdList::push`] hands out the [`FdIndex`] the record stores,
+/// so no index is counted by hand.
+#[derive(Debug, Default)]
+pub struct FdList<'a> {
+    fds: Vec<BorrowedFd<'a>>,
+}
+
+impl<'a> FdList<'a> {
+    /// An empty list.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds `fd` and returns the index that names it in the packet.
+    ///
+    /// # Panics
+    ///
+    /// Past 65,536 descriptors, far more than any channel's limit (the
+    /// send refuses more than its limit anyway).
+    pub fn push(&mut self, fd: BorrowedFd<'a>) -> FdIndex {
+        let index = u16::try_from(self.fds.len()).expect("fewer than 65,536 descriptors");
+        self.fds.push(fd);
+        FdIndex(index)
+    }
+
+    /// The descriptors, in the order their indexes name them.
+    pub fn as_slice(&self) -> &[BorrowedFd<'a>] {
+        &self.fds
+    }
+}
+
 /// The limits of the coordinator ↔ supervisor channel, the same at both
 /// ends: enough descriptors for every State Anchor and volume of one plan.
 pub const PLAN_LIMITS: Limits = Limits {

@@ -14,13 +14,13 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 
-use lazaret_tests::domain::{UserHost, busybox_image};
+use lazaret_tests::domain::{UserHost, busybox_image, lazaret_processes};
 use lazaret_tests::net::{ALLOWED, ALLOWED_NET, ALLOWED_NET_HOST, DENIED, TestNet, UNLISTED};
 use lazaret_tests::netprobe;
 use libtest_mimic::Trial;
 use serde_json::Value;
 
-use crate::domain::{Result, assert_nothing_left, down, text};
+use crate::domain::{Result, assert_nothing_left, down, text, wait_until};
 
 pub fn trials() -> Vec<Trial> {
     let runnable = crate::domain::runnable() && Path::new("/usr/bin/slirp4netns").exists();
@@ -450,6 +450,13 @@ fn dead_helper() -> Result {
         }
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
+    // The coordinator stops answering when the generation ends, and exits
+    // once it has released it.
+    wait_until(
+        std::time::Duration::from_secs(10),
+        "the generation's processes to exit",
+        || lazaret_processes(host.uid()).is_empty().then_some(()),
+    )?;
     assert_nothing_left(&host);
     assert!(
         !namespace_alive(inode),

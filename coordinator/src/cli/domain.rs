@@ -7,12 +7,10 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use lazaret_proto::control::{
-    ControlRequest, ControlResponse, DomainStatus, NetworkRecheck, NetworkStatus, StartupEvent,
+    ControlRequest, ControlResponse, DomainStatus, FailureKind, StartupEvent,
 };
-use lazaret_proto::ids::to_hex;
-use lazaret_proto::network::{DnsOutcome, PolicyAction};
-use serde_json::{Value, json};
 
+use super::view::{SilentView, StatusList, StatusView};
 use super::{Failure, Globals, failure, print};
 use crate::config::HostEnvironment;
 use crate::lifecycle::client::{self, ClientError, CoordinatorMode, RequestError};
@@ -149,20 +147,19 @@ pub fn up(globals: &Globals, profile: &str) -> Result<(), Failure> {
         ))),
         StartupEvent::Failed {
             step,
+            kind,
             message,
-            invalid_configuration,
         } => Err(Failure {
-            message: if invalid_configuration {
-                message
-            } else {
-                format!(
+            message: match kind {
+                FailureKind::InvalidConfiguration => message,
+                FailureKind::Failed => format!(
                     "up failed at {}: {message}; nothing of the generation is left running \
                      (log: {})",
                     step.as_str(),
                     paths.log_file().display()
-                )
+                ),
             },
-            status: if invalid_configuration { 2 } else { 1 },
+            status: kind.exit_code(),
         }),
         other => Err(failure(format!(
             "unexpected report from the coordinator: {other:?}"
@@ -216,13 +213,9 @@ pub fn down(globals: &Globals, profile: &str) -> Result<(), Failure> {
                 StartupEvent::AlreadyRunning { .. } => Err(failure(
                     "the Domain started while `down` ran; run `lazaret down` again",
                 )),
-                StartupEvent::Failed {
+                StartupEvent::Failed { kind, message, .. } => Err(Failure {
                     message,
-                    invalid_configuration,
-                    ..
-                } => Err(Failure {
-                    message,
-                    status: if invalid_configuration { 2 } else { 1 },
+                    status: kind.exit_code(),
                 }),
                 other => Err(failure(format!(
                     "unexpected report from the coordinator: {other:?}"
@@ -268,315 +261,6 @@ fn running_domains() -> Result<Running, Failure> {
     out.answered
         .sort_by(|a, b| (&a.workspace, &a.profile).cmp(&(&b.workspace, &b.profile)));
     Ok(out)
-}
-
-fn status_json(status: &DomainStatus) -> Value {
-    let process = |p: &lazaret_proto::process::PidfsProcessIdentityV1| json!({"pid": p.host_pid, "start_time_ticks": p.start_time_ticks});
-    let uptime = lazaret_proto::common::UnixTimeNs::now()
-        .as_secs()
-        .saturating_sub(status.started_at.as_secs());
-    let routing = &status.workspace_routing;
-    // A dead participant never looks alive: a generation whose router
-    // exited serves no workspace.
-    let mut problems: Vec<String> = routing.problem(&status.profile).into_iter().collect();
-    problems.extend(recheck_problem(&status.network.recheck));
-    let state = if problems.is_empty() {
-        format!("{:?}", status.state).to_lowercase()
-    } else {
-        "degraded".to_owned()
-    };
-    json!({
-        "profile": status.profile,
-        "domain_id": status.domain_id.to_hex(),
-        "workspace": String::from_utf8_lossy(&status.workspace.0),
-        "state": state,
-        "problems": problems,
-        "generation": status.generation_id.0,
-        "uptime_seconds": uptime,
-        "configuration_fingerprint": status.configuration_fingerprint.to_hex(),
-        "image": status.configuration.image,
-        "manifest_digest": status.manifest_digest.to_oci_string(),
-        "container_id": to_hex(&status.container_id.0),
-        "runsc_root": String::from_utf8_lossy(&status.runtime_root.0),
-        "persistent_dirs": status.configuration.persistent_dirs,
-        "coordinator": process(&status.coordinator),
-        "supervisor": process(&status.supervisor),
-        "namespace_holder": process(&status.namespace_holder),
-        "sandbox": process(&status.sandbox),
-        "sessions": status.sessions.iter().map(|s| json!({
-            "session_id": s.session_id.to_hex(),
-            "command": s.command,
-            "terminal": s.terminal,
-            "opened_at_unix": s.opened_at.as_secs(),
-        })).collect::<Vec<_>>(),
-        "network": network_json(&status.network),
-        "storage": {
-            "ephemeral_upper": status.storage.ephemeral_upper.map(|t| json!({
-                "used_bytes": t.used_bytes, "size_bytes": t.size_bytes,
-            })),
-            "persistent_uppers": status.storage.persistent_uppers.iter().map(|p| json!({
-                "sandbox_path": p.sandbox_path, "bytes": p.bytes, "complete": p.complete,
-            })).collect::<Vec<_>>(),
-        },
-        "workspace_routing": {
-            "isolate_gitignored": routing.isolate_ignored,
-            "repository": routing.repository.as_ref().map(|r| String::from_utf8_lossy(&r.0).into_owned()),
-            "workspace_ignored": routing.workspace_ignored,
-            "isolated_root": String::from_utf8_lossy(&routing.isolated_root.0),
-            "scopes": routing.summary.scopes,
-            "ignore_files": routing.summary.ignore_files,
-            "tracked_ignored": routing.summary.tracked_ignored,
-            "configured_read_only": routing.summary.read_only,
-            "router": {
-                "pid": routing.router.host_pid,
-                "start_time_ticks": routing.router.start_time_ticks,
-                "running": routing.router_running,
-            },
-        },
-    })
-}
-
-/// What is wrong, if anything, with the network read back for this status.
-fn recheck_problem(recheck: &NetworkRecheck) -> Option<String> {
-    match recheck {
-        NetworkRecheck::NotChecked | NetworkRecheck::Holds { .. } => None,
-        NetworkRecheck::Differs { drift, .. } => Some(format!(
-            "the sandbox's network no longer shows its attested policy: {}; run `lazaret down` \
-             and `lazaret up` to install it again",
-            drift
-                .iter()
-                .map(ToString::to_string)
-                .collect::<Vec<_>>()
-                .join("; ")
-        )),
-        NetworkRecheck::Failed(detail) => Some(format!(
-            "the sandbox's network could not be read back: {detail}"
-        )),
-    }
-}
-
-fn recheck_json(recheck: &NetworkRecheck) -> Value {
-    match recheck {
-        NetworkRecheck::NotChecked => json!({"state": "not_checked"}),
-        NetworkRecheck::Holds { at } => json!({"state": "holds", "at_unix": at.as_secs()}),
-        NetworkRecheck::Differs { at, drift } => json!({
-            "state": "differs",
-            "at_unix": at.as_secs(),
-            "drift": drift.iter().map(ToString::to_string).collect::<Vec<_>>(),
-        }),
-        NetworkRecheck::Failed(detail) => json!({"state": "failed", "detail": detail}),
-    }
-}
-
-fn network_json(network: &NetworkStatus) -> Value {
-    let a = &network.attestation;
-    let shown = |p: &lazaret_proto::network::IpPrefix| format!("{}/{}", p.address, p.prefix_len);
-    // The profile's rules; the platform's denials are listed apart.
-    let prefixes = |action| {
-        network
-            .policy
-            .prefix_rules
-            .iter()
-            .filter(|r| r.action == action && !network.platform_deny.contains(&r.network))
-            .map(|r| shown(&r.network))
-            .collect::<Vec<_>>()
-    };
-    let dns_outcome = |o: &DnsOutcome| match o {
-        DnsOutcome::Answered { response_code } => format!("answered rcode {response_code}"),
-        DnsOutcome::TimedOut => "timed out".into(),
-        DnsOutcome::Unreachable => "unreachable".into(),
-    };
-    json!({
-        "state": "attested",
-        "policy_digest": a.derived_policy_digest.to_hex(),
-        "readiness_fingerprint": a.readiness_identity().fingerprint().map(|d| d.to_hex()).unwrap_or_default(),
-        "allow": prefixes(PolicyAction::Allow),
-        "deny": prefixes(PolicyAction::Deny),
-        "platform_deny": network.platform_deny.iter().map(shown).collect::<Vec<_>>(),
-        "unlisted": "unreachable",
-        "ipv6": "disabled",
-        "resolvers": network.policy.resolvers.iter().map(|r| r.address.to_string()).collect::<Vec<_>>(),
-        "connectivity_helper": {
-            "program": "slirp4netns",
-            "pid": network.connectivity_helper.host_pid,
-            "start_time_ticks": network.connectivity_helper.start_time_ticks,
-        },
-        "enforcement_namespace": {
-            "device": a.enforcement_namespace.device,
-            "inode": a.enforcement_namespace.inode,
-        },
-        "attested_at_unix": a.observed_at.as_secs(),
-        "recheck": recheck_json(&network.recheck),
-        "observed_routes": a.observation.observed_routes.len(),
-        "denied_probes": a.denied_destinations.iter().map(|d| json!({
-            "destination": d.destination.to_string(), "unreachable": d.unreachable,
-        })).collect::<Vec<_>>(),
-        "permitted_probes": a.permitted_destinations.iter().map(|p| json!({
-            "destination": p.destination.to_string(), "reachable": p.reachable,
-        })).collect::<Vec<_>>(),
-        "dns": a.dns_observations.iter().map(|d| json!({
-            "resolver": d.resolver.to_string(),
-            "query": d.query_name,
-            "outcome": dns_outcome(&d.outcome),
-            "addresses": d.resolved_addresses.iter().map(ToString::to_string).collect::<Vec<_>>(),
-        })).collect::<Vec<_>>(),
-    })
-}
-
-/// One line on how the workspace is routed, and whether it still is.
-fn routing_text(status: &DomainStatus) -> String {
-    let r = &status.workspace_routing;
-    let router = match r.problem(&status.profile) {
-        None => format!("router pid {}", r.router.host_pid),
-        Some(problem) => format!("DEGRADED: {problem}"),
-    };
-    let repository = match &r.repository {
-        Some(root) => format!("git repository {}", String::from_utf8_lossy(&root.0)),
-        None => "no git repository".to_owned(),
-    };
-    let ignored = match (r.isolate_ignored, r.workspace_ignored) {
-        (false, _) => "ignored paths shared (isolate_gitignored = false)".to_owned(),
-        (true, true) => "the repository ignores the whole workspace: all isolated".to_owned(),
-        (true, false) => format!(
-            "ignored paths isolated ({} ignore files, {} tracked kept)",
-            r.summary.ignore_files, r.summary.tracked_ignored
-        ),
-    };
-    let configured = match r.summary.read_only {
-        0 => String::new(),
-        n => format!(" and {n} paths its configuration runs"),
-    };
-    format!("{repository}; {ignored}; git config and hooks{configured} read-only; {router}")
-}
-
-fn status_text(status: &DomainStatus) -> String {
-    let v = status_json(status);
-    format!(
-        "{profile}  {state}  generation {generation}  up {uptime}s  {workspace}\n\
-         \x20 domain id        {domain}\n\
-         \x20 image            {image} ({digest})\n\
-         \x20 sandbox          container {container}, pid {sandbox}\n\
-         \x20 supervisor       pid {supervisor}; coordinator pid {coordinator}\n\
-         \x20 persistent dirs  {dirs}\n\
-         \x20 workspace        {routing}\n\
-         \x20   isolated in    {isolated}\n\
-         \x20 sessions         {sessions}\n\
-         \x20 network          attested: {routes} routes read back, {denied} denied and \
-         {permitted} permitted destinations probed (policy {policy})\n\
-         \x20   re-verified    {recheck}\n\
-         \x20   allow          {allow}\n\
-         \x20   deny           {deny}; anything unlisted; IPv6\n\
-         \x20   platform deny  {platform}\n\
-         \x20   egress         slirp4netns pid {helper}, host loopback disabled\n\
-         \x20   dns            {dns}\n",
-        routing = routing_text(status),
-        isolated = v["workspace_routing"]["isolated_root"]
-            .as_str()
-            .unwrap_or_default(),
-        routes = v["network"]["observed_routes"],
-        denied = status.network.attestation.denied_destinations.len(),
-        permitted = status.network.attestation.permitted_destinations.len(),
-        policy = &status.network.attestation.derived_policy_digest.to_hex()[..16],
-        allow = join_or_none(&v["network"]["allow"]),
-        deny = join_or_none(&v["network"]["deny"]),
-        platform = join_or_none(&v["network"]["platform_deny"]),
-        helper = status.network.connectivity_helper.host_pid,
-        recheck = match &status.network.recheck {
-            NetworkRecheck::Holds { .. } =>
-                "routes, rules and filter read back now: they hold".into(),
-            NetworkRecheck::NotChecked => "not yet".into(),
-            other => format!("NO: {}", recheck_problem(other).unwrap_or_default()),
-        },
-        dns = v["network"]["dns"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .map(|d| format!(
-                "{} ({}); queries leave through the host's resolver",
-                d["resolver"].as_str().unwrap_or_default(),
-                d["outcome"].as_str().unwrap_or_default()
-            ))
-            .collect::<Vec<_>>()
-            .join("; "),
-        profile = status.profile,
-        state = v["state"].as_str().unwrap_or_default(),
-        generation = status.generation_id,
-        uptime = v["uptime_seconds"],
-        workspace = v["workspace"].as_str().unwrap_or_default(),
-        domain = status.domain_id,
-        image = status.configuration.image,
-        digest = status.manifest_digest.to_oci_string(),
-        container = v["container_id"].as_str().unwrap_or_default(),
-        sandbox = status.sandbox.host_pid,
-        supervisor = status.supervisor.host_pid,
-        coordinator = status.coordinator.host_pid,
-        sessions = if status.sessions.is_empty() {
-            "(none)".to_owned()
-        } else {
-            status
-                .sessions
-                .iter()
-                .map(|s| {
-                    if s.command.is_empty() {
-                        "shell".to_owned()
-                    } else {
-                        s.command.join(" ")
-                    }
-                })
-                .collect::<Vec<_>>()
-                .join("; ")
-        },
-        dirs = persistent_text(status),
-    )
-}
-
-/// The persistent dirs with what each upper holds, and the root's
-/// ephemeral upper.
-fn persistent_text(status: &DomainStatus) -> String {
-    let mib = |bytes: u64| format!("{:.1} MiB", bytes as f64 / f64::from(1u32 << 20));
-    let mut parts: Vec<String> = status
-        .configuration
-        .persistent_dirs
-        .iter()
-        .map(|dir| {
-            match status
-                .storage
-                .persistent_uppers
-                .iter()
-                .find(|p| &p.sandbox_path == dir)
-            {
-                Some(p) if p.complete => format!("{dir} ({} kept)", mib(p.bytes)),
-                Some(p) => format!("{dir} (at least {} kept)", mib(p.bytes)),
-                None => dir.clone(),
-            }
-        })
-        .collect();
-    if parts.is_empty() {
-        parts.push("(none)".to_owned());
-    }
-    if let Some(t) = status.storage.ephemeral_upper {
-        parts.push(format!(
-            "the rest of / {} of {} until down",
-            mib(t.used_bytes),
-            mib(t.size_bytes)
-        ));
-    }
-    parts.join(", ")
-}
-
-/// The strings of a JSON array, comma-separated, or `(none)`.
-fn join_or_none(list: &Value) -> String {
-    let items: Vec<&str> = list
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(Value::as_str)
-        .collect();
-    if items.is_empty() {
-        "(none)".into()
-    } else {
-        items.join(", ")
-    }
 }
 
 /// `lazaret status [PROFILE] [--all] [--json]`.
@@ -625,32 +309,30 @@ pub fn status(
             )
         })
     };
+    let views: Vec<StatusView> = statuses.iter().map(StatusView::of).collect();
     if as_json {
-        let list: Vec<Value> = statuses.iter().map(status_json).collect();
-        let silent_list: Vec<Value> = silent
-            .iter()
-            .map(|(paths, e)| json!({"domain_id": paths.domain_id.to_hex(), "error": chain(e)}))
-            .collect();
-        let mut text =
-            serde_json::to_string_pretty(&json!({ "domains": list, "not_answering": silent_list }))
-                .map_err(|e| failure(e.to_string()))?;
+        let list = StatusList {
+            domains: views,
+            not_answering: silent
+                .iter()
+                .map(|(paths, e)| SilentView {
+                    domain_id: paths.domain_id.to_hex(),
+                    error: chain(e),
+                })
+                .collect(),
+        };
+        let mut text = serde_json::to_string_pretty(&list).map_err(|e| failure(e.to_string()))?;
         text.push('\n');
         print(&text)?;
         return silent_failure().map_or(Ok(()), Err);
     }
     if let Some(failure) = silent_failure() {
-        if !statuses.is_empty() {
-            print(
-                &statuses
-                    .iter()
-                    .map(status_text)
-                    .collect::<Vec<_>>()
-                    .join("\n"),
-            )?;
+        if !views.is_empty() {
+            print(&texts(&views))?;
         }
         return Err(failure);
     }
-    if statuses.is_empty() {
+    if views.is_empty() {
         let scope = match (profile, all) {
             (Some(p), _) => format!("profile `{p}` is not running in this workspace"),
             (None, true) => "no Domain is running".into(),
@@ -658,13 +340,15 @@ pub fn status(
         };
         return print(&format!("{scope}\n"));
     }
-    print(
-        &statuses
-            .iter()
-            .map(status_text)
-            .collect::<Vec<_>>()
-            .join("\n"),
-    )
+    print(&texts(&views))
+}
+
+fn texts(views: &[StatusView]) -> String {
+    views
+        .iter()
+        .map(StatusView::text)
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// `lazaret logs PROFILE [-f] [--since WHEN]`.

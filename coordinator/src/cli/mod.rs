@@ -11,6 +11,7 @@ mod attach;
 mod domain;
 mod logs;
 mod screen;
+mod view;
 
 use std::ffi::OsString;
 use std::io::{self, Write};
@@ -19,7 +20,6 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
-use serde_json::json;
 
 use crate::config::{self, ConfigError, HostEnvironment, LoadRequest, ResolvedDomainConfiguration};
 use crate::lifecycle::chain;
@@ -236,74 +236,7 @@ fn config_check(globals: &Globals, profile: &str, as_json: bool) -> Result<(), F
         .policy
         .digest()
         .map_err(|e| invalid(e.to_string()))?;
-    let record = resolved.record();
-    let auth = resolved.authorities();
-    let label = |dir: &config::RetainedDir| dir.label().display().to_string();
-    let volumes: Vec<_> = record
-        .volumes
-        .iter()
-        .map(|v| {
-            json!({
-                "host": lossy(&v.canonical_host_source),
-                "container": v.container_path,
-                "kind": v.kind.as_str(),
-                "access": v.access.as_str(),
-                "create": v.create,
-            })
-        })
-        .collect();
-    let rules: Vec<_> = record
-        .auto_approval_rules
-        .iter()
-        .map(|r| {
-            json!({
-                "executable": lossy(&r.canonical_executable),
-                "args": r.args,
-                "allow_extra_args": r.allow_extra_args,
-            })
-        })
-        .collect();
-    let env: serde_json::Map<String, serde_json::Value> = record
-        .environment_references
-        .iter()
-        .map(|r| {
-            (
-                r.sandbox_name.clone(),
-                json!(format!("env:{}", r.host_name)),
-            )
-        })
-        .collect();
-    let cidrs = |set: &[lazaret_proto::config::Ipv4Prefix]| -> Vec<String> {
-        set.iter().map(ToString::to_string).collect()
-    };
-    let prefixes = |set: &[lazaret_proto::network::IpPrefix]| -> Vec<String> {
-        set.iter()
-            .map(|p| format!("{}/{}", p.address, p.prefix_len))
-            .collect()
-    };
-    let report = json!({
-        "profile": resolved.profile().as_str(),
-        "config": auth.config_file.canonical_label().display().to_string(),
-        "domain_id": resolved.domain_id().to_hex(),
-        "configuration_fingerprint": resolved.fingerprint().to_hex(),
-        "workspace": label(&auth.workspace),
-        "storage_root": label(&auth.storage_root),
-        "runtime_root": label(&auth.runtime_root),
-        "profile_dir": label(&auth.profile_dir),
-        "image": record.image,
-        "isolate_gitignored": record.isolate_gitignored,
-        "persistent_dirs": record.persistent_dirs,
-        "volumes": volumes,
-        "env": env,
-        "effective_allow": cidrs(&resolved.network().allow),
-        "effective_deny": cidrs(&resolved.network().deny),
-        "platform_deny": prefixes(&planned.platform_deny),
-        "network_policy_digest": policy_digest.to_hex(),
-        "escalation": {
-            "enabled": record.escalation_enabled,
-            "auto_approve": rules,
-        },
-    });
+    let report = ConfigReport::of(&resolved, &planned, &policy_digest);
     if as_json {
         let mut text = serde_json::to_string_pretty(&report).map_err(|e| Failure {
             message: format!("cannot format the report: {e}"),
@@ -312,95 +245,179 @@ fn config_check(globals: &Globals, profile: &str, as_json: bool) -> Result<(), F
         text.push('\n');
         return print(&text);
     }
-    print(&human_report(&report))
+    print(&report.text())
 }
 
-/// The `config check` report for people: one aligned line per field.
-fn human_report(report: &serde_json::Value) -> String {
-    let s = |key: &str| report[key].as_str().unwrap_or_default().to_owned();
-    let list = |value: &serde_json::Value| -> String {
-        let items: Vec<String> = value
-            .as_array()
-            .map(|a| {
-                a.iter()
-                    .map(|v| v.as_str().unwrap_or_default().to_owned())
-                    .collect()
-            })
-            .unwrap_or_default();
-        if items.is_empty() {
-            "(none)".into()
-        } else {
-            items.join(", ")
+/// What `lazaret config check` reports: `--json` is its serialization and
+/// the text is made from the same fields.
+#[derive(serde::Serialize)]
+struct ConfigReport {
+    profile: String,
+    config: String,
+    domain_id: String,
+    configuration_fingerprint: String,
+    workspace: String,
+    storage_root: String,
+    runtime_root: String,
+    profile_dir: String,
+    image: String,
+    isolate_gitignored: bool,
+    persistent_dirs: Vec<String>,
+    volumes: Vec<VolumeReport>,
+    /// Sandbox name → `env:HOST_NAME`; never the value.
+    env: std::collections::BTreeMap<String, String>,
+    effective_allow: Vec<String>,
+    effective_deny: Vec<String>,
+    platform_deny: Vec<String>,
+    network_policy_digest: String,
+    escalation: EscalationReport,
+}
+
+#[derive(serde::Serialize)]
+struct VolumeReport {
+    host: String,
+    container: String,
+    kind: &'static str,
+    access: &'static str,
+    create: bool,
+}
+
+#[derive(serde::Serialize)]
+struct EscalationReport {
+    enabled: bool,
+    auto_approve: Vec<RuleReport>,
+}
+
+#[derive(serde::Serialize)]
+struct RuleReport {
+    executable: String,
+    args: Vec<String>,
+    allow_extra_args: bool,
+}
+
+impl ConfigReport {
+    fn of(
+        resolved: &ResolvedDomainConfiguration,
+        planned: &crate::network::PlannedNetwork,
+        policy_digest: &lazaret_proto::ids::Sha256Digest,
+    ) -> Self {
+        let record = resolved.record();
+        let auth = resolved.authorities();
+        let label = |dir: &config::RetainedDir| dir.label().display().to_string();
+        let cidrs = |set: &[lazaret_proto::config::Ipv4Prefix]| -> Vec<String> {
+            set.iter().map(ToString::to_string).collect()
+        };
+        ConfigReport {
+            profile: resolved.profile().as_str().to_owned(),
+            config: auth.config_file.canonical_label().display().to_string(),
+            domain_id: resolved.domain_id().to_hex(),
+            configuration_fingerprint: resolved.fingerprint().to_hex(),
+            workspace: label(&auth.workspace),
+            storage_root: label(&auth.storage_root),
+            runtime_root: label(&auth.runtime_root),
+            profile_dir: label(&auth.profile_dir),
+            image: record.image.clone(),
+            isolate_gitignored: record.isolate_gitignored,
+            persistent_dirs: record.persistent_dirs.clone(),
+            volumes: record
+                .volumes
+                .iter()
+                .map(|v| VolumeReport {
+                    host: lossy(&v.canonical_host_source),
+                    container: v.container_path.clone(),
+                    kind: v.kind.as_str(),
+                    access: v.access.as_str(),
+                    create: v.create,
+                })
+                .collect(),
+            env: record
+                .environment_references
+                .iter()
+                .map(|r| (r.sandbox_name.clone(), format!("env:{}", r.host_name)))
+                .collect(),
+            effective_allow: cidrs(&resolved.network().allow),
+            effective_deny: cidrs(&resolved.network().deny),
+            platform_deny: planned
+                .platform_deny
+                .iter()
+                .map(|p| format!("{}/{}", p.address, p.prefix_len))
+                .collect(),
+            network_policy_digest: policy_digest.to_hex(),
+            escalation: EscalationReport {
+                enabled: record.escalation_enabled,
+                auto_approve: record
+                    .auto_approval_rules
+                    .iter()
+                    .map(|r| RuleReport {
+                        executable: lossy(&r.canonical_executable),
+                        args: r.args.clone(),
+                        allow_extra_args: r.allow_extra_args,
+                    })
+                    .collect(),
+            },
         }
-    };
-    let mut lines = vec![format!(
-        "configuration valid: profile `{}` in {}",
-        s("profile"),
-        s("config")
-    )];
-    let mut row = |key: &str, value: String| lines.push(format!("  {key:<17}{value}"));
-    row("domain id", s("domain_id"));
-    row("fingerprint", s("configuration_fingerprint"));
-    row("workspace", s("workspace"));
-    row("storage root", s("storage_root"));
-    row("runtime root", s("runtime_root"));
-    row("profile dir", s("profile_dir"));
-    row("image", s("image"));
-    row("isolate ignored", report["isolate_gitignored"].to_string());
-    row("persistent dirs", list(&report["persistent_dirs"]));
-    for v in report["volumes"].as_array().into_iter().flatten() {
-        row(
-            "volume",
-            format!(
-                "{} -> {} ({}, {}{})",
-                v["host"].as_str().unwrap_or_default(),
-                v["container"].as_str().unwrap_or_default(),
-                v["kind"].as_str().unwrap_or_default(),
-                v["access"].as_str().unwrap_or_default(),
-                if v["create"] == true {
-                    ", created if missing"
-                } else {
-                    ""
-                },
-            ),
-        );
     }
-    for (name, reference) in report["env"].as_object().into_iter().flatten() {
+
+    /// The report for people: one aligned line per field.
+    fn text(&self) -> String {
+        use view::join_or_none as list;
+        let mut lines = vec![format!(
+            "configuration valid: profile `{}` in {}",
+            self.profile, self.config
+        )];
+        let mut row = |key: &str, value: String| lines.push(format!("  {key:<17}{value}"));
+        row("domain id", self.domain_id.clone());
+        row("fingerprint", self.configuration_fingerprint.clone());
+        row("workspace", self.workspace.clone());
+        row("storage root", self.storage_root.clone());
+        row("runtime root", self.runtime_root.clone());
+        row("profile dir", self.profile_dir.clone());
+        row("image", self.image.clone());
+        row("isolate ignored", self.isolate_gitignored.to_string());
+        row("persistent dirs", list(&self.persistent_dirs));
+        for v in &self.volumes {
+            row(
+                "volume",
+                format!(
+                    "{} -> {} ({}, {}{})",
+                    v.host,
+                    v.container,
+                    v.kind,
+                    v.access,
+                    if v.create { ", created if missing" } else { "" },
+                ),
+            );
+        }
+        for (name, reference) in &self.env {
+            row("env", format!("{name} = {reference}"));
+        }
+        row("egress allow", list(&self.effective_allow));
+        row("egress deny", list(&self.effective_deny));
+        row("platform deny", list(&self.platform_deny));
         row(
-            "env",
-            format!("{name} = {}", reference.as_str().unwrap_or_default()),
+            "escalation",
+            if self.escalation.enabled {
+                "enabled"
+            } else {
+                "disabled"
+            }
+            .into(),
         );
+        for r in &self.escalation.auto_approve {
+            row(
+                "auto-approve",
+                format!(
+                    "{} {}{}",
+                    r.executable,
+                    list(&r.args),
+                    if r.allow_extra_args { " ..." } else { "" }
+                ),
+            );
+        }
+        let mut text = lines.join("\n");
+        text.push('\n');
+        text
     }
-    row("egress allow", list(&report["effective_allow"]));
-    row("egress deny", list(&report["effective_deny"]));
-    row("platform deny", list(&report["platform_deny"]));
-    let escalation = &report["escalation"];
-    row(
-        "escalation",
-        if escalation["enabled"] == true {
-            "enabled".into()
-        } else {
-            "disabled".into()
-        },
-    );
-    for r in escalation["auto_approve"].as_array().into_iter().flatten() {
-        row(
-            "auto-approve",
-            format!(
-                "{} {}{}",
-                r["executable"].as_str().unwrap_or_default(),
-                list(&r["args"]),
-                if r["allow_extra_args"] == true {
-                    " ..."
-                } else {
-                    ""
-                }
-            ),
-        );
-    }
-    let mut text = lines.join("\n");
-    text.push('\n');
-    text
 }
 
 fn config_init(globals: &Globals) -> Result<(), Failure> {

@@ -23,53 +23,46 @@
 //! workspace, and a control peer only after checking its uid.
 
 use std::ffi::OsString;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitCode, Stdio};
+use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lazaret_proto::channel::{ChannelError, Endpoint, Received};
+use lazaret_proto::channel::Endpoint;
 use lazaret_proto::common::{HostPath, UnixTimeNs};
 use lazaret_proto::config::ConfigurationFingerprintRecordV1;
 use lazaret_proto::control::{
-    ControlRequest, ControlResponse, DomainStatus, NetworkStatus, StartupEvent, StartupStep,
-    WorkspaceStatus,
+    ControlRequest, ControlResponse, DomainStatus, FailureKind, NetworkStatus, StartupEvent,
+    StartupStep, WorkspaceStatus,
 };
 use lazaret_proto::ids::{ContainerId, GenerationId, GenerationNonce};
-use lazaret_proto::network::DerivedNetworkPolicy;
 use lazaret_proto::ownership::{
-    HelperOwnership, NamespaceIdentity, ParticipantOwnership, PreparedLowerOwnership,
-    PublicationOwnership, SandboxOwnership, StateAnchorOwnership,
+    HelperOwnership, ParticipantOwnership, PreparedLowerOwnership, PublicationOwnership,
+    SandboxOwnership, StateAnchorOwnership,
 };
 use lazaret_proto::process::PersistedHostProcessOwnership;
-use lazaret_proto::store::{Domain, Generation, GenerationState, Participant, ParticipantState};
-use lazaret_proto::supervisor::{
-    AnchorMount, FdIndex, PLAN_LIMITS, SandboxPlan, SupervisorReport, SupervisorRequest,
-    VolumeMount,
-};
+use lazaret_proto::store::{Domain, Generation, GenerationState, ParticipantState};
 use lazaret_proto::trust::GenerationIdentity;
 use rustix::fs::{FlockOperation, Mode, OFlags};
 
+use super::record::Recorder;
 use super::recovery::release_generation;
+use super::supervisor::{PlanInputs, Supervisor};
 use super::{DomainPaths, chain};
 use crate::catalog::{PreparedLower, StorageCatalog};
 use crate::config::{self, HostEnvironment, LoadRequest, ResolvedDomainConfiguration, RetainedDir};
 use crate::image::fsops::open_beneath;
 use crate::image::parse_reference;
 use crate::network::{ConnectivityHelper, PlannedNetwork};
-use crate::process::{HeldProcess, kill_and_wait, pidfd_of_child, readable, wait_exit};
+use crate::process::HeldProcess;
 use crate::session;
 use crate::session::hub::Hub;
 use crate::session::tls::{GenerationCredentials, remove_client_credential};
 use crate::store::{DomainStore, Slot};
 
 type Startup = Endpoint<StartupEvent, ControlRequest>;
-type SupervisorChannel = Endpoint<SupervisorRequest, SupervisorReport>;
-
-/// How long the supervisor may take to stop the sandbox.
-const STOP_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// How long a second `up` waits for a starting coordinator to publish.
 const PUBLISH_WAIT: Duration = Duration::from_secs(120);
@@ -88,16 +81,26 @@ pub struct Args {
 /// A failed step, reported to the CLI.
 #[derive(Debug)]
 pub(super) struct Failure {
-    step: StartupStep,
+    pub(super) step: StartupStep,
+    kind: FailureKind,
     pub(super) message: String,
-    invalid_configuration: bool,
 }
 
+/// `step` failed on the host or in a participant.
 pub(super) fn failure(step: StartupStep, message: impl Into<String>) -> Failure {
     Failure {
         step,
+        kind: FailureKind::Failed,
         message: message.into(),
-        invalid_configuration: false,
+    }
+}
+
+/// The configuration cannot be used as written; `step` found out.
+pub(super) fn invalid(step: StartupStep, message: impl Into<String>) -> Failure {
+    Failure {
+        step,
+        kind: FailureKind::InvalidConfiguration,
+        message: message.into(),
     }
 }
 
@@ -187,8 +190,8 @@ impl Reporter {
         self.finish_phase();
         self.send(StartupEvent::Failed {
             step: failure.step,
+            kind: failure.kind,
             message: failure.message,
-            invalid_configuration: failure.invalid_configuration,
         });
         ExitCode::FAILURE
     }
@@ -203,10 +206,11 @@ fn load(args: &Args) -> Result<ResolvedDomainConfiguration, Failure> {
         workspace: &args.workspace,
         host: &host,
     })
-    .map_err(|e| Failure {
-        step: StartupStep::Configuration,
-        message: format!("invalid configuration: {}", chain(&e)),
-        invalid_configuration: true,
+    .map_err(|e| {
+        invalid(
+            StartupStep::Configuration,
+            format!("invalid configuration: {}", chain(&e)),
+        )
     })
 }
 
@@ -605,34 +609,6 @@ impl Starting {
     }
 }
 
-/// A running supervisor: its process, pidfd and channel.
-pub(super) struct Supervisor {
-    child: Child,
-    pub(super) held: HeldProcess,
-    pub(super) channel: Arc<SupervisorChannel>,
-}
-
-impl Supervisor {
-    /// Asks the supervisor to stop the sandbox, then makes sure it is gone.
-    pub(super) fn stop(mut self) {
-        let asked = self.channel.send(&SupervisorRequest::Stop, &[]).is_ok();
-        if asked && readable(self.channel.as_fd(), STOP_TIMEOUT) {
-            if let Ok(Received {
-                message: SupervisorReport::Failed(error),
-                ..
-            }) = self.channel.recv()
-            {
-                tracing::warn!("the supervisor could not stop cleanly: {}", error.detail);
-            }
-        }
-        if !wait_exit(self.held.pidfd.as_fd(), Duration::from_secs(5)).unwrap_or(false) {
-            tracing::warn!("the supervisor did not exit; killing it");
-            let _ = kill_and_wait(self.held.pidfd.as_fd(), Duration::from_secs(5));
-        }
-        let _ = self.child.wait();
-    }
-}
-
 /// Everything a running generation holds.
 pub(super) struct Live {
     coordinator: HeldProcess,
@@ -698,19 +674,6 @@ impl Live {
     }
 }
 
-pub(super) fn participant(
-    generation: &Generation,
-    state: ParticipantState,
-    ownership: ParticipantOwnership,
-) -> Participant {
-    Participant {
-        generation_id: generation.generation_id,
-        role: ownership.role(),
-        state,
-        ownership,
-    }
-}
-
 /// Refuses a host program `up` runs (its own role binaries, runsc,
 /// slirp4netns, skopeo) that lies beneath the workspace or a volume.
 fn programs_outside_the_sandbox(auth: &crate::config::ConfinedAuthorities) -> Result<(), String> {
@@ -745,60 +708,43 @@ fn bring_up(
     let auth = resolved.authorities();
     let uid = rustix::process::getuid().as_raw();
     let store = &owned.store;
-    let record = |slot: Slot, p: &Participant, step: StartupStep| {
-        store.put_participant(slot, p).map_err(|e| at(step)(&e))
-    };
+    let recorder = Recorder::new(Arc::clone(store), generation.generation_id);
     // Escalation is configured but not built: refused rather than ignored.
     if resolved.record().escalation_enabled {
-        return Err(Failure {
-            step: StartupStep::Configuration,
-            message: format!(
+        return Err(invalid(
+            StartupStep::Configuration,
+            format!(
                 "profile `{}` sets escalation.enabled = true, but host escalation is not \
                  built in this version of Lazaret; set enabled = false (and remove its \
                  auto_approve rules) to start the profile",
                 resolved.profile().as_str()
             ),
-            invalid_configuration: true,
-        });
+        ));
     }
     // The policy first: one that cannot be installed stops `up` before
     // anything starts.
-    let host_addresses = crate::network::host_addresses().map_err(|message| Failure {
-        step: StartupStep::Network,
-        message,
-        invalid_configuration: false,
-    })?;
-    let planned =
-        PlannedNetwork::new(resolved.network(), &host_addresses).map_err(|message| Failure {
-            step: StartupStep::Network,
-            message,
-            invalid_configuration: true,
-        })?;
+    let host_addresses = crate::network::host_addresses()
+        .map_err(|message| failure(StartupStep::Network, message))?;
+    let planned = PlannedNetwork::new(resolved.network(), &host_addresses)
+        .map_err(|message| invalid(StartupStep::Network, message))?;
     // So do the workspace's git rules, and a host program the sandbox
     // could replace.
     let rules = super::workspace::take_rules(reporter, resolved)?;
-    programs_outside_the_sandbox(auth).map_err(|message| Failure {
-        step: StartupStep::Configuration,
-        message,
-        invalid_configuration: true,
-    })?;
+    programs_outside_the_sandbox(auth)
+        .map_err(|message| invalid(StartupStep::Configuration, message))?;
 
     // The image, leased for this generation.
     reporter.progress(
         StartupStep::Image,
         format!("resolving {}", resolved.record().image),
     );
-    let source = parse_reference(&resolved.record().image).map_err(|e| Failure {
-        step: StartupStep::Image,
-        message: chain(&e),
-        invalid_configuration: true,
-    })?;
-    let mut lower = participant(
-        generation,
-        ParticipantState::Intent,
+    let source = parse_reference(&resolved.record().image)
+        .map_err(|e| invalid(StartupStep::Image, chain(&e)))?;
+    let lower = recorder.intent(
+        Slot::PREPARED_LOWER,
+        StartupStep::Image,
         ParticipantOwnership::PreparedLower(PreparedLowerOwnership::default()),
-    );
-    record(Slot::PREPARED_LOWER, &lower, StartupStep::Image)?;
+    )?;
     let prepared = owned
         .catalog
         .prepare_and_lease(
@@ -814,14 +760,15 @@ fn bring_up(
             },
         )
         .map_err(|e| at(StartupStep::Image)(&e))?;
-    lower.state = ParticipantState::LeaseHeld;
-    lower.ownership = ParticipantOwnership::PreparedLower(PreparedLowerOwnership {
-        prepared_artifact_id: Some(prepared.artifact_id),
-        selected_manifest_digest: Some(prepared.manifest_digest),
-        rootfs_path: Some(HostPath::from(&prepared.rootfs_path)),
-        ..PreparedLowerOwnership::default()
-    });
-    record(Slot::PREPARED_LOWER, &lower, StartupStep::Image)?;
+    lower.became(
+        ParticipantState::LeaseHeld,
+        ParticipantOwnership::PreparedLower(PreparedLowerOwnership {
+            prepared_artifact_id: Some(prepared.artifact_id),
+            selected_manifest_digest: Some(prepared.manifest_digest),
+            rootfs_path: Some(HostPath::from(&prepared.rootfs_path)),
+            ..PreparedLowerOwnership::default()
+        }),
+    )?;
     reporter.progress(
         StartupStep::Image,
         format!("prepared {}", prepared.manifest_digest.to_oci_string()),
@@ -836,9 +783,9 @@ fn bring_up(
     for (i, dir) in resolved.record().persistent_dirs.iter().enumerate() {
         let name = Path::new("anchors").join(lazaret_proto::ids::to_hex(dir.as_bytes()));
         let state_dir = auth.domain_storage.label().join(&name);
-        let mut anchor = participant(
-            generation,
-            ParticipantState::Intent,
+        let anchor = recorder.intent(
+            Slot::state_anchor(i),
+            StartupStep::State,
             ParticipantOwnership::StateAnchor(StateAnchorOwnership {
                 lower_artifact_id: Some(prepared.artifact_id),
                 upper_path: Some(HostPath::from(&state_dir.join("upper"))),
@@ -846,8 +793,7 @@ fn bring_up(
                 sandbox_path: Some(dir.clone()),
                 ..StateAnchorOwnership::default()
             }),
-        );
-        record(Slot::state_anchor(i), &anchor, StartupStep::State)?;
+        )?;
         let retained = auth
             .domain_storage
             .ensure_child(&name, uid)
@@ -857,8 +803,7 @@ fn bring_up(
                 Ok(d)
             })
             .map_err(|e| at(StartupStep::State)(&e))?;
-        anchor.state = ParticipantState::Active;
-        record(Slot::state_anchor(i), &anchor, StartupStep::State)?;
+        anchor.active()?;
         anchor_dirs.push(retained);
     }
     let generation_dir = auth
@@ -876,8 +821,7 @@ fn bring_up(
     .map_err(|e| at(StartupStep::State)(&e))?;
 
     // The workspace routing: its rules and isolated directory.
-    let workspace =
-        super::workspace::prepare(store, generation, resolved, &generation_dir, rules, uid)?;
+    let workspace = super::workspace::prepare(&recorder, resolved, &generation_dir, rules, uid)?;
 
     // The Runtime Supervisor.
     reporter.progress(StartupStep::Sandbox, "starting the Runtime Supervisor");
@@ -886,41 +830,24 @@ fn bring_up(
         crate::programs::role_binary("lazaret-supervisor").map_err(sandbox_failure)?;
     let runsc = crate::programs::runsc().map_err(sandbox_failure)?;
     let container_id = ContainerId(session::random_bytes());
-    let mut helper = participant(
-        generation,
-        ParticipantState::Intent,
+    let mut helper = recorder.intent(
+        Slot::SUPERVISOR,
+        StartupStep::Sandbox,
         ParticipantOwnership::Helper(HelperOwnership::default()),
-    );
-    record(Slot::SUPERVISOR, &helper, StartupStep::Sandbox)?;
-    let (ours, theirs) = lazaret_proto::channel::pair::<SupervisorRequest, SupervisorReport>()
-        .map_err(|e| at(StartupStep::Sandbox)(&e))?;
-    let ours = ours.with_limits(PLAN_LIMITS);
-    let child = Command::new(&supervisor_path)
-        .env_clear()
-        .stdin(Stdio::from(theirs.into_fd()))
-        .stdout(Stdio::null())
-        .spawn()
-        .map_err(|e| sandbox_failure(format!("cannot start {}: {e}", supervisor_path.display())))?;
-    let held = pidfd_of_child(&child)
-        .and_then(HeldProcess::from_pidfd)
-        .map_err(|e| sandbox_failure(format!("cannot hold the supervisor: {e}")))?;
-    let supervisor = starting.supervisor.insert(Supervisor {
-        child,
-        held,
-        channel: Arc::new(ours),
-    });
-    let staged = PersistedHostProcessOwnership::Staged(supervisor.held.record());
-    helper.ownership = ParticipantOwnership::Helper(HelperOwnership {
-        runtime_supervisor: staged,
-        ..HelperOwnership::default()
-    });
-    record(Slot::SUPERVISOR, &helper, StartupStep::Sandbox)?;
-    helper.state = ParticipantState::Active;
-    helper.ownership = ParticipantOwnership::Helper(HelperOwnership {
-        runtime_supervisor: supervisor.held.committed(),
-        ..HelperOwnership::default()
-    });
-    record(Slot::SUPERVISOR, &helper, StartupStep::Sandbox)?;
+    )?;
+    let supervisor = starting
+        .supervisor
+        .insert(Supervisor::spawn(&supervisor_path)?);
+    let supervisor_record = |process| {
+        ParticipantOwnership::Helper(HelperOwnership {
+            runtime_supervisor: process,
+            ..HelperOwnership::default()
+        })
+    };
+    helper.stage(supervisor_record(PersistedHostProcessOwnership::Staged(
+        supervisor.held.record(),
+    )))?;
+    helper.active_as(supervisor_record(supervisor.held.committed()))?;
 
     // The sandbox.
     let mut sandbox_record = SandboxOwnership {
@@ -928,20 +855,18 @@ fn bring_up(
         bundle_path: Some(HostPath::from(&generation_dir.label().join("mnt/bundle"))),
         ..SandboxOwnership::default()
     };
-    let mut sandbox = participant(
-        generation,
-        ParticipantState::Intent,
+    let sandbox = recorder.intent(
+        Slot::SANDBOX,
+        StartupStep::Sandbox,
         ParticipantOwnership::Sandbox(sandbox_record.clone()),
-    );
-    record(Slot::SANDBOX, &sandbox, StartupStep::Sandbox)?;
+    )?;
     // The supervisor's pid 1 holds the Domain namespaces; it is recorded
     // before the supervisor starts it.
-    let mut holder_record = participant(
-        generation,
-        ParticipantState::Intent,
+    let holder_record = recorder.intent(
+        Slot::NAMESPACE_HOLDER,
+        StartupStep::Sandbox,
         ParticipantOwnership::Helper(HelperOwnership::default()),
-    );
-    record(Slot::NAMESPACE_HOLDER, &holder_record, StartupStep::Sandbox)?;
+    )?;
     // One sealed memfd of the resolved environment serves the sandbox and
     // every session process.
     let environment = environment_memfd(resolved).map_err(|e| {
@@ -950,8 +875,7 @@ fn bring_up(
             format!("cannot pass the sandbox environment: {e}"),
         )
     })?;
-    send_plan(
-        supervisor,
+    let namespaces = supervisor.start(
         resolved,
         PlanInputs {
             environment: environment.as_fd(),
@@ -966,21 +890,17 @@ fn bring_up(
         generation,
         &planned.policy,
     )?;
-    let namespaces = await_namespaces(supervisor)?;
-    holder_record.state = ParticipantState::Active;
-    holder_record.ownership = ParticipantOwnership::Helper(HelperOwnership {
+    holder_record.active_as(ParticipantOwnership::Helper(HelperOwnership {
         runtime_supervisor: namespaces.holder.committed(),
         ..HelperOwnership::default()
-    });
-    record(Slot::NAMESPACE_HOLDER, &holder_record, StartupStep::Sandbox)?;
+    }))?;
     reporter.progress(StartupStep::Workspace, "starting the Workspace Router");
-    let routed =
-        super::workspace::await_router(supervisor, store, generation, resolved, workspace)?;
+    let routed = super::workspace::await_router(supervisor, resolved, workspace)?;
 
     // The network: slirp4netns attached, the policy installed and attested.
     let network = super::network::attach(
         reporter,
-        store,
+        &recorder,
         generation,
         resolved,
         supervisor,
@@ -992,42 +912,34 @@ fn bring_up(
 
     // The sandbox, now that its network is proven.
     reporter.progress(StartupStep::Sandbox, "starting the sandbox");
-    supervisor
-        .channel
-        .send(&SupervisorRequest::RunSandbox, &[])
-        .map_err(|e| at(StartupStep::Sandbox)(&e))?;
-    let (runtime_root, sandbox_process, gofer) = await_sandbox(supervisor)?;
+    let running = supervisor.run_sandbox()?;
     let holder = namespaces.holder;
-    sandbox_record.container_process = sandbox_process.committed();
-    sandbox_record.runtime_root = Some(runtime_root.clone());
+    sandbox_record.container_process = running.process.committed();
+    sandbox_record.runtime_root = Some(running.runtime_root.clone());
     sandbox_record.user_namespace = Some(namespaces.user_namespace);
-    sandbox.state = ParticipantState::Active;
-    sandbox.ownership = ParticipantOwnership::Sandbox(sandbox_record);
-    record(Slot::SANDBOX, &sandbox, StartupStep::Sandbox)?;
+    sandbox.active_as(ParticipantOwnership::Sandbox(sandbox_record))?;
 
     // The control socket.
     let socket = auth.domain_runtime.label().join(super::CONTROL_SOCKET);
-    let mut publication = participant(
-        generation,
-        ParticipantState::Intent,
+    let publication = recorder.intent(
+        Slot::PUBLICATION,
+        StartupStep::Sandbox,
         ParticipantOwnership::Publication(PublicationOwnership {
             socket_path: Some(HostPath::from(&socket)),
             identity_path: None,
         }),
-    );
-    record(Slot::PUBLICATION, &publication, StartupStep::Sandbox)?;
+    )?;
     let _ = std::fs::remove_file(&socket);
     let listener = lazaret_proto::channel::listen(&lazaret_proto::channel::socket_path_at(
         auth.domain_runtime.fd(),
         super::CONTROL_SOCKET,
     ))
     .map_err(|e| at(StartupStep::Sandbox)(&e))?;
-    publication.state = ParticipantState::Active;
-    record(Slot::PUBLICATION, &publication, StartupStep::Sandbox)?;
+    publication.active()?;
 
     // The Session Coordinator: this generation's TLS credentials, the client
     // credential for the invoking user, and the session socket.
-    let (sessions, session_server) = publish_sessions(resolved, generation, store)?;
+    let (sessions, session_server) = publish_sessions(resolved, generation, &recorder)?;
 
     generation.state = GenerationState::Running;
     store
@@ -1045,8 +957,8 @@ fn bring_up(
         coordinator,
         holder,
         supervisor,
-        sandbox: sandbox_process,
-        gofer,
+        sandbox: running.process,
+        gofer: running.gofer,
         listener,
         sessions,
         session_server,
@@ -1056,7 +968,7 @@ fn bring_up(
         hub: None,
         prepared,
         container_id,
-        runtime_root,
+        runtime_root: running.runtime_root,
         helper,
         network,
         router: routed.router,
@@ -1071,7 +983,7 @@ fn bring_up(
 fn publish_sessions(
     resolved: &ResolvedDomainConfiguration,
     generation: &Generation,
-    store: &Arc<DomainStore>,
+    recorder: &Recorder,
 ) -> Result<(UnixListener, Arc<rustls::ServerConfig>), Failure> {
     let auth = resolved.authorities();
     let step = at(StartupStep::Sandbox);
@@ -1091,17 +1003,14 @@ fn publish_sessions(
         .ensure_child(Path::new(session::CREDENTIAL_DIR), uid)
         .map_err(|e| step(&e))?;
     let socket = auth.domain_runtime.label().join(session::SESSION_SOCKET);
-    let publication = participant(
-        generation,
-        ParticipantState::Intent,
+    let publication = recorder.intent(
+        Slot::SESSION_PUBLICATION,
+        StartupStep::Sandbox,
         ParticipantOwnership::Publication(PublicationOwnership {
             socket_path: Some(HostPath::from(&socket)),
             identity_path: Some(HostPath::from(credential_dir.label())),
         }),
-    );
-    store
-        .put_participant(Slot::SESSION_PUBLICATION, &publication)
-        .map_err(|e| step(&e))?;
+    )?;
     // A stale credential of an earlier generation is replaced.
     let _ = remove_client_credential(&credential_dir);
     credentials
@@ -1119,15 +1028,7 @@ fn publish_sessions(
             format!("cannot bind {}: {e}", socket.display()),
         )
     })?;
-    store
-        .put_participant(
-            Slot::SESSION_PUBLICATION,
-            &Participant {
-                state: ParticipantState::Active,
-                ..publication
-            },
-        )
-        .map_err(|e| step(&e))?;
+    publication.active()?;
     Ok((listener, credentials.server_config()))
 }
 
@@ -1143,224 +1044,4 @@ fn environment_memfd(resolved: &ResolvedDomainConfiguration) -> std::io::Result<
         }
         Ok(())
     })
-}
-
-/// The Domain namespaces, as the supervisor reported them.
-pub(super) struct Namespaces {
-    /// Their holder, the Domain pid namespace's init.
-    pub(super) holder: HeldProcess,
-    /// The Domain user namespace.
-    pub(super) user_namespace: NamespaceIdentity,
-    /// The enforcement network namespace.
-    pub(super) network_namespace: NamespaceIdentity,
-    /// A descriptor of the user namespace.
-    pub(super) user_fd: OwnedFd,
-    /// A descriptor of the network namespace, proven to be the one named.
-    pub(super) network_fd: OwnedFd,
-}
-
-/// What a plan is built from: descriptors and the generation's paths.
-struct PlanInputs<'a> {
-    /// The sealed environment memfd.
-    environment: BorrowedFd<'a>,
-    /// The prepared lower.
-    prepared: &'a PreparedLower,
-    /// Each persistent dir's state directory.
-    anchor_dirs: &'a [RetainedDir],
-    /// The Domain's isolated workspace directory.
-    isolated: &'a RetainedDir,
-    /// The sealed workspace rules memfd.
-    rules: BorrowedFd<'a>,
-    /// The generation's runtime directory.
-    generation_dir: &'a RetainedDir,
-    /// The runsc executable.
-    runsc: &'a Path,
-    /// The runsc container ID.
-    container_id: ContainerId,
-}
-
-/// Sends the plan: the supervisor builds the namespaces, mounts and bundle,
-/// and waits for the network before it runs the sandbox.
-fn send_plan(
-    supervisor: &mut Supervisor,
-    resolved: &ResolvedDomainConfiguration,
-    inputs: PlanInputs<'_>,
-    generation: &Generation,
-    policy: &DerivedNetworkPolicy,
-) -> Result<(), Failure> {
-    let auth = resolved.authorities();
-    let mut fds: Vec<BorrowedFd<'_>> = vec![
-        inputs.prepared.rootfs.fd(),
-        auth.workspace.fd(),
-        inputs.environment,
-        inputs.isolated.fd(),
-        inputs.rules,
-    ];
-    let next =
-        |fds: &mut Vec<BorrowedFd<'_>>| FdIndex(u16::try_from(fds.len()).unwrap_or(u16::MAX));
-    let anchors = resolved
-        .record()
-        .persistent_dirs
-        .iter()
-        .zip(inputs.anchor_dirs)
-        .map(|(path, dir)| {
-            let index = next(&mut fds);
-            fds.push(dir.fd());
-            AnchorMount {
-                sandbox_path: path.clone(),
-                state_dir: index,
-            }
-        })
-        .collect();
-    let volumes = auth
-        .volumes
-        .iter()
-        .map(|v| {
-            let index = next(&mut fds);
-            fds.push(v.opened.fd.as_fd());
-            VolumeMount {
-                sandbox_path: v.volume.container_path.clone(),
-                source: index,
-                kind: v.volume.kind,
-                access: v.volume.access,
-            }
-        })
-        .collect();
-    let resolvers = policy
-        .resolvers
-        .iter()
-        .filter_map(|r| match r.address {
-            std::net::IpAddr::V4(a) => Some(a),
-            std::net::IpAddr::V6(_) => None,
-        })
-        .collect();
-    let plan = SandboxPlan {
-        domain_id: resolved.domain_id(),
-        generation_id: generation.generation_id,
-        container_id: inputs.container_id,
-        runtime_dir: HostPath::from(inputs.generation_dir.label()),
-        runsc: HostPath::from(inputs.runsc),
-        rootfs: FdIndex(0),
-        workspace: FdIndex(1),
-        environment: FdIndex(2),
-        isolated: FdIndex(3),
-        workspace_rules: FdIndex(4),
-        anchors,
-        volumes,
-        resolvers,
-    };
-    supervisor
-        .channel
-        .send(&SupervisorRequest::Start(plan), &fds)
-        .map_err(|e| at(StartupStep::Sandbox)(&e))
-}
-
-/// The supervisor's next report during startup. A failure, a stop, an exit
-/// or a minute of silence is a [`Failure`] of `step`.
-pub(super) fn await_report(
-    supervisor: &Supervisor,
-    step: StartupStep,
-) -> Result<Received<SupervisorReport>, Failure> {
-    if !readable(supervisor.channel.as_fd(), Duration::from_secs(60)) {
-        return Err(failure(step, "the supervisor did not answer within 60 s"));
-    }
-    let received = supervisor.channel.recv().map_err(|e| match e {
-        ChannelError::Disconnected => failure(
-            step,
-            "the supervisor exited before the sandbox ran; see the Domain log",
-        ),
-        e => at(step)(&e),
-    })?;
-    match received.message {
-        SupervisorReport::Failed(error) => Err(failure(
-            step,
-            format!(
-                "the Runtime Supervisor failed ({:?}): {}",
-                error.step, error.detail
-            ),
-        )),
-        SupervisorReport::Stopped => Err(failure(step, "the supervisor stopped unasked")),
-        _ => Ok(received),
-    }
-}
-
-/// Fails with what the supervisor reported instead of what was expected.
-pub(super) fn unexpected(step: StartupStep, report: &SupervisorReport) -> Failure {
-    failure(
-        step,
-        format!("the supervisor sent an unexpected report: {report:?}"),
-    )
-}
-
-fn await_namespaces(supervisor: &Supervisor) -> Result<Namespaces, Failure> {
-    let step = StartupStep::Sandbox;
-    let Received { message, fds } = await_report(supervisor, step)?;
-    let SupervisorReport::NamespacesReady {
-        user_namespace,
-        network_namespace,
-        holder,
-        user_namespace_fd,
-        network_namespace_fd,
-    } = message
-    else {
-        return Err(unexpected(step, &message));
-    };
-    let mut fds: Vec<Option<OwnedFd>> = fds.into_iter().map(Some).collect();
-    let mut take = |index: FdIndex, what: &str| {
-        index
-            .take(&mut fds)
-            .ok_or_else(|| failure(step, format!("the supervisor sent no {what}")))
-    };
-    let holder = take(holder, "holder pidfd")?;
-    let user_fd = take(user_namespace_fd, "user namespace")?;
-    let network_fd = take(network_namespace_fd, "network namespace")?;
-    let holder = HeldProcess::from_pidfd(holder).map_err(|e| at(step)(&e))?;
-    for (fd, identity, what) in [
-        (&user_fd, user_namespace, "user"),
-        (&network_fd, network_namespace, "network"),
-    ] {
-        let stat = rustix::fs::fstat(fd).map_err(|e| at(step)(&std::io::Error::from(e)))?;
-        if (stat.st_dev, stat.st_ino) != (identity.device, identity.inode) {
-            return Err(failure(
-                step,
-                format!("the {what} namespace descriptor is not the namespace reported"),
-            ));
-        }
-    }
-    Ok(Namespaces {
-        holder,
-        user_namespace,
-        network_namespace,
-        user_fd,
-        network_fd,
-    })
-}
-
-/// Waits for the sandbox to run: its runtime root, its process and its
-/// gofer's.
-fn await_sandbox(
-    supervisor: &Supervisor,
-) -> Result<(HostPath, HeldProcess, Option<HeldProcess>), Failure> {
-    let step = StartupStep::Sandbox;
-    let Received { message, fds } = await_report(supervisor, step)?;
-    let SupervisorReport::SandboxRunning {
-        sandbox,
-        gofer,
-        runtime_root,
-        ..
-    } = message
-    else {
-        return Err(unexpected(step, &message));
-    };
-    let mut fds: Vec<Option<OwnedFd>> = fds.into_iter().map(Some).collect();
-    let pidfd = sandbox
-        .take(&mut fds)
-        .ok_or_else(|| failure(step, "the supervisor sent no sandbox pidfd"))?;
-    let sandbox = HeldProcess::from_pidfd(pidfd).map_err(|e| at(step)(&e))?;
-    let gofer = gofer
-        .and_then(|index| index.take(&mut fds))
-        .map(HeldProcess::from_pidfd)
-        .transpose()
-        .map_err(|e| at(step)(&e))?;
-    Ok((runtime_root, sandbox, gofer))
 }

@@ -13,8 +13,10 @@ pub mod client;
 pub mod daemon;
 pub mod journal;
 mod network;
+mod record;
 pub mod recovery;
 mod serve;
+mod supervisor;
 mod usage;
 mod workspace;
 

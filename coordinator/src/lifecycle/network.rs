@@ -12,9 +12,7 @@
 //! verifies.
 
 use std::os::fd::AsFd;
-use std::sync::Arc;
 
-use lazaret_proto::channel::Received;
 use lazaret_proto::control::{NetworkRecheck, NetworkStatus, StartupStep};
 
 use crate::network::PlannedNetwork;
@@ -26,16 +24,15 @@ use lazaret_proto::network::{
 use lazaret_proto::ownership::{HelperOwnership, NetworkOwnership, ParticipantOwnership};
 use lazaret_proto::process::PersistedHostProcessOwnership;
 use lazaret_proto::sidecar::AttestParameters;
-use lazaret_proto::store::{Generation, ParticipantState};
-use lazaret_proto::supervisor::{FdIndex, SupervisorReport, SupervisorRequest};
+use lazaret_proto::store::Generation;
 
-use super::daemon::{
-    Failure, Namespaces, Reporter, Supervisor, at, await_report, failure, participant, unexpected,
-};
+use super::daemon::{Failure, Reporter, at, failure};
+use super::record::Recorder;
+use super::supervisor::{Namespaces, Supervisor};
 use crate::config::{ResolvedDomainConfiguration, RetainedDir};
 use crate::network::{ConnectivityHelper, policy_memfd};
 use crate::session;
-use crate::store::{DomainStore, Slot};
+use crate::store::Slot;
 
 const STEP: StartupStep = StartupStep::Network;
 
@@ -45,7 +42,7 @@ const STEP: StartupStep = StartupStep::Network;
 #[allow(clippy::too_many_arguments)]
 pub(super) fn attach(
     reporter: &Reporter,
-    store: &Arc<DomainStore>,
+    recorder: &Recorder,
     generation: &Generation,
     resolved: &ResolvedDomainConfiguration,
     supervisor: &Supervisor,
@@ -54,11 +51,6 @@ pub(super) fn attach(
     generation_dir: &RetainedDir,
     helper: &mut Option<ConnectivityHelper>,
 ) -> Result<NetworkStatus, Failure> {
-    let record = |slot, ownership: ParticipantOwnership, state| {
-        store
-            .put_participant(slot, &participant(generation, state, ownership))
-            .map_err(|e| at(STEP)(&e))
-    };
     let PlannedNetwork {
         policy,
         platform_deny,
@@ -70,10 +62,10 @@ pub(super) fn attach(
         owning_user_namespace: Some(namespaces.user_namespace),
         ..NetworkOwnership::default()
     };
-    record(
+    let network_intent = recorder.intent(
         Slot::NETWORK,
+        STEP,
         ParticipantOwnership::Network(network.clone()),
-        ParticipantState::Intent,
     )?;
     let network_sidecar_id = NetworkSidecarId(session::random_bytes());
     let helper_record = |process| {
@@ -83,10 +75,10 @@ pub(super) fn attach(
             ..HelperOwnership::default()
         })
     };
-    record(
+    let mut helper_intent = recorder.intent(
         Slot::CONNECTIVITY_HELPER,
+        STEP,
         helper_record(PersistedHostProcessOwnership::Unassigned),
-        ParticipantState::Intent,
     )?;
 
     reporter.progress(STEP, "attaching slirp4netns to the enforcement namespace");
@@ -97,12 +89,11 @@ pub(super) fn attach(
         &link,
         generation_dir.fd(),
         |held| {
-            record(
-                Slot::CONNECTIVITY_HELPER,
-                helper_record(PersistedHostProcessOwnership::Staged(held.record())),
-                ParticipantState::Intent,
-            )
-            .map_err(|f| f.message)
+            helper_intent
+                .stage(helper_record(PersistedHostProcessOwnership::Staged(
+                    held.record(),
+                )))
+                .map_err(|f| f.message)
         },
     )
     .map_err(|message| {
@@ -112,11 +103,7 @@ pub(super) fn attach(
         )
     })?;
     let running = helper.insert(started);
-    record(
-        Slot::CONNECTIVITY_HELPER,
-        helper_record(running.held.committed()),
-        ParticipantState::Active,
-    )?;
+    helper_intent.active_as(helper_record(running.held.committed()))?;
 
     reporter.progress(STEP, "installing and attesting the policy");
     let expected = NetworkReadinessIdentity {
@@ -128,8 +115,8 @@ pub(super) fn attach(
         enforcement_namespace: namespaces.network_namespace,
     };
     let memfd = policy_memfd(&policy).map_err(|m| failure(STEP, m))?;
-    let request = SupervisorRequest::AttestNetwork {
-        parameters: AttestParameters {
+    let attestation = supervisor.attest(
+        AttestParameters {
             probe: NetworkReachabilityProbe {
                 domain_id: expected.domain_id,
                 generation_id: expected.generation_id,
@@ -138,16 +125,8 @@ pub(super) fn attach(
             network_sidecar_id,
             link: link.clone(),
         },
-        policy: FdIndex(0),
-    };
-    supervisor
-        .channel
-        .send(&request, &[memfd.as_fd()])
-        .map_err(|e| at(STEP)(&e))?;
-    let Received { message, .. } = await_report(supervisor, STEP)?;
-    let SupervisorReport::NetworkAttested(attestation) = message else {
-        return Err(unexpected(STEP, &message));
-    };
+        memfd.as_fd(),
+    )?;
     attestation.verify(&expected, &policy, &link).map_err(|e| {
         failure(
             STEP,
@@ -157,16 +136,12 @@ pub(super) fn attach(
     let readiness_fingerprint = expected.fingerprint().map_err(|e| at(STEP)(&e))?;
     network.readiness_fingerprint = Some(readiness_fingerprint);
     network.readiness_evidence = Some(attestation.evidence().map_err(|e| at(STEP)(&e))?);
-    record(
-        Slot::NETWORK,
-        ParticipantOwnership::Network(network),
-        ParticipantState::Active,
-    )?;
+    network_intent.active_as(ParticipantOwnership::Network(network))?;
     reporter.progress(STEP, summary(&attestation));
     Ok(NetworkStatus {
         policy,
         platform_deny,
-        attestation: *attestation,
+        attestation,
         connectivity_helper: running.held.identity,
         recheck: NetworkRecheck::NotChecked,
     })

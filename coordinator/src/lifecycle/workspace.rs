@@ -14,7 +14,6 @@
 
 use std::os::fd::OwnedFd;
 use std::path::Path;
-use std::sync::Arc;
 
 use lazaret_proto::channel::Received;
 use lazaret_proto::codec::{self, EncodeError};
@@ -23,18 +22,17 @@ use lazaret_proto::control::{StartupStep, WorkspaceStatus};
 use lazaret_proto::ids::Sha256Digest;
 use lazaret_proto::ownership::{GitRoutingOwnership, ParticipantOwnership};
 use lazaret_proto::router::RoutingSummary;
-use lazaret_proto::store::{Generation, ParticipantState};
 use lazaret_proto::supervisor::SupervisorReport;
 use lazaret_routing::gather::gather;
 use lazaret_routing::gitconfig::UserConfig;
 use sha2::{Digest, Sha256};
 
-use super::daemon::{
-    Failure, Reporter, Supervisor, at, await_report, failure, participant, unexpected,
-};
+use super::daemon::{Failure, Reporter, at, failure};
+use super::record::{Intent, Recorder};
+use super::supervisor::{Supervisor, unexpected};
 use crate::config::{HostEnvironment, ResolvedDomainConfiguration, RetainedDir};
 use crate::process::HeldProcess;
-use crate::store::{DomainStore, Slot};
+use crate::store::Slot;
 
 const STEP: StartupStep = StartupStep::Workspace;
 
@@ -60,6 +58,8 @@ pub(super) struct Prepared {
     /// The sealed rules.
     pub(super) rules: OwnedFd,
     record: GitRoutingOwnership,
+    /// The routing participant, recorded as intended.
+    intent: Intent,
     summary: RoutingSummary,
     repository: Option<(HostPath, bool)>,
 }
@@ -152,8 +152,7 @@ pub(super) fn take_rules(
 
 /// Makes the isolated directory and records the intent, with `rules`.
 pub(super) fn prepare(
-    store: &Arc<DomainStore>,
-    generation: &Generation,
+    recorder: &Recorder,
     resolved: &ResolvedDomainConfiguration,
     generation_dir: &RetainedDir,
     rules: Rules,
@@ -170,16 +169,11 @@ pub(super) fn prepare(
         routing_digest: Some(rules.digest),
         ..GitRoutingOwnership::default()
     };
-    store
-        .put_participant(
-            Slot::GIT_ROUTING,
-            &participant(
-                generation,
-                ParticipantState::Intent,
-                ParticipantOwnership::GitRouting(record.clone()),
-            ),
-        )
-        .map_err(|e| at(STEP)(&e))?;
+    let intent = recorder.intent(
+        Slot::GIT_ROUTING,
+        STEP,
+        ParticipantOwnership::GitRouting(record.clone()),
+    )?;
     let isolated = auth
         .domain_storage
         .ensure_child(Path::new(ISOLATED_DIR), uid)
@@ -188,6 +182,7 @@ pub(super) fn prepare(
         isolated,
         rules: rules.memfd,
         record,
+        intent,
         summary: rules.summary,
         repository: rules.repository,
     })
@@ -196,12 +191,10 @@ pub(super) fn prepare(
 /// Waits for the supervisor's report of the router and records it.
 pub(super) fn await_router(
     supervisor: &Supervisor,
-    store: &Arc<DomainStore>,
-    generation: &Generation,
     resolved: &ResolvedDomainConfiguration,
     prepared: Prepared,
 ) -> Result<Routed, Failure> {
-    let Received { message, fds } = await_report(supervisor, STEP)?;
+    let Received { message, fds } = supervisor.report(STEP)?;
     let SupervisorReport::WorkspaceRouted { router, summary } = message else {
         return Err(unexpected(STEP, &message));
     };
@@ -224,16 +217,9 @@ pub(super) fn await_router(
         router: router.committed(),
         ..prepared.record
     };
-    store
-        .put_participant(
-            Slot::GIT_ROUTING,
-            &participant(
-                generation,
-                ParticipantState::Active,
-                ParticipantOwnership::GitRouting(record.clone()),
-            ),
-        )
-        .map_err(|e| at(STEP)(&e))?;
+    prepared
+        .intent
+        .active_as(ParticipantOwnership::GitRouting(record.clone()))?;
     let (repository, workspace_ignored) = prepared
         .repository
         .map_or((None, false), |(path, ignored)| (Some(path), ignored));

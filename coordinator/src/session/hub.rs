@@ -26,7 +26,7 @@ use lazaret_proto::ids::{CliId, GenerationId, SessionId};
 use lazaret_proto::session::{OpenSession, SessionOpened};
 use lazaret_proto::store::{Session, SessionTerminal, SessionTerminalState};
 use lazaret_proto::supervisor::{
-    ExecRequest, ExecSignal, ExecStdio, FdIndex, SupervisorReport, SupervisorRequest,
+    ExecRequest, ExecSignal, ExecStdio, FdList, SupervisorReport, SupervisorRequest,
 };
 use lazaret_proto::terminal::{
     MAX_TERMINAL_CHUNK, PtyIdentity, SessionExit, SessionExitOutcome, SessionTerminalEvent,
@@ -437,21 +437,37 @@ impl Running<'_> {
             .command
             .clone()
             .unwrap_or_else(|| vec!["/bin/sh".into(), "-l".into()]);
-        let (stdio, passed) = io.take_process_ends(open);
-        let request = SupervisorRequest::Exec(ExecRequest {
-            session_id: self.session_id,
-            args,
-            cwd: lazaret_proto::layout::WORKSPACE.into(),
-            term: open.term.clone(),
-            environment: FdIndex(0),
-            stdio,
-        });
+        let passed = io.take_process_ends();
         {
-            let mut fds: Vec<BorrowedFd<'_>> = vec![self.hub.environment.as_fd()];
-            fds.extend(passed.iter().map(AsFd::as_fd));
+            let mut fds = FdList::new();
+            let environment = fds.push(self.hub.environment.as_fd());
+            let stdio = match &passed {
+                ProcessEnds::Terminal(slave) => ExecStdio::Terminal {
+                    slave: fds.push(slave.as_fd()),
+                    rows: open.rows,
+                    columns: open.columns,
+                },
+                ProcessEnds::Pipes { input, output } => ExecStdio::Pipes {
+                    input: fds.push(input.as_fd()),
+                    output: fds.push(output.as_fd()),
+                },
+                ProcessEnds::Passed => {
+                    return Err(SessionError::Peer(
+                        "the session's streams were already handed on".into(),
+                    ));
+                }
+            };
+            let request = SupervisorRequest::Exec(ExecRequest {
+                session_id: self.session_id,
+                args,
+                cwd: lazaret_proto::layout::WORKSPACE.into(),
+                term: open.term.clone(),
+                environment,
+                stdio,
+            });
             self.hub
                 .supervisor
-                .send(&request, &fds)
+                .send(&request, fds.as_slice())
                 .await
                 .map_err(|e| SessionError::Supervisor(crate::lifecycle::chain(&e)))?;
         }
@@ -791,7 +807,19 @@ struct SessionIo {
     /// Whether the streams are a PTY.
     terminal: bool,
     /// The process's ends, until they are passed to the supervisor.
-    process_ends: Vec<OwnedFd>,
+    process_ends: ProcessEnds,
+}
+
+/// The process's ends of a session's streams.
+#[derive(Debug, Default)]
+enum ProcessEnds {
+    /// The PTY slave, its input and output.
+    Terminal(OwnedFd),
+    /// Its input and output pipes (or the CLI's own, for a direct session).
+    Pipes { input: OwnedFd, output: OwnedFd },
+    /// Handed to the supervisor.
+    #[default]
+    Passed,
 }
 
 impl SessionIo {
@@ -812,7 +840,7 @@ impl SessionIo {
                 input: None,
                 output: None,
                 terminal: false,
-                process_ends: vec![input, output],
+                process_ends: ProcessEnds::Pipes { input, output },
             });
         }
         if !passed.is_empty() {
@@ -840,7 +868,7 @@ impl SessionIo {
                 input: Some(Arc::clone(&master)),
                 output: Some(master),
                 terminal: true,
-                process_ends: vec![slave],
+                process_ends: ProcessEnds::Terminal(slave),
             })
         } else {
             let flags = rustix::pipe::PipeFlags::CLOEXEC;
@@ -853,28 +881,19 @@ impl SessionIo {
                 input: Some(Arc::new(Stream::new(input)?)),
                 output: Some(Arc::new(Stream::new(output)?)),
                 terminal: false,
-                process_ends: vec![child_input, child_output],
+                process_ends: ProcessEnds::Pipes {
+                    input: child_input,
+                    output: child_output,
+                },
             })
         }
     }
 
-    /// The stdio description and the process's ends of its streams, taken
-    /// out of `self` so that only the process holds them (descriptors from
-    /// index 1, after the environment).
-    fn take_process_ends(&mut self, open: &OpenSession) -> (ExecStdio, Vec<OwnedFd>) {
-        let stdio = if self.terminal {
-            ExecStdio::Terminal {
-                slave: FdIndex(1),
-                rows: open.rows,
-                columns: open.columns,
-            }
-        } else {
-            ExecStdio::Pipes {
-                input: FdIndex(1),
-                output: FdIndex(2),
-            }
-        };
-        (stdio, std::mem::take(&mut self.process_ends))
+    /// The process's ends of its streams (a PTY slave, or the input and
+    /// output pipes), taken out of `self` so that only the process holds
+    /// them.
+    fn take_process_ends(&mut self) -> ProcessEnds {
+        std::mem::take(&mut self.process_ends)
     }
 
     /// Whether the output is a pipe, which may be read several times per

@@ -1,0 +1,613 @@
+//! What `lazaret status` shows of a Domain, as typed views: `--json` is
+//! their serialization, and the text is made from the same fields, so the
+//! two never disagree. Trusts the `DomainStatus` it is given (it comes from
+//! the user's own coordinator); command lines that came from a session are
+//! escaped where the text prints them.
+
+use serde::Serialize;
+
+use lazaret_proto::common::UnixTimeNs;
+use lazaret_proto::control::{DomainStatus, NetworkRecheck, NetworkStatus, SessionSummary};
+use lazaret_proto::ids::to_hex;
+use lazaret_proto::network::{DnsObservation, DnsOutcome, IpPrefix, PolicyAction};
+use lazaret_proto::process::PidfsProcessIdentityV1;
+
+/// `lazaret status --json`: the Domains that answered and those that hold
+/// their socket but did not.
+#[derive(Serialize)]
+pub struct StatusList {
+    pub domains: Vec<StatusView>,
+    pub not_answering: Vec<SilentView>,
+}
+
+/// A Domain whose coordinator holds the socket but does not answer.
+#[derive(Serialize)]
+pub struct SilentView {
+    pub domain_id: String,
+    pub error: String,
+}
+
+/// One running Domain.
+#[derive(Serialize)]
+pub struct StatusView {
+    pub profile: String,
+    pub domain_id: String,
+    pub workspace: String,
+    /// `running`, or `degraded` when `problems` is not empty.
+    pub state: String,
+    pub problems: Vec<String>,
+    pub generation: u64,
+    pub uptime_seconds: u64,
+    pub configuration_fingerprint: String,
+    pub image: String,
+    pub manifest_digest: String,
+    pub container_id: String,
+    pub runsc_root: String,
+    pub persistent_dirs: Vec<String>,
+    pub coordinator: ProcessView,
+    pub supervisor: ProcessView,
+    pub namespace_holder: ProcessView,
+    pub sandbox: ProcessView,
+    pub sessions: Vec<SessionView>,
+    pub network: NetworkView,
+    pub storage: StorageView,
+    pub workspace_routing: RoutingView,
+}
+
+/// A participant process, by its proven identity.
+#[derive(Serialize)]
+pub struct ProcessView {
+    pub pid: u32,
+    pub start_time_ticks: u64,
+}
+
+impl From<&PidfsProcessIdentityV1> for ProcessView {
+    fn from(p: &PidfsProcessIdentityV1) -> Self {
+        ProcessView {
+            pid: p.host_pid,
+            start_time_ticks: p.start_time_ticks,
+        }
+    }
+}
+
+/// An attached session.
+#[derive(Serialize)]
+pub struct SessionView {
+    pub session_id: String,
+    pub command: Vec<String>,
+    pub terminal: bool,
+    pub opened_at_unix: u64,
+}
+
+impl From<&SessionSummary> for SessionView {
+    fn from(s: &SessionSummary) -> Self {
+        SessionView {
+            session_id: s.session_id.to_hex(),
+            command: s.command.clone(),
+            terminal: s.terminal,
+            opened_at_unix: s.opened_at.as_secs(),
+        }
+    }
+}
+
+/// What the sandbox's writable layers hold.
+#[derive(Serialize)]
+pub struct StorageView {
+    pub ephemeral_upper: Option<TmpfsView>,
+    pub persistent_uppers: Vec<UpperView>,
+}
+
+/// The tmpfs that holds the root's changes until `down`.
+#[derive(Serialize)]
+pub struct TmpfsView {
+    pub used_bytes: u64,
+    pub size_bytes: u64,
+}
+
+/// One persistent dir's upper.
+#[derive(Serialize)]
+pub struct UpperView {
+    pub sandbox_path: String,
+    pub bytes: u64,
+    /// False when the walk stopped early: `bytes` is a lower bound.
+    pub complete: bool,
+}
+
+/// How the workspace is routed.
+#[derive(Serialize)]
+pub struct RoutingView {
+    pub isolate_gitignored: bool,
+    pub repository: Option<String>,
+    pub workspace_ignored: bool,
+    pub isolated_root: String,
+    pub scopes: u32,
+    pub ignore_files: u32,
+    pub tracked_ignored: u32,
+    pub configured_read_only: u32,
+    pub router: RouterView,
+}
+
+/// The Workspace Router and whether it still runs.
+#[derive(Serialize)]
+pub struct RouterView {
+    pub pid: u32,
+    pub start_time_ticks: u64,
+    pub running: bool,
+}
+
+/// The network policy in force and its attestation.
+#[derive(Serialize)]
+pub struct NetworkView {
+    pub state: &'static str,
+    pub policy_digest: String,
+    pub readiness_fingerprint: String,
+    /// The profile's allowed prefixes.
+    pub allow: Vec<String>,
+    /// The profile's denied prefixes (RFC 1918 and its own).
+    pub deny: Vec<String>,
+    /// What the platform denies whatever the profile allows.
+    pub platform_deny: Vec<String>,
+    pub unlisted: &'static str,
+    pub ipv6: &'static str,
+    pub resolvers: Vec<String>,
+    pub connectivity_helper: HelperView,
+    pub enforcement_namespace: NamespaceView,
+    pub attested_at_unix: u64,
+    pub recheck: RecheckView,
+    pub observed_routes: usize,
+    pub denied_probes: Vec<DeniedProbeView>,
+    pub permitted_probes: Vec<PermittedProbeView>,
+    pub dns: Vec<DnsView>,
+}
+
+/// The connectivity helper.
+#[derive(Serialize)]
+pub struct HelperView {
+    pub program: &'static str,
+    pub pid: u32,
+    pub start_time_ticks: u64,
+}
+
+/// The enforcement namespace, by device and inode.
+#[derive(Serialize)]
+pub struct NamespaceView {
+    pub device: u64,
+    pub inode: u64,
+}
+
+/// The network read back for this status.
+#[derive(Serialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum RecheckView {
+    NotChecked,
+    Holds { at_unix: u64 },
+    Differs { at_unix: u64, drift: Vec<String> },
+    Failed { detail: String },
+}
+
+/// A destination probed as denied.
+#[derive(Serialize)]
+pub struct DeniedProbeView {
+    pub destination: String,
+    pub unreachable: bool,
+}
+
+/// A destination probed as permitted.
+#[derive(Serialize)]
+pub struct PermittedProbeView {
+    pub destination: String,
+    pub reachable: bool,
+}
+
+/// A resolver's answer during attestation.
+#[derive(Serialize)]
+pub struct DnsView {
+    pub resolver: String,
+    pub query: String,
+    pub outcome: String,
+    pub addresses: Vec<String>,
+}
+
+impl From<&DnsObservation> for DnsView {
+    fn from(d: &DnsObservation) -> Self {
+        DnsView {
+            resolver: d.resolver.to_string(),
+            query: d.query_name.clone(),
+            outcome: match d.outcome {
+                DnsOutcome::Answered { response_code } => format!("answered rcode {response_code}"),
+                DnsOutcome::TimedOut => "timed out".into(),
+                DnsOutcome::Unreachable => "unreachable".into(),
+            },
+            addresses: d
+                .resolved_addresses
+                .iter()
+                .map(ToString::to_string)
+                .collect(),
+        }
+    }
+}
+
+fn shown(p: &IpPrefix) -> String {
+    format!("{}/{}", p.address, p.prefix_len)
+}
+
+fn lossy(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+impl StatusView {
+    /// The view of `status`, as of now.
+    pub fn of(status: &DomainStatus) -> Self {
+        let routing = &status.workspace_routing;
+        // A dead participant never looks alive: a generation whose router
+        // exited serves no workspace, and a network that no longer shows
+        // its policy is named.
+        let mut problems: Vec<String> = routing.problem(&status.profile).into_iter().collect();
+        problems.extend(recheck_problem(&status.network.recheck));
+        let state = if problems.is_empty() {
+            format!("{:?}", status.state).to_lowercase()
+        } else {
+            "degraded".to_owned()
+        };
+        StatusView {
+            profile: status.profile.clone(),
+            domain_id: status.domain_id.to_hex(),
+            workspace: lossy(&status.workspace.0),
+            state,
+            problems,
+            generation: status.generation_id.0,
+            uptime_seconds: UnixTimeNs::now()
+                .as_secs()
+                .saturating_sub(status.started_at.as_secs()),
+            configuration_fingerprint: status.configuration_fingerprint.to_hex(),
+            image: status.configuration.image.clone(),
+            manifest_digest: status.manifest_digest.to_oci_string(),
+            container_id: to_hex(&status.container_id.0),
+            runsc_root: lossy(&status.runtime_root.0),
+            persistent_dirs: status.configuration.persistent_dirs.clone(),
+            coordinator: (&status.coordinator).into(),
+            supervisor: (&status.supervisor).into(),
+            namespace_holder: (&status.namespace_holder).into(),
+            sandbox: (&status.sandbox).into(),
+            sessions: status.sessions.iter().map(SessionView::from).collect(),
+            network: NetworkView::of(&status.network),
+            storage: StorageView {
+                ephemeral_upper: status.storage.ephemeral_upper.map(|t| TmpfsView {
+                    used_bytes: t.used_bytes,
+                    size_bytes: t.size_bytes,
+                }),
+                persistent_uppers: status
+                    .storage
+                    .persistent_uppers
+                    .iter()
+                    .map(|p| UpperView {
+                        sandbox_path: p.sandbox_path.clone(),
+                        bytes: p.bytes,
+                        complete: p.complete,
+                    })
+                    .collect(),
+            },
+            workspace_routing: RoutingView {
+                isolate_gitignored: routing.isolate_ignored,
+                repository: routing.repository.as_ref().map(|r| lossy(&r.0)),
+                workspace_ignored: routing.workspace_ignored,
+                isolated_root: lossy(&routing.isolated_root.0),
+                scopes: routing.summary.scopes,
+                ignore_files: routing.summary.ignore_files,
+                tracked_ignored: routing.summary.tracked_ignored,
+                configured_read_only: routing.summary.read_only,
+                router: RouterView {
+                    pid: routing.router.host_pid,
+                    start_time_ticks: routing.router.start_time_ticks,
+                    running: routing.router_running,
+                },
+            },
+        }
+    }
+}
+
+impl NetworkView {
+    fn of(network: &NetworkStatus) -> Self {
+        let a = &network.attestation;
+        // The profile's rules; the platform's denials are listed apart.
+        let prefixes = |action| {
+            network
+                .policy
+                .prefix_rules
+                .iter()
+                .filter(|r| r.action == action && !network.platform_deny.contains(&r.network))
+                .map(|r| shown(&r.network))
+                .collect()
+        };
+        NetworkView {
+            state: "attested",
+            policy_digest: a.derived_policy_digest.to_hex(),
+            readiness_fingerprint: a
+                .readiness_identity()
+                .fingerprint()
+                .map(|d| d.to_hex())
+                .unwrap_or_default(),
+            allow: prefixes(PolicyAction::Allow),
+            deny: prefixes(PolicyAction::Deny),
+            platform_deny: network.platform_deny.iter().map(shown).collect(),
+            unlisted: "unreachable",
+            ipv6: "disabled",
+            resolvers: network
+                .policy
+                .resolvers
+                .iter()
+                .map(|r| r.address.to_string())
+                .collect(),
+            connectivity_helper: HelperView {
+                program: "slirp4netns",
+                pid: network.connectivity_helper.host_pid,
+                start_time_ticks: network.connectivity_helper.start_time_ticks,
+            },
+            enforcement_namespace: NamespaceView {
+                device: a.enforcement_namespace.device,
+                inode: a.enforcement_namespace.inode,
+            },
+            attested_at_unix: a.observed_at.as_secs(),
+            recheck: match &network.recheck {
+                NetworkRecheck::NotChecked => RecheckView::NotChecked,
+                NetworkRecheck::Holds { at } => RecheckView::Holds {
+                    at_unix: at.as_secs(),
+                },
+                NetworkRecheck::Differs { at, drift } => RecheckView::Differs {
+                    at_unix: at.as_secs(),
+                    drift: drift.iter().map(ToString::to_string).collect(),
+                },
+                NetworkRecheck::Failed(detail) => RecheckView::Failed {
+                    detail: detail.clone(),
+                },
+            },
+            observed_routes: a.observation.observed_routes.len(),
+            denied_probes: a
+                .denied_destinations
+                .iter()
+                .map(|d| DeniedProbeView {
+                    destination: d.destination.to_string(),
+                    unreachable: d.unreachable,
+                })
+                .collect(),
+            permitted_probes: a
+                .permitted_destinations
+                .iter()
+                .map(|p| PermittedProbeView {
+                    destination: p.destination.to_string(),
+                    reachable: p.reachable,
+                })
+                .collect(),
+            dns: a.dns_observations.iter().map(DnsView::from).collect(),
+        }
+    }
+}
+
+/// What is wrong, if anything, with the network read back for a status.
+fn recheck_problem(recheck: &NetworkRecheck) -> Option<String> {
+    match recheck {
+        NetworkRecheck::NotChecked | NetworkRecheck::Holds { .. } => None,
+        NetworkRecheck::Differs { drift, .. } => Some(format!(
+            "the sandbox's network no longer shows its attested policy: {}; run `lazaret down` \
+             and `lazaret up` to install it again",
+            drift
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join("; ")
+        )),
+        NetworkRecheck::Failed(detail) => Some(format!(
+            "the sandbox's network could not be read back: {detail}"
+        )),
+    }
+}
+
+/// The items, comma-separated, or `(none)`.
+pub fn join_or_none(items: &[String]) -> String {
+    if items.is_empty() {
+        "(none)".into()
+    } else {
+        items.join(", ")
+    }
+}
+
+impl StatusView {
+    /// The status for people: one aligned line per part.
+    pub fn text(&self) -> String {
+        let n = &self.network;
+        let recheck = match &n.recheck {
+            RecheckView::Holds { .. } => "routes, rules and filter read back now: they hold".into(),
+            RecheckView::NotChecked => "not yet".into(),
+            RecheckView::Differs { .. } | RecheckView::Failed { .. } => {
+                "NO: see the problem below".into()
+            }
+        };
+        let dns = n
+            .dns
+            .iter()
+            .map(|d| {
+                format!(
+                    "{} ({}); queries leave through the host's resolver",
+                    d.resolver, d.outcome
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("; ");
+        let sessions = if self.sessions.is_empty() {
+            "(none)".to_owned()
+        } else {
+            self.sessions
+                .iter()
+                .map(|s| {
+                    if s.command.is_empty() {
+                        "shell".to_owned()
+                    } else {
+                        super::printable(&s.command.join(" "))
+                    }
+                })
+                .collect::<Vec<_>>()
+                .join("; ")
+        };
+        let mut text = format!(
+            "{profile}  {state}  generation {generation}  up {uptime}s  {workspace}\n",
+            profile = self.profile,
+            state = self.state,
+            generation = self.generation,
+            uptime = self.uptime_seconds,
+            workspace = self.workspace,
+        );
+        let mut row = |key: &str, value: String| {
+            text.push_str(&format!("  {key:<17}{value}\n"));
+        };
+        row("domain id", self.domain_id.clone());
+        row(
+            "image",
+            format!("{} ({})", self.image, self.manifest_digest),
+        );
+        row(
+            "sandbox",
+            format!("container {}, pid {}", self.container_id, self.sandbox.pid),
+        );
+        row(
+            "supervisor",
+            format!(
+                "pid {}; coordinator pid {}",
+                self.supervisor.pid, self.coordinator.pid
+            ),
+        );
+        row("persistent dirs", self.persistent_text());
+        row("workspace", self.routing_text());
+        row(
+            "  isolated in",
+            self.workspace_routing.isolated_root.clone(),
+        );
+        row("sessions", sessions);
+        row(
+            "network",
+            format!(
+                "attested: {} routes read back, {} denied and {} permitted destinations \
+                 probed (policy {})",
+                n.observed_routes,
+                n.denied_probes.len(),
+                n.permitted_probes.len(),
+                &n.policy_digest[..16.min(n.policy_digest.len())]
+            ),
+        );
+        row("  re-verified", recheck);
+        row("  allow", join_or_none(&n.allow));
+        row(
+            "  deny",
+            format!("{}; anything unlisted; IPv6", join_or_none(&n.deny)),
+        );
+        row("  platform deny", join_or_none(&n.platform_deny));
+        row(
+            "  egress",
+            format!(
+                "slirp4netns pid {}, host loopback disabled",
+                n.connectivity_helper.pid
+            ),
+        );
+        row("  dns", dns);
+        for problem in &self.problems {
+            row("PROBLEM", super::printable(problem));
+        }
+        text
+    }
+
+    /// One line on how the workspace is routed, and whether it still is.
+    fn routing_text(&self) -> String {
+        let r = &self.workspace_routing;
+        let router = if r.router.running {
+            format!("router pid {}", r.router.pid)
+        } else {
+            "DEGRADED: the Workspace Router exited".to_owned()
+        };
+        let repository = match &r.repository {
+            Some(root) => format!("git repository {root}"),
+            None => "no git repository".to_owned(),
+        };
+        let ignored = match (r.isolate_gitignored, r.workspace_ignored) {
+            (false, _) => "ignored paths shared (isolate_gitignored = false)".to_owned(),
+            (true, true) => "the repository ignores the whole workspace: all isolated".to_owned(),
+            (true, false) => format!(
+                "ignored paths isolated ({} ignore files, {} tracked kept)",
+                r.ignore_files, r.tracked_ignored
+            ),
+        };
+        let configured = match r.configured_read_only {
+            0 => String::new(),
+            n => format!(" and {n} paths its configuration runs"),
+        };
+        format!("{repository}; {ignored}; git config and hooks{configured} read-only; {router}")
+    }
+
+    /// The persistent dirs with what each upper holds, and the root's
+    /// ephemeral upper.
+    fn persistent_text(&self) -> String {
+        let mib = |bytes: u64| format!("{:.1} MiB", bytes as f64 / f64::from(1u32 << 20));
+        let mut parts: Vec<String> = self
+            .persistent_dirs
+            .iter()
+            .map(|dir| {
+                match self
+                    .storage
+                    .persistent_uppers
+                    .iter()
+                    .find(|p| &p.sandbox_path == dir)
+                {
+                    Some(p) if p.complete => format!("{dir} ({} kept)", mib(p.bytes)),
+                    Some(p) => format!("{dir} (at least {} kept)", mib(p.bytes)),
+                    None => dir.clone(),
+                }
+            })
+            .collect();
+        if parts.is_empty() {
+            parts.push("(none)".to_owned());
+        }
+        if let Some(t) = &self.storage.ephemeral_upper {
+            parts.push(format!(
+                "the rest of / {} of {} until down",
+                mib(t.used_bytes),
+                mib(t.size_bytes)
+            ));
+        }
+        parts.join(", ")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recheck_serializes_with_its_state_named() {
+        let json = |v: &RecheckView| serde_json::to_value(v).unwrap();
+        assert_eq!(
+            json(&RecheckView::NotChecked),
+            serde_json::json!({"state": "not_checked"})
+        );
+        assert_eq!(
+            json(&RecheckView::Holds { at_unix: 5 }),
+            serde_json::json!({"state": "holds", "at_unix": 5})
+        );
+        assert_eq!(
+            json(&RecheckView::Differs {
+                at_unix: 6,
+                drift: vec!["route 10.0.0.0/8 missing".into()]
+            }),
+            serde_json::json!({"state": "differs", "at_unix": 6, "drift": ["route 10.0.0.0/8 missing"]})
+        );
+        assert_eq!(
+            json(&RecheckView::Failed {
+                detail: "gone".into()
+            }),
+            serde_json::json!({"state": "failed", "detail": "gone"})
+        );
+    }
+
+    #[test]
+    fn empty_lists_read_none() {
+        assert_eq!(join_or_none(&[]), "(none)");
+        assert_eq!(join_or_none(&["a".into(), "b".into()]), "a, b");
+    }
+}

@@ -1,0 +1,192 @@
+//! Recording a generation's participants in the Domain Store: the intent
+//! before a participant is created, and what it became once it exists.
+//!
+//! Owns the order recovery relies on (docs/storage.md): a participant's
+//! `Intent` record is committed before anything of it exists, so a crash at
+//! any point leaves a record naming what may need cleaning up. The guard
+//! [`Intent::record`] returns is the only way to record what the
+//! participant became, and it is `#[must_use]`. Trusts the store.
+
+use std::sync::Arc;
+
+use lazaret_proto::control::StartupStep;
+use lazaret_proto::ids::GenerationId;
+use lazaret_proto::ownership::ParticipantOwnership;
+use lazaret_proto::store::{Participant, ParticipantState};
+
+use super::daemon::{Failure, at};
+use crate::store::{DomainStore, Slot};
+
+/// Records the participants of one generation.
+#[derive(Debug, Clone)]
+pub(super) struct Recorder {
+    store: Arc<DomainStore>,
+    generation: GenerationId,
+}
+
+/// A participant recorded as intended: record what it became with
+/// [`Intent::active`] (or [`Intent::became`]) once it exists.
+#[must_use = "a participant recorded as intended must be recorded as what it became"]
+#[derive(Debug)]
+pub(super) struct Intent {
+    recorder: Recorder,
+    slot: Slot,
+    step: StartupStep,
+    participant: Participant,
+}
+
+impl Recorder {
+    /// A recorder for `generation` in `store`.
+    pub(super) fn new(store: Arc<DomainStore>, generation: GenerationId) -> Self {
+        Self { store, generation }
+    }
+
+    /// Commits the intent to create the participant in `slot`, owned as
+    /// `ownership` says so far; a failure is one of `step`.
+    pub(super) fn intent(
+        &self,
+        slot: Slot,
+        step: StartupStep,
+        ownership: ParticipantOwnership,
+    ) -> Result<Intent, Failure> {
+        let intent = Intent {
+            recorder: self.clone(),
+            slot,
+            step,
+            participant: Participant {
+                generation_id: self.generation,
+                role: ownership.role(),
+                state: ParticipantState::Intent,
+                ownership,
+            },
+        };
+        intent.put()?;
+        Ok(intent)
+    }
+}
+
+impl Intent {
+    fn put(&self) -> Result<(), Failure> {
+        self.recorder
+            .store
+            .put_participant(self.slot, &self.participant)
+            .map_err(|e| at(self.step)(&e))
+    }
+
+    /// Records more of the participant while it is still being created (a
+    /// process staged before it is proven to be the one intended).
+    pub(super) fn stage(&mut self, ownership: ParticipantOwnership) -> Result<(), Failure> {
+        self.participant.ownership = ownership;
+        self.put()
+    }
+
+    /// Records the participant as created and active, owned as intended.
+    pub(super) fn active(self) -> Result<(), Failure> {
+        let ownership = self.participant.ownership.clone();
+        self.became(ParticipantState::Active, ownership)
+    }
+
+    /// Records the participant as created, active and owned as `ownership`.
+    pub(super) fn active_as(self, ownership: ParticipantOwnership) -> Result<(), Failure> {
+        self.became(ParticipantState::Active, ownership)
+    }
+
+    /// Records what the participant became: `state`, owned as `ownership`.
+    pub(super) fn became(
+        mut self,
+        state: ParticipantState,
+        ownership: ParticipantOwnership,
+    ) -> Result<(), Failure> {
+        self.participant.state = state;
+        self.participant.ownership = ownership;
+        self.put()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lazaret_proto::common::HostPath;
+    use lazaret_proto::ids::DomainId;
+    use lazaret_proto::ownership::{PreparedLowerOwnership, PublicationOwnership};
+    use lazaret_proto::store::Domain;
+
+    fn store() -> (tempfile::TempDir, Arc<DomainStore>) {
+        let dir = tempfile::tempdir().unwrap();
+        let retained = crate::config::confined::ensure_root(
+            &dir.path().join("domain"),
+            rustix::process::getuid().as_raw(),
+        )
+        .unwrap();
+        let domain = Domain {
+            domain_id: DomainId([7; 32]),
+            profile_name: "p".into(),
+            canonical_workspace: HostPath::from(std::path::Path::new("/w")),
+        };
+        let store = DomainStore::open(&retained, &domain).unwrap();
+        (dir, Arc::new(store))
+    }
+
+    fn recorded(store: &DomainStore, slot: Slot) -> Participant {
+        store
+            .participants(GenerationId(3))
+            .unwrap()
+            .into_iter()
+            .find(|(s, _)| *s == slot)
+            .map(|(_, p)| p)
+            .expect("a record in the slot")
+    }
+
+    #[test]
+    fn intent_is_committed_before_the_participant_and_the_guard_records_what_it_became() {
+        let (_dir, store) = store();
+        let recorder = Recorder::new(Arc::clone(&store), GenerationId(3));
+        let publication = |path: &str| {
+            ParticipantOwnership::Publication(PublicationOwnership {
+                socket_path: Some(HostPath::from(std::path::Path::new(path))),
+                identity_path: None,
+            })
+        };
+        let intent = recorder
+            .intent(
+                Slot::PUBLICATION,
+                StartupStep::Sandbox,
+                publication("/run/a.sock"),
+            )
+            .unwrap();
+        let first = recorded(&store, Slot::PUBLICATION);
+        assert_eq!(first.state, ParticipantState::Intent);
+        assert_eq!(first.ownership, publication("/run/a.sock"));
+        intent.active().unwrap();
+        let then = recorded(&store, Slot::PUBLICATION);
+        assert_eq!(then.state, ParticipantState::Active);
+        assert_eq!(then.ownership, publication("/run/a.sock"));
+
+        let mut lower = recorder
+            .intent(
+                Slot::PREPARED_LOWER,
+                StartupStep::Image,
+                ParticipantOwnership::PreparedLower(PreparedLowerOwnership::default()),
+            )
+            .unwrap();
+        lower
+            .stage(ParticipantOwnership::PreparedLower(
+                PreparedLowerOwnership::default(),
+            ))
+            .unwrap();
+        assert_eq!(
+            recorded(&store, Slot::PREPARED_LOWER).state,
+            ParticipantState::Intent
+        );
+        lower
+            .became(
+                ParticipantState::LeaseHeld,
+                ParticipantOwnership::PreparedLower(PreparedLowerOwnership::default()),
+            )
+            .unwrap();
+        assert_eq!(
+            recorded(&store, Slot::PREPARED_LOWER).state,
+            ParticipantState::LeaseHeld
+        );
+    }
+}

@@ -1,0 +1,522 @@
+//! The Runtime Supervisor as the Host Coordinator sees it: starting it,
+//! the requests it is sent by name (`start`, `attest`, `run_sandbox`,
+//! `stop`), and the reports start-up waits for.
+//!
+//! The supervisor is our own role binary, started by this coordinator on a
+//! socketpair; its reports are trusted as far as their types go, and every
+//! wait for one is bounded and ends with a named failure of the start-up
+//! step when the supervisor fails, exits or falls silent.
+
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use lazaret_proto::channel::{ChannelError, Endpoint, Received};
+use lazaret_proto::common::HostPath;
+use lazaret_proto::control::StartupStep;
+use lazaret_proto::ids::ContainerId;
+use lazaret_proto::network::{DerivedNetworkPolicy, NetworkReadinessAttestation};
+use lazaret_proto::ownership::NamespaceIdentity;
+use lazaret_proto::sidecar::AttestParameters;
+use lazaret_proto::store::Generation;
+use lazaret_proto::supervisor::{
+    AnchorMount, FdIndex, FdList, PLAN_LIMITS, SandboxPlan, SupervisorReport, SupervisorRequest,
+    VolumeMount,
+};
+
+use super::daemon::{Failure, at, failure};
+use crate::catalog::PreparedLower;
+use crate::config::{ResolvedDomainConfiguration, RetainedDir};
+use crate::process::{HeldProcess, kill_and_wait, pidfd_of_child, readable, wait_exit};
+
+/// The coordinator's end of the supervisor's channel.
+pub(super) type SupervisorChannel = Endpoint<SupervisorRequest, SupervisorReport>;
+
+/// How long the supervisor may take to stop the sandbox.
+const STOP_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// How long start-up waits for any one supervisor report.
+const REPORT_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A running supervisor: its process, pidfd and channel.
+pub(super) struct Supervisor {
+    child: Child,
+    pub(super) held: HeldProcess,
+    pub(super) channel: Arc<SupervisorChannel>,
+}
+
+impl Supervisor {
+    /// Starts `lazaret-supervisor` on a new socketpair and holds its pidfd.
+    pub(super) fn spawn(program: &Path) -> Result<Self, Failure> {
+        let step = StartupStep::Sandbox;
+        let (ours, theirs) = lazaret_proto::channel::pair::<SupervisorRequest, SupervisorReport>()
+            .map_err(|e| at(step)(&e))?;
+        let child = Command::new(program)
+            .env_clear()
+            .stdin(Stdio::from(theirs.into_fd()))
+            .stdout(Stdio::null())
+            .spawn()
+            .map_err(|e| failure(step, format!("cannot start {}: {e}", program.display())))?;
+        let held = pidfd_of_child(&child)
+            .and_then(HeldProcess::from_pidfd)
+            .map_err(|e| failure(step, format!("cannot hold the supervisor: {e}")))?;
+        Ok(Supervisor {
+            child,
+            held,
+            channel: Arc::new(ours.with_limits(PLAN_LIMITS)),
+        })
+    }
+
+    /// Asks the supervisor to stop the sandbox, then makes sure it is gone.
+    pub(super) fn stop(mut self) {
+        let asked = self.channel.send(&SupervisorRequest::Stop, &[]).is_ok();
+        if asked && readable(self.channel.as_fd(), STOP_TIMEOUT) {
+            if let Ok(Received {
+                message: SupervisorReport::Failed(error),
+                ..
+            }) = self.channel.recv()
+            {
+                tracing::warn!("the supervisor could not stop cleanly: {}", error.detail);
+            }
+        }
+        if !wait_exit(self.held.pidfd.as_fd(), Duration::from_secs(5)).unwrap_or(false) {
+            tracing::warn!("the supervisor did not exit; killing it");
+            let _ = kill_and_wait(self.held.pidfd.as_fd(), Duration::from_secs(5));
+        }
+        let _ = self.child.wait();
+    }
+}
+
+/// The Domain namespaces, as the supervisor reported them.
+#[derive(Debug)]
+pub(super) struct Namespaces {
+    /// Their holder, the Domain pid namespace's init.
+    pub(super) holder: HeldProcess,
+    /// The Domain user namespace.
+    pub(super) user_namespace: NamespaceIdentity,
+    /// The enforcement network namespace.
+    pub(super) network_namespace: NamespaceIdentity,
+    /// A descriptor of the user namespace.
+    pub(super) user_fd: OwnedFd,
+    /// A descriptor of the network namespace, proven to be the one named.
+    pub(super) network_fd: OwnedFd,
+}
+
+/// What a plan is built from: descriptors and the generation's paths.
+pub(super) struct PlanInputs<'a> {
+    /// The sealed environment memfd.
+    pub(super) environment: BorrowedFd<'a>,
+    /// The prepared lower.
+    pub(super) prepared: &'a PreparedLower,
+    /// Each persistent dir's state directory.
+    pub(super) anchor_dirs: &'a [RetainedDir],
+    /// The Domain's isolated workspace directory.
+    pub(super) isolated: &'a RetainedDir,
+    /// The sealed workspace rules memfd.
+    pub(super) rules: BorrowedFd<'a>,
+    /// The generation's runtime directory.
+    pub(super) generation_dir: &'a RetainedDir,
+    /// The runsc executable.
+    pub(super) runsc: &'a Path,
+    /// The runsc container ID.
+    pub(super) container_id: ContainerId,
+}
+
+impl Supervisor {
+    /// Sends the plan: the supervisor builds the namespaces, mounts and bundle,
+    /// reports the namespaces, and waits for the network before it runs the
+    /// sandbox.
+    pub(super) fn start(
+        &self,
+        resolved: &ResolvedDomainConfiguration,
+        inputs: PlanInputs<'_>,
+        generation: &Generation,
+        policy: &DerivedNetworkPolicy,
+    ) -> Result<Namespaces, Failure> {
+        let auth = resolved.authorities();
+        let mut fds = FdList::new();
+        let rootfs = fds.push(inputs.prepared.rootfs.fd());
+        let workspace = fds.push(auth.workspace.fd());
+        let environment = fds.push(inputs.environment);
+        let isolated = fds.push(inputs.isolated.fd());
+        let workspace_rules = fds.push(inputs.rules);
+        let anchors = resolved
+            .record()
+            .persistent_dirs
+            .iter()
+            .zip(inputs.anchor_dirs)
+            .map(|(path, dir)| AnchorMount {
+                sandbox_path: path.clone(),
+                state_dir: fds.push(dir.fd()),
+            })
+            .collect();
+        let volumes = auth
+            .volumes
+            .iter()
+            .map(|v| VolumeMount {
+                sandbox_path: v.volume.container_path.clone(),
+                source: fds.push(v.opened.fd.as_fd()),
+                kind: v.volume.kind,
+                access: v.volume.access,
+            })
+            .collect();
+        let resolvers = policy
+            .resolvers
+            .iter()
+            .filter_map(|r| match r.address {
+                std::net::IpAddr::V4(a) => Some(a),
+                std::net::IpAddr::V6(_) => None,
+            })
+            .collect();
+        let plan = SandboxPlan {
+            domain_id: resolved.domain_id(),
+            generation_id: generation.generation_id,
+            container_id: inputs.container_id,
+            runtime_dir: HostPath::from(inputs.generation_dir.label()),
+            runsc: HostPath::from(inputs.runsc),
+            rootfs,
+            workspace,
+            environment,
+            isolated,
+            workspace_rules,
+            anchors,
+            volumes,
+            resolvers,
+        };
+        self.channel
+            .send(&SupervisorRequest::Start(plan), fds.as_slice())
+            .map_err(|e| at(StartupStep::Sandbox)(&e))?;
+        await_namespaces(&self.channel)
+    }
+
+    /// Hands the Network Sidecar the policy (a sealed memfd) to install and
+    /// attest in the enforcement namespace; the attestation, unverified.
+    pub(super) fn attest(
+        &self,
+        parameters: AttestParameters,
+        policy: BorrowedFd<'_>,
+    ) -> Result<NetworkReadinessAttestation, Failure> {
+        let step = StartupStep::Network;
+        let request = SupervisorRequest::AttestNetwork {
+            parameters,
+            policy: FdIndex(0),
+        };
+        self.channel
+            .send(&request, &[policy])
+            .map_err(|e| at(step)(&e))?;
+        let Received { message, .. } = await_report(&self.channel, step)?;
+        match message {
+            SupervisorReport::NetworkAttested(attestation) => Ok(*attestation),
+            other => Err(unexpected(step, &other)),
+        }
+    }
+
+    /// Runs the sandbox, now that its network is proven.
+    pub(super) fn run_sandbox(&self) -> Result<RunningSandbox, Failure> {
+        self.channel
+            .send(&SupervisorRequest::RunSandbox, &[])
+            .map_err(|e| at(StartupStep::Sandbox)(&e))?;
+        await_sandbox(&self.channel)
+    }
+
+    /// The next report, for a step that waits on one this client does not
+    /// name (the Workspace Router's).
+    pub(super) fn report(&self, step: StartupStep) -> Result<Received<SupervisorReport>, Failure> {
+        await_report(&self.channel, step)
+    }
+}
+
+/// The supervisor's next report during startup. A failure, a stop, an exit
+/// or a minute of silence is a [`Failure`] of `step`.
+pub(super) fn await_report(
+    supervisor: &SupervisorChannel,
+    step: StartupStep,
+) -> Result<Received<SupervisorReport>, Failure> {
+    if !readable(supervisor.as_fd(), REPORT_TIMEOUT) {
+        return Err(failure(step, "the supervisor did not answer within 60 s"));
+    }
+    let received = supervisor.recv().map_err(|e| match e {
+        ChannelError::Disconnected => failure(
+            step,
+            "the supervisor exited before the sandbox ran; see the Domain log",
+        ),
+        e => at(step)(&e),
+    })?;
+    match received.message {
+        SupervisorReport::Failed(error) => Err(failure(
+            step,
+            format!(
+                "the Runtime Supervisor failed ({:?}): {}",
+                error.step, error.detail
+            ),
+        )),
+        SupervisorReport::Stopped => Err(failure(step, "the supervisor stopped unasked")),
+        _ => Ok(received),
+    }
+}
+
+/// Fails with what the supervisor reported instead of what was expected.
+pub(super) fn unexpected(step: StartupStep, report: &SupervisorReport) -> Failure {
+    failure(
+        step,
+        format!("the supervisor sent an unexpected report: {report:?}"),
+    )
+}
+
+fn await_namespaces(supervisor: &SupervisorChannel) -> Result<Namespaces, Failure> {
+    let step = StartupStep::Sandbox;
+    let Received { message, fds } = await_report(supervisor, step)?;
+    let SupervisorReport::NamespacesReady {
+        user_namespace,
+        network_namespace,
+        holder,
+        user_namespace_fd,
+        network_namespace_fd,
+    } = message
+    else {
+        return Err(unexpected(step, &message));
+    };
+    let mut fds: Vec<Option<OwnedFd>> = fds.into_iter().map(Some).collect();
+    let mut take = |index: FdIndex, what: &str| {
+        index
+            .take(&mut fds)
+            .ok_or_else(|| failure(step, format!("the supervisor sent no {what}")))
+    };
+    let holder = take(holder, "holder pidfd")?;
+    let user_fd = take(user_namespace_fd, "user namespace")?;
+    let network_fd = take(network_namespace_fd, "network namespace")?;
+    let holder = HeldProcess::from_pidfd(holder).map_err(|e| at(step)(&e))?;
+    for (fd, identity, what) in [
+        (&user_fd, user_namespace, "user"),
+        (&network_fd, network_namespace, "network"),
+    ] {
+        let stat = rustix::fs::fstat(fd).map_err(|e| at(step)(&std::io::Error::from(e)))?;
+        if (stat.st_dev, stat.st_ino) != (identity.device, identity.inode) {
+            return Err(failure(
+                step,
+                format!("the {what} namespace descriptor is not the namespace reported"),
+            ));
+        }
+    }
+    Ok(Namespaces {
+        holder,
+        user_namespace,
+        network_namespace,
+        user_fd,
+        network_fd,
+    })
+}
+
+/// The sandbox, running.
+#[derive(Debug)]
+pub(super) struct RunningSandbox {
+    /// runsc's state root for it.
+    pub(super) runtime_root: HostPath,
+    /// runsc-sandbox.
+    pub(super) process: HeldProcess,
+    /// Its gofer, when the supervisor found it.
+    pub(super) gofer: Option<HeldProcess>,
+}
+
+/// Waits for the sandbox to run: its runtime root, its process and its
+/// gofer's.
+fn await_sandbox(supervisor: &SupervisorChannel) -> Result<RunningSandbox, Failure> {
+    let step = StartupStep::Sandbox;
+    let Received { message, fds } = await_report(supervisor, step)?;
+    let SupervisorReport::SandboxRunning {
+        sandbox,
+        gofer,
+        runtime_root,
+        ..
+    } = message
+    else {
+        return Err(unexpected(step, &message));
+    };
+    let mut fds: Vec<Option<OwnedFd>> = fds.into_iter().map(Some).collect();
+    let pidfd = sandbox
+        .take(&mut fds)
+        .ok_or_else(|| failure(step, "the supervisor sent no sandbox pidfd"))?;
+    let sandbox = HeldProcess::from_pidfd(pidfd).map_err(|e| at(step)(&e))?;
+    let gofer = gofer
+        .and_then(|index| index.take(&mut fds))
+        .map(HeldProcess::from_pidfd)
+        .transpose()
+        .map_err(|e| at(step)(&e))?;
+    Ok(RunningSandbox {
+        runtime_root,
+        process: sandbox,
+        gofer,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    //! The start-up steps that wait on the supervisor, against a scripted
+    //! peer on a socketpair: no root, no runsc.
+
+    use std::os::fd::{AsFd, OwnedFd};
+
+    use lazaret_proto::ownership::NamespaceIdentity;
+    use lazaret_proto::supervisor::{
+        FdIndex, FdList, SupervisorError, SupervisorReport, SupervisorRequest, SupervisorStep,
+    };
+
+    use super::{await_namespaces, await_report, await_sandbox};
+    use lazaret_proto::common::HostPath;
+    use lazaret_proto::control::StartupStep;
+
+    /// The coordinator's end and the scripted supervisor's.
+    fn pair() -> (
+        super::SupervisorChannel,
+        lazaret_proto::channel::Endpoint<SupervisorReport, SupervisorRequest>,
+    ) {
+        lazaret_proto::channel::pair::<SupervisorRequest, SupervisorReport>().unwrap()
+    }
+
+    fn identity(fd: &OwnedFd) -> NamespaceIdentity {
+        let stat = rustix::fs::fstat(fd).unwrap();
+        NamespaceIdentity {
+            device: stat.st_dev,
+            inode: stat.st_ino,
+        }
+    }
+
+    fn open(path: &str) -> OwnedFd {
+        rustix::fs::open(
+            path,
+            rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )
+        .unwrap()
+    }
+
+    fn own_pidfd() -> OwnedFd {
+        rustix::process::pidfd_open(
+            rustix::process::getpid(),
+            rustix::process::PidfdFlags::empty(),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn a_failed_report_is_a_failure_of_the_step_naming_the_supervisors() {
+        let (ours, theirs) = pair();
+        let error = SupervisorError {
+            step: SupervisorStep::Mounts,
+            detail: "cannot mount the workspace".into(),
+        };
+        theirs.send(&SupervisorReport::Failed(error), &[]).unwrap();
+        let failure = await_report(&ours, StartupStep::Sandbox).unwrap_err();
+        assert_eq!(failure.step, StartupStep::Sandbox);
+        assert!(failure.message.contains("Mounts"), "{}", failure.message);
+        assert!(
+            failure.message.contains("cannot mount the workspace"),
+            "{}",
+            failure.message
+        );
+    }
+
+    #[test]
+    fn a_supervisor_that_goes_away_is_named_at_once() {
+        let (ours, theirs) = pair();
+        drop(theirs);
+        let started = std::time::Instant::now();
+        let failure = await_report(&ours, StartupStep::Network).unwrap_err();
+        assert_eq!(failure.step, StartupStep::Network);
+        assert!(failure.message.contains("exited"), "{}", failure.message);
+        assert!(started.elapsed() < std::time::Duration::from_secs(5));
+    }
+
+    #[test]
+    fn a_stop_nobody_asked_for_fails_the_step() {
+        let (ours, theirs) = pair();
+        theirs.send(&SupervisorReport::Stopped, &[]).unwrap();
+        let failure = await_report(&ours, StartupStep::Workspace).unwrap_err();
+        assert!(failure.message.contains("unasked"), "{}", failure.message);
+    }
+
+    #[test]
+    fn namespaces_are_taken_only_when_their_descriptors_are_the_ones_reported() {
+        let user = open("/proc/self/ns/user");
+        let network = open("/proc/self/ns/net");
+        let holder = own_pidfd();
+        let report = |user_namespace, network_namespace| {
+            let mut fds = FdList::new();
+            let holder_index = fds.push(holder.as_fd());
+            let user_index = fds.push(user.as_fd());
+            let network_index = fds.push(network.as_fd());
+            let (ours, theirs) = pair();
+            let report = SupervisorReport::NamespacesReady {
+                user_namespace,
+                network_namespace,
+                holder: holder_index,
+                user_namespace_fd: user_index,
+                network_namespace_fd: network_index,
+            };
+            theirs.send(&report, fds.as_slice()).unwrap();
+            await_namespaces(&ours)
+        };
+
+        let taken = report(identity(&user), identity(&network)).unwrap();
+        assert_eq!(taken.user_namespace, identity(&user));
+        assert_eq!(taken.network_namespace, identity(&network));
+
+        // A descriptor of another namespace than the one named (here the
+        // user namespace handed where the network namespace is named).
+        let refused = report(identity(&user), identity(&user)).unwrap_err();
+        assert!(
+            refused
+                .message
+                .contains("network namespace descriptor is not"),
+            "{}",
+            refused.message
+        );
+    }
+
+    #[test]
+    fn a_report_missing_its_descriptors_is_refused() {
+        let (ours, theirs) = pair();
+        let user = open("/proc/self/ns/user");
+        let report = SupervisorReport::NamespacesReady {
+            user_namespace: identity(&user),
+            network_namespace: identity(&user),
+            holder: FdIndex(0),
+            user_namespace_fd: FdIndex(1),
+            network_namespace_fd: FdIndex(2),
+        };
+        theirs.send(&report, &[user.as_fd()]).unwrap();
+        let failure = await_namespaces(&ours).unwrap_err();
+        assert!(failure.message.contains("sent no"), "{}", failure.message);
+
+        let (ours, theirs) = pair();
+        let report = SupervisorReport::SandboxRunning {
+            sandbox: FdIndex(0),
+            gofer: None,
+            runtime_root: HostPath::from(std::path::Path::new("/run/x")),
+            bundle: HostPath::from(std::path::Path::new("/run/x/bundle")),
+        };
+        theirs.send(&report, &[]).unwrap();
+        let failure = await_sandbox(&ours).unwrap_err();
+        assert!(
+            failure.message.contains("no sandbox pidfd"),
+            "{}",
+            failure.message
+        );
+    }
+
+    #[test]
+    fn another_report_than_the_one_awaited_is_named() {
+        let (ours, theirs) = pair();
+        theirs
+            .send(&SupervisorReport::NetworkObserved(Err("x".into())), &[])
+            .unwrap();
+        let failure = await_sandbox(&ours).unwrap_err();
+        assert!(
+            failure.message.contains("unexpected"),
+            "{}",
+            failure.message
+        );
+    }
+}
