@@ -52,6 +52,6 @@ done
 mu=$(median "${up[@]}"); md=$(median "${down[@]}")
 bu=$(median "${bare_up[@]}"); bd=$(median "${bare_down[@]}")
 printf 'rounds: %s\n' "$rounds"
-printf 'lazaret up     median %6s ms   bare runsc run -detach   median %6s ms   ratio %s (target <= 1.5)\n' \
+printf 'lazaret up     median %6s ms   bare runsc run -detach   median %6s ms   ratio %s (target <= 1.3)\n' \
     "$mu" "$bu" "$(ratio "$mu" "$bu")"
-printf 'lazaret down   median %6s ms   bare runsc kill+delete   median %6s ms   (target < 1000 ms)\n' "$md" "$bd"
+printf 'lazaret down   median %6s ms   bare runsc kill+delete   median %6s ms   (target <= 150 ms)\n' "$md" "$bd"

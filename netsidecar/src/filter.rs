@@ -31,8 +31,10 @@ fn error(detail: impl std::fmt::Display) -> SidecarError {
     failed(SidecarStep::Filter, detail)
 }
 
-/// Installs `filter` as the namespace's only ruleset and reads it back.
-pub fn install(filter: &[FilterRule]) -> Result<Vec<FilterRule>, SidecarError> {
+/// Starts installing `filter` as the namespace's only ruleset; the
+/// [`Nft`] run it returns is waited for with [`Nft::finish`], so other
+/// work (the routes) goes on meanwhile.
+pub fn install(filter: &[FilterRule]) -> Result<Nft, SidecarError> {
     let mut commands = vec![json!({"add": {"table": {"family": FAMILY, "name": TABLE}}})];
     commands.extend(["output", "input"].map(|hook| {
         json!({"add": {"chain": {
@@ -44,8 +46,7 @@ pub fn install(filter: &[FilterRule]) -> Result<Vec<FilterRule>, SidecarError> {
     commands.extend(input_rules().into_iter().map(|e| rule("input", e)));
     commands.extend(filter.iter().flat_map(exprs).map(|e| rule("output", e)));
     let document = json!({"nftables": commands}).to_string();
-    nft(&["-j", "-f", "-"], Some(document.as_bytes()))?;
-    read_back()
+    Nft::start(&["-j", "-f", "-"], Some(document.as_bytes()))
 }
 
 /// The `input` chain's rules: loopback, and replies.
@@ -100,13 +101,32 @@ fn destination(network: &IpPrefix) -> Value {
     }
 }
 
-/// Lists the whole ruleset and turns it back into the output chain's
-/// [`FilterRule`]s, after checking that it holds nothing but this table,
-/// its two chains as installed, and the input chain's two rules.
+/// Starts listing the whole ruleset; [`Listing::rules`] reads it.
+pub fn list() -> Result<Listing, SidecarError> {
+    Nft::start(&["-j", "list", "ruleset"], None).map(Listing)
+}
+
+/// The ruleset being listed.
+pub struct Listing(Nft);
+
+impl Listing {
+    /// The output chain's [`FilterRule`]s of the listed ruleset, after
+    /// checking that it holds nothing but this table, its two chains as
+    /// installed, and the input chain's two rules.
+    pub fn rules(self) -> Result<Vec<FilterRule>, SidecarError> {
+        rules_of_ruleset(&self.0.finish()?)
+    }
+}
+
+/// Lists the whole ruleset and turns it back into [`FilterRule`]s, as
+/// [`Listing::rules`] does.
 pub fn read_back() -> Result<Vec<FilterRule>, SidecarError> {
-    let listed = nft(&["-j", "list", "ruleset"], None)?;
+    list()?.rules()
+}
+
+fn rules_of_ruleset(listed: &[u8]) -> Result<Vec<FilterRule>, SidecarError> {
     let document: Value =
-        serde_json::from_slice(&listed).map_err(|e| error(format!("nft listed no JSON: {e}")))?;
+        serde_json::from_slice(listed).map_err(|e| error(format!("nft listed no JSON: {e}")))?;
     let objects = document["nftables"]
         .as_array()
         .ok_or_else(|| error("nft listed no `nftables` array"))?;
@@ -200,42 +220,68 @@ fn rules_of(output: &[Value]) -> Result<Vec<FilterRule>, SidecarError> {
     Ok(rules)
 }
 
-/// Runs `nft ARGS` with `input` on its standard input; its standard
-/// output, or an error with what it said.
-fn nft(args: &[&str], input: Option<&[u8]>) -> Result<Vec<u8>, SidecarError> {
-    let program = NFT
-        .iter()
-        .find(|p| std::path::Path::new(p).is_file())
-        .ok_or_else(|| error("nft is not installed; install it with `apt-get install nftables`"))?;
-    let mut child = Command::new(program)
-        .args(args)
-        .env_clear()
-        .stdin(if input.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
+/// One run of `nft`, started and not yet waited for.
+pub struct Nft {
+    child: std::process::Child,
+    program: &'static str,
+    args: String,
+}
+
+impl Nft {
+    /// Starts `nft ARGS` with `input` on its standard input.
+    fn start(args: &[&str], input: Option<&[u8]>) -> Result<Self, SidecarError> {
+        let program = NFT
+            .iter()
+            .find(|p| std::path::Path::new(p).is_file())
+            .ok_or_else(|| {
+                error("nft is not installed; install it with `apt-get install nftables`")
+            })?;
+        let mut child = Command::new(program)
+            .args(args)
+            .env_clear()
+            .stdin(if input.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| error(format!("cannot run {program}: {e}")))?;
+        if let (Some(bytes), Some(mut stdin)) = (input, child.stdin.take()) {
+            // nft reads its whole input before it writes anything, so this
+            // cannot wait on a full output pipe; the input is a few KiB.
+            stdin
+                .write_all(bytes)
+                .map_err(|e| error(format!("cannot write to {program}: {e}")))?;
+        }
+        Ok(Self {
+            child,
+            program,
+            args: args.join(" "),
         })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| error(format!("cannot run {program}: {e}")))?;
-    if let (Some(bytes), Some(mut stdin)) = (input, child.stdin.take()) {
-        stdin
-            .write_all(bytes)
-            .map_err(|e| error(format!("cannot write to {program}: {e}")))?;
     }
-    let output = child
-        .wait_with_output()
-        .map_err(|e| error(format!("cannot wait for {program}: {e}")))?;
-    if !output.status.success() {
-        return Err(error(format!(
-            "`nft {}` failed ({}): {}",
-            args.join(" "),
-            output.status,
-            String::from_utf8_lossy(&output.stderr).trim()
-        )));
+
+    /// Waits for the run: its standard output, or an error with what it
+    /// said.
+    pub fn finish(self) -> Result<Vec<u8>, SidecarError> {
+        let Self {
+            child,
+            program,
+            args,
+        } = self;
+        let output = child
+            .wait_with_output()
+            .map_err(|e| error(format!("cannot wait for {program}: {e}")))?;
+        if !output.status.success() {
+            return Err(error(format!(
+                "`nft {args}` failed ({}): {}",
+                output.status,
+                String::from_utf8_lossy(&output.stderr).trim()
+            )));
+        }
+        Ok(output.stdout)
     }
-    Ok(output.stdout)
 }
 
 #[cfg(test)]

@@ -188,9 +188,24 @@ fn attest(
     link.validate()
         .map_err(|e| failed(SidecarStep::Request, format!("link: {e}")))?;
 
-    let readback = netlink_runtime()?.block_on(install::install(&policy, link))?;
-    let observed_filter = filter::install(&policy.expected_filter())?;
+    // The filter's `nft` runs while the routes are installed over
+    // netlink, and its readback while the probes run: each is its own
+    // process, and neither depends on the other's result.
+    let began = std::time::Instant::now();
+    let filtering = filter::install(&policy.expected_filter())?;
+    let readback = netlink_runtime()?.block_on(install::install(&policy, link));
+    let filtered = filtering.finish();
+    let readback = readback?;
+    filtered?;
+    let installed = began.elapsed();
+    let listing = filter::list()?;
     let probes = probe::run(&policy, link);
+    let observed_filter = listing.rules()?;
+    tracing::info!(
+        install_us = installed.as_micros() as u64,
+        probes_us = (began.elapsed() - installed).as_micros() as u64,
+        "policy installed, probed and read back"
+    );
 
     Ok(NetworkReadinessAttestation {
         schema_id: NetworkReadinessAttestationSchemaId,

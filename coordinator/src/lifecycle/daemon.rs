@@ -894,20 +894,25 @@ fn bring_up(
         runtime_supervisor: namespaces.holder.committed(),
         ..HelperOwnership::default()
     }))?;
-    reporter.progress(StartupStep::Workspace, "starting the Workspace Router");
-    let routed = super::workspace::await_router(supervisor, resolved, workspace)?;
-
-    // The network: slirp4netns attached, the policy installed and attested.
-    let network = super::network::attach(
+    // The network: slirp4netns attached while the supervisor starts the
+    // Workspace Router, then the policy installed and attested.
+    let attached = super::network::attach(
         reporter,
         &recorder,
-        generation,
-        resolved,
-        supervisor,
         &namespaces,
         planned,
         &generation_dir,
         &mut starting.helper,
+    )?;
+    reporter.progress(StartupStep::Workspace, "starting the Workspace Router");
+    let routed = super::workspace::await_router(supervisor, resolved, workspace)?;
+    let network = super::network::attest(
+        reporter,
+        generation,
+        resolved,
+        supervisor,
+        &namespaces,
+        attached,
     )?;
 
     // The sandbox, now that its network is proven.

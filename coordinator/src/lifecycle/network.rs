@@ -16,18 +16,18 @@ use std::os::fd::AsFd;
 use lazaret_proto::control::{NetworkRecheck, NetworkStatus, StartupStep};
 
 use crate::network::PlannedNetwork;
-use lazaret_proto::ids::NetworkSidecarId;
+use lazaret_proto::ids::{NetworkSidecarId, Sha256Digest};
 use lazaret_proto::network::{
     ConnectivityLink, DnsOutcome, NetworkReachabilityProbe, NetworkReadinessIdentity,
     NetworkReadinessIdentitySchemaId,
 };
 use lazaret_proto::ownership::{HelperOwnership, NetworkOwnership, ParticipantOwnership};
-use lazaret_proto::process::PersistedHostProcessOwnership;
+use lazaret_proto::process::{PersistedHostProcessOwnership, PidfsProcessIdentityV1};
 use lazaret_proto::sidecar::AttestParameters;
 use lazaret_proto::store::Generation;
 
 use super::daemon::{Failure, Reporter, at, failure};
-use super::record::Recorder;
+use super::record::{Intent, Recorder};
 use super::supervisor::{Namespaces, Supervisor};
 use crate::config::{ResolvedDomainConfiguration, RetainedDir};
 use crate::network::{ConnectivityHelper, policy_memfd};
@@ -36,27 +36,33 @@ use crate::store::Slot;
 
 const STEP: StartupStep = StartupStep::Network;
 
-/// Attaches slirp4netns, has the policy installed and attested, and
-/// records the accepted attestation. The helper is left in `helper` as
-/// soon as it runs, so a failure later still stops it.
-#[allow(clippy::too_many_arguments)]
+/// The network between its connectivity helper attaching and its policy
+/// being attested: what [`attest`] goes on with.
+pub(super) struct Attached {
+    planned: PlannedNetwork,
+    policy_digest: Sha256Digest,
+    network: NetworkOwnership,
+    network_intent: Intent,
+    network_sidecar_id: NetworkSidecarId,
+    link: ConnectivityLink,
+    helper: PidfsProcessIdentityV1,
+}
+
+/// Records the network participant and the helper, and attaches
+/// slirp4netns to the enforcement namespace. The helper is left in
+/// `helper` as soon as it runs, so a failure later still stops it. Nothing
+/// of the sandbox runs yet: the policy is installed by [`attest`] before
+/// it does.
 pub(super) fn attach(
     reporter: &Reporter,
     recorder: &Recorder,
-    generation: &Generation,
-    resolved: &ResolvedDomainConfiguration,
-    supervisor: &Supervisor,
     namespaces: &Namespaces,
     planned: PlannedNetwork,
     generation_dir: &RetainedDir,
     helper: &mut Option<ConnectivityHelper>,
-) -> Result<NetworkStatus, Failure> {
-    let PlannedNetwork {
-        policy,
-        platform_deny,
-    } = planned;
-    let policy_digest = policy.digest().map_err(|e| at(STEP)(&e))?;
-    let mut network = NetworkOwnership {
+) -> Result<Attached, Failure> {
+    let policy_digest = planned.policy.digest().map_err(|e| at(STEP)(&e))?;
+    let network = NetworkOwnership {
         derived_policy_digest: Some(policy_digest),
         enforcement_namespace: Some(namespaces.network_namespace),
         owning_user_namespace: Some(namespaces.user_namespace),
@@ -104,7 +110,40 @@ pub(super) fn attach(
     })?;
     let running = helper.insert(started);
     helper_intent.active_as(helper_record(running.held.committed()))?;
+    Ok(Attached {
+        planned,
+        policy_digest,
+        network,
+        network_intent,
+        network_sidecar_id,
+        link,
+        helper: running.held.identity,
+    })
+}
 
+/// Has the supervisor's Network Sidecar install the policy and attest it,
+/// verifies the attestation against the identity this coordinator expects
+/// and the policy itself, and records it.
+pub(super) fn attest(
+    reporter: &Reporter,
+    generation: &Generation,
+    resolved: &ResolvedDomainConfiguration,
+    supervisor: &Supervisor,
+    namespaces: &Namespaces,
+    attached: Attached,
+) -> Result<NetworkStatus, Failure> {
+    let Attached {
+        planned: PlannedNetwork {
+            policy,
+            platform_deny,
+        },
+        policy_digest,
+        mut network,
+        network_intent,
+        network_sidecar_id,
+        link,
+        helper,
+    } = attached;
     reporter.progress(STEP, "installing and attesting the policy");
     let expected = NetworkReadinessIdentity {
         schema_id: NetworkReadinessIdentitySchemaId,
@@ -142,7 +181,7 @@ pub(super) fn attach(
         policy,
         platform_deny,
         attestation,
-        connectivity_helper: running.held.identity,
+        connectivity_helper: helper,
         recheck: NetworkRecheck::NotChecked,
     })
 }
