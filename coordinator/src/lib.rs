@@ -11,6 +11,7 @@ pub mod aio;
 pub mod catalog;
 pub mod cli;
 pub mod config;
+pub mod escalation;
 pub mod image;
 pub mod lifecycle;
 pub mod network;

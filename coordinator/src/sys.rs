@@ -46,6 +46,32 @@ pub fn spawn_inheriting(
     command.spawn()
 }
 
+/// Spawns a host command whose program is `/proc/self/fd/N` of
+/// `executable`: between fork and exec the child clears that descriptor's
+/// close-on-exec flag (so the kernel, and a script's interpreter, reach the
+/// same object; no other child inherits it) and asks to be killed when the
+/// coordinator dies.
+pub fn spawn_host_command(
+    command: &mut Command,
+    executable: BorrowedFd<'_>,
+) -> std::io::Result<Child> {
+    use std::os::unix::process::CommandExt;
+    let raw = executable.as_raw_fd();
+    // SAFETY: the closure runs in the child between fork and exec, where
+    // only async-signal-safe work is allowed: two raw system calls through
+    // rustix (`fcntl`, `prctl`), no allocation, no locks, errors returned
+    // by value. The descriptor is open in the child, a copy of this
+    // process forked inside `spawn` below while `executable` is borrowed.
+    unsafe {
+        command.pre_exec(move || {
+            rustix::io::fcntl_setfd(BorrowedFd::borrow_raw(raw), rustix::io::FdFlags::empty())?;
+            rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))?;
+            Ok(())
+        });
+    }
+    command.spawn()
+}
+
 /// `SO_PEERPIDFD` (asm-generic, and x86-64's).
 const SO_PEERPIDFD: libc::c_int = 77;
 

@@ -91,6 +91,19 @@ impl UnixTimeNs {
     pub fn as_secs(&self) -> u64 {
         self.0 / 1_000_000_000
     }
+
+    /// This instant moved `by` later, saturating at the end of time.
+    pub fn after(self, by: std::time::Duration) -> Self {
+        Self(
+            self.0
+                .saturating_add(u64::try_from(by.as_nanos()).unwrap_or(u64::MAX)),
+        )
+    }
+
+    /// How long after `earlier` this instant is; zero if it is not after.
+    pub fn since(self, earlier: Self) -> std::time::Duration {
+        std::time::Duration::from_nanos(self.0.saturating_sub(earlier.0))
+    }
 }
 
 /// Secret bytes (a private key): compared and serialized like any bytes, but

@@ -28,6 +28,7 @@ pub mod process;
 pub mod router;
 pub mod session;
 pub mod sidecar;
+pub mod signing;
 pub mod store;
 pub mod supervisor;
 pub mod sys;

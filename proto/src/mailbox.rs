@@ -29,6 +29,61 @@ pub const MAX_COMMAND_ARGV_BYTES: usize = 128 * 1024;
 /// The most output bytes one result chunk carries.
 pub const MAX_RESULT_CHUNK: usize = 32 * 1024;
 
+/// The most bytes of a result's `detail`.
+pub const MAX_RESULT_DETAIL: usize = 4 * 1024;
+
+/// Where the sandbox sees the mailboxes of its sessions: one directory per
+/// session, named by the session's id in hex, beneath it.
+pub const MAILBOX_AREA: &str = "/run/lazaret/mailbox";
+
+/// The environment variable naming a session process's session id (hex),
+/// which selects its directory beneath [`MAILBOX_AREA`].
+pub const SESSION_ENV: &str = "LAZARET_SESSION";
+
+/// In a session's mailbox: the session's [`crate::trust::SandboxCredentialBundle`],
+/// written by the host.
+pub const CREDENTIAL_FILE: &str = "credential";
+
+/// In a session's mailbox: where the sandbox puts its records
+/// (requests, cancellations, acknowledgements), each by atomic rename.
+pub const REQUESTS_DIR: &str = "requests";
+
+/// In a session's mailbox: where the host puts its records (decisions,
+/// result chunks, results), each by atomic rename.
+pub const RESULTS_DIR: &str = "results";
+
+/// A record file's name in [`REQUESTS_DIR`] or [`RESULTS_DIR`]: the request
+/// in hex, then what the record is. A name beginning with `.` is a file
+/// still being written, which readers pass over.
+pub fn record_file_name(request_id: RequestId, kind: RecordFile) -> String {
+    let id = request_id.to_hex();
+    match kind {
+        RecordFile::Request => format!("{id}.request"),
+        RecordFile::Cancellation => format!("{id}.cancel"),
+        RecordFile::ResultAck => format!("{id}.ack"),
+        RecordFile::Decision => format!("{id}.decision"),
+        RecordFile::Chunk(sequence) => format!("{id}.{sequence:010}.chunk"),
+        RecordFile::Result => format!("{id}.result"),
+    }
+}
+
+/// Which record a mailbox file holds, as its name says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RecordFile {
+    /// A [`MailboxRequest`].
+    Request,
+    /// A [`MailboxCancellation`].
+    Cancellation,
+    /// A [`MailboxResultAck`].
+    ResultAck,
+    /// A [`DeveloperDecision`].
+    Decision,
+    /// The [`MailboxResultChunk`] with this sequence number.
+    Chunk(u64),
+    /// A [`MailboxResult`].
+    Result,
+}
+
 /// The most bytes a [`MailboxRecord`] encoding may hold.
 pub const MAX_MAILBOX_RECORD_LEN: usize = MAX_COMMAND_ARGV_BYTES + 16 * 1024;
 
@@ -82,34 +137,44 @@ impl MailboxRequest {
     /// the whole within [`MAX_COMMAND_ARGV_BYTES`]. Matching element zero
     /// against a rule's canonical executable is the classifier's job.
     pub fn validate_command_argv(&self) -> Result<(), CommandArgvError> {
-        let first = self.command_argv.first().ok_or(CommandArgvError::Empty)?;
-        if let Some(index) = self.command_argv.iter().position(|a| a.contains('\0')) {
+        Self::validate_argv(&self.command_argv)
+    }
+
+    /// [`Self::validate_command_argv`] for any argv.
+    pub fn validate_argv(argv: &[String]) -> Result<(), CommandArgvError> {
+        let first = argv.first().ok_or(CommandArgvError::Empty)?;
+        if let Some(index) = argv.iter().position(|a| a.contains('\0')) {
             return Err(CommandArgvError::ContainsNul(index));
         }
         if !first.starts_with('/') {
             return Err(CommandArgvError::NotAbsolute);
         }
-        let total: usize = self.command_argv.iter().map(String::len).sum();
+        let total: usize = argv.iter().map(String::len).sum();
         if total > MAX_COMMAND_ARGV_BYTES {
             return Err(CommandArgvError::TooLarge(total));
         }
         Ok(())
     }
 
-    /// SHA-256 of the argv: a separator, then the element count and each
-    /// element framed as a big-endian `u32` length and its bytes, in order.
-    /// A [`DeveloperDecision`] names the argv it approved by this digest.
+    /// [`argv_digest`] of this request's argv.
     pub fn command_argv_digest(&self) -> Sha256Digest {
-        let mut hasher = Sha256::new();
-        hasher.update(b"lazaret-command-argv-v1\0");
-        let len = |n: usize| u32::try_from(n).unwrap_or(u32::MAX).to_be_bytes();
-        hasher.update(len(self.command_argv.len()));
-        for arg in &self.command_argv {
-            hasher.update(len(arg.len()));
-            hasher.update(arg.as_bytes());
-        }
-        Sha256Digest(hasher.finalize().into())
+        argv_digest(&self.command_argv)
     }
+}
+
+/// SHA-256 of an argv: a separator, then the element count and each
+/// element framed as a big-endian `u32` length and its bytes, in order. A
+/// [`DeveloperDecision`] names the argv it approved by this digest.
+pub fn argv_digest(argv: &[String]) -> Sha256Digest {
+    let mut hasher = Sha256::new();
+    hasher.update(b"lazaret-command-argv-v1\0");
+    let len = |n: usize| u32::try_from(n).unwrap_or(u32::MAX).to_be_bytes();
+    hasher.update(len(argv.len()));
+    for arg in argv {
+        hasher.update(len(arg.len()));
+        hasher.update(arg.as_bytes());
+    }
+    Sha256Digest(hasher.finalize().into())
 }
 
 /// The client's request to stop a request it made (Ctrl-C in the client).
@@ -215,8 +280,8 @@ pub struct MailboxResultChunk {
 /// How a request ended.
 ///
 /// The seed's list is partial after `Denied`; the rest are the other ends
-/// the design brief describes (refused without asking, cancelled by the
-/// client, failed to launch).
+/// the design brief and the escalation design describe (refused without
+/// asking, cancelled by the client, failed to launch, expired unanswered).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum EscalationOutcome {
     /// The command ran to its end.
@@ -230,13 +295,17 @@ pub enum EscalationOutcome {
     Cancelled,
     /// It was approved but could not be started.
     LaunchFailed,
+    /// Nobody decided before the request's deadline.
+    Expired,
 }
 
 /// The final record of a request.
 ///
 /// The seed's field list is partial after `request_id`; outcome and exit
-/// status are what the brief requires, the rest let the client check it
-/// has all output.
+/// status are what the brief requires, the chunk count and truncation let
+/// the client check it has all output, and `detail` is the host's
+/// explanation of an outcome other than `Completed`, for the client to
+/// print.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MailboxResult {
     /// Protocol version.
@@ -255,6 +324,9 @@ pub struct MailboxResult {
     pub chunk_count: u64,
     /// Whether output beyond the host's limit was dropped.
     pub output_truncated: bool,
+    /// Why the request ended as it did, for the user; at most
+    /// [`MAX_RESULT_DETAIL`] bytes.
+    pub detail: String,
     /// When the request ended.
     pub finished_at: UnixTimeNs,
 }
@@ -421,6 +493,7 @@ pub(crate) mod tests {
                 terminating_signal: None,
                 chunk_count: 1,
                 output_truncated: false,
+                detail: String::new(),
                 finished_at: UnixTimeNs(6),
             }),
         ]
@@ -463,11 +536,11 @@ pub(crate) mod tests {
         assert_eq!(bytes[1], 5);
         assert_rejects_unknown_discriminant::<MailboxRecord>(bytes.clone(), 1);
         // The result ends with: outcome, Some(0), None, chunk count 1,
-        // false, finished_at 6.
-        let outcome_at = bytes.len() - 7;
+        // false, an empty detail, finished_at 6.
+        let outcome_at = bytes.len() - 8;
         assert_eq!(
             &bytes[outcome_at..],
-            &[0, 1, 0, 0, 1, 0, 6],
+            &[0, 1, 0, 0, 1, 0, 0, 6],
             "layout of the result's tail"
         );
         assert_rejects_unknown_discriminant::<MailboxRecord>(bytes, outcome_at);
@@ -494,6 +567,34 @@ pub(crate) mod tests {
             r.validate_command_argv(),
             Err(CommandArgvError::TooLarge(_))
         ));
+    }
+
+    #[test]
+    fn record_file_names_sort_chunks_in_order() {
+        let id = RequestId([0xab; 16]);
+        let name = |kind| record_file_name(id, kind);
+        assert_eq!(
+            name(RecordFile::Request),
+            format!("{}.request", id.to_hex())
+        );
+        assert!(name(RecordFile::Chunk(9)) < name(RecordFile::Chunk(10)));
+        let names: std::collections::HashSet<_> = [
+            RecordFile::Request,
+            RecordFile::Cancellation,
+            RecordFile::ResultAck,
+            RecordFile::Decision,
+            RecordFile::Chunk(0),
+            RecordFile::Result,
+        ]
+        .into_iter()
+        .map(name)
+        .collect();
+        assert_eq!(names.len(), 6);
+        assert!(
+            names
+                .iter()
+                .all(|n| !n.starts_with('.') && !n.contains('/'))
+        );
     }
 
     #[test]

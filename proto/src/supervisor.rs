@@ -327,6 +327,10 @@ pub enum SupervisorReport {
         runtime_root: HostPath,
         /// The bundle directory.
         bundle: HostPath,
+        /// The Escalation Mailbox: a directory on a bounded tmpfs in the
+        /// Domain mount namespace that the sandbox sees at
+        /// [`crate::mailbox::MAILBOX_AREA`].
+        mailbox: FdIndex,
     },
     /// Starting failed; the supervisor exits after sending this.
     Failed(SupervisorError),

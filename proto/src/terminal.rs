@@ -12,7 +12,9 @@
 use serde::{Deserialize, Serialize};
 
 use crate::codec::WireRecord;
-use crate::ids::{ContainerId, SessionId};
+use crate::common::UnixTimeNs;
+use crate::ids::{ContainerId, RequestId, SessionId};
+use crate::mailbox::{DeveloperDecisionKind, EscalationOutcome};
 
 /// The most terminal bytes one input or output record carries. Larger
 /// writes are split.
@@ -109,6 +111,18 @@ pub struct SessionClose {
     pub session_id: SessionId,
 }
 
+/// The developer's answer, typed at an [`EscalationPrompt`] in this
+/// session's terminal.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct EscalationAnswer {
+    /// The session that was asked.
+    pub session_id: SessionId,
+    /// The request answered.
+    pub request_id: RequestId,
+    /// Approve or deny.
+    pub decision: DeveloperDecisionKind,
+}
+
 /// Everything a client may send about its session's terminal.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum SessionTerminalEvent {
@@ -120,6 +134,8 @@ pub enum SessionTerminalEvent {
     Signal(TerminalSignal),
     /// The end of the session from the client's side.
     Close(SessionClose),
+    /// The developer's answer to a prompt.
+    EscalationAnswer(EscalationAnswer),
 }
 
 impl SessionTerminalEvent {
@@ -130,6 +146,7 @@ impl SessionTerminalEvent {
             Self::Resize(e) => e.session_id,
             Self::Signal(e) => e.session_id,
             Self::Close(e) => e.session_id,
+            Self::EscalationAnswer(e) => e.session_id,
         }
     }
 }
@@ -179,6 +196,50 @@ pub enum SessionExitOutcome {
     DomainDown,
 }
 
+/// The most argument bytes, all elements together, of a request the
+/// developer is asked about: more is not reviewable at a prompt, and such
+/// a request is refused instead.
+pub const MAX_PROMPT_ARGV_BYTES: usize = 16 * 1024;
+
+/// The most elements of a request the developer is asked about.
+pub const MAX_PROMPT_ARGS: usize = 512;
+
+/// The most bytes of a prompt's `reason`.
+pub const MAX_PROMPT_REASON: usize = 1024;
+
+/// A request from inside the sandbox that waits for the developer's answer,
+/// shown by the CLI of the requesting session only, outside the sandbox's
+/// output.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EscalationPrompt {
+    /// The session that asked, whose terminal shows the prompt.
+    pub session_id: SessionId,
+    /// The request.
+    pub request_id: RequestId,
+    /// The exact command: the executable's absolute path, then its
+    /// arguments; at most [`MAX_PROMPT_ARGS`] elements and
+    /// [`MAX_PROMPT_ARGV_BYTES`] bytes.
+    pub command_argv: Vec<String>,
+    /// When the sandbox made the request.
+    pub requested_at: UnixTimeNs,
+    /// When the request expires unanswered.
+    pub expires_at: UnixTimeNs,
+    /// Why no rule approved it, at most [`MAX_PROMPT_REASON`] bytes.
+    pub reason: String,
+}
+
+/// A prompt that no longer waits for an answer: the request expired, or
+/// the sandbox cancelled it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct EscalationSettled {
+    /// The session that was asked.
+    pub session_id: SessionId,
+    /// The request.
+    pub request_id: RequestId,
+    /// How it ended.
+    pub outcome: EscalationOutcome,
+}
+
 /// Everything the Host Coordinator may send about a session's terminal.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum SessionTerminalMessage {
@@ -186,6 +247,10 @@ pub enum SessionTerminalMessage {
     Output(TerminalOutput),
     /// The session's end.
     Exit(SessionExit),
+    /// A request for the developer to decide.
+    EscalationPrompt(EscalationPrompt),
+    /// A prompt withdrawn before it was answered.
+    EscalationSettled(EscalationSettled),
 }
 
 impl SessionTerminalMessage {
@@ -194,6 +259,8 @@ impl SessionTerminalMessage {
         match self {
             Self::Output(m) => m.session_id,
             Self::Exit(m) => m.session_id,
+            Self::EscalationPrompt(m) => m.session_id,
+            Self::EscalationSettled(m) => m.session_id,
         }
     }
 }
@@ -234,6 +301,11 @@ mod tests {
             SessionTerminalEvent::Close(SessionClose {
                 session_id: SESSION,
             }),
+            SessionTerminalEvent::EscalationAnswer(EscalationAnswer {
+                session_id: SESSION,
+                request_id: RequestId([0x7e; 16]),
+                decision: DeveloperDecisionKind::Deny,
+            }),
         ];
         for event in &events {
             round_trip(event);
@@ -253,6 +325,19 @@ mod tests {
                 session_id: SESSION,
                 outcome: SessionExitOutcome::Terminated,
                 exit_code: 130,
+            }),
+            SessionTerminalMessage::EscalationPrompt(EscalationPrompt {
+                session_id: SESSION,
+                request_id: RequestId([0x7e; 16]),
+                command_argv: vec!["/usr/bin/gh".into(), "pr".into()],
+                requested_at: UnixTimeNs(1),
+                expires_at: UnixTimeNs(2),
+                reason: "no rule names /usr/bin/gh".into(),
+            }),
+            SessionTerminalMessage::EscalationSettled(EscalationSettled {
+                session_id: SESSION,
+                request_id: RequestId([0x7e; 16]),
+                outcome: EscalationOutcome::Expired,
             }),
         ];
         for message in &messages {
@@ -298,5 +383,21 @@ mod tests {
             bytes: vec![b'x'; MAX_TERMINAL_CHUNK],
         });
         round_trip(&fits);
+    }
+
+    #[test]
+    fn the_largest_prompt_encodes() {
+        // As many elements as a prompt may hold, each as long as the byte
+        // bound allows, and the longest reason.
+        let element = "x".repeat(MAX_PROMPT_ARGV_BYTES / MAX_PROMPT_ARGS);
+        let prompt = SessionTerminalMessage::EscalationPrompt(EscalationPrompt {
+            session_id: SESSION,
+            request_id: RequestId([0x7e; 16]),
+            command_argv: vec![element; MAX_PROMPT_ARGS],
+            requested_at: UnixTimeNs(u64::MAX),
+            expires_at: UnixTimeNs(u64::MAX),
+            reason: "r".repeat(MAX_PROMPT_REASON),
+        });
+        round_trip(&prompt);
     }
 }

@@ -14,6 +14,7 @@ use std::path::Path;
 
 use lazaret_proto::config::VolumeAccess;
 use lazaret_proto::layout::{CONTROL_AREA, WORKSPACE};
+use lazaret_proto::mailbox::MAILBOX_AREA;
 use serde_json::{Value, json};
 
 use crate::mounts::Staged;
@@ -41,8 +42,11 @@ pub const CAPABILITIES: [&str; 8] = [
 /// other uids meet the host's bound, [`crate::DOMAIN_TASKS`].
 pub const SANDBOX_PROCESSES: u64 = 512;
 
-/// The `PATH` of sandbox processes.
-pub const SANDBOX_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+/// The `PATH` of sandbox processes: the usual directories, then the
+/// control area's programs (`lazaret-escalate`), last so that nothing of
+/// the image is shadowed.
+pub const SANDBOX_PATH: &str =
+    "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/run/lazaret/bin";
 
 fn bind(destination: &str, source: &Path, read_only: bool) -> Value {
     let mut options = vec!["rbind", "nosuid", "nodev"];
@@ -139,6 +143,13 @@ pub fn spec(staged: &Staged, hostname: &str, environment: &[String]) -> Value {
     // The control area also holds `resolv.conf`, which the image's
     // `/etc/resolv.conf` links to (see `mounts::stage`).
     mounts.push(bind(CONTROL_AREA, &staged.control, true));
+    // Inside the read-only control area, the one place the sandbox writes:
+    // its sessions' mailboxes.
+    let mut mailbox = bind(MAILBOX_AREA, &staged.mailbox, false);
+    if let Some(Value::Array(options)) = mailbox.get_mut("options") {
+        options.push(json!("noexec"));
+    }
+    mounts.push(mailbox);
 
     json!({
         "ociVersion": "1.0.2",

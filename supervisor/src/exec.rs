@@ -114,6 +114,13 @@ fn process_spec(request: &ExecRequest, environment: &[String]) -> serde_json::Va
         env.push(format!("TERM={term}"));
     }
     env.extend(environment.iter().cloned());
+    // Which mailbox beneath /run/lazaret/mailbox is this session's; last,
+    // so nothing of the profile's environment replaces it.
+    env.push(format!(
+        "{}={}",
+        lazaret_proto::mailbox::SESSION_ENV,
+        request.session_id.to_hex()
+    ));
     let (terminal, size) = match request.stdio {
         ExecStdio::Terminal { rows, columns, .. } => {
             (true, json!({"height": rows, "width": columns}))

@@ -53,9 +53,10 @@ use std::sync::Arc;
 use lazaret_proto::channel::{ChannelError, Endpoint, Received};
 use lazaret_proto::error_chain as chain;
 use lazaret_proto::supervisor::{
-    ExecRequest, ExecStdio, FdIndex, PLAN_LIMITS, SandboxPlan, SupervisorError, SupervisorReport,
-    SupervisorRequest, SupervisorStep,
+    ExecRequest, ExecStdio, FdIndex, FdList, PLAN_LIMITS, SandboxPlan, SupervisorError,
+    SupervisorReport, SupervisorRequest, SupervisorStep,
 };
+use rustix::fs::{Mode, OFlags};
 use rustix::process::{Pid, PidfdFlags, Signal, pidfd_open};
 
 type Channel = Endpoint<SupervisorReport, SupervisorRequest>;
@@ -350,15 +351,29 @@ fn start(
         .map_err(|e| failed(SupervisorStep::Runtime, chain(&e)))?;
 
     let (sandbox, gofer) = runsc_processes().map_err(|e| failed(SupervisorStep::Identities, e))?;
-    let mut descriptors = vec![sandbox.as_fd()];
-    descriptors.extend(gofer.as_ref().map(AsFd::as_fd));
+    let mailbox = rustix::fs::open(
+        &staged.mailbox,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| {
+        failed(
+            SupervisorStep::Mounts,
+            format!("cannot open the mailbox: {e}"),
+        )
+    })?;
+    let mut fds = FdList::new();
+    let sandbox_index = fds.push(sandbox.as_fd());
+    let gofer_index = gofer.as_ref().map(|g| fds.push(g.as_fd()));
+    let mailbox_index = fds.push(mailbox.as_fd());
     let report = SupervisorReport::SandboxRunning {
-        sandbox: FdIndex(0),
-        gofer: gofer.as_ref().map(|_| FdIndex(1)),
+        sandbox: sandbox_index,
+        gofer: gofer_index,
         runtime_root: staged.runsc_root.as_path().into(),
         bundle: staged.bundle.as_path().into(),
+        mailbox: mailbox_index,
     };
-    send(channel, SupervisorStep::Identities, &report, &descriptors)?;
+    send(channel, SupervisorStep::Identities, &report, fds.as_slice())?;
     Ok(Some(running))
 }
 

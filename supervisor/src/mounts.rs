@@ -31,6 +31,23 @@ const STAGING_SIZE: &str = "64m";
 /// The static `lazaret-init` executable (built from `sandbox-init/init.rs`).
 const SANDBOX_INIT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/lazaret-init"));
 
+/// The static `lazaret-escalate` executable (the escalation-client crate).
+const ESCALATION_CLIENT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/lazaret-escalate"));
+
+/// The size of the Escalation Mailbox's tmpfs, and its most files: what the
+/// sandbox may write there in all, so a flood of records fills the
+/// mailbox and never the host's memory.
+const MAILBOX_SIZE: &str = "size=32m,nr_inodes=16384";
+
+/// What every `up` writes to the image's `/etc/profile.d`, so that a login
+/// shell whose profile sets `PATH` afresh (Debian's does) still finds
+/// `lazaret-escalate`.
+const PROFILE_SCRIPT: &str = "\
+# Written by Lazaret at every `lazaret up`: the control area's programs
+# (lazaret-escalate) are on PATH in login shells too.
+case \":$PATH:\" in *:/run/lazaret/bin:*) ;; *) PATH=\"$PATH:/run/lazaret/bin\" ;; esac
+";
+
 /// Why staging the filesystem failed.
 #[derive(Debug, thiserror::Error)]
 pub enum MountError {
@@ -192,6 +209,8 @@ pub struct Staged {
     pub volumes: Vec<(String, PathBuf, VolumeAccess)>,
     /// The staged control area.
     pub control: PathBuf,
+    /// The Escalation Mailbox's tmpfs.
+    pub mailbox: PathBuf,
     /// Where the bundle is written.
     pub bundle: PathBuf,
     /// The runsc state directory.
@@ -314,6 +333,48 @@ fn link_resolv_conf(dir: BorrowedFd<'_>, what: &str) -> Result<(), MountError> {
     rustix::fs::symlinkat(RESOLV_CONF_LINK, dir, "resolv.conf").map_err(failed)
 }
 
+/// Writes [`PROFILE_SCRIPT`] as `profile.d/lazaret.sh` beneath `etc`,
+/// making `profile.d` if the image has none; a `profile.d` that is not a
+/// directory is left alone.
+fn write_profile_script(etc: BorrowedFd<'_>, what: &str) -> Result<(), MountError> {
+    let failed = |e: rustix::io::Errno| MountError::Create {
+        path: format!("{what}/profile.d/lazaret.sh"),
+        source: e.into(),
+    };
+    match rustix::fs::mkdirat(etc, "profile.d", Mode::from_raw_mode(0o755)) {
+        Ok(()) | Err(rustix::io::Errno::EXIST) => {}
+        Err(e) => return Err(failed(e)),
+    }
+    let dir = match rustix::fs::openat(
+        etc,
+        "profile.d",
+        OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::RDONLY,
+        Mode::empty(),
+    ) {
+        Ok(dir) => dir,
+        Err(rustix::io::Errno::NOTDIR | rustix::io::Errno::LOOP) => return Ok(()),
+        Err(e) => return Err(failed(e)),
+    };
+    match rustix::fs::unlinkat(&dir, "lazaret.sh", rustix::fs::AtFlags::empty()) {
+        Ok(()) | Err(rustix::io::Errno::NOENT) => {}
+        Err(rustix::io::Errno::ISDIR) => return Ok(()),
+        Err(e) => return Err(failed(e)),
+    }
+    let file = rustix::fs::openat(
+        &dir,
+        "lazaret.sh",
+        OFlags::CREATE | OFlags::EXCL | OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::from_raw_mode(0o644),
+    )
+    .map_err(failed)?;
+    std::io::Write::write_all(&mut std::fs::File::from(file), PROFILE_SCRIPT.as_bytes()).map_err(
+        |e| MountError::Create {
+            path: format!("{what}/profile.d/lazaret.sh"),
+            source: e,
+        },
+    )
+}
+
 /// Stages the whole filesystem beneath `runtime_dir/mnt`, with `resolvers`
 /// in the control area's `resolv.conf`. Must run inside the Domain mount
 /// namespace.
@@ -351,6 +412,8 @@ pub fn stage(
         "bundle",
         "runsc",
         "control/bin",
+        "control/mailbox",
+        "mailbox",
     ] {
         create_dir(&scratch.join(dir))?;
     }
@@ -366,6 +429,7 @@ pub fn stage(
     )?;
     let etc = open_dir(rustix::fs::CWD, &upper_etc, "the root's upper /etc")?;
     link_resolv_conf(etc.as_fd(), "the root's /etc")?;
+    write_profile_script(etc.as_fd(), "the root's /etc")?;
     let rootfs = scratch.join("root/merged");
     let root_options = format!(
         "lowerdir={},upperdir={},workdir={},userxattr",
@@ -396,6 +460,7 @@ pub fn stage(
             // every `up` puts back.
             let upper = open_dir(anchor.state_dir, Path::new("upper"), "the persistent /etc")?;
             link_resolv_conf(upper.as_fd(), "the persistent /etc")?;
+            write_profile_script(upper.as_fd(), "the persistent /etc")?;
         }
         let target = scratch.join(format!("anchor/{i}"));
         create_dir(&target)?;
@@ -444,13 +509,28 @@ pub fn stage(
             path: resolv_path.display().to_string(),
             source,
         })?;
-    let init = control.join("bin/lazaret-init");
-    std::fs::write(&init, SANDBOX_INIT)
-        .and_then(|()| std::fs::set_permissions(&init, std::fs::Permissions::from_mode(0o555)))
-        .map_err(|source| MountError::Create {
-            path: init.display().to_string(),
-            source,
-        })?;
+    for (name, program) in [
+        ("lazaret-init", SANDBOX_INIT),
+        ("lazaret-escalate", ESCALATION_CLIENT),
+    ] {
+        let path = control.join("bin").join(name);
+        std::fs::write(&path, program)
+            .and_then(|()| std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o555)))
+            .map_err(|source| MountError::Create {
+                path: path.display().to_string(),
+                source,
+            })?;
+    }
+    // The Escalation Mailbox: its own bounded tmpfs, which the coordinator
+    // reaches through a descriptor and the sandbox at its protected path.
+    let mailbox = scratch.join("mailbox");
+    mount(
+        "the Escalation Mailbox",
+        &mailbox,
+        "tmpfs",
+        MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC,
+        &format!("mode=0700,{MAILBOX_SIZE}"),
+    )?;
     // The control area, read-only in the Domain mount namespace too.
     rustix::mount::mount_bind(&control, &control).map_err(|e| MountError::Mount {
         what: "the control area".into(),
@@ -465,6 +545,7 @@ pub fn stage(
         workspace,
         volumes,
         control,
+        mailbox,
         bundle: scratch.join("bundle"),
         runsc_root: scratch.join("runsc"),
     })

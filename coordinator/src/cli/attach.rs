@@ -23,7 +23,7 @@ use lazaret_proto::terminal::{
 use rustix::event::{PollFd, PollFlags, poll};
 use rustix::termios::{OptionalActions, Termios};
 
-use super::{Failure, Globals, failure, screen};
+use super::{Failure, Globals, failure, prompt, screen};
 use crate::config::HostEnvironment;
 use crate::lifecycle::{DomainPaths, chain};
 use crate::session::link::TlsLink;
@@ -346,6 +346,9 @@ fn relay(
     let lost =
         |e: &dyn std::error::Error| format!("the connection to the Domain was lost: {}", chain(e));
     let link_fd = link.fd().try_clone_to_owned().map_err(|e| e.to_string())?;
+    // Prompts are shown only where a developer can see and answer them.
+    let can_prompt = modes.is_some() && std::io::stdout().is_terminal();
+    let mut prompter = prompt::Prompter::default();
     loop {
         // Frames already read (some may have come with the previous ones)
         // are handled before waiting for more.
@@ -358,7 +361,9 @@ fn relay(
                     if let Some(modes) = modes.as_deref_mut() {
                         modes.observe(&output.bytes);
                     }
-                    if stdout
+                    if prompter.waiting() {
+                        prompter.hold(&output.bytes);
+                    } else if stdout
                         .write_all(&output.bytes)
                         .and_then(|()| stdout.flush())
                         .is_err()
@@ -371,6 +376,30 @@ fn relay(
                     }
                 }
                 SessionTerminalMessage::Exit(exit) => return Ok((exit.outcome, exit.exit_code)),
+                SessionTerminalMessage::EscalationPrompt(request) => {
+                    if can_prompt {
+                        prompter
+                            .show(&mut stdout, stdin, &request)
+                            .map_err(|e| e.to_string())?;
+                    } else {
+                        // Nobody here can read a prompt: the answer is no.
+                        eprint!(
+                            "lazaret: denied a host command the sandbox asked for, because \
+                             this terminal cannot show the prompt: {}\r\n",
+                            crate::escalation::classify::shown(&request.command_argv)
+                        );
+                        let answer = lazaret_proto::terminal::EscalationAnswer {
+                            session_id,
+                            request_id: request.request_id,
+                            decision: lazaret_proto::mailbox::DeveloperDecisionKind::Deny,
+                        };
+                        link.send(&SessionTerminalEvent::EscalationAnswer(answer))
+                            .map_err(|e| lost(&e))?;
+                    }
+                }
+                SessionTerminalMessage::EscalationSettled(settled) => prompter
+                    .settled(&mut stdout, &settled)
+                    .map_err(|e| e.to_string())?,
             }
         }
         // Input is read only while the connection has room for it: a
@@ -378,10 +407,17 @@ fn relay(
         // (backpressure) instead of a write that blocks or times out, and
         // output and signals still flow meanwhile.
         let room = !stdin_open || writable(link_fd.as_fd());
-        let link_events = if room {
-            PollFlags::IN
+        // While a prompt holds output back and the held output is full,
+        // the connection is not read (its sender waits) until the answer.
+        let reading = if prompter.full() {
+            PollFlags::empty()
         } else {
-            PollFlags::IN | PollFlags::OUT
+            PollFlags::IN
+        };
+        let link_events = if room {
+            reading
+        } else {
+            reading | PollFlags::OUT
         };
         let mut fds = vec![PollFd::new(&link_fd, link_events)];
         fds.extend(
@@ -401,7 +437,8 @@ fn relay(
         let link_revents = fds[0].revents();
         let ready: Vec<bool> = fds.iter().map(|f| !f.revents().is_empty()).collect();
         drop(fds);
-        let link_ready = link_revents.intersects(PollFlags::IN | PollFlags::HUP | PollFlags::ERR);
+        let link_ready = !prompter.full()
+            && link_revents.intersects(PollFlags::IN | PollFlags::HUP | PollFlags::ERR);
         let stdin_ready = read_stdin && ready[1 + signal_pipes.len()];
 
         for ((fd, kind), _) in signal_pipes.iter().zip(&ready[1..]).filter(|(_, r)| **r) {
@@ -431,6 +468,16 @@ fn relay(
                     stdin_open = false;
                     link.send(&SessionTerminalEvent::Close(SessionClose { session_id }))
                         .map_err(|e| lost(&e))?;
+                }
+                Ok(n) if prompter.waiting() => {
+                    // Keys answer the prompt; none reaches the sandbox.
+                    let answer = prompter
+                        .key(&mut stdout, session_id, &buf[..n])
+                        .map_err(|e| e.to_string())?;
+                    if let Some(answer) = answer {
+                        link.send(&SessionTerminalEvent::EscalationAnswer(answer))
+                            .map_err(|e| lost(&e))?;
+                    }
                 }
                 Ok(n) => link
                     .send(&SessionTerminalEvent::Input(TerminalInput {

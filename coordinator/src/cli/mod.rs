@@ -10,6 +10,7 @@ mod args;
 mod attach;
 mod domain;
 mod logs;
+mod prompt;
 mod screen;
 mod view;
 

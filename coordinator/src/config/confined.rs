@@ -347,6 +347,15 @@ impl ConfinedPathPlan {
         &self.canonical_label
     }
 
+    /// Another plan to the same object, retaining the same ancestor.
+    pub fn try_clone(&self) -> io::Result<Self> {
+        Ok(Self {
+            retained_ancestor: self.retained_ancestor.try_clone()?,
+            relative_suffix: self.relative_suffix.clone(),
+            canonical_label: self.canonical_label.clone(),
+        })
+    }
+
     fn label(&self) -> String {
         label(&self.canonical_label)
     }

@@ -44,7 +44,7 @@ use lazaret_proto::ownership::{
 };
 use lazaret_proto::process::PersistedHostProcessOwnership;
 use lazaret_proto::store::{Domain, Generation, GenerationState, ParticipantState};
-use lazaret_proto::trust::GenerationIdentity;
+use lazaret_proto::trust::{GenerationIdentity, ProtocolCredential, TrustManifest};
 use rustix::fs::{FlockOperation, Mode, OFlags};
 
 use super::record::Recorder;
@@ -609,6 +609,15 @@ impl Starting {
     }
 }
 
+/// The generation's Session Coordinator protocol credential, the trust
+/// manifest its sessions pin, and the mailbox tmpfs.
+#[derive(Debug)]
+pub(super) struct EscalationParts {
+    pub(super) credential: ProtocolCredential,
+    pub(super) manifest: TrustManifest,
+    pub(super) mailbox: OwnedFd,
+}
+
 /// Everything a running generation holds.
 pub(super) struct Live {
     coordinator: HeldProcess,
@@ -623,6 +632,8 @@ pub(super) struct Live {
     pub(super) sessions: UnixListener,
     /// The TLS configuration sessions are served with.
     pub(super) session_server: Arc<rustls::ServerConfig>,
+    /// What the generation's escalation is made of on the event loop.
+    pub(super) escalation: EscalationParts,
     /// The sealed sandbox environment every session process gets.
     pub(super) environment: OwnedFd,
     pub(super) store: Arc<DomainStore>,
@@ -709,18 +720,6 @@ fn bring_up(
     let uid = rustix::process::getuid().as_raw();
     let store = &owned.store;
     let recorder = Recorder::new(Arc::clone(store), generation.generation_id);
-    // Escalation is configured but not built: refused rather than ignored.
-    if resolved.record().escalation_enabled {
-        return Err(invalid(
-            StartupStep::Configuration,
-            format!(
-                "profile `{}` sets escalation.enabled = true, but host escalation is not \
-                 built in this version of Lazaret; set enabled = false (and remove its \
-                 auto_approve rules) to start the profile",
-                resolved.profile().as_str()
-            ),
-        ));
-    }
     // The policy first: one that cannot be installed stops `up` before
     // anything starts.
     let host_addresses = crate::network::host_addresses()
@@ -944,7 +943,8 @@ fn bring_up(
 
     // The Session Coordinator: this generation's TLS credentials, the client
     // credential for the invoking user, and the session socket.
-    let (sessions, session_server) = publish_sessions(resolved, generation, &recorder)?;
+    let (sessions, session_server, credential, manifest) =
+        publish_sessions(resolved, generation, &recorder)?;
 
     generation.state = GenerationState::Running;
     store
@@ -967,6 +967,11 @@ fn bring_up(
         listener,
         sessions,
         session_server,
+        escalation: EscalationParts {
+            credential,
+            manifest,
+            mailbox: running.mailbox,
+        },
         environment,
         store: Arc::clone(store),
         generation_id: generation.generation_id,
@@ -989,7 +994,15 @@ fn publish_sessions(
     resolved: &ResolvedDomainConfiguration,
     generation: &Generation,
     recorder: &Recorder,
-) -> Result<(UnixListener, Arc<rustls::ServerConfig>), Failure> {
+) -> Result<
+    (
+        UnixListener,
+        Arc<rustls::ServerConfig>,
+        ProtocolCredential,
+        TrustManifest,
+    ),
+    Failure,
+> {
     let auth = resolved.authorities();
     let step = at(StartupStep::Sandbox);
     let uid = rustix::process::getuid().as_raw();
@@ -1034,7 +1047,12 @@ fn publish_sessions(
         )
     })?;
     publication.active()?;
-    Ok((listener, credentials.server_config()))
+    Ok((
+        listener,
+        credentials.server_config(),
+        protocol,
+        credentials.trust_manifest(),
+    ))
 }
 
 /// The resolved sandbox environment in a sealed memfd: `NAME=value\0`

@@ -156,7 +156,7 @@ async fn run(
     generation: &Generation,
     live: &mut Live,
 ) -> Ending {
-    match Watched::register(live) {
+    match Watched::register(resolved, live) {
         Ok(watched) => watched.serve(resolved, generation, live).await,
         Err(e) => Ending::Broken(format!("cannot watch the Domain's descriptors: {e}")),
     }
@@ -175,14 +175,23 @@ struct Watched {
 }
 
 impl Watched {
-    fn register(live: &mut Live) -> std::io::Result<Self> {
+    fn register(resolved: &ResolvedDomainConfiguration, live: &mut Live) -> std::io::Result<Self> {
         let control = live.listener.try_clone()?;
         rustix::fs::fcntl_setfl(&control, rustix::fs::OFlags::NONBLOCK)?;
         let sessions = live.sessions.try_clone()?;
         sessions.set_nonblocking(true)?;
         let supervisor = Arc::new(AsyncChannel::new(Arc::clone(&live.supervisor.channel))?);
+        let escalation = crate::escalation::Escalation::new(
+            resolved,
+            live.escalation.credential.clone(),
+            live.escalation.manifest.clone(),
+            live.escalation.mailbox.try_clone()?,
+        )?;
+        let watching = Arc::clone(&escalation);
+        tokio::spawn(async move { watching.watch().await });
         live.hub = Some(Hub::new(
             supervisor,
+            escalation,
             live.environment.try_clone()?,
             Arc::clone(&live.store),
             live.generation_id,

@@ -318,6 +318,8 @@ pub(super) struct RunningSandbox {
     pub(super) process: HeldProcess,
     /// Its gofer, when the supervisor found it.
     pub(super) gofer: Option<HeldProcess>,
+    /// The Escalation Mailbox's tmpfs in the Domain mount namespace.
+    pub(super) mailbox: OwnedFd,
 }
 
 /// Waits for the sandbox to run: its runtime root, its process and its
@@ -329,6 +331,7 @@ fn await_sandbox(supervisor: &SupervisorChannel) -> Result<RunningSandbox, Failu
         sandbox,
         gofer,
         runtime_root,
+        mailbox,
         ..
     } = message
     else {
@@ -344,10 +347,14 @@ fn await_sandbox(supervisor: &SupervisorChannel) -> Result<RunningSandbox, Failu
         .map(HeldProcess::from_pidfd)
         .transpose()
         .map_err(|e| at(step)(&e))?;
+    let mailbox = mailbox
+        .take(&mut fds)
+        .ok_or_else(|| failure(step, "the supervisor sent no mailbox directory"))?;
     Ok(RunningSandbox {
         runtime_root,
         process: sandbox,
         gofer,
+        mailbox,
     })
 }
 
@@ -496,6 +503,7 @@ mod tests {
             gofer: None,
             runtime_root: HostPath::from(std::path::Path::new("/run/x")),
             bundle: HostPath::from(std::path::Path::new("/run/x/bundle")),
+            mailbox: FdIndex(1),
         };
         theirs.send(&report, &[]).unwrap();
         let failure = await_sandbox(&ours).unwrap_err();

@@ -39,6 +39,8 @@ use tokio::sync::{mpsc, watch};
 use super::stream::FdStream;
 use super::tls::{FrameBuffer, FrameError, write_frame};
 use crate::aio::{AsyncChannel, Exit, Stream, exited};
+use crate::escalation::Escalation;
+use crate::escalation::session::{SessionEscalation, TerminalEvent};
 use crate::store::DomainStore;
 
 /// The supervisor link, shared by the sessions that send `Exec` on it.
@@ -101,6 +103,7 @@ struct Route {
 /// Routes supervisor reports to sessions, and holds what sessions share.
 pub struct Hub {
     supervisor: Arc<SupervisorLink>,
+    escalation: Arc<Escalation>,
     environment: OwnedFd,
     store: Arc<DomainStore>,
     generation: GenerationId,
@@ -125,6 +128,7 @@ impl Hub {
     /// A hub for one generation.
     pub fn new(
         supervisor: Arc<SupervisorLink>,
+        escalation: Arc<Escalation>,
         environment: OwnedFd,
         store: Arc<DomainStore>,
         generation: GenerationId,
@@ -132,6 +136,7 @@ impl Hub {
     ) -> Arc<Self> {
         Arc::new(Self {
             supervisor,
+            escalation,
             environment,
             store,
             generation,
@@ -426,13 +431,37 @@ impl Running<'_> {
         passed: Vec<OwnedFd>,
     ) -> Result<(), SessionError> {
         self.record(SessionTerminalState::Intent, false, None);
-        let mut io = match SessionIo::open(open, passed) {
+        let io = match SessionIo::open(open, passed) {
             Ok(io) => io,
             Err(e) => {
                 let reason = format!("cannot open the session's terminal: {e}");
                 return self.refuse(link, reason).await;
             }
         };
+        // The session's mailbox exists before its process does.
+        let mut escalation = match self
+            .hub
+            .escalation
+            .open_session(self.session_id, open.terminal)
+        {
+            Ok(escalation) => escalation,
+            Err(e) => {
+                let reason = format!("cannot make the session's escalation mailbox: {e}");
+                return self.refuse(link, reason).await;
+            }
+        };
+        let served = self.run_with(link, open, io, &mut escalation).await;
+        escalation.close().await;
+        served
+    }
+
+    async fn run_with(
+        &mut self,
+        link: &mut Link,
+        open: &OpenSession,
+        mut io: SessionIo,
+        escalation: &mut SessionEscalation,
+    ) -> Result<(), SessionError> {
         let args = open
             .command
             .clone()
@@ -505,7 +534,7 @@ impl Running<'_> {
             "session opened"
         );
 
-        match self.pump(link, &mut io).await {
+        match self.pump(link, &mut io, escalation).await {
             Ok(exit) => {
                 tracing::info!(
                     exit_code = exit.exit_code,
@@ -551,6 +580,7 @@ impl Running<'_> {
         &mut self,
         link: &mut Link,
         io: &mut SessionIo,
+        escalation: &mut SessionEscalation,
     ) -> Result<SessionExit, SessionError> {
         let session_id = self.session_id;
         let mut input = Input::default();
@@ -578,6 +608,17 @@ impl Running<'_> {
                     None => return Err(SessionError::Closed),
                 },
                 () = exited(self.client.as_ref()) => return Err(SessionError::Closed),
+                event = escalation.next() => {
+                    let message = match event {
+                        TerminalEvent::Prompt(prompt) => {
+                            SessionTerminalMessage::EscalationPrompt(prompt)
+                        }
+                        TerminalEvent::Settled(settled) => {
+                            SessionTerminalMessage::EscalationSettled(settled)
+                        }
+                    };
+                    link.send(&message).await?;
+                }
                 read = link.read(&mut read_buf), if input.bytes.len() < INPUT_BOUND => {
                     let n = read?;
                     if n == 0 {
@@ -590,7 +631,7 @@ impl Running<'_> {
                                 "an event named another session".into(),
                             ));
                         }
-                        self.handle(event, io, &mut input).await;
+                        self.handle(event, io, &mut input, escalation).await;
                     }
                 }
                 written = write_some(input_target, &input.bytes), if input_target.is_some() => {
@@ -638,8 +679,15 @@ impl Running<'_> {
     }
 
     /// Acts on one event from the client.
-    async fn handle(&self, event: SessionTerminalEvent, io: &mut SessionIo, input: &mut Input) {
+    async fn handle(
+        &self,
+        event: SessionTerminalEvent,
+        io: &mut SessionIo,
+        input: &mut Input,
+        escalation: &mut SessionEscalation,
+    ) {
         match event {
+            SessionTerminalEvent::EscalationAnswer(answer) => escalation.answer(answer),
             SessionTerminalEvent::Input(bytes) => {
                 if io.input.is_some() && !input.close {
                     input.bytes.extend_from_slice(&bytes.bytes);

@@ -13,10 +13,7 @@ pub mod tls;
 
 use lazaret_proto::common::{ProtocolVersion, UnixTimeNs};
 use lazaret_proto::ids::CredentialId;
-use lazaret_proto::trust::{
-    GenerationIdentity, ProtocolCredential, ProtocolCredentialRole, ProtocolPublicKey,
-    ProtocolSigningKey,
-};
+use lazaret_proto::trust::{GenerationIdentity, ProtocolCredential, ProtocolCredentialRole};
 
 /// The directory, beneath the Domain's runtime directory, holding the
 /// invoking user's client credential.
@@ -44,29 +41,30 @@ pub fn donatable(fd: std::os::fd::BorrowedFd<'_>) -> bool {
 /// `N` bytes from the system's secure random generator, for identifiers and
 /// keys.
 pub fn random_bytes<const N: usize>() -> [u8; N] {
-    let mut bytes = [0u8; N];
-    ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut bytes)
-        .expect("the system random generator works");
-    bytes
+    lazaret_proto::signing::random_bytes()
 }
 
 /// The Session Coordinator's protocol signing credential of a generation:
 /// a fresh Ed25519 key, held in memory only.
 pub fn coordinator_protocol_credential(identity: &GenerationIdentity) -> ProtocolCredential {
-    let seed: [u8; 32] = random_bytes();
-    let pair = ring::signature::Ed25519KeyPair::from_seed_unchecked(&seed)
-        .expect("every 32-byte seed is an Ed25519 key");
-    let public: [u8; 32] = ring::signature::KeyPair::public_key(&pair)
-        .as_ref()
-        .try_into()
-        .expect("Ed25519 public keys are 32 bytes");
+    protocol_credential(identity, ProtocolCredentialRole::SessionCoordinator)
+}
+
+/// A fresh protocol signing credential of a generation for `role`: a new
+/// Ed25519 key, held in memory (and, for a session's `AgentSandbox`
+/// credential, in that session's mailbox).
+pub fn protocol_credential(
+    identity: &GenerationIdentity,
+    role: ProtocolCredentialRole,
+) -> ProtocolCredential {
+    let (signing_key, public_key) = lazaret_proto::signing::generate();
     ProtocolCredential {
         protocol_version: ProtocolVersion::V1,
         credential_id: CredentialId(random_bytes()),
         generation_identity: identity.clone(),
-        role: ProtocolCredentialRole::SessionCoordinator,
-        public_key: ProtocolPublicKey(public),
-        signing_key: ProtocolSigningKey(seed),
+        role,
+        public_key,
+        signing_key,
         issued_at: UnixTimeNs::now(),
     }
 }

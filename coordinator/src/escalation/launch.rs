@@ -1,0 +1,284 @@
+//! Starting an approved host command, and ending it.
+//!
+//! Owns the executable checks made before every launch (seed §3.2) and the
+//! launch itself. A rule's executable is reopened through the confined plan
+//! made at `up` and must still be the object `up` opened (same device and
+//! inode) and pass the checks: a regular file with one hard link, owned by
+//! root or the user, not writable by group or others, executable by the
+//! user. An executable the developer approved by its path is resolved to
+//! its canonical path, must lie outside everything the sandbox can write
+//! and every Lazaret tree, and passes the same checks. The command is then
+//! `/proc/self/fd/N` of that open descriptor, inherited by the child alone
+//! (so a script's interpreter reads the same object): no shell, no `PATH`,
+//! no descriptor or environment of the requester's choosing. It runs in
+//! the host workspace with [`HOST_ENVIRONMENT`], in a process group of its
+//! own that is ended with it; the coordinator's death ends it too.
+//! Trusts the configuration's plans; nothing from the sandbox but argv.
+
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use rustix::fs::FileType;
+use rustix::process::{Pid, Signal, WaitId, WaitIdOptions};
+
+use crate::aio::{Exit, Stream};
+use crate::config::confined::{canonicalize, overlaps, proc_self_fd};
+use crate::config::{
+    ConfinedPathPlan, ObjectIdentity, Opened, ResolvedDomainConfiguration, check_executable,
+};
+
+/// The `PATH` of host commands.
+pub const HOST_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
+
+/// What a host command sees of the coordinator's environment, besides
+/// [`HOST_PATH`] and `LANG=C.UTF-8`: where the user's files and settings
+/// are, temporary space, and proxies. Never the sandbox's environment.
+pub const HOST_ENVIRONMENT: &[&str] = &[
+    "HOME",
+    "XDG_RUNTIME_DIR",
+    "XDG_CONFIG_HOME",
+    "XDG_DATA_HOME",
+    "TMPDIR",
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "NO_PROXY",
+    "http_proxy",
+    "https_proxy",
+    "no_proxy",
+];
+
+/// A rule's executable as `up` found it.
+#[derive(Debug)]
+struct RuleExecutable {
+    plan: ConfinedPathPlan,
+    identity: ObjectIdentity,
+}
+
+/// What launches need, taken from the configuration at `up`.
+#[derive(Debug)]
+pub struct Launcher {
+    rules: Vec<RuleExecutable>,
+    /// Canonical trees an executable may not lie in, with what each is.
+    forbidden: Vec<(PathBuf, String)>,
+    /// The host workspace, the commands' working directory.
+    workspace: OwnedFd,
+    environment: Vec<(String, String)>,
+    uid: u32,
+}
+
+/// An executable opened for one launch.
+#[derive(Debug)]
+pub struct Checked {
+    opened: Opened,
+    /// Its canonical path.
+    pub canonical: PathBuf,
+}
+
+impl Launcher {
+    /// Takes the rules' plans and the trees to keep out of from `resolved`.
+    pub fn new(resolved: &ResolvedDomainConfiguration) -> std::io::Result<Self> {
+        let auth = resolved.authorities();
+        let rules = auth
+            .executables
+            .iter()
+            .map(|e| {
+                Ok(RuleExecutable {
+                    plan: e.plan.try_clone()?,
+                    identity: e.opened.identity,
+                })
+            })
+            .collect::<std::io::Result<Vec<_>>>()?;
+        let mut forbidden = vec![
+            (
+                auth.workspace.label().to_path_buf(),
+                "the workspace".to_owned(),
+            ),
+            (
+                auth.profile_dir.label().to_path_buf(),
+                "the profile directory".to_owned(),
+            ),
+            (
+                auth.storage_root.label().to_path_buf(),
+                "Lazaret's storage".to_owned(),
+            ),
+            (
+                auth.runtime_root.label().to_path_buf(),
+                "Lazaret's runtime directory".to_owned(),
+            ),
+        ];
+        for (i, volume) in auth.volumes.iter().enumerate() {
+            forbidden.push((
+                volume.plan.canonical_label().to_path_buf(),
+                format!("volume {i}'s source"),
+            ));
+        }
+        let environment = HOST_ENVIRONMENT
+            .iter()
+            .filter_map(|name| Some(((*name).to_owned(), std::env::var(name).ok()?)))
+            .collect();
+        Ok(Self {
+            rules,
+            forbidden,
+            workspace: auth.workspace.fd().try_clone_to_owned()?,
+            environment,
+            uid: rustix::process::getuid().as_raw(),
+        })
+    }
+
+    /// Rule `index`'s executable, reopened and checked for this launch.
+    pub fn rule_executable(&self, index: usize) -> Result<Checked, String> {
+        let rule = self
+            .rules
+            .get(index)
+            .ok_or_else(|| format!("auto_approve[{index}] does not exist"))?;
+        let opened = rule
+            .plan
+            .open_as(FileType::RegularFile)
+            .map_err(|e| crate::lifecycle::chain(&e))?;
+        let label = rule.plan.canonical_label();
+        if opened.identity != rule.identity {
+            return Err(format!(
+                "{} was replaced since `lazaret up` checked it; run `lazaret down` and \
+                 `lazaret up` to accept the new file",
+                label.display()
+            ));
+        }
+        check_executable(&rule.plan, &opened, self.uid)?;
+        Ok(Checked {
+            opened,
+            canonical: label.to_path_buf(),
+        })
+    }
+
+    /// The executable at `path` (absolute, as requested), resolved and
+    /// checked for a launch the developer approves.
+    pub fn requested_executable(&self, path: &str) -> Result<Checked, String> {
+        let canonical = canonicalize(Path::new(path)).map_err(|e| e.to_string())?;
+        for (tree, what) in &self.forbidden {
+            if overlaps(&canonical, tree) {
+                return Err(format!(
+                    "{} lies inside {what} ({}), which the sandbox can write or Lazaret owns; \
+                     a host command must be an executable outside them",
+                    canonical.display(),
+                    tree.display()
+                ));
+            }
+        }
+        let plan = ConfinedPathPlan::for_canonical(&canonical).map_err(|e| e.to_string())?;
+        let opened = plan
+            .open_as(FileType::RegularFile)
+            .map_err(|e| crate::lifecycle::chain(&e))?;
+        check_executable(&plan, &opened, self.uid)?;
+        Ok(Checked { opened, canonical })
+    }
+
+    /// Starts `argv` (element zero as the program's name) as `/proc/self/fd/N`
+    /// of `executable`.
+    pub fn spawn(&self, executable: &Checked, argv: &[String]) -> std::io::Result<HostCommand> {
+        let exe = executable.opened.fd.as_fd();
+        let mut command = Command::new(format!("/proc/self/fd/{}", exe.as_raw_fd()));
+        std::os::unix::process::CommandExt::arg0(&mut command, &argv[0]);
+        command
+            .args(&argv[1..])
+            .env_clear()
+            .env("PATH", HOST_PATH)
+            .env("LANG", "C.UTF-8")
+            .envs(self.environment.iter().map(|(k, v)| (k, v)))
+            .current_dir(proc_self_fd(self.workspace.as_fd()))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        std::os::unix::process::CommandExt::process_group(&mut command, 0);
+        let mut child = crate::sys::spawn_host_command(&mut command, exe)?;
+        // The child is ours and not yet waited for: its pid names it until
+        // it is reaped, which only this pidfd's holder does.
+        let pidfd = crate::process::pidfd_of_child(&child)?;
+        let out = |fd: Option<OwnedFd>| {
+            fd.ok_or_else(|| std::io::Error::other("no pipe"))
+                .and_then(Stream::new)
+        };
+        let stdout = out(child.stdout.take().map(OwnedFd::from))?;
+        let stderr = out(child.stderr.take().map(OwnedFd::from))?;
+        let exit = Exit::watch(pidfd.as_fd())?;
+        let group = Pid::from_raw(i32::try_from(child.id()).unwrap_or(-1))
+            .ok_or_else(|| std::io::Error::other("the child has no pid"))?;
+        Ok(HostCommand {
+            pidfd,
+            group,
+            exit,
+            stdout: Some(stdout),
+            stderr: Some(stderr),
+            reaped: false,
+        })
+    }
+}
+
+/// A running host command: its pidfd, its process group, its output.
+#[derive(Debug)]
+pub struct HostCommand {
+    pidfd: OwnedFd,
+    /// The group's id: the leader's pid, which cannot be reused while the
+    /// leader is unreaped.
+    group: Pid,
+    exit: Exit,
+    /// Its standard output, until it ends.
+    pub stdout: Option<Stream>,
+    /// Its standard error, until it ends.
+    pub stderr: Option<Stream>,
+    reaped: bool,
+}
+
+/// How a host command ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ended {
+    /// It exited with this status.
+    Exited(u8),
+    /// This signal ended it.
+    Signaled(u8),
+}
+
+impl HostCommand {
+    /// Completes when the leader has exited (it is not reaped yet).
+    pub async fn exited(&self) {
+        self.exit.exited().await;
+    }
+
+    /// Sends `signal` to the whole group, while the leader is unreaped.
+    pub fn signal_group(&self, signal: Signal) {
+        if !self.reaped {
+            let _ = rustix::process::kill_process_group(self.group, signal);
+        }
+    }
+
+    /// Ends what is left of the group, then reaps the leader: how it ended.
+    pub fn reap(&mut self) -> std::io::Result<Ended> {
+        self.signal_group(Signal::KILL);
+        let status =
+            rustix::process::waitid(WaitId::PidFd(self.pidfd.as_fd()), WaitIdOptions::EXITED)?
+                .ok_or_else(|| std::io::Error::other("waitid reported nothing"))?;
+        self.reaped = true;
+        if let Some(signal) = status.terminating_signal() {
+            return Ok(Ended::Signaled(u8::try_from(signal).unwrap_or(u8::MAX)));
+        }
+        let code = status.exit_status().unwrap_or(255);
+        Ok(Ended::Exited(u8::try_from(code & 0xff).unwrap_or(255)))
+    }
+
+    /// The leader's pidfd.
+    pub fn pidfd(&self) -> BorrowedFd<'_> {
+        self.pidfd.as_fd()
+    }
+}
+
+impl Drop for HostCommand {
+    fn drop(&mut self) {
+        // A command whose session or Domain ended never runs on.
+        if !self.reaped {
+            self.signal_group(Signal::KILL);
+            let _ = rustix::process::pidfd_send_signal(&self.pidfd, Signal::KILL);
+            let _ =
+                rustix::process::waitid(WaitId::PidFd(self.pidfd.as_fd()), WaitIdOptions::EXITED);
+        }
+    }
+}

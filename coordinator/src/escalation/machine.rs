@@ -1,0 +1,381 @@
+//! The requests of one session and what may happen to each: a pure state
+//! machine, with no I/O, that the session's mailbox service drives and the
+//! protocol model (`tests/escalation_model.rs`) checks.
+//!
+//! Every input returns the [`Effect`]s the service must carry out. The
+//! rules it keeps: a request id is admitted once; a command is launched
+//! only after a rule or the developer approved it, and never after it was
+//! cancelled or expired; only the prompt this session shows can be
+//! answered, and only once; every admitted request ends with exactly one
+//! result. Requests are this session's alone: an answer or cancellation
+//! naming another session's request finds nothing here.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+
+use lazaret_proto::common::UnixTimeNs;
+use lazaret_proto::ids::RequestId;
+use lazaret_proto::mailbox::{DeveloperDecisionKind, EscalationOutcome};
+
+/// The most request ids one session may use.
+pub const MAX_REQUESTS_PER_SESSION: usize = 4096;
+/// The most requests of one session waiting for the developer at once.
+pub const MAX_WAITING: usize = 16;
+/// The most host commands of one session running at once.
+pub const MAX_RUNNING: usize = 8;
+
+/// How a request was admitted, as classified and checked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admission {
+    /// A rule approves it: run it now.
+    Approved,
+    /// The developer decides, in this session's terminal, before `deadline`.
+    Ask {
+        /// When it expires unanswered.
+        deadline: UnixTimeNs,
+    },
+    /// Ends at once with this outcome (refused, or denied without a
+    /// terminal to ask in).
+    End(EscalationOutcome),
+}
+
+/// Why a request was not admitted at all (and is answered with a refusal
+/// only when its id is new).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rejection {
+    /// The id was used before: a replay. Nothing is answered.
+    Replayed,
+    /// Too many requests, waiting or running.
+    Busy,
+}
+
+/// What the service must do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Effect {
+    /// Show this request's prompt in the session's terminal.
+    Prompt(RequestId),
+    /// Take the shown prompt down: the request ended otherwise.
+    Withdraw(RequestId, EscalationOutcome),
+    /// Record the approval and start the command.
+    Launch(RequestId),
+    /// End the running command.
+    Kill(RequestId),
+    /// Write the request's result with this outcome.
+    Finish(RequestId, EscalationOutcome),
+    /// Remove the request's files: its result was acknowledged.
+    Forget(RequestId),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    Waiting { deadline: UnixTimeNs },
+    Running,
+    Cancelling,
+    Finished,
+}
+
+/// The requests of one session.
+#[derive(Debug, Default)]
+pub struct Requests {
+    states: HashMap<RequestId, State>,
+    seen: HashSet<RequestId>,
+    /// Requests waiting for the developer, oldest first; the first is shown.
+    queue: VecDeque<RequestId>,
+    shown: Option<RequestId>,
+}
+
+impl Requests {
+    /// An empty session.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn count(&self, wanted: fn(&State) -> bool) -> usize {
+        self.states.values().filter(|s| wanted(s)).count()
+    }
+
+    /// A new request, as classified.
+    pub fn admit(&mut self, id: RequestId, admission: Admission) -> Result<Vec<Effect>, Rejection> {
+        if self.seen.contains(&id) {
+            return Err(Rejection::Replayed);
+        }
+        if self.seen.len() >= MAX_REQUESTS_PER_SESSION {
+            return Err(Rejection::Busy);
+        }
+        let busy = self.is_busy(admission);
+        self.seen.insert(id);
+        if busy {
+            self.states.insert(id, State::Finished);
+            return Ok(vec![Effect::Finish(id, EscalationOutcome::Refused)]);
+        }
+        Ok(match admission {
+            Admission::Approved => {
+                self.states.insert(id, State::Running);
+                vec![Effect::Launch(id)]
+            }
+            Admission::Ask { deadline } => {
+                self.states.insert(id, State::Waiting { deadline });
+                self.queue.push_back(id);
+                self.show_next()
+            }
+            Admission::End(outcome) => {
+                self.states.insert(id, State::Finished);
+                vec![Effect::Finish(id, outcome)]
+            }
+        })
+    }
+
+    /// Whether a request admitted now as `admission` would be refused as
+    /// one too many (the service says so in its result).
+    pub fn is_busy(&self, admission: Admission) -> bool {
+        match admission {
+            Admission::Approved => {
+                self.count(|s| matches!(s, State::Running | State::Cancelling)) >= MAX_RUNNING
+            }
+            Admission::Ask { .. } => self.queue.len() >= MAX_WAITING,
+            Admission::End(_) => false,
+        }
+    }
+
+    fn show_next(&mut self) -> Vec<Effect> {
+        if self.shown.is_some() {
+            return Vec::new();
+        }
+        match self.queue.front().copied() {
+            Some(next) => {
+                self.shown = Some(next);
+                vec![Effect::Prompt(next)]
+            }
+            None => Vec::new(),
+        }
+    }
+
+    /// Takes `id` out of the queue (it is no longer waiting); if it was
+    /// shown, its prompt comes down and the next one is shown.
+    fn unqueue(&mut self, id: RequestId, outcome: EscalationOutcome) -> Vec<Effect> {
+        self.queue.retain(|q| *q != id);
+        let mut effects = Vec::new();
+        if self.shown == Some(id) {
+            self.shown = None;
+            if outcome != EscalationOutcome::Completed {
+                effects.push(Effect::Withdraw(id, outcome));
+            }
+            effects.extend(self.show_next());
+        }
+        effects
+    }
+
+    /// The developer answered the prompt for `id` in this session's
+    /// terminal. Anything but the prompt shown now is ignored.
+    pub fn answer(&mut self, id: RequestId, decision: DeveloperDecisionKind) -> Vec<Effect> {
+        if self.shown != Some(id) || !matches!(self.states.get(&id), Some(State::Waiting { .. })) {
+            return Vec::new();
+        }
+        self.queue.retain(|q| *q != id);
+        self.shown = None;
+        let mut effects = match decision {
+            DeveloperDecisionKind::Approve => {
+                self.states.insert(id, State::Running);
+                vec![Effect::Launch(id)]
+            }
+            DeveloperDecisionKind::Deny => {
+                self.states.insert(id, State::Finished);
+                vec![Effect::Finish(id, EscalationOutcome::Denied)]
+            }
+        };
+        effects.extend(self.show_next());
+        effects
+    }
+
+    /// The sandbox cancelled `id`.
+    pub fn cancel(&mut self, id: RequestId) -> Vec<Effect> {
+        match self.states.get(&id).copied() {
+            Some(State::Waiting { .. }) => {
+                self.states.insert(id, State::Finished);
+                let mut effects = self.unqueue(id, EscalationOutcome::Cancelled);
+                effects.push(Effect::Finish(id, EscalationOutcome::Cancelled));
+                effects
+            }
+            Some(State::Running) => {
+                self.states.insert(id, State::Cancelling);
+                vec![Effect::Kill(id)]
+            }
+            _ => Vec::new(),
+        }
+    }
+
+    /// Expires every waiting request whose deadline is before `now`.
+    pub fn expire(&mut self, now: UnixTimeNs) -> Vec<Effect> {
+        let expired: Vec<RequestId> = self
+            .queue
+            .iter()
+            .copied()
+            .filter(|id| matches!(self.states.get(id), Some(State::Waiting { deadline }) if *deadline <= now))
+            .collect();
+        let mut effects = Vec::new();
+        for id in expired {
+            self.states.insert(id, State::Finished);
+            effects.extend(self.unqueue(id, EscalationOutcome::Expired));
+            effects.push(Effect::Finish(id, EscalationOutcome::Expired));
+        }
+        effects
+    }
+
+    /// The earliest deadline of a waiting request.
+    pub fn next_deadline(&self) -> Option<UnixTimeNs> {
+        self.states
+            .values()
+            .filter_map(|s| match s {
+                State::Waiting { deadline } => Some(*deadline),
+                _ => None,
+            })
+            .min()
+    }
+
+    /// The command of `id` ended (or could not start) with `outcome`; a
+    /// cancelled one ends as `Cancelled` whatever it exited with.
+    pub fn ended(&mut self, id: RequestId, outcome: EscalationOutcome) -> Vec<Effect> {
+        let outcome = match self.states.get(&id) {
+            Some(State::Running) => outcome,
+            Some(State::Cancelling) => EscalationOutcome::Cancelled,
+            _ => return Vec::new(),
+        };
+        self.states.insert(id, State::Finished);
+        vec![Effect::Finish(id, outcome)]
+    }
+
+    /// The sandbox acknowledged the result of `id`.
+    pub fn acknowledged(&mut self, id: RequestId) -> Vec<Effect> {
+        if self.states.get(&id) != Some(&State::Finished) {
+            return Vec::new();
+        }
+        self.states.remove(&id);
+        vec![Effect::Forget(id)]
+    }
+
+    /// Whether `id` was admitted and has not ended.
+    pub fn is_open(&self, id: RequestId) -> bool {
+        matches!(
+            self.states.get(&id),
+            Some(State::Waiting { .. } | State::Running | State::Cancelling)
+        )
+    }
+
+    /// The session ends: every command is killed and every waiting request
+    /// cancelled.
+    pub fn close(&mut self) -> Vec<Effect> {
+        let open: Vec<RequestId> = self
+            .states
+            .iter()
+            .filter(|(_, s)| **s != State::Finished)
+            .map(|(id, _)| *id)
+            .collect();
+        open.into_iter().flat_map(|id| self.cancel(id)).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const A: RequestId = RequestId([1; 16]);
+    const B: RequestId = RequestId([2; 16]);
+
+    fn ask(at: u64) -> Admission {
+        Admission::Ask {
+            deadline: UnixTimeNs(at),
+        }
+    }
+
+    #[test]
+    fn approved_requests_run_and_end_once() {
+        let mut r = Requests::new();
+        assert_eq!(r.admit(A, Admission::Approved), Ok(vec![Effect::Launch(A)]));
+        assert_eq!(r.admit(A, Admission::Approved), Err(Rejection::Replayed));
+        assert_eq!(
+            r.ended(A, EscalationOutcome::Completed),
+            vec![Effect::Finish(A, EscalationOutcome::Completed)]
+        );
+        assert!(r.ended(A, EscalationOutcome::Completed).is_empty());
+        assert_eq!(r.acknowledged(A), vec![Effect::Forget(A)]);
+        // Forgotten, but never admitted again.
+        assert_eq!(r.admit(A, Admission::Approved), Err(Rejection::Replayed));
+    }
+
+    #[test]
+    fn prompts_are_shown_one_at_a_time_and_answered_once() {
+        let mut r = Requests::new();
+        assert_eq!(r.admit(A, ask(10)), Ok(vec![Effect::Prompt(A)]));
+        assert_eq!(r.admit(B, ask(10)), Ok(vec![]));
+        // B is not shown: its answer does nothing.
+        assert!(r.answer(B, DeveloperDecisionKind::Approve).is_empty());
+        assert_eq!(
+            r.answer(A, DeveloperDecisionKind::Deny),
+            vec![
+                Effect::Finish(A, EscalationOutcome::Denied),
+                Effect::Prompt(B)
+            ]
+        );
+        assert!(r.answer(A, DeveloperDecisionKind::Approve).is_empty());
+        assert_eq!(
+            r.answer(B, DeveloperDecisionKind::Approve),
+            vec![Effect::Launch(B)]
+        );
+    }
+
+    #[test]
+    fn cancelling_and_expiring_never_launch() {
+        let mut r = Requests::new();
+        r.admit(A, ask(10)).unwrap();
+        r.admit(B, ask(20)).unwrap();
+        assert_eq!(
+            r.cancel(A),
+            vec![
+                Effect::Withdraw(A, EscalationOutcome::Cancelled),
+                Effect::Prompt(B),
+                Effect::Finish(A, EscalationOutcome::Cancelled)
+            ]
+        );
+        assert!(r.answer(A, DeveloperDecisionKind::Approve).is_empty());
+        assert_eq!(r.next_deadline(), Some(UnixTimeNs(20)));
+        assert!(r.expire(UnixTimeNs(19)).is_empty());
+        assert_eq!(
+            r.expire(UnixTimeNs(20)),
+            vec![
+                Effect::Withdraw(B, EscalationOutcome::Expired),
+                Effect::Finish(B, EscalationOutcome::Expired)
+            ]
+        );
+        assert!(r.answer(B, DeveloperDecisionKind::Approve).is_empty());
+    }
+
+    #[test]
+    fn a_cancelled_command_ends_cancelled() {
+        let mut r = Requests::new();
+        r.admit(A, Admission::Approved).unwrap();
+        assert_eq!(r.cancel(A), vec![Effect::Kill(A)]);
+        assert!(r.cancel(A).is_empty());
+        assert_eq!(
+            r.ended(A, EscalationOutcome::Completed),
+            vec![Effect::Finish(A, EscalationOutcome::Cancelled)]
+        );
+    }
+
+    #[test]
+    fn bounds_refuse_rather_than_queue() {
+        let mut r = Requests::new();
+        for i in 0..MAX_RUNNING {
+            let id = RequestId([i as u8 + 10; 16]);
+            assert_eq!(
+                r.admit(id, Admission::Approved),
+                Ok(vec![Effect::Launch(id)])
+            );
+        }
+        assert_eq!(
+            r.admit(A, Admission::Approved),
+            Ok(vec![Effect::Finish(A, EscalationOutcome::Refused)])
+        );
+        let closed = r.close();
+        assert_eq!(closed.len(), MAX_RUNNING);
+        assert!(closed.iter().all(|e| matches!(e, Effect::Kill(_))));
+    }
+}

@@ -1,0 +1,323 @@
+//! The host side of one session's Escalation Mailbox: its directories on
+//! the mailbox tmpfs, the credential written there, the records taken from
+//! `requests/` and the records put in `results/`.
+//!
+//! Owns every file operation on the mailbox, each relative to a directory
+//! descriptor held since the directory was made: a name the sandbox swaps
+//! for a link or another directory is never followed. Everything in the
+//! mailbox is the sandbox's to change, so what is read is read once,
+//! without blocking, within a size bound, and removed; anything but a
+//! regular file is refused and removed. Files are written under a `.`
+//! name and renamed into place, so a reader never sees half a record.
+//! Trusts nothing it reads; the service verifies every record.
+
+use std::collections::HashSet;
+use std::io::Write;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+use lazaret_proto::ids::SessionId;
+use lazaret_proto::mailbox::{CREDENTIAL_FILE, REQUESTS_DIR, RESULTS_DIR};
+use lazaret_routing::fs::{list, read_small};
+use rustix::fs::{AtFlags, FileType, Mode, OFlags};
+
+/// The most bytes of a record file taken from the sandbox.
+const MAX_RECORD_FILE: u64 = lazaret_proto::mailbox::MAX_MAILBOX_RECORD_LEN as u64 + 1024;
+
+/// The most entries a directory removal walks, in all: what the sandbox
+/// made in a mailbox is bounded by the tmpfs's inodes anyway.
+const MAX_REMOVED: usize = 20_000;
+
+/// One session's mailbox.
+#[derive(Debug)]
+pub struct SessionMailbox {
+    name: String,
+    dir: OwnedFd,
+    requests: OwnedFd,
+    results: OwnedFd,
+}
+
+/// What a look into `requests/` found.
+#[derive(Debug)]
+pub enum Taken {
+    /// A regular file's bytes (already removed from the mailbox).
+    File {
+        /// Its name.
+        name: String,
+        /// Its content.
+        bytes: Vec<u8>,
+    },
+    /// Something that is not a record file; removed where it could be.
+    Refused {
+        /// Its name, escaped for the log.
+        name: String,
+        /// Why.
+        why: String,
+    },
+}
+
+fn open_dir(at: BorrowedFd<'_>, name: &str) -> rustix::io::Result<OwnedFd> {
+    rustix::fs::openat(
+        at,
+        name,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+}
+
+/// Writes `bytes` as `name` beneath `dir`: a new `.`-named file, then a
+/// rename over `name`.
+fn put(dir: BorrowedFd<'_>, name: &str, bytes: &[u8], mode: u32) -> std::io::Result<()> {
+    let nonce = lazaret_proto::ids::to_hex(&crate::session::random_bytes::<8>());
+    let temporary = format!(".{name}.{nonce}.part");
+    let fd = rustix::fs::openat(
+        dir,
+        temporary.as_str(),
+        OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::from_raw_mode(mode),
+    )?;
+    let written = std::fs::File::from(fd).write_all(bytes);
+    let placed = written.and_then(|()| {
+        rustix::fs::renameat(dir, temporary.as_str(), dir, name).map_err(std::io::Error::from)
+    });
+    if placed.is_err() {
+        let _ = rustix::fs::unlinkat(dir, temporary.as_str(), AtFlags::empty());
+    }
+    placed
+}
+
+impl SessionMailbox {
+    /// Makes the mailbox of `session_id` beneath `root` (the mailbox
+    /// tmpfs): its directory, `requests/`, `results/`, and the credential
+    /// bundle `credential` as given (encoded).
+    pub fn create(
+        root: BorrowedFd<'_>,
+        session_id: SessionId,
+        credential: &[u8],
+    ) -> std::io::Result<Self> {
+        let name = session_id.to_hex();
+        rustix::fs::mkdirat(root, name.as_str(), Mode::from_raw_mode(0o700))?;
+        let dir = open_dir(root, &name)?;
+        for sub in [REQUESTS_DIR, RESULTS_DIR] {
+            rustix::fs::mkdirat(&dir, sub, Mode::from_raw_mode(0o700))?;
+        }
+        let requests = open_dir(dir.as_fd(), REQUESTS_DIR)?;
+        let results = open_dir(dir.as_fd(), RESULTS_DIR)?;
+        put(dir.as_fd(), CREDENTIAL_FILE, credential, 0o400)?;
+        Ok(Self {
+            name,
+            dir,
+            requests,
+            results,
+        })
+    }
+
+    /// The `requests/` directory, for watching.
+    pub fn requests_dir(&self) -> BorrowedFd<'_> {
+        self.requests.as_fd()
+    }
+
+    /// The `results/` directory, for watching.
+    pub fn results_dir(&self) -> BorrowedFd<'_> {
+        self.results.as_fd()
+    }
+
+    /// Takes every finished file out of `requests/`: regular files are read
+    /// (within the bound) and removed; anything else is refused and
+    /// removed. Names beginning with `.` are files still being written.
+    /// `complained` holds the names already refused that could not be
+    /// removed (a directory with content), so each is reported once.
+    pub fn take(&self, complained: &mut HashSet<Vec<u8>>) -> std::io::Result<Vec<Taken>> {
+        let dir = self.requests.as_fd();
+        let mut taken = Vec::new();
+        for entry in list(dir)? {
+            if entry.name.starts_with(b".") {
+                continue;
+            }
+            let shown = String::from_utf8_lossy(&entry.name)
+                .escape_debug()
+                .to_string();
+            let name = std::ffi::OsStr::from_bytes(&entry.name);
+            let refused = |why: String| Taken::Refused {
+                name: shown.clone(),
+                why,
+            };
+            match entry.file_type {
+                FileType::RegularFile => {
+                    let read = read_small(Some(dir), Path::new(name), false, MAX_RECORD_FILE);
+                    let _ = rustix::fs::unlinkat(dir, name, AtFlags::empty());
+                    taken.push(match read {
+                        Ok(Some(bytes)) => Taken::File { name: shown, bytes },
+                        Ok(None) => refused("it changed into something else while read".into()),
+                        Err(e) => refused(format!("it cannot be read: {e}")),
+                    });
+                }
+                FileType::Directory => {
+                    let removed = rustix::fs::unlinkat(dir, name, AtFlags::REMOVEDIR).is_ok();
+                    if removed || complained.insert(entry.name.clone()) {
+                        taken.push(refused("it is a directory, not a record file".into()));
+                    }
+                }
+                other => {
+                    let _ = rustix::fs::unlinkat(dir, name, AtFlags::empty());
+                    taken.push(refused(format!(
+                        "it is a {}, not a regular file",
+                        crate::config::confined::type_name(other)
+                    )));
+                }
+            }
+        }
+        Ok(taken)
+    }
+
+    /// Puts a record file in `results/`.
+    pub fn put_result(&self, name: &str, bytes: &[u8]) -> std::io::Result<()> {
+        put(self.results.as_fd(), name, bytes, 0o400)
+    }
+
+    /// Whether `results/` still holds `name` (the client removes chunks it
+    /// has read).
+    pub fn holds_result(&self, name: &str) -> bool {
+        rustix::fs::statat(&self.results, name, AtFlags::SYMLINK_NOFOLLOW).is_ok()
+    }
+
+    /// Removes `name` from `results/`, if there.
+    pub fn remove_result(&self, name: &str) {
+        let _ = rustix::fs::unlinkat(&self.results, name, AtFlags::empty());
+    }
+
+    /// Removes the whole mailbox from `root`, and whatever the sandbox made
+    /// in it, through the held descriptors.
+    pub fn remove(self, root: BorrowedFd<'_>) {
+        let mut budget = MAX_REMOVED;
+        empty(self.dir.as_fd(), &mut budget, 0);
+        let _ = rustix::fs::unlinkat(root, self.name.as_str(), AtFlags::REMOVEDIR);
+    }
+}
+
+/// Empties `dir`, depth first, never following a link, within `budget`
+/// entries and a depth of 32.
+fn empty(dir: BorrowedFd<'_>, budget: &mut usize, depth: usize) {
+    let Ok(entries) = list(dir) else { return };
+    for entry in entries {
+        if *budget == 0 {
+            return;
+        }
+        *budget -= 1;
+        let name = std::ffi::OsStr::from_bytes(&entry.name);
+        if entry.file_type == FileType::Directory && depth < 32 {
+            if let Ok(child) = rustix::fs::openat(
+                dir,
+                name,
+                OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                Mode::empty(),
+            ) {
+                empty(child.as_fd(), budget, depth + 1);
+            }
+            let _ = rustix::fs::unlinkat(dir, name, AtFlags::REMOVEDIR);
+        } else {
+            let _ = rustix::fs::unlinkat(dir, name, AtFlags::empty());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn root() -> (tempfile::TempDir, OwnedFd) {
+        let dir = tempfile::tempdir().unwrap();
+        let fd = rustix::fs::open(
+            dir.path(),
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .unwrap();
+        (dir, fd)
+    }
+
+    #[test]
+    fn records_are_taken_once_and_oddities_refused() {
+        let (tmp, fd) = root();
+        let mailbox = SessionMailbox::create(fd.as_fd(), SessionId([7; 16]), b"bundle").unwrap();
+        let base = tmp.path().join(SessionId([7; 16]).to_hex());
+        assert_eq!(
+            std::fs::read(base.join(CREDENTIAL_FILE)).unwrap(),
+            b"bundle"
+        );
+        let requests = base.join(REQUESTS_DIR);
+        std::fs::write(requests.join("a.request"), b"one").unwrap();
+        std::fs::write(requests.join(".b.request.part"), b"half").unwrap();
+        std::os::unix::fs::symlink("/etc/passwd", requests.join("c.request")).unwrap();
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            requests.join("d.request"),
+            FileType::Fifo,
+            Mode::from_raw_mode(0o600),
+            0,
+        )
+        .unwrap();
+        std::fs::create_dir_all(requests.join("e/f")).unwrap();
+        std::fs::write(
+            requests.join("big"),
+            vec![0u8; MAX_RECORD_FILE as usize + 1],
+        )
+        .unwrap();
+
+        let mut complained = HashSet::new();
+        let mut taken = mailbox.take(&mut complained).unwrap();
+        taken.sort_by_key(|t| match t {
+            Taken::File { name, .. } | Taken::Refused { name, .. } => name.clone(),
+        });
+        let summary: Vec<String> = taken
+            .iter()
+            .map(|t| match t {
+                Taken::File { name, bytes } => format!("{name}={}", String::from_utf8_lossy(bytes)),
+                Taken::Refused { name, why } => format!("{name}: {why}"),
+            })
+            .collect();
+        assert_eq!(summary[0], "a.request=one");
+        assert!(
+            summary[1].starts_with("big: it cannot be read"),
+            "{summary:?}"
+        );
+        assert!(summary[2].contains("symbolic link"), "{summary:?}");
+        assert!(
+            summary[3].contains("FIFO") || summary[3].contains("fifo"),
+            "{summary:?}"
+        );
+        assert!(summary[4].contains("directory"), "{summary:?}");
+        // What could be removed is gone; the half-written file is left.
+        let left: HashSet<String> = std::fs::read_dir(&requests)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        assert_eq!(left, HashSet::from([".b.request.part".into(), "e".into()]));
+        // The directory that stays is reported once.
+        assert!(mailbox.take(&mut complained).unwrap().is_empty());
+
+        mailbox.put_result("x.result", b"r").unwrap();
+        assert!(mailbox.holds_result("x.result"));
+        assert_eq!(
+            std::fs::read(base.join(RESULTS_DIR).join("x.result")).unwrap(),
+            b"r"
+        );
+        mailbox.remove(fd.as_fd());
+        assert!(!base.exists());
+    }
+
+    #[test]
+    fn a_swapped_directory_is_not_followed() {
+        let (tmp, fd) = root();
+        let mailbox = SessionMailbox::create(fd.as_fd(), SessionId([8; 16]), b"b").unwrap();
+        let base = tmp.path().join(SessionId([8; 16]).to_hex());
+        let outside = tempfile::tempdir().unwrap();
+        // The sandbox moves results/ away and puts a link in its place.
+        std::fs::rename(base.join(RESULTS_DIR), base.join("moved")).unwrap();
+        std::os::unix::fs::symlink(outside.path(), base.join(RESULTS_DIR)).unwrap();
+        mailbox.put_result("x.result", b"r").unwrap();
+        assert!(std::fs::read_dir(outside.path()).unwrap().next().is_none());
+        assert!(base.join("moved/x.result").exists());
+    }
+}

@@ -1,0 +1,1000 @@
+//! One session's escalation: its mailbox read as it changes, each record
+//! verified, each request classified and carried through the
+//! [`Requests`] machine, prompts handed to the session's terminal, and the
+//! host commands it approved run as tasks of their own.
+//!
+//! Owns the session's requests from the first verified record to their
+//! removal. Driven by the session's task: [`SessionEscalation::next`] is
+//! one branch of its `select!` (cancel-safe: every change happens between
+//! awaits), [`SessionEscalation::answer`] takes the developer's answers
+//! from the session's own connection only. Nothing a record says is
+//! believed before its signature verified under this session's key, and
+//! nothing that fails is answered beyond a log line, unless it is a
+//! correctly signed new request, which is told why it was refused.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use lazaret_proto::common::{ProtocolVersion, UnixTimeNs};
+use lazaret_proto::ids::RequestId;
+use lazaret_proto::mailbox::{
+    DeveloperDecision, DeveloperDecisionKind, EscalationOutcome, MAX_RESULT_CHUNK,
+    MAX_RESULT_DETAIL, MailboxRecord, MailboxRequest, MailboxResult, MailboxResultChunk,
+    RecordFile, ResultStream, record_file_name,
+};
+use lazaret_proto::terminal::{
+    EscalationAnswer, EscalationPrompt, EscalationSettled, MAX_PROMPT_ARGS, MAX_PROMPT_ARGV_BYTES,
+    MAX_PROMPT_REASON,
+};
+use lazaret_proto::trust::{ProtocolCredentialRole, ProtocolPublicKey, SessionRequestCapability};
+use rustix::process::Signal;
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::task::JoinSet;
+
+use super::classify::{Classification, classify, shown};
+use super::launch::{Checked, Ended, HostCommand};
+use super::machine::{Admission, Effect, Rejection, Requests};
+use super::mailbox::{SessionMailbox, Taken};
+use super::{Escalation, Watch};
+
+/// How far in the future a request may say it was made (clock steps).
+const FUTURE_SKEW: Duration = Duration::from_secs(30);
+/// How old a request may be when the host reads it: older is stale (a
+/// file kept back and dropped in later).
+const MAX_AGE: Duration = Duration::from_secs(60);
+/// The longest a request may wait for the developer.
+const MAX_WAIT: Duration = Duration::from_secs(600);
+/// The most output bytes of one command that reach the sandbox; past
+/// this, output is read and dropped, and the result says so.
+const MAX_OUTPUT: u64 = 64 * 1024 * 1024;
+/// How many result chunks may wait in the mailbox for the client: the
+/// command's output then waits in its pipe (backpressure).
+const CHUNK_WINDOW: u64 = 64;
+/// How long a client may leave its output unread before the command is
+/// ended.
+const STALL_LIMIT: Duration = Duration::from_secs(300);
+/// How long a cancelled command has between SIGTERM and SIGKILL.
+const TERM_GRACE: Duration = Duration::from_millis(500);
+/// How long output may still come after a command exited.
+const DRAIN_LIMIT: Duration = Duration::from_secs(1);
+/// How long the session's end waits for its commands to be ended.
+const CLOSE_WAIT: Duration = Duration::from_secs(2);
+
+/// What the session's terminal must show.
+#[derive(Debug)]
+pub enum TerminalEvent {
+    /// Ask the developer.
+    Prompt(EscalationPrompt),
+    /// Take a prompt down unanswered.
+    Settled(EscalationSettled),
+}
+
+/// What is kept of a request between its admission and its result.
+#[derive(Debug)]
+struct Request {
+    argv: Vec<String>,
+    issued_at: UnixTimeNs,
+    expires_at: UnixTimeNs,
+    /// The rule that approves it, if one does.
+    rule: Option<usize>,
+    /// Why no rule did, for the prompt and the log.
+    reason: String,
+    /// Who decided, for the log.
+    decided_by: &'static str,
+    /// What the result says beyond its outcome.
+    detail: String,
+    started: Option<Instant>,
+    ran: Option<Ran>,
+}
+
+/// What a finished command left.
+#[derive(Debug, Clone, Copy)]
+struct Ran {
+    ended: Option<Ended>,
+    chunks: u64,
+    truncated: bool,
+}
+
+/// One session's escalation.
+#[derive(Debug)]
+pub struct SessionEscalation {
+    shared: Arc<Escalation>,
+    capability: SessionRequestCapability,
+    sandbox_key: ProtocolPublicKey,
+    terminal: bool,
+    mailbox: Arc<SessionMailbox>,
+    watch: Watch,
+    requests: Requests,
+    known: HashMap<RequestId, Request>,
+    cancels: HashMap<RequestId, oneshot::Sender<()>>,
+    done_tx: mpsc::UnboundedSender<(RequestId, Result<Ran, String>)>,
+    done_rx: mpsc::UnboundedReceiver<(RequestId, Result<Ran, String>)>,
+    events: VecDeque<TerminalEvent>,
+    complained: HashSet<Vec<u8>>,
+    tasks: JoinSet<()>,
+    /// Whether the watch still reports the mailbox's changes.
+    watched: bool,
+}
+
+impl SessionEscalation {
+    pub(super) fn new(
+        shared: Arc<Escalation>,
+        capability: SessionRequestCapability,
+        sandbox_key: ProtocolPublicKey,
+        terminal: bool,
+        mailbox: SessionMailbox,
+        watch: Watch,
+    ) -> Self {
+        let (done_tx, done_rx) = mpsc::unbounded_channel();
+        Self {
+            shared,
+            capability,
+            sandbox_key,
+            terminal,
+            mailbox: Arc::new(mailbox),
+            watch,
+            requests: Requests::new(),
+            known: HashMap::new(),
+            cancels: HashMap::new(),
+            done_tx,
+            done_rx,
+            events: VecDeque::new(),
+            complained: HashSet::new(),
+            tasks: JoinSet::new(),
+            watched: true,
+        }
+    }
+
+    /// The next thing the session's terminal must show, once there is one.
+    /// Meanwhile: reads the mailbox as it changes, expires requests, and
+    /// finishes the commands that ended. Cancel-safe.
+    pub async fn next(&mut self) -> TerminalEvent {
+        loop {
+            if let Some(event) = self.events.pop_front() {
+                return event;
+            }
+            let deadline = self.requests.next_deadline();
+            let until_deadline = async {
+                match deadline {
+                    Some(at) => tokio::time::sleep(at.since(UnixTimeNs::now())).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                changed = self.watch.changes.changed(), if self.watched => {
+                    match changed {
+                        Ok(()) => self.read_mailbox(),
+                        Err(_) => self.watched = false,
+                    }
+                }
+                Some((id, ran)) = self.done_rx.recv() => self.command_ended(id, ran),
+                () = until_deadline => {
+                    let effects = self.requests.expire(UnixTimeNs::now());
+                    self.apply(effects);
+                }
+                Some(_) = self.tasks.join_next(), if !self.tasks.is_empty() => {}
+            }
+        }
+    }
+
+    /// The developer answered a prompt in this session's terminal.
+    pub fn answer(&mut self, answer: EscalationAnswer) {
+        let effects = self.requests.answer(answer.request_id, answer.decision);
+        if effects.is_empty() {
+            tracing::warn!(
+                request = %answer.request_id,
+                "an answer named no prompt this session shows; ignored"
+            );
+            return;
+        }
+        if let Some(request) = self.known.get_mut(&answer.request_id) {
+            request.decided_by = "the developer";
+            tracing::info!(
+                request = %answer.request_id,
+                decision = ?answer.decision,
+                decided_by = "developer",
+                "escalation decided"
+            );
+            if answer.decision == DeveloperDecisionKind::Deny {
+                request.detail = "the developer denied it".into();
+            }
+        }
+        if answer.decision == DeveloperDecisionKind::Deny {
+            self.put_decision(answer.request_id, DeveloperDecisionKind::Deny);
+        }
+        self.apply(effects);
+    }
+
+    /// The session ends: its waiting requests are cancelled, its commands
+    /// ended (within a bound), its mailbox removed.
+    pub async fn close(mut self) {
+        let effects = self.requests.close();
+        self.apply(effects);
+        let _ = tokio::time::timeout(CLOSE_WAIT, async {
+            while self.tasks.join_next().await.is_some() {}
+        })
+        .await;
+        self.tasks.abort_all();
+        while self.tasks.join_next().await.is_some() {}
+        self.shared.watcher.unwatch(&self.watch);
+        if let Ok(mailbox) = Arc::try_unwrap(self.mailbox) {
+            mailbox.remove(self.shared.root());
+        }
+    }
+
+    /// Takes what arrived in `requests/`.
+    fn read_mailbox(&mut self) {
+        let taken = match self.mailbox.take(&mut self.complained) {
+            Ok(taken) => taken,
+            Err(e) => {
+                tracing::warn!("cannot read this session's mailbox: {e}");
+                return;
+            }
+        };
+        for item in taken {
+            match item {
+                Taken::File { name, bytes } => self.record(&name, &bytes),
+                Taken::Refused { name, why } => {
+                    tracing::warn!(file = %name, "escalation mailbox file refused: {why}");
+                }
+            }
+        }
+    }
+
+    /// Verifies and acts on one record file.
+    fn record(&mut self, name: &str, bytes: &[u8]) {
+        let refuse = |why: String| {
+            tracing::warn!(file = %name, "escalation record refused: {why}");
+        };
+        let now = UnixTimeNs::now();
+        let record = match verify(name, bytes, &self.sandbox_key, &self.capability, now) {
+            Ok(record) => record,
+            Err(why) => return refuse(why),
+        };
+        match record {
+            MailboxRecord::Request(request) => self.request(name, request, now),
+            MailboxRecord::Cancellation(cancel) => {
+                if cancel.issued_at > now.after(FUTURE_SKEW)
+                    || now.since(cancel.issued_at) > MAX_AGE
+                {
+                    return refuse("the cancellation is stale".into());
+                }
+                if !self.requests.is_open(cancel.request_id) {
+                    return refuse("it cancels no open request of this session".into());
+                }
+                tracing::info!(request = %cancel.request_id, "escalation cancelled by the sandbox");
+                if let Some(request) = self.known.get_mut(&cancel.request_id) {
+                    request.detail = "cancelled from inside the sandbox".into();
+                }
+                let effects = self.requests.cancel(cancel.request_id);
+                self.apply(effects);
+            }
+            MailboxRecord::ResultAck(ack) => {
+                let effects = self.requests.acknowledged(ack.request_id);
+                self.apply(effects);
+            }
+            _ => {}
+        }
+    }
+
+    /// Checks, classifies and admits a verified request.
+    fn request(&mut self, name: &str, request: MailboxRequest, now: UnixTimeNs) {
+        let id = request.request_id;
+        let argv_shown = shown(&request.command_argv);
+        let stale = if request.issued_at > now.after(FUTURE_SKEW) {
+            Some("it says it was made in the future")
+        } else if now.since(request.issued_at) > MAX_AGE {
+            Some("it was made more than a minute before the host read it")
+        } else if request.expires_at <= now {
+            Some("it had expired when the host read it")
+        } else if request.expires_at.since(request.issued_at) > MAX_WAIT + FUTURE_SKEW {
+            Some("it asks to wait longer than the host's ten minutes")
+        } else {
+            None
+        };
+        let mut entry = Request {
+            argv: request.command_argv,
+            issued_at: request.issued_at,
+            expires_at: request.expires_at,
+            rule: None,
+            reason: String::new(),
+            decided_by: "policy",
+            detail: String::new(),
+            started: None,
+            ran: None,
+        };
+        let (classification, admission) = match stale {
+            Some(why) => ("stale", Admission::End(self.refuse(&mut entry, why.into()))),
+            None => self.admit(&mut entry),
+        };
+        let busy = self.requests.is_busy(admission);
+        match self.requests.admit(id, admission) {
+            Err(Rejection::Replayed) => {
+                tracing::warn!(
+                    file = %name,
+                    request = %id,
+                    "escalation record refused: its request id was used before (a replay)"
+                );
+            }
+            Err(Rejection::Busy) => {
+                tracing::warn!(
+                    file = %name,
+                    request = %id,
+                    "escalation record refused: this session used all its {} request ids",
+                    super::machine::MAX_REQUESTS_PER_SESSION
+                );
+            }
+            Ok(effects) => {
+                if busy {
+                    entry.detail = "too many of this session's requests wait or run at once".into();
+                }
+                tracing::info!(
+                    request = %id,
+                    argv = %argv_shown,
+                    classification,
+                    rule = entry.rule,
+                    reason = %entry.reason,
+                    "escalation requested"
+                );
+                self.known.insert(id, entry);
+                self.apply(effects);
+            }
+        }
+    }
+
+    /// Records why a request is refused, and the outcome.
+    fn refuse(&self, entry: &mut Request, why: String) -> EscalationOutcome {
+        entry.detail = why;
+        EscalationOutcome::Refused
+    }
+
+    /// The classification and admission of a fresh request.
+    fn admit(&self, entry: &mut Request) -> (&'static str, Admission) {
+        let shared = &self.shared;
+        if !shared.enabled {
+            let why = format!(
+                "escalation is off for profile `{0}`; set [profiles.{0}.escalation] \
+                 enabled = true to allow requests",
+                shared.profile
+            );
+            return ("disabled", Admission::End(self.refuse(entry, why)));
+        }
+        match classify(&entry.argv, &shared.rules) {
+            Classification::AutoApproved { rule } => {
+                entry.rule = Some(rule);
+                entry.decided_by = "an auto-approval rule";
+                match shared.launcher.rule_executable(rule) {
+                    Ok(_) => ("auto-approved", Admission::Approved),
+                    Err(why) => (
+                        "auto-approved",
+                        Admission::End(self.refuse(entry, format!("auto_approve[{rule}]: {why}"))),
+                    ),
+                }
+            }
+            Classification::AskDeveloper { reason } => {
+                entry.reason = reason;
+                if !self.terminal {
+                    entry.detail = format!(
+                        "{}; this session has no terminal to ask the developer in, so only \
+                         auto-approval rules apply",
+                        entry.reason
+                    );
+                    return ("no rule", Admission::End(EscalationOutcome::Denied));
+                }
+                let bytes: usize = entry.argv.iter().map(String::len).sum();
+                if entry.argv.len() > MAX_PROMPT_ARGS || bytes > MAX_PROMPT_ARGV_BYTES {
+                    let why = format!(
+                        "no rule approves it, and it is too long to show the developer \
+                         (at most {MAX_PROMPT_ARGS} words and {MAX_PROMPT_ARGV_BYTES} bytes)"
+                    );
+                    return ("no rule", Admission::End(self.refuse(entry, why)));
+                }
+                match shared.launcher.requested_executable(&entry.argv[0]) {
+                    Ok(checked) => {
+                        if checked.canonical.as_os_str() != entry.argv[0].as_str() {
+                            entry.reason.push_str(&format!(
+                                "; it runs {}",
+                                shown(&[checked.canonical.display().to_string()])
+                            ));
+                        }
+                        (
+                            "ask the developer",
+                            Admission::Ask {
+                                deadline: entry.expires_at,
+                            },
+                        )
+                    }
+                    Err(why) => ("no rule", Admission::End(self.refuse(entry, why))),
+                }
+            }
+            Classification::RequiresShell { reason } => (
+                "requires a shell",
+                Admission::End(self.refuse(entry, reason)),
+            ),
+            Classification::Invalid { reason } => {
+                ("invalid", Admission::End(self.refuse(entry, reason)))
+            }
+        }
+    }
+
+    /// Carries out what the machine decided.
+    fn apply(&mut self, effects: Vec<Effect>) {
+        for effect in effects {
+            match effect {
+                Effect::Prompt(id) => {
+                    if let Some(request) = self.known.get(&id) {
+                        let mut reason = request.reason.clone();
+                        truncate(&mut reason, MAX_PROMPT_REASON);
+                        self.events
+                            .push_back(TerminalEvent::Prompt(EscalationPrompt {
+                                session_id: self.capability.session_binding.session_id,
+                                request_id: id,
+                                command_argv: request.argv.clone(),
+                                requested_at: request.issued_at,
+                                expires_at: request.expires_at,
+                                reason,
+                            }));
+                    }
+                }
+                Effect::Withdraw(id, outcome) => {
+                    self.events
+                        .push_back(TerminalEvent::Settled(EscalationSettled {
+                            session_id: self.capability.session_binding.session_id,
+                            request_id: id,
+                            outcome,
+                        }));
+                }
+                Effect::Launch(id) => self.launch(id),
+                Effect::Kill(id) => {
+                    if let Some(cancel) = self.cancels.remove(&id) {
+                        let _ = cancel.send(());
+                    }
+                }
+                Effect::Finish(id, outcome) => self.finish(id, outcome),
+                Effect::Forget(id) => self.forget(id),
+            }
+        }
+    }
+
+    /// Approves and starts request `id`'s command.
+    fn launch(&mut self, id: RequestId) {
+        let Some(request) = self.known.get_mut(&id) else {
+            return;
+        };
+        // The executable is checked again now, whatever was checked
+        // before: it may have been swapped since.
+        let launcher = &self.shared.launcher;
+        let checked: Result<Checked, String> = match request.rule {
+            Some(rule) => launcher.rule_executable(rule),
+            None => launcher.requested_executable(&request.argv[0]),
+        };
+        let spawned = checked.and_then(|exe| {
+            launcher
+                .spawn(&exe, &request.argv)
+                .map_err(|e| format!("cannot start {}: {e}", exe.canonical.display()))
+        });
+        let command = match spawned {
+            Ok(command) => command,
+            Err(why) => {
+                tracing::warn!(request = %id, "escalation not launched: {why}");
+                request.detail = why;
+                let effects = self.requests.ended(id, EscalationOutcome::LaunchFailed);
+                self.apply(effects);
+                return;
+            }
+        };
+        request.started = Some(Instant::now());
+        tracing::info!(request = %id, decided_by = request.decided_by, "escalation launched");
+        self.put_decision(id, DeveloperDecisionKind::Approve);
+        let (cancel, cancelled) = oneshot::channel();
+        self.cancels.insert(id, cancel);
+        let output = Output {
+            shared: Arc::clone(&self.shared),
+            mailbox: Arc::clone(&self.mailbox),
+            binding: self.capability.session_binding.clone(),
+            request_id: id,
+            changes: self.watch.changes.clone(),
+        };
+        let done = self.done_tx.clone();
+        self.tasks.spawn(async move {
+            let ran = run(command, output, cancelled).await;
+            let _ = done.send((id, ran));
+        });
+    }
+
+    /// A command's task ended.
+    fn command_ended(&mut self, id: RequestId, ran: Result<Ran, String>) {
+        self.cancels.remove(&id);
+        let outcome = match ran {
+            Ok(ran) => {
+                if let Some(request) = self.known.get_mut(&id) {
+                    request.ran = Some(ran);
+                }
+                EscalationOutcome::Completed
+            }
+            Err(why) => {
+                if let Some(request) = self.known.get_mut(&id) {
+                    request.detail = why;
+                }
+                EscalationOutcome::LaunchFailed
+            }
+        };
+        let effects = self.requests.ended(id, outcome);
+        self.apply(effects);
+    }
+
+    /// Writes the host's decision record for `id`.
+    fn put_decision(&self, id: RequestId, decision: DeveloperDecisionKind) {
+        let Some(request) = self.known.get(&id) else {
+            return;
+        };
+        let digest = lazaret_proto::mailbox::argv_digest(&request.argv);
+        let record = MailboxRecord::Decision(DeveloperDecision {
+            protocol_version: ProtocolVersion::V1,
+            session_binding: self.capability.session_binding.clone(),
+            request_id: id,
+            decision,
+            command_argv_sha256: digest,
+            decided_at: UnixTimeNs::now(),
+        });
+        self.put(id, RecordFile::Decision, &record);
+    }
+
+    fn put(&self, id: RequestId, kind: RecordFile, record: &MailboxRecord) {
+        let sealed = lazaret_proto::signing::seal(&self.shared.coordinator.signing_key, record);
+        let written = sealed.map_err(|e| e.to_string()).and_then(|bytes| {
+            self.mailbox
+                .put_result(&record_file_name(id, kind), &bytes)
+                .map_err(|e| e.to_string())
+        });
+        if let Err(e) = written {
+            tracing::warn!(request = %id, "cannot write to this session's mailbox: {e}");
+        }
+    }
+
+    /// Writes request `id`'s result and logs how it ended.
+    fn finish(&mut self, id: RequestId, outcome: EscalationOutcome) {
+        let Some(mut request) = self.known.remove(&id) else {
+            return;
+        };
+        let ran = request.ran.unwrap_or(Ran {
+            ended: None,
+            chunks: 0,
+            truncated: false,
+        });
+        let (exit_code, terminating_signal) = match ran.ended {
+            Some(Ended::Exited(code)) if outcome == EscalationOutcome::Completed => {
+                (Some(code), None)
+            }
+            Some(Ended::Signaled(signal)) if outcome == EscalationOutcome::Completed => {
+                (None, Some(signal))
+            }
+            _ => (None, None),
+        };
+        if request.detail.is_empty() {
+            request.detail = match outcome {
+                EscalationOutcome::Expired => "nobody answered the prompt in time".into(),
+                EscalationOutcome::Cancelled => "cancelled".into(),
+                _ => String::new(),
+            };
+        }
+        truncate(&mut request.detail, MAX_RESULT_DETAIL);
+        tracing::info!(
+            request = %id,
+            argv = %shown(&request.argv),
+            outcome = ?outcome,
+            decided_by = request.decided_by,
+            exit_code,
+            signal = terminating_signal,
+            duration_ms = request.started.map(|s| s.elapsed().as_millis() as u64),
+            output_chunks = ran.chunks,
+            output_truncated = ran.truncated,
+            detail = %request.detail,
+            "escalation finished"
+        );
+        let record = MailboxRecord::Result(MailboxResult {
+            protocol_version: ProtocolVersion::V1,
+            session_binding: self.capability.session_binding.clone(),
+            request_id: id,
+            outcome,
+            exit_code,
+            terminating_signal,
+            chunk_count: ran.chunks,
+            output_truncated: ran.truncated,
+            detail: request.detail,
+            finished_at: UnixTimeNs::now(),
+        });
+        self.put(id, RecordFile::Result, &record);
+    }
+
+    /// Removes what is left of request `id` in `results/`.
+    fn forget(&mut self, id: RequestId) {
+        for kind in [RecordFile::Decision, RecordFile::Result] {
+            self.mailbox.remove_result(&record_file_name(id, kind));
+        }
+    }
+}
+
+/// Reads record file `name` as a record of this session's sandbox: signed
+/// by its key (checked before anything is decoded), of a kind the sandbox
+/// signs, bound to this session and generation, under its capability
+/// while that lasts, in the file its name says. Why not, otherwise.
+pub fn verify(
+    name: &str,
+    bytes: &[u8],
+    key: &ProtocolPublicKey,
+    capability: &SessionRequestCapability,
+    now: UnixTimeNs,
+) -> Result<MailboxRecord, String> {
+    let record = lazaret_proto::signing::open(bytes, key, ProtocolCredentialRole::AgentSandbox)
+        .map_err(|e| crate::lifecycle::chain(&e))?;
+    if *record.session_binding() != capability.session_binding {
+        return Err("it is bound to another session or generation".into());
+    }
+    let (capability_id, kind) = match &record {
+        MailboxRecord::Request(r) => (r.capability_id, RecordFile::Request),
+        MailboxRecord::Cancellation(r) => (r.capability_id, RecordFile::Cancellation),
+        MailboxRecord::ResultAck(r) => (r.capability_id, RecordFile::ResultAck),
+        _ => return Err("the host signs records of its kind".into()),
+    };
+    if capability_id != capability.capability_id {
+        return Err("it names another request capability".into());
+    }
+    if now >= capability.expires_at {
+        return Err("this session's request capability expired".into());
+    }
+    if name != record_file_name(record.request_id(), kind) {
+        return Err("its file name does not match the record".into());
+    }
+    Ok(record)
+}
+
+fn truncate(text: &mut String, max: usize) {
+    if text.len() > max {
+        let mut end = max;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+    }
+}
+
+/// Where a running command's output goes.
+struct Output {
+    shared: Arc<Escalation>,
+    mailbox: Arc<SessionMailbox>,
+    binding: lazaret_proto::trust::SessionBinding,
+    request_id: RequestId,
+    changes: watch::Receiver<u64>,
+}
+
+impl Output {
+    fn name(&self, sequence: u64) -> String {
+        record_file_name(self.request_id, RecordFile::Chunk(sequence))
+    }
+
+    /// Waits until chunk `sequence` may be written: the one
+    /// [`CHUNK_WINDOW`] before it was read by the client.
+    async fn room_for(&mut self, sequence: u64) -> Result<(), String> {
+        let Some(oldest) = sequence.checked_sub(CHUNK_WINDOW) else {
+            return Ok(());
+        };
+        let name = self.name(oldest);
+        let since = Instant::now();
+        while self.mailbox.holds_result(&name) {
+            if since.elapsed() > STALL_LIMIT {
+                return Err(format!(
+                    "the sandbox left the command's output unread for {} s; the command was ended",
+                    STALL_LIMIT.as_secs()
+                ));
+            }
+            let _ = tokio::time::timeout(Duration::from_millis(200), self.changes.changed()).await;
+        }
+        Ok(())
+    }
+
+    fn put(&self, chunk: MailboxResultChunk) -> Result<(), String> {
+        let sequence = chunk.sequence;
+        let bytes = lazaret_proto::signing::seal(
+            &self.shared.coordinator.signing_key,
+            &MailboxRecord::ResultChunk(chunk),
+        )
+        .map_err(|e| e.to_string())?;
+        self.mailbox
+            .put_result(&self.name(sequence), &bytes)
+            .map_err(|e| format!("cannot write the output to the mailbox: {e}"))
+    }
+}
+
+/// Reads one stream of a command, or waits forever once it ended.
+async fn read_stream(
+    stream: &Option<crate::aio::Stream>,
+    buf: &mut [u8],
+) -> std::io::Result<Option<usize>> {
+    match stream {
+        Some(stream) => stream.read(buf).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Runs a command to its end: its output to the mailbox in order, its end
+/// by exit, cancellation or a client that stopped reading.
+async fn run(
+    mut command: HostCommand,
+    mut output: Output,
+    mut cancelled: oneshot::Receiver<()>,
+) -> Result<Ran, String> {
+    let mut sequence = 0u64;
+    let mut offsets = [0u64; 2];
+    let mut sent = 0u64;
+    let mut truncated = false;
+    let mut out_buf = vec![0u8; MAX_RESULT_CHUNK];
+    let mut err_buf = vec![0u8; MAX_RESULT_CHUNK];
+    let mut exited_at: Option<tokio::time::Instant> = None;
+    let mut cancelling = false;
+    let mut failure: Option<String> = None;
+    loop {
+        if command.stdout.is_none() && command.stderr.is_none() && exited_at.is_some() {
+            break;
+        }
+        let drain_over = async {
+            match exited_at {
+                Some(at) => tokio::time::sleep_until(at + DRAIN_LIMIT).await,
+                None => std::future::pending().await,
+            }
+        };
+        let (read, stream) = tokio::select! {
+            read = read_stream(&command.stdout, &mut out_buf) => (read, ResultStream::Stdout),
+            read = read_stream(&command.stderr, &mut err_buf) => (read, ResultStream::Stderr),
+            () = command.exited(), if exited_at.is_none() => {
+                // Whatever the command left in its group ends with it.
+                command.signal_group(Signal::KILL);
+                exited_at = Some(tokio::time::Instant::now());
+                continue;
+            }
+            _ = &mut cancelled, if !cancelling => {
+                cancelling = true;
+                command.signal_group(Signal::TERM);
+                let ended = tokio::time::timeout(TERM_GRACE, command.exited()).await;
+                if ended.is_err() {
+                    command.signal_group(Signal::KILL);
+                }
+                continue;
+            }
+            () = drain_over => break,
+        };
+        let index = usize::from(stream == ResultStream::Stderr);
+        let n = match read {
+            Ok(Some(n)) => n,
+            Ok(None) | Err(_) => {
+                match stream {
+                    ResultStream::Stdout => command.stdout = None,
+                    ResultStream::Stderr => command.stderr = None,
+                }
+                continue;
+            }
+        };
+        if sent + n as u64 > MAX_OUTPUT {
+            truncated = true;
+            continue;
+        }
+        if failure.is_some() {
+            continue;
+        }
+        let bytes = if index == 0 {
+            &out_buf[..n]
+        } else {
+            &err_buf[..n]
+        };
+        let chunk = MailboxResultChunk {
+            protocol_version: ProtocolVersion::V1,
+            session_binding: output.binding.clone(),
+            request_id: output.request_id,
+            sequence,
+            stream,
+            offset: offsets[index],
+            bytes: bytes.to_vec(),
+        };
+        let written = match output.room_for(sequence).await {
+            Ok(()) => output.put(chunk),
+            Err(e) => Err(e),
+        };
+        match written {
+            Ok(()) => {
+                sequence += 1;
+                offsets[index] += n as u64;
+                sent += n as u64;
+            }
+            Err(why) => {
+                command.signal_group(Signal::KILL);
+                failure = Some(why);
+            }
+        }
+    }
+    let ended = command
+        .reap()
+        .map_err(|e| format!("cannot learn how the command ended: {e}"))?;
+    if let Some(why) = failure {
+        return Err(why);
+    }
+    Ok(Ran {
+        ended: Some(ended),
+        chunks: sequence,
+        truncated,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lazaret_proto::ids::{
+        CapabilityId, CliId, ConfigurationFingerprint, CredentialId, DomainId, GenerationId,
+        GenerationNonce, SessionId,
+    };
+    use lazaret_proto::trust::{GenerationIdentity, ProtocolSigningKey, SessionBinding};
+    use proptest::prelude::*;
+
+    fn capability() -> SessionRequestCapability {
+        SessionRequestCapability {
+            protocol_version: ProtocolVersion::V1,
+            capability_id: CapabilityId([0xcc; 16]),
+            session_binding: SessionBinding {
+                generation_identity: GenerationIdentity {
+                    agent_profile: "p".into(),
+                    domain_id: DomainId([1; 32]),
+                    generation_id: GenerationId(3),
+                    configuration_fingerprint: ConfigurationFingerprint([2; 32]),
+                    generation_nonce: GenerationNonce([3; 16]),
+                    created_at: UnixTimeNs(1),
+                },
+                cli_id: CliId([4; 16]),
+                session_id: SessionId([4; 16]),
+                credential_id: CredentialId([5; 16]),
+            },
+            expires_at: UnixTimeNs(u64::MAX),
+        }
+    }
+
+    fn request(capability: &SessionRequestCapability) -> MailboxRecord {
+        MailboxRecord::Request(MailboxRequest {
+            protocol_version: ProtocolVersion::V1,
+            session_binding: capability.session_binding.clone(),
+            request_id: RequestId([9; 16]),
+            capability_id: capability.capability_id,
+            command_argv: vec!["/usr/bin/id".into(), "-u".into()],
+            issued_at: UnixTimeNs::now(),
+            expires_at: UnixTimeNs::now().after(Duration::from_secs(60)),
+        })
+    }
+
+    fn name() -> String {
+        record_file_name(RequestId([9; 16]), RecordFile::Request)
+    }
+
+    fn sealed(key: &ProtocolSigningKey, record: &MailboxRecord) -> Vec<u8> {
+        lazaret_proto::signing::seal(key, record).unwrap()
+    }
+
+    #[test]
+    fn only_this_sessions_own_records_pass() {
+        let (key, public) = lazaret_proto::signing::generate();
+        let capability = capability();
+        let now = UnixTimeNs::now();
+        let good = sealed(&key, &request(&capability));
+        assert!(verify(&name(), &good, &public, &capability, now).is_ok());
+
+        // Another session's key (its own credential, stolen).
+        let (other_key, _) = lazaret_proto::signing::generate();
+        let stolen = sealed(&other_key, &request(&capability));
+        let why = verify(&name(), &stolen, &public, &capability, now).unwrap_err();
+        assert!(why.contains("signature"), "{why}");
+
+        // This key, but bound to another generation or session.
+        let mut other = capability.clone();
+        other.session_binding.generation_identity.generation_id = GenerationId(2);
+        let why = verify(
+            &name(),
+            &sealed(&key, &request(&other)),
+            &public,
+            &capability,
+            now,
+        )
+        .unwrap_err();
+        assert!(why.contains("another session or generation"), "{why}");
+        let mut other = capability.clone();
+        other.session_binding.session_id = SessionId([6; 16]);
+        assert!(
+            verify(
+                &name(),
+                &sealed(&key, &request(&other)),
+                &public,
+                &capability,
+                now
+            )
+            .is_err()
+        );
+
+        // Another capability, an expired one, another file name.
+        let mut other = capability.clone();
+        other.capability_id = CapabilityId([0xdd; 16]);
+        assert!(
+            verify(
+                &name(),
+                &sealed(&key, &request(&other)),
+                &public,
+                &capability,
+                now
+            )
+            .is_err()
+        );
+        let mut expired = capability.clone();
+        expired.expires_at = now;
+        assert!(verify(&name(), &good, &public, &expired, now).is_err());
+        assert!(verify("x.request", &good, &public, &capability, now).is_err());
+
+        // A record of the host's kind, signed with the sandbox's key.
+        let result = MailboxRecord::Result(MailboxResult {
+            protocol_version: ProtocolVersion::V1,
+            session_binding: capability.session_binding.clone(),
+            request_id: RequestId([9; 16]),
+            outcome: EscalationOutcome::Completed,
+            exit_code: Some(0),
+            terminating_signal: None,
+            chunk_count: 0,
+            output_truncated: false,
+            detail: String::new(),
+            finished_at: now,
+        });
+        assert!(verify(&name(), &sealed(&key, &result), &public, &capability, now).is_err());
+    }
+
+    #[test]
+    fn a_non_utf8_argument_is_refused_after_the_signature() {
+        let (key, public) = lazaret_proto::signing::generate();
+        let capability = capability();
+        let MailboxRecord::Request(mut r) = request(&capability) else {
+            unreachable!()
+        };
+        r.command_argv = vec!["/usr/bin/id".into(), "MARK".into()];
+        let mut payload = lazaret_proto::codec::encode(&MailboxRecord::Request(r)).unwrap();
+        let at = payload.windows(4).position(|w| w == b"MARK").unwrap();
+        payload[at] = 0xff;
+        let signature = ring::signature::Ed25519KeyPair::from_seed_unchecked(&key.0)
+            .unwrap()
+            .sign(&lazaret_proto::mailbox::signed_message(&payload));
+        let signed = lazaret_proto::mailbox::SignedProtocolRecord {
+            payload_bytes: payload,
+            signature: lazaret_proto::trust::ProtocolSignature(
+                signature.as_ref().try_into().unwrap(),
+            ),
+        };
+        let bytes = lazaret_proto::codec::encode(&signed).unwrap();
+        let why = verify(&name(), &bytes, &public, &capability, UnixTimeNs::now()).unwrap_err();
+        assert!(why.contains("payload"), "{why}");
+    }
+
+    proptest! {
+        #[test]
+        fn random_bytes_are_refused_without_panic(bytes in proptest::collection::vec(any::<u8>(), 0..4096)) {
+            let (_, public) = lazaret_proto::signing::generate();
+            prop_assert!(verify(&name(), &bytes, &public, &capability(), UnixTimeNs::now()).is_err());
+        }
+
+        #[test]
+        fn changed_records_are_refused_without_panic(
+            at in any::<prop::sample::Index>(),
+            xor in 1u8..,
+            cut in any::<prop::sample::Index>(),
+        ) {
+            let (key, public) = lazaret_proto::signing::generate();
+            let capability = capability();
+            let good = sealed(&key, &request(&capability));
+            let mut changed = good.clone();
+            changed[at.index(good.len())] ^= xor;
+            prop_assert!(verify(&name(), &changed, &public, &capability, UnixTimeNs::now()).is_err());
+            let short = &good[..cut.index(good.len())];
+            prop_assert!(verify(&name(), short, &public, &capability, UnixTimeNs::now()).is_err());
+        }
+    }
+}
