@@ -80,7 +80,16 @@ pub fn public_key(key: &ProtocolSigningKey) -> ProtocolPublicKey {
 /// Signs `record` with `key`: the codec encoding of the signed envelope,
 /// ready to be written as a mailbox file.
 pub fn seal(key: &ProtocolSigningKey, record: &MailboxRecord) -> Result<Vec<u8>, SignError> {
-    let payload_bytes = codec::encode(record)?;
+    seal_payload(key, codec::encode(record)?)
+}
+
+/// Signs `payload_bytes` as they are, whatever they hold: [`seal`]'s
+/// second half, and how a test makes a correctly signed file whose
+/// payload is not a record.
+pub fn seal_payload(
+    key: &ProtocolSigningKey,
+    payload_bytes: Vec<u8>,
+) -> Result<Vec<u8>, SignError> {
     let signature = key_pair(key).sign(&signed_message(&payload_bytes));
     let signature: [u8; 64] = signature
         .as_ref()

@@ -79,7 +79,7 @@ pub fn trials() -> Vec<Trial> {
 
 /// A started command whose output is collected as it arrives; killed (and
 /// reaped) when dropped unfinished.
-struct Running {
+pub(crate) struct Running {
     child: Option<Child>,
     stdout: Arc<Mutex<Vec<u8>>>,
     stderr: Arc<Mutex<Vec<u8>>>,
@@ -89,7 +89,7 @@ struct Running {
 impl Running {
     /// Starts `command` with `input` on a pipe as its standard input (closed
     /// once written), or with no standard input at all.
-    fn start(mut command: Command, input: Option<&[u8]>) -> std::io::Result<Self> {
+    pub(crate) fn start(mut command: Command, input: Option<&[u8]>) -> std::io::Result<Self> {
         command
             .stdin(if input.is_some() {
                 Stdio::piped()
@@ -125,7 +125,7 @@ impl Running {
     }
 
     /// Sends SIGKILL.
-    fn kill(&mut self) -> std::io::Result<()> {
+    pub(crate) fn kill(&mut self) -> std::io::Result<()> {
         match self.child.as_mut() {
             Some(child) => child.kill(),
             None => Ok(()),
@@ -134,7 +134,7 @@ impl Running {
 
     /// Waits up to `timeout` for the command to end and returns its output;
     /// past the timeout, kills it and fails.
-    fn finish(mut self, timeout: Duration) -> std::result::Result<Output, Failed> {
+    pub(crate) fn finish(mut self, timeout: Duration) -> std::result::Result<Output, Failed> {
         let mut child = self.child.take().expect("not finished yet");
         let deadline = Instant::now() + timeout;
         let mut timed_out = false;
@@ -190,12 +190,12 @@ impl Drop for Running {
 }
 
 /// Runs `command` to its end, within [`COMMAND_TIMEOUT`].
-fn run(command: Command, input: Option<&[u8]>) -> std::result::Result<Output, Failed> {
+pub(crate) fn run(command: Command, input: Option<&[u8]>) -> std::result::Result<Output, Failed> {
     Running::start(command, input)?.finish(COMMAND_TIMEOUT)
 }
 
 /// `lazaret attach p [-- COMMAND...]` as the test user in `cwd`.
-fn attach(host: &UserHost, cwd: &Path, command: &[&str]) -> Command {
+pub(crate) fn attach(host: &UserHost, cwd: &Path, command: &[&str]) -> Command {
     let mut attach = host.command(&bin("lazaret"), cwd);
     attach.args(["attach", "p"]);
     if !command.is_empty() {
@@ -222,11 +222,11 @@ fn runsc_execs(uid: u32) -> Vec<String> {
         .collect()
 }
 
-fn stdout(output: &Output) -> String {
+pub(crate) fn stdout(output: &Output) -> String {
     String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
-fn stderr(output: &Output) -> String {
+pub(crate) fn stderr(output: &Output) -> String {
     String::from_utf8_lossy(&output.stderr).into_owned()
 }
 
@@ -379,10 +379,10 @@ fn ten_sessions_at_once() -> Result {
 
 /// A tmux server of the test user, with its sockets under its own
 /// directory; killed when dropped, whatever ends the test.
-struct Tmux<'a> {
-    host: &'a UserHost,
-    dir: PathBuf,
-    cwd: PathBuf,
+pub(crate) struct Tmux<'a> {
+    pub(crate) host: &'a UserHost,
+    pub(crate) dir: PathBuf,
+    pub(crate) cwd: PathBuf,
 }
 
 impl Tmux<'_> {
@@ -399,7 +399,7 @@ impl Tmux<'_> {
     }
 
     /// Runs a tmux command that must succeed; its standard output.
-    fn ok(&self, args: &[&str]) -> std::result::Result<String, Failed> {
+    pub(crate) fn ok(&self, args: &[&str]) -> std::result::Result<String, Failed> {
         let output = Running::start(self.command(args), None)?.finish(WAIT)?;
         if !output.status.success() {
             return Err(format!("tmux {args:?} failed: {}", text(&output)).into());
@@ -408,7 +408,7 @@ impl Tmux<'_> {
     }
 
     /// Types `line` and Enter into the pane.
-    fn type_line(&self, line: &str) -> Result {
+    pub(crate) fn type_line(&self, line: &str) -> Result {
         self.ok(&["send-keys", "-t", "t", "-l", line])?;
         self.ok(&["send-keys", "-t", "t", "Enter"])?;
         Ok(())
@@ -416,7 +416,7 @@ impl Tmux<'_> {
 
     /// Polls the pane for up to `timeout` until `shows` holds: `Ok(screen)`
     /// then, `Err(last screen)` when it never did.
-    fn poll(
+    pub(crate) fn poll(
         &self,
         timeout: Duration,
         shows: impl Fn(&str) -> bool,
@@ -435,7 +435,7 @@ impl Tmux<'_> {
     }
 
     /// Waits (up to [`WAIT`]) until the pane shows a line equal to `line`.
-    fn wait_for_line(&self, line: &str) -> Result {
+    pub(crate) fn wait_for_line(&self, line: &str) -> Result {
         match self.poll(WAIT, |s| has_line(s, line))? {
             Ok(_) => Ok(()),
             Err(screen) => Err(format!(
@@ -447,7 +447,7 @@ impl Tmux<'_> {
 
     /// Types `line` until the pane shows `expected`, for up to `timeout`:
     /// for what may take effect only after a first try.
-    fn type_until(&self, line: &str, expected: &str, timeout: Duration) -> Result {
+    pub(crate) fn type_until(&self, line: &str, expected: &str, timeout: Duration) -> Result {
         let deadline = Instant::now() + timeout;
         loop {
             self.type_line(line)?;
@@ -473,7 +473,7 @@ impl Drop for Tmux<'_> {
     }
 }
 
-fn has_line(screen: &str, line: &str) -> bool {
+pub(crate) fn has_line(screen: &str, line: &str) -> bool {
     screen.lines().any(|l| l.trim_end() == line)
 }
 

@@ -40,10 +40,6 @@ pub fn trials() -> Vec<Trial> {
             a_bad_image_fails_cleanly,
         ),
         Trial::test(
-            "domain::escalation_enabled_is_refused_until_built",
-            escalation_refused,
-        ),
-        Trial::test(
             "domain::a_skopeo_planted_on_path_never_runs",
             a_planted_skopeo_never_runs,
         ),
@@ -321,27 +317,6 @@ fn a_bad_image_fails_cleanly() -> Result {
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("up failed at image"), "{err}");
-    assert!(host.status(&host.workspace, "p").is_none(), "nothing runs");
-    assert_nothing_left(&host);
-    Ok(())
-}
-
-/// A profile that enables escalation is refused by `up`, never started
-/// with the setting silently ignored.
-fn escalation_refused() -> Result {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let host = UserHost::new();
-    host.write_config(&format!(
-        "{}[profiles.p.escalation]\nenabled = true\n",
-        config(&busybox_image(), "\"/root\"")
-    ));
-    let out = host.lazaret(&host.workspace, &["up", "p"]);
-    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains("escalation.enabled = true") && err.contains("not built"),
-        "{err}"
-    );
     assert!(host.status(&host.workspace, "p").is_none(), "nothing runs");
     assert_nothing_left(&host);
     Ok(())

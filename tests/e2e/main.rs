@@ -6,6 +6,7 @@
 mod attach;
 mod cli;
 mod domain;
+mod escalation;
 mod liveness;
 mod net;
 mod network;
@@ -18,6 +19,7 @@ fn main() {
     let mut trials: Vec<Trial> = cli::trials();
     trials.extend(domain::trials());
     trials.extend(attach::trials());
+    trials.extend(escalation::trials());
     trials.extend(liveness::trials());
     trials.extend(net::trials());
     trials.extend(network::trials());

@@ -24,7 +24,7 @@ pub const MAX_WAITING: usize = 16;
 pub const MAX_RUNNING: usize = 8;
 
 /// How a request was admitted, as classified and checked.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Admission {
     /// A rule approves it: run it now.
     Approved,
@@ -49,7 +49,7 @@ pub enum Rejection {
 }
 
 /// What the service must do.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Effect {
     /// Show this request's prompt in the session's terminal.
     Prompt(RequestId),
@@ -65,7 +65,7 @@ pub enum Effect {
     Forget(RequestId),
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 enum State {
     Waiting { deadline: UnixTimeNs },
     Running,
@@ -73,14 +73,25 @@ enum State {
     Finished,
 }
 
-/// The requests of one session.
-#[derive(Debug, Default)]
+/// The requests of one session. Equal and hashed by content, so a model
+/// checker can tell states apart.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Requests {
     states: HashMap<RequestId, State>,
     seen: HashSet<RequestId>,
     /// Requests waiting for the developer, oldest first; the first is shown.
     queue: VecDeque<RequestId>,
     shown: Option<RequestId>,
+}
+
+impl std::hash::Hash for Requests {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        let mut states: Vec<_> = self.states.iter().collect();
+        states.sort();
+        let mut seen: Vec<_> = self.seen.iter().collect();
+        seen.sort();
+        (states, seen, &self.queue, self.shown).hash(state);
+    }
 }
 
 impl Requests {

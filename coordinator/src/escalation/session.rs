@@ -960,16 +960,7 @@ mod tests {
         let mut payload = lazaret_proto::codec::encode(&MailboxRecord::Request(r)).unwrap();
         let at = payload.windows(4).position(|w| w == b"MARK").unwrap();
         payload[at] = 0xff;
-        let signature = ring::signature::Ed25519KeyPair::from_seed_unchecked(&key.0)
-            .unwrap()
-            .sign(&lazaret_proto::mailbox::signed_message(&payload));
-        let signed = lazaret_proto::mailbox::SignedProtocolRecord {
-            payload_bytes: payload,
-            signature: lazaret_proto::trust::ProtocolSignature(
-                signature.as_ref().try_into().unwrap(),
-            ),
-        };
-        let bytes = lazaret_proto::codec::encode(&signed).unwrap();
+        let bytes = lazaret_proto::signing::seal_payload(&key, payload).unwrap();
         let why = verify(&name(), &bytes, &public, &capability, UnixTimeNs::now()).unwrap_err();
         assert!(why.contains("payload"), "{why}");
     }

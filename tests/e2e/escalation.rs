@@ -1,0 +1,622 @@
+//! Host escalation end to end, as the unprivileged test user with real
+//! runsc: `lazaret-escalate` inside the sandbox, the rules, the developer's
+//! prompt in the requesting session's terminal (driven through tmux),
+//! output, exit codes and signals, cancellation, and a suite of forged
+//! mailbox records planted from inside the sandbox the way a hostile agent
+//! would. Needs root (for the test user), runsc and tmux; CI has them.
+//! Every wait is bounded.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use lazaret_proto::common::{ProtocolVersion, UnixTimeNs};
+use lazaret_proto::ids::{GenerationId, RequestId};
+use lazaret_proto::mailbox::{MAX_MAILBOX_RECORD_LEN, MailboxRecord, MailboxRequest, RecordFile};
+use lazaret_proto::trust::SandboxCredentialBundle;
+use lazaret_tests::bin;
+use lazaret_tests::domain::{UserHost, busybox_image};
+use libtest_mimic::{Failed, Trial};
+
+use crate::attach::{Running, Tmux, attach, run, stderr, stdout};
+use crate::domain::{Result, config, down, host_with_config, runnable, text, up, wait_until};
+
+const WAIT: Duration = Duration::from_secs(10);
+
+pub fn trials() -> Vec<Trial> {
+    let runnable = runnable();
+    [
+        Trial::test(
+            "escalation::auto_approval_runs_exactly_the_rule",
+            auto_approval,
+        ),
+        Trial::test(
+            "escalation::output_exit_codes_and_signals_come_back",
+            output_and_status,
+        ),
+        Trial::test(
+            "escalation::the_requesting_sessions_developer_decides",
+            interactive_approval,
+        ),
+        Trial::test(
+            "escalation::forged_records_are_refused_and_logged",
+            forgeries,
+        ),
+        Trial::test(
+            "escalation::disabled_escalation_refuses_every_request",
+            disabled,
+        ),
+    ]
+    .into_iter()
+    .map(|t| t.with_ignored_flag(!runnable))
+    .collect()
+}
+
+/// The host's `/bin/sh`, as a rule names it after `up` resolves it.
+fn canonical(path: &str) -> String {
+    std::fs::canonicalize(path)
+        .expect("a host program")
+        .display()
+        .to_string()
+}
+
+/// The default profile with escalation enabled and `rules` (TOML inline
+/// tables) as its auto-approval rules.
+fn escalation_config(rules: &[String]) -> String {
+    format!(
+        "{}[profiles.p.escalation]\nenabled = true\nauto_approve = [{}]\n",
+        config(&busybox_image(), "\"/root\""),
+        rules.join(", ")
+    )
+}
+
+fn rule(executable: &str, args: &[&str], extra: bool) -> String {
+    let args: Vec<String> = args.iter().map(|a| format!("{a:?}")).collect();
+    format!(
+        "{{ executable = {executable:?}, args = [{}], allow_extra_args = {extra} }}",
+        args.join(", ")
+    )
+}
+
+fn code(output: &std::process::Output) -> Option<i32> {
+    output.status.code()
+}
+
+/// Whether the output holds a line that is exactly `line` (a session's
+/// output is the process's standard output and error merged).
+fn has(output: &std::process::Output, line: &str) -> bool {
+    stdout(output).lines().any(|l| l == line)
+}
+
+/// `lazaret attach p -- COMMAND`, to its end.
+fn attached(
+    host: &UserHost,
+    command: &[&str],
+) -> std::result::Result<std::process::Output, Failed> {
+    run(attach(host, &host.workspace, command), None)
+}
+
+/// The coordinator's log.
+fn log(host: &UserHost) -> String {
+    let out = host.lazaret(&host.workspace, &["logs", "p"]);
+    String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr)
+}
+
+/// Only a rule's exact vector runs, at once, as the developer's user;
+/// everything else is denied in a session without a terminal (or refused,
+/// when it cannot be run as a vector), and says why.
+fn auto_approval() -> Result {
+    let (_serial, host) =
+        host_with_config(&escalation_config(&[rule("/usr/bin/id", &["-u"], false)]));
+    let ws = host.workspace.clone();
+    up(&host, &ws)?;
+
+    let out = attached(&host, &["lazaret-escalate", "/usr/bin/id", "-u"])?;
+    assert_eq!(code(&out), Some(0), "{}", text(&out));
+    assert_eq!(
+        stdout(&out).trim(),
+        host.uid().to_string(),
+        "{}",
+        text(&out)
+    );
+
+    let uid = host.uid().to_string();
+    let (_, gid) = lazaret_tests::domain::test_user();
+    let out = attached(&host, &["lazaret-escalate", "/usr/bin/id", "-g"])?;
+    assert_eq!(code(&out), Some(77), "{}", text(&out));
+    let said = stdout(&out);
+    assert!(
+        said.contains("auto_approve[0] (/usr/bin/id -u)") && said.contains("no terminal"),
+        "{said}"
+    );
+    assert!(!has(&out, &gid.to_string()), "{}", text(&out));
+
+    for (argv, status) in [
+        (&["/bin/../usr/bin/id", "-u"][..], 77),
+        (&["/usr/bin/id", "-u", "-n"], 77),
+        (&["/usr/bin//id", "-u"], 77),
+        (&["id", "-u"], 78),
+        (&["usr/bin/id", "-u"], 78),
+        (&["/usr/bin/id -u"], 77),
+        (&["id -u; touch /tmp/x"], 78),
+    ] {
+        let mut command = vec!["lazaret-escalate"];
+        command.extend_from_slice(argv);
+        let out = attached(&host, &command)?;
+        assert_eq!(code(&out), Some(status), "{argv:?}: {}", text(&out));
+        assert!(!has(&out, &uid), "{argv:?} ran: {}", text(&out));
+    }
+
+    // Every request and decision is an audit event.
+    let log = log(&host);
+    assert!(
+        log.lines().any(|l| l.contains("escalation finished")
+            && l.contains("argv=/usr/bin/id -u")
+            && l.contains("outcome=Completed")
+            && l.contains("exit_code=0")),
+        "{log}"
+    );
+    assert!(log.contains("outcome=Denied"), "{log}");
+    assert!(log.contains("outcome=Refused"), "{log}");
+    down(&host, &ws)
+}
+
+/// Each stream arrives whole and in its order, the exit status is the
+/// command's (128+N for signal N), 8 MiB of output arrives intact.
+fn output_and_status() -> Result {
+    let dash = canonical("/bin/sh");
+    let (_serial, host) = host_with_config(&escalation_config(&[rule(&dash, &["-c"], true)]));
+    let ws = host.workspace.clone();
+    up(&host, &ws)?;
+    // The session merges the client's two streams; inside, each goes to a
+    // file of its own.
+    let script = "for i in 1 2 3; do echo out$i; echo err$i >&2; done; exit 7";
+    let out = attached(
+        &host,
+        &[
+            "sh",
+            "-c",
+            &format!(
+                "lazaret-escalate {dash} -c '{script}' >/root/out 2>/root/err; \
+                 echo rc=$?; cat /root/out; echo --; cat /root/err"
+            ),
+        ],
+    )?;
+    assert_eq!(
+        stdout(&out),
+        "rc=7\nout1\nout2\nout3\n--\nerr1\nerr2\nerr3\n",
+        "{}",
+        text(&out)
+    );
+
+    let out = attached(&host, &["lazaret-escalate", &dash, "-c", "kill -TERM $$"])?;
+    assert_eq!(code(&out), Some(128 + 15), "{}", text(&out));
+
+    // 8 MiB that the host and the sandbox both can describe: the same
+    // numbers, counted and summed on each side.
+    let script = "seq 1 1200000";
+    let expected = std::process::Command::new(&dash)
+        .args(["-c", script])
+        .output()?;
+    assert!(expected.stdout.len() > 8 * 1024 * 1024);
+    let inside = attached(
+        &host,
+        &[
+            "sh",
+            "-c",
+            &format!(
+                "lazaret-escalate {dash} -c '{script}' > /root/big; echo status=$?; md5sum < /root/big"
+            ),
+        ],
+    )?;
+    let path = host.base().join("expected");
+    std::fs::write(&path, &expected.stdout)?;
+    let md5 = std::process::Command::new("md5sum").arg(&path).output()?;
+    let want = String::from_utf8_lossy(&md5.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap_or_default()
+        .to_owned();
+    let got = stdout(&inside);
+    assert!(
+        got.starts_with("status=0\n") && got.contains(&want),
+        "8 MiB arrived changed: want {want}; {}",
+        text(&inside)
+    );
+    down(&host, &ws)
+}
+
+/// The prompt appears in the requesting session's terminal only; `y` runs
+/// the command, `n` denies it; Ctrl-C in the client ends a long host
+/// command within a second.
+fn interactive_approval() -> Result {
+    let sleep = canonical("/bin/sleep");
+    let (_serial, host) = host_with_config(&escalation_config(&[
+        rule("/usr/bin/id", &["-u"], false),
+        rule(&sleep, &["30"], false),
+    ]));
+    let ws = host.workspace.clone();
+    up(&host, &ws)?;
+    let ws_arg = ws.to_str().ok_or("workspace path is not UTF-8")?.to_owned();
+    let open = |name: &str| -> std::result::Result<Tmux<'_>, Failed> {
+        let tmux = Tmux {
+            host: &host,
+            dir: host.user_dir(name),
+            cwd: ws.clone(),
+        };
+        let pane = format!("{} attach p; sleep 60", bin("lazaret").display());
+        tmux.ok(&[
+            "new-session",
+            "-d",
+            "-s",
+            "t",
+            "-x",
+            "120",
+            "-y",
+            "40",
+            "-c",
+            &ws_arg,
+            &pane,
+        ])?;
+        tmux.type_until("echo ready-$((20+22))", "ready-42", Duration::from_secs(30))?;
+        Ok(tmux)
+    };
+    let a = open("tmux-a")?;
+    let b = open("tmux-b")?;
+    let asks = |screen: &str| screen.contains("the sandbox asks to run a command");
+
+    b.type_line("lazaret-escalate /usr/bin/id -g; echo rc=$?")?;
+    match b.poll(WAIT, |s| asks(s) && s.contains("/usr/bin/id -g"))? {
+        Ok(_) => {}
+        Err(screen) => return Err(format!("no prompt in session B:\n{screen}").into()),
+    }
+    let screen_a = a.ok(&["capture-pane", "-p", "-t", "t"])?;
+    assert!(!asks(&screen_a), "session A was asked too:\n{screen_a}");
+    b.type_line("y")?;
+    b.wait_for_line("rc=0")?;
+    let (_, gid) = lazaret_tests::domain::test_user();
+    b.wait_for_line(&gid.to_string())?;
+
+    b.type_line("clear; lazaret-escalate /usr/bin/id -g; echo rc=$?")?;
+    match b.poll(WAIT, asks)? {
+        Ok(_) => {}
+        Err(screen) => return Err(format!("no second prompt:\n{screen}").into()),
+    }
+    b.type_line("n")?;
+    b.wait_for_line("rc=77")?;
+
+    // Unanswered, a request expires at its deadline and the prompt goes.
+    b.type_line("clear; lazaret-escalate --timeout 2 /usr/bin/id -g; echo rc=$?")?;
+    match b.poll(WAIT, |s| s.contains("no answer needed: it expired"))? {
+        Ok(_) => {}
+        Err(screen) => return Err(format!("the prompt did not expire:\n{screen}").into()),
+    }
+    b.wait_for_line("rc=75")?;
+
+    // Ctrl-C in the client cancels the host command.
+    b.type_line("lazaret-escalate /usr/bin/sleep 30; echo rc=$?")?;
+    let pattern = format!("^{sleep} 30$");
+    let host_sleep = || {
+        let out = std::process::Command::new("pgrep")
+            .args(["-u", &host.uid().to_string(), "-f", &pattern])
+            .output()
+            .ok()?;
+        out.status.success().then_some(())
+    };
+    wait_until(WAIT, "the host's sleep 30", host_sleep)?;
+    b.ok(&["send-keys", "-t", "t", "C-c"])?;
+    let started = Instant::now();
+    wait_until(Duration::from_secs(5), "the host's sleep to end", || {
+        host_sleep().is_none().then_some(())
+    })?;
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_millis(1500),
+        "the host command ended {took:?} after Ctrl-C"
+    );
+    // The terminal echoes ^C before the shell's line.
+    match b.poll(WAIT, |s| {
+        s.lines().any(|l| l.trim_end().ends_with("rc=130"))
+    })? {
+        Ok(_) => {}
+        Err(screen) => return Err(format!("no rc=130 after Ctrl-C:\n{screen}").into()),
+    }
+    drop(a);
+    drop(b);
+    down(&host, &ws)
+}
+
+/// A request as the sandbox would make it, under `bundle`'s binding.
+fn request(bundle: &SandboxCredentialBundle, argv: &[&str]) -> MailboxRequest {
+    let capability = &bundle.request_capability;
+    MailboxRequest {
+        protocol_version: ProtocolVersion::V1,
+        session_binding: capability.session_binding.clone(),
+        request_id: RequestId(lazaret_proto::signing::random_bytes()),
+        capability_id: capability.capability_id,
+        command_argv: argv.iter().map(|a| (*a).to_owned()).collect(),
+        issued_at: UnixTimeNs::now(),
+        expires_at: UnixTimeNs::now().after(Duration::from_secs(120)),
+    }
+}
+
+fn sealed(bundle: &SandboxCredentialBundle, request: &MailboxRequest) -> Vec<u8> {
+    lazaret_proto::signing::seal(
+        &bundle.protocol_credential.signing_key,
+        &MailboxRecord::Request(request.clone()),
+    )
+    .expect("seal")
+}
+
+fn name(request: &MailboxRequest) -> String {
+    lazaret_proto::mailbox::record_file_name(request.request_id, RecordFile::Request)
+}
+
+fn read_bundle(path: &Path) -> std::result::Result<SandboxCredentialBundle, Failed> {
+    let bytes = std::fs::read(path)?;
+    Ok(lazaret_proto::codec::decode(&bytes)?)
+}
+
+/// Forged records, each planted by the sandbox into a mailbox, are each
+/// refused and logged, and the coordinator serves on: another session's
+/// key, another generation's, a binding changed, a replayed id, an expired
+/// request, a bad signature, a truncated and an oversized file, a link and
+/// a FIFO, a request put in another session's mailbox, a rule's executable
+/// swapped after `up`, and arguments with a NUL or bytes that are not
+/// UTF-8.
+fn forgeries() -> Result {
+    let dash = canonical("/bin/sh");
+    let (_serial, host) = host_with_config("");
+    let tools = host.user_dir("tools");
+    let tool = tools.join("tool");
+    std::fs::copy("/usr/bin/true", &tool)?;
+    std::os::unix::fs::chown(&tool, Some(host.uid()), None)?;
+    let tool_text = tool.display().to_string();
+    host.write_config(&escalation_config(&[
+        rule("/usr/bin/id", &["-u"], false),
+        rule(&tool_text, &[], false),
+        rule(&dash, &["-c"], true),
+    ]));
+    let ws = host.workspace.clone();
+
+    // A credential of an earlier generation, kept by the sandbox.
+    up(&host, &ws)?;
+    let out = attached(
+        &host,
+        &[
+            "sh",
+            "-c",
+            "cp /run/lazaret/mailbox/$LAZARET_SESSION/credential /workspace/cred-old",
+        ],
+    )?;
+    assert_eq!(code(&out), Some(0), "{}", text(&out));
+    down(&host, &ws)?;
+    let old = read_bundle(&ws.join("cred-old"))?;
+    let status = up(&host, &ws)?;
+    let coordinator = status["coordinator"]["pid"].as_u64();
+
+    // Session A stays attached; B plants what the host forges into its
+    // own mailbox (or A's), one file at a time, as the files name.
+    let mut session_a = Running::start(
+        attach(
+            &host,
+            &ws,
+            &[
+                "sh",
+                "-c",
+                "cp /run/lazaret/mailbox/$LAZARET_SESSION/credential /workspace/cred-a && \
+                 echo $LAZARET_SESSION > /workspace/id-a && sleep 60",
+            ],
+        ),
+        None,
+    )?;
+    let forged = host.user_dir("project/forged");
+    let plant = r#"
+        set -e
+        mine=/run/lazaret/mailbox/$LAZARET_SESSION
+        cp $mine/credential /workspace/cred-b
+        while [ ! -e /workspace/forged/.ready ]; do sleep 0.1; done
+        theirs=/run/lazaret/mailbox/$(cat /workspace/id-a)
+        for f in /workspace/forged/*; do
+            n=${f##*/}; rest=${n#*-}; who=${rest%%-*}; file=${rest#*-}
+            if [ "$who" = a ]; then to=$theirs/requests; else to=$mine/requests; fi
+            cp "$f" "$to/.$file.part" && mv "$to/.$file.part" "$to/$file"
+            sleep 0.4
+        done
+        ln -s /etc/passwd $mine/requests/11111111111111111111111111111111.request
+        mkfifo $mine/requests/22222222222222222222222222222222.request
+        echo $LAZARET_SESSION > /workspace/planted
+        sleep 3
+        echo planted
+    "#;
+    let session_b = Running::start(attach(&host, &ws, &["sh", "-c", plant]), None)?;
+    let a = wait_until(WAIT, "session A's credential", || {
+        read_bundle(&ws.join("cred-a")).ok()
+    })?;
+    let b = wait_until(WAIT, "session B's credential", || {
+        read_bundle(&ws.join("cred-b")).ok()
+    })?;
+    wait_until(WAIT, "session A's id", || {
+        std::fs::read(ws.join("id-a")).ok()
+    })?;
+
+    // Where each goes (`a` or `b`), its file name, its bytes, and what the
+    // refusal must say (nothing: it is valid).
+    let mut files: Vec<(&str, String, Vec<u8>, &str)> = Vec::new();
+    let id_u = ["/usr/bin/id", "-u"];
+    // 1. Signed with session A's key, in B's mailbox.
+    let r = request(&b, &id_u);
+    files.push(("b", name(&r), sealed(&a, &r), "signature does not verify"));
+    // 2. Signed with the earlier generation's key and binding.
+    let r = request(&old, &id_u);
+    files.push(("b", name(&r), sealed(&old, &r), "signature does not verify"));
+    // 3. B's key, but bound to another generation.
+    let mut r = request(&b, &id_u);
+    r.session_binding.generation_identity.generation_id = GenerationId(99);
+    files.push((
+        "b",
+        name(&r),
+        sealed(&b, &r),
+        "another session or generation",
+    ));
+    // 4. A valid request (it runs), then 5. the same file again.
+    let r = request(&b, &id_u);
+    let valid = sealed(&b, &r);
+    files.push(("b", name(&r), valid.clone(), ""));
+    files.push(("b", name(&r), valid.clone(), "used before (a replay)"));
+    // 6. Expired long before the host reads it.
+    let mut r = request(&b, &id_u);
+    r.issued_at = UnixTimeNs(UnixTimeNs::now().0 - 600_000_000_000);
+    r.expires_at = UnixTimeNs(UnixTimeNs::now().0 - 300_000_000_000);
+    files.push(("b", name(&r), sealed(&b, &r), "more than a minute before"));
+    // 7. A signature that does not match.
+    let r = request(&b, &id_u);
+    let mut bad = sealed(&b, &r);
+    let last = bad.len() - 1;
+    bad[last] ^= 0x40;
+    files.push(("b", name(&r), bad, "signature does not verify"));
+    // 8. Truncated; 9. larger than any record.
+    let r = request(&b, &id_u);
+    let whole = sealed(&b, &r);
+    files.push((
+        "b",
+        name(&r),
+        whole[..whole.len() / 2].to_vec(),
+        "not a signed record",
+    ));
+    let r = request(&b, &id_u);
+    files.push((
+        "b",
+        name(&r),
+        vec![0; MAX_MAILBOX_RECORD_LEN + 4096],
+        "it is larger than",
+    ));
+    // 10. B's own valid request, written into A's mailbox.
+    let r = request(&b, &id_u);
+    files.push(("a", name(&r), sealed(&b, &r), "signature does not verify"));
+    // 11. A rule whose executable is swapped after `up`.
+    let r = request(&b, &[tool_text.as_str()]);
+    files.push((
+        "b",
+        name(&r),
+        sealed(&b, &r),
+        "was replaced since `lazaret up`",
+    ));
+    // 12. An argument with a NUL.
+    let r = request(&b, &[dash.as_str(), "-c", "echo a\0b"]);
+    files.push(("b", name(&r), sealed(&b, &r), "contains a NUL"));
+    // 13. An argument that is not UTF-8, correctly signed.
+    let r = request(&b, &[dash.as_str(), "-c", "echo MARK"]);
+    let mut payload =
+        lazaret_proto::codec::encode(&MailboxRecord::Request(r.clone())).expect("encode");
+    let at = payload
+        .windows(4)
+        .position(|w| w == b"MARK")
+        .ok_or("no mark")?;
+    payload[at] = 0xff;
+    let not_utf8 =
+        lazaret_proto::signing::seal_payload(&b.protocol_credential.signing_key, payload)?;
+    files.push(("b", name(&r), not_utf8, "payload is not a mailbox record"));
+
+    // The swap happens now, after `up` checked the file.
+    let swapped = tools.join("swapped");
+    std::fs::copy("/usr/bin/false", &swapped)?;
+    std::os::unix::fs::chown(&swapped, Some(host.uid()), None)?;
+    std::fs::rename(&swapped, &tool)?;
+
+    for (i, (who, file, bytes, _)) in files.iter().enumerate() {
+        std::fs::write(forged.join(format!("{i:02}-{who}-{file}")), bytes)?;
+    }
+    std::fs::write(forged.join(".ready"), b"")?;
+    // gVisor keeps a FIFO made on a host directory inside the sandbox:
+    // the host's side of B's mailbox never holds one (the coordinator's own
+    // refusal of FIFOs is unit-tested), and the link is taken away.
+    let b_id = wait_until(Duration::from_secs(60), "the plants", || {
+        std::fs::read_to_string(ws.join("planted")).ok()
+    })?;
+    let supervisor = status["supervisor"]["pid"]
+        .as_u64()
+        .ok_or("no supervisor pid")?;
+    let runsc_root = status["runsc_root"].as_str().ok_or("no runsc root")?;
+    let host_requests = PathBuf::from(format!("/proc/{supervisor}/root{runsc_root}"))
+        .with_file_name("mailbox")
+        .join(b_id.trim())
+        .join("requests");
+    let left = wait_until(WAIT, "the link to be taken away", || {
+        let names: Vec<String> = std::fs::read_dir(&host_requests)
+            .ok()?
+            .filter_map(|e| e.ok())
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        (!names.iter().any(|n| n.starts_with("1111"))).then_some(names)
+    })?;
+    assert!(
+        left.is_empty(),
+        "the host's side of the mailbox holds {left:?}"
+    );
+    let planted = session_b.finish(Duration::from_secs(60))?;
+    assert!(stdout(&planted).contains("planted"), "{}", text(&planted));
+
+    let log = match wait_until(WAIT, "the last refusal in the log", || {
+        let log = log(&host);
+        log.contains("symbolic link").then_some(log)
+    }) {
+        Ok(log) => log,
+        Err(e) => return Err(format!("{e:?}; the log:\n{}", log(&host)).into()),
+    };
+    // Each refusal is a log line naming the request (as its file, or, for
+    // a request refused with a result, as its id) and saying why.
+    let refused = |file: &str, why: &str| {
+        let id = file.split('.').next().unwrap_or(file);
+        log.lines().any(|l| {
+            (l.contains("refused") || l.contains("outcome=Refused"))
+                && l.contains(id)
+                && l.contains(why)
+        })
+    };
+    for (who, file, _, why) in &files {
+        if !why.is_empty() {
+            assert!(
+                refused(file, why),
+                "{who}/{file}: no refusal saying `{why}` in the log:\n{log}"
+            );
+        }
+    }
+    assert!(
+        refused("11111111111111111111111111111111.request", "symbolic link"),
+        "{log}"
+    );
+    // The valid request ran once.
+    let ran = log
+        .lines()
+        .filter(|l| l.contains("escalation launched"))
+        .count();
+    assert_eq!(ran, 1, "{log}");
+
+    // The coordinator serves on: the same process answers a new request.
+    let out = attached(&host, &["lazaret-escalate", "/usr/bin/id", "-u"])?;
+    assert_eq!(code(&out), Some(0), "{}", text(&out));
+    let status = host
+        .status(&ws, "p")
+        .ok_or("not running after the forgeries")?;
+    assert_eq!(status["coordinator"]["pid"].as_u64(), coordinator);
+    session_a.kill()?;
+    drop(session_a);
+    down(&host, &ws)
+}
+
+/// With escalation off, every request is refused, saying so.
+fn disabled() -> Result {
+    let (_serial, host) = host_with_config(&config(&busybox_image(), "\"/root\""));
+    let ws = host.workspace.clone();
+    up(&host, &ws)?;
+    let out = attached(&host, &["lazaret-escalate", "/usr/bin/id", "-u"])?;
+    assert_eq!(code(&out), Some(78), "{}", text(&out));
+    assert!(stdout(&out).contains("escalation is off"), "{}", text(&out));
+    assert!(!has(&out, &host.uid().to_string()), "{}", text(&out));
+    // Outside a session, the client says where it must run.
+    let status = host.status(&ws, "p").ok_or("not running")?;
+    let out = host.exec(&status, "/run/lazaret/bin/lazaret-escalate /usr/bin/id -u");
+    assert_eq!(code(&out), Some(69), "{}", text(&out));
+    assert!(stderr(&out).contains("LAZARET_SESSION"), "{}", text(&out));
+    down(&host, &ws)
+}
