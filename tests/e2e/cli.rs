@@ -435,11 +435,18 @@ fn unbuilt_say_so() -> Result {
     let (code, _, err) = text(&run(s.lazaret(["attach", "dev", "--", "true"])));
     assert_eq!(code, Some(1), "{err}");
     assert!(err.contains("lazaret up dev"), "{err}");
+    // The escalation client outside a session says where it must run, and
+    // what its command line is.
+    let (code, _, err) = text(&run(std::process::Command::new(bin("lazaret-escalate"))
+        .args(["/usr/bin/id", "-u"])
+        .env_remove("LAZARET_SESSION")));
+    assert_eq!(code, Some(69), "{err}");
+    assert!(err.contains("not a Lazaret session"), "{err}");
     let (code, _, err) = text(&run(&mut std::process::Command::new(bin(
         "lazaret-escalate",
     ))));
-    assert_eq!(code, Some(69), "{err}");
-    assert!(err.contains("not available in this version"), "{err}");
+    assert_eq!(code, Some(64), "{err}");
+    assert!(err.contains("usage: lazaret-escalate"), "{err}");
     // The sidecar is started by the supervisor, never by hand.
     let (code, _, err) = text(&run(&mut std::process::Command::new(bin(
         "lazaret-netsidecar",

@@ -309,8 +309,9 @@ fn interactive_approval() -> Result {
         host_sleep().is_none().then_some(())
     })?;
     let took = started.elapsed();
+    // The poll above looks every 100 ms: what it saw is at most that late.
     assert!(
-        took < Duration::from_millis(1500),
+        took < Duration::from_secs(1),
         "the host command ended {took:?} after Ctrl-C"
     );
     // The terminal echoes ^C before the shell's line.

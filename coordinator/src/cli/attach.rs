@@ -375,7 +375,10 @@ fn relay(
                         }));
                     }
                 }
-                SessionTerminalMessage::Exit(exit) => return Ok((exit.outcome, exit.exit_code)),
+                SessionTerminalMessage::Exit(exit) => {
+                    let _ = prompter.abandon(&mut stdout);
+                    return Ok((exit.outcome, exit.exit_code));
+                }
                 SessionTerminalMessage::EscalationPrompt(request) => {
                     if can_prompt {
                         prompter

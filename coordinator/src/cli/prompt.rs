@@ -161,6 +161,16 @@ impl Prompter {
         self.end(out)
     }
 
+    /// The session ended while a prompt waited: the prompt goes, and the
+    /// output held back is written.
+    pub fn abandon(&mut self, out: &mut dyn Write) -> std::io::Result<()> {
+        if self.waiting.is_none() {
+            return Ok(());
+        }
+        out.write_all(b"\r\n  no answer needed: the session ended\r\n")?;
+        self.end(out)
+    }
+
     /// Ends the prompt and writes the output held back meanwhile.
     fn end(&mut self, out: &mut dyn Write) -> std::io::Result<()> {
         self.waiting = None;

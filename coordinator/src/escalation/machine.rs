@@ -263,6 +263,11 @@ impl Requests {
         vec![Effect::Forget(id)]
     }
 
+    /// Whether `id` was ever admitted (used ids are never used again).
+    pub fn has_seen(&self, id: RequestId) -> bool {
+        self.seen.contains(&id)
+    }
+
     /// Whether `id` was admitted and has not ended.
     pub fn is_open(&self, id: RequestId) -> bool {
         matches!(

@@ -89,11 +89,14 @@ struct Request {
 }
 
 /// What a finished command left.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Ran {
     ended: Option<Ended>,
     chunks: u64,
     truncated: bool,
+    /// Why the host ended it, when it did (its output could not be
+    /// delivered).
+    stopped: Option<String>,
 }
 
 /// One session's escalation.
@@ -281,6 +284,14 @@ impl SessionEscalation {
     /// Checks, classifies and admits a verified request.
     fn request(&mut self, name: &str, request: MailboxRequest, now: UnixTimeNs) {
         let id = request.request_id;
+        if self.requests.has_seen(id) {
+            tracing::warn!(
+                file = %name,
+                request = %id,
+                "escalation record refused: its request id was used before (a replay)"
+            );
+            return;
+        }
         let argv_shown = shown(&request.command_argv);
         let stale = if request.issued_at > now.after(FUTURE_SKEW) {
             Some("it says it was made in the future")
@@ -310,13 +321,7 @@ impl SessionEscalation {
         };
         let busy = self.requests.is_busy(admission);
         match self.requests.admit(id, admission) {
-            Err(Rejection::Replayed) => {
-                tracing::warn!(
-                    file = %name,
-                    request = %id,
-                    "escalation record refused: its request id was used before (a replay)"
-                );
-            }
+            Err(Rejection::Replayed) => {}
             Err(Rejection::Busy) => {
                 tracing::warn!(
                     file = %name,
@@ -508,10 +513,18 @@ impl SessionEscalation {
         self.cancels.remove(&id);
         let outcome = match ran {
             Ok(ran) => {
+                let outcome = if ran.stopped.is_some() {
+                    EscalationOutcome::Cancelled
+                } else {
+                    EscalationOutcome::Completed
+                };
                 if let Some(request) = self.known.get_mut(&id) {
+                    if let Some(why) = &ran.stopped {
+                        request.detail = why.clone();
+                    }
                     request.ran = Some(ran);
                 }
-                EscalationOutcome::Completed
+                outcome
             }
             Err(why) => {
                 if let Some(request) = self.known.get_mut(&id) {
@@ -558,10 +571,11 @@ impl SessionEscalation {
         let Some(mut request) = self.known.remove(&id) else {
             return;
         };
-        let ran = request.ran.unwrap_or(Ran {
+        let ran = request.ran.take().unwrap_or(Ran {
             ended: None,
             chunks: 0,
             truncated: false,
+            stopped: None,
         });
         let (exit_code, terminating_signal) = match ran.ended {
             Some(Ended::Exited(code)) if outcome == EscalationOutcome::Completed => {
@@ -815,13 +829,11 @@ async fn run(
     let ended = command
         .reap()
         .map_err(|e| format!("cannot learn how the command ended: {e}"))?;
-    if let Some(why) = failure {
-        return Err(why);
-    }
     Ok(Ran {
         ended: Some(ended),
         chunks: sequence,
         truncated,
+        stopped: failure,
     })
 }
 
