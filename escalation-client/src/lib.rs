@@ -432,6 +432,14 @@ fn escalate(invocation: &Invocation) -> Result<u8, Failure> {
                 status: EXIT_CANCELLED,
             });
         }
+        // The host removes a session's mailbox when the session ends: a
+        // client that outlived its session (it escaped to a session of its
+        // own) stops waiting then.
+        if backoff.looks % 64 == 63 && !mailbox.requests.is_dir() {
+            return Err(unavailable(
+                "this session's mailbox is gone: the session ended before the result came",
+            ));
+        }
         if !answered && Instant::now() > answer_deadline {
             return Err(unavailable(
                 "the host did not answer the request; is the Domain still up?",

@@ -289,8 +289,8 @@ impl WireRecord for SessionRequestCapability {
 }
 
 /// Everything the sandbox side of one session holds: the pins, its own
-/// signing credential and its request capability. Mounted read-only at the
-/// session's protected control path.
+/// signing credential and its request capability. The host writes it as
+/// the `credential` file (mode 0400) of the session's mailbox.
 ///
 /// The seed's field list is partial after `trust_manifest`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
