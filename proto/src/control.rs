@@ -76,12 +76,6 @@ pub enum StartupEvent {
         /// empty when the fingerprints are equal.
         differences: Vec<String>,
     },
-    /// The Domain was not running; a stale generation, if one was found,
-    /// has been finished.
-    Recovered {
-        /// The stale generation that was cleaned up.
-        generation_id: Option<GenerationId>,
-    },
     /// Starting failed at `step`; nothing of the generation is left running.
     Failed {
         /// The step that failed.

@@ -10,6 +10,7 @@ mod escalation;
 mod liveness;
 mod net;
 mod network;
+mod state;
 mod workspace;
 
 use libtest_mimic::{Arguments, Trial};
@@ -23,6 +24,7 @@ fn main() {
     trials.extend(liveness::trials());
     trials.extend(net::trials());
     trials.extend(network::trials());
+    trials.extend(state::trials());
     trials.extend(workspace::trials());
     let conclusion = libtest_mimic::run(&args, trials);
     // The test user and image this run made go, whatever the outcome.

@@ -33,7 +33,10 @@ static CREATED_USER: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBo
 /// Removes the test user if this run created it, and the image it built.
 /// Called once when every test has run.
 pub fn cleanup() {
-    for image in [IMAGE.get(), GIT_IMAGE.get()].into_iter().flatten() {
+    for image in [IMAGE.get(), GIT_IMAGE.get(), OTHER_IMAGE.get()]
+        .into_iter()
+        .flatten()
+    {
         if let Some(dir) = image
             .strip_prefix("oci:")
             .and_then(|i| i.strip_suffix(":latest"))
@@ -81,6 +84,9 @@ static IMAGE: OnceLock<String> = OnceLock::new();
 /// The image reference of this run's busybox image with git, once built.
 static GIT_IMAGE: OnceLock<String> = OnceLock::new();
 
+/// The image reference of this run's second busybox image, once built.
+static OTHER_IMAGE: OnceLock<String> = OnceLock::new();
+
 /// Builds a busybox image named `name` into a fresh layout, with `extra`
 /// copied over its root filesystem; returns `oci:<dir>:latest`.
 fn build_image(name: &str, extra: Option<&Path>) -> String {
@@ -108,6 +114,20 @@ fn build_image(name: &str, extra: Option<&Path>) -> String {
 /// `oci:<dir>:latest`, readable by the test user.
 pub fn busybox_image() -> String {
     IMAGE.get_or_init(|| build_image("image", None)).clone()
+}
+
+/// A busybox image with one more file than [`busybox_image`], so its
+/// manifest digest differs: for tests that need an image not yet
+/// prepared. Built once per test run.
+pub fn other_image() -> String {
+    OTHER_IMAGE
+        .get_or_init(|| {
+            let extra = tempfile::tempdir().expect("scratch for the other image");
+            std::fs::create_dir_all(extra.path().join("etc")).unwrap();
+            std::fs::write(extra.path().join("etc/other-image"), b"other\n").unwrap();
+            build_image("other-image", Some(extra.path()))
+        })
+        .clone()
 }
 
 /// The busybox image with the host's `/usr/bin/git` and the libraries

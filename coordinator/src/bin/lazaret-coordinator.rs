@@ -1,6 +1,6 @@
 //! `lazaret-coordinator`: the Host Coordinator of one Domain. It is started
-//! by `lazaret up` (mode `start`) or `lazaret down` (mode `recover`) with its
-//! startup channel on standard input, never by hand.
+//! by `lazaret up` (mode `start`) with its startup channel on standard
+//! input, never by hand.
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -21,8 +21,6 @@ struct Cli {
 enum Mode {
     /// Bring the Domain up and serve it until `lazaret down`.
     Start(ModeArgs),
-    /// Finish a stale generation of the Domain, then exit.
-    Recover(ModeArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -45,11 +43,8 @@ fn main() -> ExitCode {
         return ExitCode::FAILURE;
     }
     let cli = Cli::parse();
-    let (mode, args) = match cli.mode {
-        Mode::Start(a) => (daemon::start as fn(Args) -> ExitCode, a),
-        Mode::Recover(a) => (daemon::recover as fn(Args) -> ExitCode, a),
-    };
-    mode(Args {
+    let Mode::Start(args) = cli.mode;
+    daemon::start(Args {
         profile: args.profile,
         config: args.config,
         workspace: args.workspace,

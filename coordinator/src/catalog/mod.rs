@@ -294,6 +294,20 @@ impl StorageCatalog {
     /// checks the database's schema, and cleans up after prepare operations
     /// whose preparer is gone.
     pub fn open(storage_root: &RetainedDir, uid: u32) -> Result<Self, CatalogError> {
+        Self::open_with(storage_root, uid, true)
+    }
+
+    /// Opens the catalog as it is, cleaning up nothing: for `lazaret state
+    /// verify`, which reports what a crash left rather than finishing it.
+    pub fn open_as_is(storage_root: &RetainedDir, uid: u32) -> Result<Self, CatalogError> {
+        Self::open_with(storage_root, uid, false)
+    }
+
+    fn open_with(
+        storage_root: &RetainedDir,
+        uid: u32,
+        recover: bool,
+    ) -> Result<Self, CatalogError> {
         let directory = |source| CatalogError::Directory { source };
         let catalog = storage_root
             .ensure_child(Path::new(CATALOG_DIR), uid)
@@ -316,9 +330,37 @@ impl StorageCatalog {
         };
         this.with_db(|db| {
             this.check_schema(db)?;
-            this.recover(db)
+            if recover { this.recover(db) } else { Ok(()) }
         })?;
         Ok(this)
+    }
+
+    /// The prepare operations whose preparer is gone: what the next open
+    /// cleans up.
+    pub fn stale_operations(&self) -> Result<Vec<PrepareOperation>, CatalogError> {
+        let mut stale = Vec::new();
+        for operation in self.operations()? {
+            if !self.staging_is_live(&operation.operation_id.to_hex())? {
+                stale.push(operation);
+            }
+        }
+        Ok(stale)
+    }
+
+    /// The bytes a prepared artifact's directory occupies on disk.
+    pub fn artifact_size(&self, id: PreparedArtifactId) -> Result<u64, CatalogError> {
+        let name = id.to_hex();
+        let path = self.artifacts.label().join(&name);
+        let dir = open_dir_read(self.artifacts.fd(), name.as_str())
+            .map_err(self.io_error("open", path.clone()))?;
+        fsops::disk_usage(dir.as_fd()).map_err(self.io_error("measure", path))
+    }
+
+    /// The root filesystem of a prepared artifact, opened for reading.
+    pub fn artifact_rootfs(&self, id: PreparedArtifactId) -> Result<OwnedFd, CatalogError> {
+        let path = Path::new(&id.to_hex()).join(ROOTFS);
+        open_dir_read(self.artifacts.fd(), path.as_os_str())
+            .map_err(self.io_error("open", self.artifacts.label().join(&path)))
     }
 
     /// The catalog directory's path, for messages.
@@ -894,6 +936,7 @@ impl StorageCatalog {
                 dir,
             })
         })
+        .inspect(|_| crate::fault::point("image:staged"))
     }
 
     /// Undoes a prepare operation: removes its staging directory and any

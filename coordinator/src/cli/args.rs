@@ -100,11 +100,22 @@ pub enum Command {
         #[arg(long, value_name = "WHEN")]
         since: Option<String>,
     },
-    /// Inspect, verify and reset persistent sandbox state (not in this version).
-    #[command(after_help = "Examples:\n  lazaret state list\n  lazaret state reset claude")]
+    /// List, inspect, verify and reset the persistent state of Domains.
+    #[command(after_help = "Examples:
+  lazaret state list
+  lazaret state inspect claude
+  lazaret state verify claude
+  lazaret state reset claude --dir /usr/local
+  lazaret state reset --domain 3f2a9c01 --yes")]
     State {
         #[command(subcommand)]
         command: StateCommand,
+    },
+    /// List and prune the prepared images every Domain shares.
+    #[command(after_help = "Examples:\n  lazaret image list\n  lazaret image prune")]
+    Image {
+        #[command(subcommand)]
+        command: ImageCommand,
     },
 }
 
@@ -133,14 +144,62 @@ pub enum ConfigCommand {
     Init,
 }
 
+/// Which Domain: PROFILE for the workspace, or `--domain ID` from the
+/// records alone (for a Domain whose profile no longer loads).
+#[derive(Debug, Args)]
+pub struct DomainArg {
+    /// The profile, as named in the configuration's [profiles.NAME] table.
+    #[arg(value_name = "PROFILE", required_unless_present = "domain")]
+    pub profile: Option<String>,
+    /// The Domain ID (as `lazaret state list` shows it; a unique prefix of
+    /// at least 8 digits will do) instead of PROFILE and the workspace.
+    #[arg(long, value_name = "ID", conflicts_with = "profile")]
+    pub domain: Option<String>,
+    /// One JSON object instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
 #[derive(Debug, Subcommand)]
 pub enum StateCommand {
-    /// List the State Anchors of this user.
-    List,
-    /// Show one Domain's State Anchor.
-    Inspect(ProfileArg),
-    /// Check one Domain's State Anchor for damage.
-    Verify(ProfileArg),
-    /// Delete one Domain's State Anchor.
-    Reset(ProfileArg),
+    /// List every Domain of this user with persistent state.
+    List {
+        /// One JSON object instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show one Domain's State Anchor: each persistent dir's changes over
+    /// the image, and sizes.
+    Inspect(DomainArg),
+    /// Check one Domain's records against its directories; exit 1 with
+    /// findings.
+    Verify(DomainArg),
+    /// Delete one Domain's persistent state (or only some dirs'); refused
+    /// while the Domain runs.
+    Reset {
+        #[command(flatten)]
+        domain: DomainArg,
+        /// Only this persistent dir's state (repeatable).
+        #[arg(long = "dir", value_name = "PATH")]
+        dirs: Vec<String>,
+        /// Do not ask.
+        #[arg(long)]
+        yes: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ImageCommand {
+    /// List the prepared images, their sizes and who leases them.
+    List {
+        /// One JSON object instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove every prepared image no generation leases.
+    Prune {
+        /// One JSON object instead of text.
+        #[arg(long)]
+        json: bool,
+    },
 }

@@ -13,7 +13,7 @@ use lazaret_proto::control::{
 use super::view::{SilentView, StatusList, StatusView};
 use super::{Failure, Globals, failure, print};
 use crate::config::HostEnvironment;
-use crate::lifecycle::client::{self, ClientError, CoordinatorMode, RequestError};
+use crate::lifecycle::client::{self, ClientError, RequestError};
 use crate::lifecycle::{DomainPaths, chain};
 
 /// How long `down` waits for the coordinator to exit after stopping.
@@ -113,7 +113,6 @@ pub fn up(globals: &Globals, profile: &str) -> Result<(), Failure> {
     let (workspace, paths) = locate(globals, profile)?;
     let mut progress = Progress::new();
     let outcome = client::run_coordinator(
-        CoordinatorMode::Start,
         profile,
         globals.config.as_ref(),
         &workspace,
@@ -169,7 +168,7 @@ pub fn up(globals: &Globals, profile: &str) -> Result<(), Failure> {
 
 /// `lazaret down PROFILE`.
 pub fn down(globals: &Globals, profile: &str) -> Result<(), Failure> {
-    let (workspace, paths) = locate(globals, profile)?;
+    let (_, paths) = locate(globals, profile)?;
     match client::request(&paths, ControlRequest::Down, client::DOWN_TIMEOUT) {
         Ok(ControlResponse::Stopped { generation_id }) => {
             client::wait_released(&paths, EXIT_WAIT)?;
@@ -189,39 +188,9 @@ pub fn down(globals: &Globals, profile: &str) -> Result<(), Failure> {
                 chain(&e)
             )))
         }
-        Err(RequestError::NotRunning) => {
-            // No coordinator answers: finish whatever a crashed one left.
-            let outcome = client::run_coordinator(
-                CoordinatorMode::Recover,
-                profile,
-                globals.config.as_ref(),
-                &workspace,
-                &referenced_variables(globals, profile),
-                &paths.log_file(),
-                &mut |_| {},
-            )?;
-            match outcome {
-                StartupEvent::Recovered {
-                    generation_id: Some(id),
-                } => print(&format!(
-                    "Domain {} was not running; cleaned up stale generation {id}\n",
-                    paths.domain_id
-                )),
-                StartupEvent::Recovered {
-                    generation_id: None,
-                } => print(&format!("Domain {} is not running\n", paths.domain_id)),
-                StartupEvent::AlreadyRunning { .. } => Err(failure(
-                    "the Domain started while `down` ran; run `lazaret down` again",
-                )),
-                StartupEvent::Failed { kind, message, .. } => Err(Failure {
-                    message,
-                    status: kind.exit_code(),
-                }),
-                other => Err(failure(format!(
-                    "unexpected report from the coordinator: {other:?}"
-                ))),
-            }
-        }
+        // No coordinator answers: finish whatever a crashed one left, from
+        // the records alone (the profile need not load any more).
+        Err(RequestError::NotRunning) => super::state::recover(globals, profile),
     }
 }
 

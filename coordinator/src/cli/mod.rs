@@ -1,9 +1,9 @@
-//! The `lazaret` host CLI: argument parsing, the `config` commands, and the
-//! honest refusal of commands this version does not have yet.
+//! The `lazaret` host CLI: argument parsing, and the `config` commands; the
+//! others are in the modules beside it.
 //!
 //! This module owns what the user sees: messages, `--json` output and exit
-//! codes (0 success, 1 failure, 2 invalid configuration or usage, 69 not
-//! available in this version). It trusts the user's arguments only after
+//! codes (0 success, 1 failure or findings, 2 invalid configuration or
+//! usage). It trusts the user's arguments only after
 //! clap and the configuration loader have checked them.
 
 mod args;
@@ -12,6 +12,7 @@ mod domain;
 mod logs;
 mod prompt;
 mod screen;
+mod state;
 mod view;
 
 use std::ffi::OsString;
@@ -24,15 +25,13 @@ use clap::Parser;
 
 use crate::config::{self, ConfigError, HostEnvironment, LoadRequest, ResolvedDomainConfiguration};
 use crate::lifecycle::chain;
-use args::{Cli, Command, ConfigCommand, StateCommand};
+use args::{Cli, Command, ConfigCommand};
 
 /// The commented v1 template `lazaret config init` writes.
 pub const CONFIG_TEMPLATE: &str = include_str!("template.toml");
 
 /// Exit status for an invalid configuration or invalid usage.
 const EXIT_INVALID: u8 = 2;
-/// Exit status for a command this version does not provide (`EX_UNAVAILABLE`).
-const EXIT_UNAVAILABLE: u8 = 69;
 
 /// A failure the CLI reports and the status it exits with.
 #[derive(Debug)]
@@ -134,28 +133,10 @@ fn dispatch(cli: Cli) -> Result<u8, Failure> {
             follow,
             since,
         } => domain::logs(&globals, &profile.profile, follow, since.as_deref()),
-        Command::State { command } => {
-            let name = match command {
-                StateCommand::List => "state list",
-                StateCommand::Inspect { .. } => "state inspect",
-                StateCommand::Verify { .. } => "state verify",
-                StateCommand::Reset { .. } => "state reset",
-            };
-            unavailable(name, "State Anchor inspection and reset")
-        }
+        Command::State { command } => return state::run(&globals, command),
+        Command::Image { command } => return state::image(&globals, command),
     };
     done.map(|()| 0)
-}
-
-fn unavailable(command: &str, what: &str) -> Result<(), Failure> {
-    Err(Failure {
-        message: format!(
-            "`lazaret {command}` is not available in this version ({}): {what} are not built yet; \
-             `lazaret up`, `down`, `status`, `logs` and `config` work today",
-            env!("CARGO_PKG_VERSION")
-        ),
-        status: EXIT_UNAVAILABLE,
-    })
 }
 
 /// Options accepted before or after every subcommand.

@@ -309,6 +309,39 @@ pub fn load_with(
     )
 }
 
+/// The Storage Root as the configuration names it (`storage.data_root`),
+/// read from that one field: for finding a Domain's records when its
+/// profile no longer loads (a profile removed, an `env:` value not
+/// exported, another profile broken). A missing configuration file means
+/// the default root.
+pub fn storage_root_of(
+    host: &HostEnvironment,
+    config: Option<&OsStr>,
+) -> Result<std::path::PathBuf, ConfigError> {
+    let config_path = host.config_path(config)?;
+    if config.is_none() && !config_path.exists() {
+        return host.storage_root(None);
+    }
+    let source = source::read(&config_path, host.uid)?;
+    let label = confined::label(source.plan.canonical_label());
+    let field = |rule: String| ConfigError::Field {
+        field: "storage.data_root".into(),
+        rule,
+    };
+    let text =
+        std::str::from_utf8(&source.bytes).map_err(|_| field(format!("{label} is not UTF-8")))?;
+    let document: toml::Table =
+        toml::from_str(text).map_err(|e| field(format!("{label} is not TOML: {}", e.message())))?;
+    let declared = match document.get("storage").and_then(|s| s.get("data_root")) {
+        None => None,
+        Some(toml::Value::String(text)) => Some(
+            lazaret_proto::config::HostPathDecl::parse(text).map_err(|e| field(e.to_string()))?,
+        ),
+        Some(_) => return Err(field("must be a string".into())),
+    };
+    host.storage_root(declared.as_ref())
+}
+
 /// Decodes and structurally checks a document without touching the
 /// filesystem or environment; for tests and fuzzing of the decoder.
 pub fn decode_document(

@@ -125,22 +125,12 @@ pub fn request(
     Ok(peer.recv().map_err(&classify)?.message)
 }
 
-/// Which coordinator mode to run.
-#[derive(Debug, Clone, Copy)]
-pub enum CoordinatorMode {
-    /// Bring the Domain up.
-    Start,
-    /// Finish a stale generation.
-    Recover,
-}
-
-/// Starts `lazaret-coordinator MODE` for the Domain and passes every
+/// Starts `lazaret-coordinator start` for the Domain and passes every
 /// startup event to `on_event` until a final one (ready, already running,
-/// recovered, failed), which is returned. The coordinator sees only the
+/// failed), which is returned. The coordinator sees only the
 /// environment [`crate::programs::coordinator_command`] allows, with
 /// `referenced` the host variables the profile's `env:` references name.
 pub fn run_coordinator(
-    mode: CoordinatorMode,
     profile: &str,
     config: Option<&OsString>,
     workspace: &Path,
@@ -152,10 +142,7 @@ pub fn run_coordinator(
     let (ours, theirs) = lazaret_proto::channel::pair::<ControlRequest, StartupEvent>()?;
     let mut command = crate::programs::coordinator_command(&binary, referenced);
     command
-        .arg(match mode {
-            CoordinatorMode::Start => "start",
-            CoordinatorMode::Recover => "recover",
-        })
+        .arg("start")
         .arg(profile)
         .arg("--workspace")
         .arg(workspace)
@@ -180,7 +167,6 @@ pub fn run_coordinator(
                     message,
                     StartupEvent::Ready(_)
                         | StartupEvent::AlreadyRunning { .. }
-                        | StartupEvent::Recovered { .. }
                         | StartupEvent::Failed { .. }
                 );
                 on_event(&message);

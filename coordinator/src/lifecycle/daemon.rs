@@ -45,7 +45,7 @@ use lazaret_proto::ownership::{
 use lazaret_proto::process::PersistedHostProcessOwnership;
 use lazaret_proto::store::{Domain, Generation, GenerationState, ParticipantState};
 use lazaret_proto::trust::{GenerationIdentity, ProtocolCredential, TrustManifest};
-use rustix::fs::{FlockOperation, Mode, OFlags};
+use rustix::fs::{Mode, OFlags};
 
 use super::record::Recorder;
 use super::recovery::release_generation;
@@ -214,29 +214,15 @@ fn load(args: &Args) -> Result<ResolvedDomainConfiguration, Failure> {
     })
 }
 
-/// Opens the Domain's lock file and tries to take it without blocking.
-/// `None` when another process holds it.
+/// Takes the Domain's lock without blocking; `None` when another process
+/// holds it.
 fn try_lock(runtime: &RetainedDir) -> Result<Option<OwnedFd>, Failure> {
-    let fd = open_beneath(
-        runtime.fd(),
-        super::LOCK_FILE,
-        OFlags::RDWR | OFlags::CREATE,
-        Mode::RUSR | Mode::WUSR,
-    )
-    .map_err(|e| {
+    super::try_lock(runtime).map_err(|e| {
         failure(
             StartupStep::Ownership,
-            format!("cannot open the Domain lock: {e}"),
-        )
-    })?;
-    match rustix::fs::flock(&fd, FlockOperation::NonBlockingLockExclusive) {
-        Ok(()) => Ok(Some(fd)),
-        Err(rustix::io::Errno::WOULDBLOCK) => Ok(None),
-        Err(e) => Err(failure(
-            StartupStep::Ownership,
             format!("cannot lock the Domain: {e}"),
-        )),
-    }
+        )
+    })
 }
 
 /// Sends standard output and error to the Domain log.
@@ -310,39 +296,6 @@ fn recover_stale(
     .map_err(|e| at(StartupStep::Ownership)(&e))?;
     tracing::info!("stale generation {id} released; {killed} leftover processes stopped");
     Ok(Some(id))
-}
-
-/// `lazaret-coordinator recover`: finish a stale generation, if any.
-pub fn recover(args: Args) -> ExitCode {
-    let reporter = match Reporter::take_stdin() {
-        Ok(reporter) => reporter,
-        Err(code) => return code,
-    };
-    let outcome = (|| {
-        let resolved = load(&args)?;
-        let auth = resolved.authorities();
-        let _lock = match own(&auth.domain_runtime, &resolved)? {
-            Ownership::Mine(lock) => lock,
-            Ownership::Theirs(event) => return Ok(event),
-        };
-        redirect_to_log(&auth.domain_runtime)?;
-        super::journal::init();
-        let _domain = super::journal::domain_span(
-            &resolved.domain_id().to_hex(),
-            resolved.profile().as_str(),
-        )
-        .entered();
-        let owned = open_stores(&resolved)?;
-        let generation_id = recover_stale(&owned, &resolved)?;
-        Ok(StartupEvent::Recovered { generation_id })
-    })();
-    match outcome {
-        Ok(event) => {
-            reporter.send(event);
-            ExitCode::SUCCESS
-        }
-        Err(failure) => reporter.fail(failure),
-    }
 }
 
 /// Who owns the Domain.

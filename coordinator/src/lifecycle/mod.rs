@@ -106,3 +106,24 @@ impl DomainPaths {
 }
 
 pub use lazaret_proto::error_chain as chain;
+
+/// Opens a Domain's lock file in its runtime directory and tries to take
+/// it without blocking: `None` when another process (a running
+/// coordinator, or another command on the Domain) holds it. Holding it is
+/// owning the Domain.
+pub fn try_lock(
+    runtime: &crate::config::RetainedDir,
+) -> std::io::Result<Option<std::os::fd::OwnedFd>> {
+    use rustix::fs::{FlockOperation, Mode, OFlags};
+    let fd = crate::image::fsops::open_beneath(
+        runtime.fd(),
+        LOCK_FILE,
+        OFlags::RDWR | OFlags::CREATE,
+        Mode::RUSR | Mode::WUSR,
+    )?;
+    match rustix::fs::flock(&fd, FlockOperation::NonBlockingLockExclusive) {
+        Ok(()) => Ok(Some(fd)),
+        Err(rustix::io::Errno::WOULDBLOCK) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}

@@ -61,6 +61,7 @@ impl Recorder {
             },
         };
         intent.put()?;
+        crate::fault::point(&format!("intent:{}", slot.name()));
         Ok(intent)
     }
 }
@@ -99,7 +100,9 @@ impl Intent {
     ) -> Result<(), Failure> {
         self.participant.state = state;
         self.participant.ownership = ownership;
-        self.put()
+        self.put()?;
+        crate::fault::point(&format!("active:{}", self.slot.name()));
+        Ok(())
     }
 }
 

@@ -9,11 +9,17 @@
 
 use std::time::Duration;
 
-use lazaret_proto::common::UnixTimeNs;
-use lazaret_proto::ids::DomainId;
+use std::ffi::OsStr;
+use std::path::Path;
+
+use lazaret_proto::common::{HostPath, UnixTimeNs};
+use lazaret_proto::ids::{DomainId, GenerationId};
 use lazaret_proto::ownership::ParticipantOwnership;
 use lazaret_proto::process::{HostProcessIdentity, PersistedHostProcessOwnership};
-use lazaret_proto::store::{Generation, GenerationState, Participant, ParticipantState};
+use lazaret_proto::store::{
+    Generation, GenerationState, Participant, ParticipantState, SessionTerminal,
+    SessionTerminalState,
+};
 
 use crate::catalog::StorageCatalog;
 use crate::config::RetainedDir;
@@ -118,19 +124,28 @@ pub fn release_generation(
         ) {
             continue;
         }
+        // The decision to release is durable before any of its effects.
+        if participant.state != ParticipantState::ReleaseIntent {
+            store.put_participant(
+                slot,
+                &Participant {
+                    state: ParticipantState::ReleaseIntent,
+                    ..participant.clone()
+                },
+            )?;
+            crate::fault::point(&format!("release:{}", slot.name()));
+        }
         let mut next = Participant {
             state: ParticipantState::Released,
             ..participant.clone()
         };
         match &participant.ownership {
             ParticipantOwnership::Publication(publication) => {
-                if let Some(path) = &publication.socket_path {
-                    let _ = std::fs::remove_file(path.as_os_str());
-                }
-                // The client credential's keys never outlive their
-                // generation.
-                if let Some(dir) = &publication.identity_path {
-                    let _ = std::fs::remove_dir_all(dir.as_os_str());
+                // The socket, and the client credential whose keys never
+                // outlive their generation.
+                let recorded = [&publication.socket_path, &publication.identity_path];
+                for path in recorded.into_iter().flatten() {
+                    remove_in(runtime_dir, path);
                 }
             }
             ParticipantOwnership::Sandbox(sandbox) => {
@@ -175,14 +190,59 @@ pub fn release_generation(
         }
         store.put_participant(slot, &next)?;
     }
-    let generation_dir = runtime_dir
-        .label()
-        .join(DomainPaths::generation_dir_name(generation.generation_id));
-    let _ = std::fs::remove_dir_all(generation_dir);
+    let generation_dir = DomainPaths::generation_dir_name(generation.generation_id);
+    let _ = crate::image::fsops::remove_at(runtime_dir.fd(), OsStr::new(&generation_dir));
+    close_sessions(store, generation.generation_id)?;
     generation.state = GenerationState::Closed;
     generation.closed_at = Some(UnixTimeNs::now());
     store.put_generation(&generation)?;
     Ok(killed)
+}
+
+/// Removes the recorded `path` if it is a direct child of `runtime_dir`,
+/// through that directory's descriptor: a recorded absolute path is never
+/// followed. Anything else is left, and logged.
+fn remove_in(runtime_dir: &RetainedDir, path: &HostPath) {
+    let path = Path::new(path.as_os_str());
+    let name = match (path.parent(), path.file_name()) {
+        (Some(parent), Some(name)) if parent == runtime_dir.label() => name,
+        _ => {
+            tracing::warn!(
+                "a recorded path {} is not in the Domain's runtime directory; left alone",
+                path.display()
+            );
+            return;
+        }
+    };
+    let _ = crate::image::fsops::remove_at(runtime_dir.fd(), name);
+}
+
+/// Records every session of a released generation closed: its sandbox is
+/// gone, so its process is too (the runtime-absence check). A session
+/// still recorded open would look alive.
+fn close_sessions(store: &DomainStore, generation: GenerationId) -> Result<(), RecoveryError> {
+    for (mut session, terminal) in store.sessions(generation)? {
+        let open = session.closed_at.is_none()
+            || terminal
+                .as_ref()
+                .is_some_and(|t| t.state != SessionTerminalState::Closed);
+        if !open {
+            continue;
+        }
+        session.closed_at.get_or_insert_with(UnixTimeNs::now);
+        let terminal = SessionTerminal {
+            state: SessionTerminalState::Closed,
+            ..terminal.unwrap_or(SessionTerminal {
+                generation_id: generation,
+                session_id: session.session_id,
+                state: SessionTerminalState::Closed,
+                pty: None,
+                guest_process: None,
+            })
+        };
+        store.put_session_state(&session, &terminal)?;
+    }
+    Ok(())
 }
 
 /// The order participants are created in; they are released in reverse.

@@ -129,6 +129,23 @@ impl Slot {
     pub fn state_anchor(index: usize) -> Slot {
         Slot(100 + u32::try_from(index).unwrap_or(u32::MAX - 100))
     }
+
+    /// The slot's name, as logs and fault points call it.
+    pub fn name(self) -> String {
+        match self {
+            Self::PREPARED_LOWER => "prepared-lower".into(),
+            Self::SUPERVISOR => "supervisor".into(),
+            Self::SANDBOX => "sandbox".into(),
+            Self::PUBLICATION => "publication".into(),
+            Self::NAMESPACE_HOLDER => "namespace-holder".into(),
+            Self::SESSION_PUBLICATION => "session-publication".into(),
+            Self::NETWORK => "network".into(),
+            Self::CONNECTIVITY_HELPER => "connectivity-helper".into(),
+            Self::GIT_ROUTING => "git-routing".into(),
+            Slot(n) if n >= 100 => format!("state-anchor-{}", n - 100),
+            Slot(n) => format!("slot-{n}"),
+        }
+    }
 }
 
 /// An open Domain Store.
@@ -140,12 +157,65 @@ pub struct DomainStore {
 impl DomainStore {
     /// Opens (creating if missing) the store of `domain` in `dir`.
     pub fn open(dir: &RetainedDir, domain: &Domain) -> Result<Self, StoreError> {
+        let store = Self::open_file(dir, OFlags::CREATE)?;
+        let path = dir.label().join(STORE_FILE).display().to_string();
+        store.check_identity(&path, domain)?;
+        Ok(store)
+    }
+
+    /// Opens the existing store in `dir` from its records alone, for a
+    /// Domain whose configuration is not at hand: `None` when there is no
+    /// store; its Domain row must name `domain_id`.
+    pub fn open_existing(
+        dir: &RetainedDir,
+        domain_id: lazaret_proto::ids::DomainId,
+    ) -> Result<Option<(Self, Domain)>, StoreError> {
+        let store = match Self::open_file(dir, OFlags::empty()) {
+            Ok(store) => store,
+            Err(StoreError::Open { source, .. })
+                if source.kind() == std::io::ErrorKind::NotFound =>
+            {
+                return Ok(None);
+            }
+            Err(e) => return Err(e),
+        };
+        let path = dir.label().join(STORE_FILE).display().to_string();
+        let txn = store.db.begin_read()?;
+        let domain = match txn.open_table(tables::DOMAIN) {
+            Ok(table) => table
+                .get(tables::DOMAIN_KEY)?
+                .map(|v| decode::<Domain>(v.value()))
+                .transpose()?,
+            Err(redb::TableError::TableDoesNotExist(_)) => None,
+            Err(e) => return Err(e.into()),
+        };
+        drop(txn);
+        let domain = domain.ok_or_else(|| StoreError::Mismatch {
+            path: path.clone(),
+            reason: "holds no Domain".into(),
+        })?;
+        if domain.domain_id != domain_id {
+            return Err(StoreError::Mismatch {
+                path,
+                reason: format!("belongs to Domain {}", domain.domain_id),
+            });
+        }
+        store.check_identity(&path, &domain)?;
+        Ok(Some((store, domain)))
+    }
+
+    fn open_file(dir: &RetainedDir, create: OFlags) -> Result<Self, StoreError> {
         let path = dir.label().join(STORE_FILE).display().to_string();
         let file: File = crate::image::fsops::open_beneath(
             dir.fd(),
             STORE_FILE,
-            OFlags::RDWR | OFlags::CREATE,
-            Mode::RUSR | Mode::WUSR,
+            OFlags::RDWR | create,
+            // openat2(2) takes a mode only with O_CREAT.
+            if create.is_empty() {
+                Mode::empty()
+            } else {
+                Mode::RUSR | Mode::WUSR
+            },
         )
         .map_err(|e| StoreError::Open {
             path: path.clone(),
@@ -160,9 +230,7 @@ impl DomainStore {
         let db = redb::Builder::new()
             .create_with_backend(backend)
             .map_err(database_error)?;
-        let store = Self { db };
-        store.check_identity(&path, domain)?;
-        Ok(store)
+        Ok(Self { db })
     }
 
     /// Writes the metadata and Domain rows of a new store, or checks them.
@@ -276,6 +344,35 @@ impl DomainStore {
         )?;
         txn.commit()?;
         Ok(())
+    }
+
+    /// Every generation, oldest first.
+    pub fn generations(&self) -> Result<Vec<Generation>, StoreError> {
+        let txn = self.db.begin_read()?;
+        let table = txn.open_table(tables::GENERATIONS)?;
+        table.iter()?.map(|row| decode(row?.1.value())).collect()
+    }
+
+    /// The sessions of a generation and their terminals.
+    pub fn sessions(
+        &self,
+        generation: GenerationId,
+    ) -> Result<Vec<(Session, Option<SessionTerminal>)>, StoreError> {
+        let txn = self.db.begin_read()?;
+        let sessions = txn.open_table(tables::SESSIONS)?;
+        let terminals = txn.open_table(tables::SESSION_TERMINALS)?;
+        let range = (generation.0, 0)..=(generation.0, u128::MAX);
+        let mut out = Vec::new();
+        for row in sessions.range(range)? {
+            let (key, value) = row?;
+            let session: Session = decode(value.value())?;
+            let terminal = terminals
+                .get(key.value())?
+                .map(|v| decode::<SessionTerminal>(v.value()))
+                .transpose()?;
+            out.push((session, terminal));
+        }
+        Ok(out)
     }
 
     /// The participants of a generation, by slot.

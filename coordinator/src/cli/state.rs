@@ -1,0 +1,479 @@
+//! `lazaret state list|inspect|verify|reset` and `lazaret image list|prune`:
+//! what each Domain keeps, and the images they share, shown, checked and
+//! removed from the records alone.
+//!
+//! Owns how those commands select a Domain (PROFILE and the workspace, or
+//! `--domain ID` for one whose profile no longer loads), what they print,
+//! and the question `reset` asks. Trusts [`crate::state`] for the records
+//! and the files; asks before anything is removed unless told not to.
+
+use std::io::{BufRead, IsTerminal, Write};
+
+use lazaret_proto::control::{ControlRequest, ControlResponse};
+use lazaret_proto::ids::DomainId;
+use serde::Serialize;
+
+use super::args::{DomainArg, ImageCommand, StateCommand};
+use super::{Failure, Globals, failure, print, printable};
+use crate::config::HostEnvironment;
+use crate::lifecycle::{DomainPaths, chain, client};
+use crate::state::{Access, DomainSummary, Held, Roots, StateError};
+
+fn failed(error: &StateError) -> Failure {
+    failure(chain(error))
+}
+
+fn roots(globals: &Globals) -> Result<Roots, Failure> {
+    Roots::find(&HostEnvironment::capture(), globals.config.as_deref()).map_err(|e| match e {
+        StateError::Config(config) => Failure::from(config),
+        other => failed(&other),
+    })
+}
+
+/// `1.2 MiB`.
+fn size(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{value:.1} {}", UNITS[unit])
+    }
+}
+
+fn json(value: &impl Serialize) -> Result<(), Failure> {
+    let text = serde_json::to_string_pretty(value)
+        .map_err(|e| failure(format!("cannot encode the answer: {e}")))?;
+    print(&format!("{text}\n"))
+}
+
+/// The Domain `arg` names.
+fn domain_id(globals: &Globals, roots: &Roots, arg: &DomainArg) -> Result<DomainId, Failure> {
+    if let Some(wanted) = &arg.domain {
+        let wanted = wanted.to_ascii_lowercase();
+        if wanted.len() < 8 || !wanted.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(Failure {
+                message: format!(
+                    "--domain {wanted}: give at least 8 hex digits of a Domain ID, as \
+                     `lazaret state list` shows them"
+                ),
+                status: 2,
+            });
+        }
+        let ids = roots.domain_ids().map_err(|e| failed(&e))?;
+        let matching: Vec<&DomainId> = ids
+            .iter()
+            .filter(|id| id.to_hex().starts_with(&wanted))
+            .collect();
+        return match matching.as_slice() {
+            [one] => Ok(**one),
+            [] => Err(failure(format!(
+                "no Domain with state has an ID starting with {wanted}; `lazaret state list` \
+                 shows them"
+            ))),
+            _ => Err(failure(format!(
+                "{} Domains have IDs starting with {wanted}; give more digits",
+                matching.len()
+            ))),
+        };
+    }
+    let profile = arg.profile.as_deref().unwrap_or_default();
+    let workspace = globals.workspace_dir()?;
+    Ok(DomainPaths::locate(profile, &workspace, &HostEnvironment::capture())?.domain_id)
+}
+
+fn which(arg: &DomainArg, id: DomainId) -> String {
+    match &arg.profile {
+        Some(profile) => format!("profile `{profile}` (Domain {})", &id.to_hex()[..12]),
+        None => format!("Domain {}", id.to_hex()),
+    }
+}
+
+/// Takes the Domain `arg` names, or says why not.
+fn take(globals: &Globals, roots: &Roots, arg: &DomainArg) -> Result<Box<Held>, Failure> {
+    let id = domain_id(globals, roots, arg)?;
+    match roots.take(id).map_err(|e| failed(&e))? {
+        Access::Held(held) => Ok(held),
+        Access::Running(_) => Err(failure(format!(
+            "{} is running (or another Lazaret command holds it); its state is in use: \
+             `lazaret down` it first",
+            which(arg, id)
+        ))),
+        Access::Absent(_) => Err(failure(format!(
+            "{} has no state under {}",
+            which(arg, id),
+            roots.storage.display()
+        ))),
+    }
+}
+
+/// `lazaret state ...`: its exit code.
+pub(super) fn run(globals: &Globals, command: StateCommand) -> Result<u8, Failure> {
+    let roots = roots(globals)?;
+    match command {
+        StateCommand::List { json: as_json } => list(&roots, as_json).map(|()| 0),
+        StateCommand::Inspect(arg) => inspect(globals, &roots, &arg).map(|()| 0),
+        StateCommand::Verify(arg) => verify(globals, &roots, &arg),
+        StateCommand::Reset { domain, dirs, yes } => {
+            reset(globals, &roots, &domain, &dirs, yes).map(|()| 0)
+        }
+    }
+}
+
+fn running_summary(paths: &DomainPaths) -> Option<DomainSummary> {
+    let answer = client::request(paths, ControlRequest::Status, client::STATUS_TIMEOUT).ok()?;
+    let ControlResponse::Status(status) = answer else {
+        return None;
+    };
+    Some(DomainSummary {
+        domain_id: status.domain_id.to_hex(),
+        profile: status.profile,
+        workspace: status.workspace.to_string(),
+        state: "running",
+        last_generation: Some(status.generation_id.0),
+        image_digest: Some(status.manifest_digest.to_hex()),
+        persistent_dirs: Vec::new(),
+        ignored_bytes: 0,
+        total_bytes: 0,
+    })
+}
+
+#[derive(Serialize)]
+struct Listed {
+    storage_root: String,
+    domains: Vec<DomainSummary>,
+}
+
+fn list(roots: &Roots, as_json: bool) -> Result<(), Failure> {
+    let mut domains = Vec::new();
+    for id in roots.domain_ids().map_err(|e| failed(&e))? {
+        match roots.take(id).map_err(|e| failed(&e))? {
+            Access::Held(held) => domains.push(held.summary().map_err(|e| failed(&e))?),
+            Access::Running(paths) => {
+                domains.push(running_summary(&paths).unwrap_or(DomainSummary {
+                    domain_id: id.to_hex(),
+                    profile: String::new(),
+                    workspace: String::new(),
+                    state: "busy",
+                    last_generation: None,
+                    image_digest: None,
+                    persistent_dirs: Vec::new(),
+                    ignored_bytes: 0,
+                    total_bytes: 0,
+                }))
+            }
+            Access::Absent(_) => {}
+        }
+    }
+    let listed = Listed {
+        storage_root: roots.storage.display().to_string(),
+        domains,
+    };
+    if as_json {
+        return json(&listed);
+    }
+    if listed.domains.is_empty() {
+        return print(&format!(
+            "no Domain has state under {}\n",
+            listed.storage_root
+        ));
+    }
+    let mut text = String::new();
+    for d in &listed.domains {
+        text.push_str(&summary_text(d));
+    }
+    print(&printable(&text))
+}
+
+fn summary_text(d: &DomainSummary) -> String {
+    let mut text = format!(
+        "{} ({})\n  domain     {}\n  state      {}{}\n",
+        if d.profile.is_empty() {
+            "?"
+        } else {
+            &d.profile
+        },
+        d.workspace,
+        d.domain_id,
+        d.state,
+        d.last_generation
+            .map(|g| format!(", last generation {g}"))
+            .unwrap_or_default(),
+    );
+    if let Some(digest) = &d.image_digest {
+        text.push_str(&format!("  image      sha256:{digest}\n"));
+    }
+    if d.state == "running" || d.state == "busy" {
+        text.push_str("  (running: `lazaret status` shows what it holds)\n");
+        return text;
+    }
+    for anchor in &d.persistent_dirs {
+        text.push_str(&format!(
+            "  {:<10} {}\n",
+            anchor.sandbox_path,
+            size(anchor.bytes)
+        ));
+    }
+    text.push_str(&format!(
+        "  ignored    {}\n  total      {}\n",
+        size(d.ignored_bytes),
+        size(d.total_bytes)
+    ));
+    if d.state == "stale" {
+        text.push_str("  a generation was never stopped; `lazaret down` finishes it\n");
+    }
+    text
+}
+
+fn inspect(globals: &Globals, roots: &Roots, arg: &DomainArg) -> Result<(), Failure> {
+    let held = take(globals, roots, arg)?;
+    let catalog = roots.catalog().map_err(|e| failed(&e))?;
+    let uid = rustix::process::getuid().as_raw();
+    let inspection = held.inspect(&catalog, uid).map_err(|e| failed(&e))?;
+    if arg.json {
+        return json(&inspection);
+    }
+    let mut text = summary_text(&inspection.summary);
+    if !inspection.compared_with_image {
+        text.push_str("  (the image of the last generation is gone: every path counts as added)\n");
+    }
+    for anchor in &inspection.anchors {
+        let w = &anchor.walked;
+        text.push_str(&format!(
+            "\n{}  {}\n  upper      {}\n  added {}, modified {}, removed {}, replaced {}{}\n",
+            anchor.sandbox_path,
+            size(anchor.bytes),
+            anchor.upper,
+            w.added,
+            w.modified,
+            w.removed,
+            w.replaced,
+            if w.complete {
+                ""
+            } else {
+                " (at least; the walk stopped at its bound)"
+            }
+        ));
+        for change in w.changes.iter().take(50) {
+            text.push_str(&format!(
+                "    {:<9} {}{}\n",
+                format!("{:?}", change.kind).to_ascii_lowercase(),
+                anchor.sandbox_path.trim_end_matches('/'),
+                change.path
+            ));
+        }
+        let named = w.added + w.modified + w.removed + w.replaced;
+        if named > 50 {
+            text.push_str(&format!(
+                "    ... and {} more (`--json` lists up to {})\n",
+                named - 50,
+                crate::state::anchor::MAX_NAMED
+            ));
+        }
+    }
+    print(&printable(&text))
+}
+
+#[derive(Serialize)]
+struct Verified {
+    domain_id: String,
+    clean: bool,
+    findings: Vec<crate::state::Finding>,
+}
+
+fn verify(globals: &Globals, roots: &Roots, arg: &DomainArg) -> Result<u8, Failure> {
+    let held = take(globals, roots, arg)?;
+    let findings = held.verify(roots).map_err(|e| failed(&e))?;
+    let verified = Verified {
+        domain_id: held.domain.domain_id.to_hex(),
+        clean: findings.is_empty(),
+        findings,
+    };
+    let code = u8::from(!verified.clean);
+    if arg.json {
+        json(&verified)?;
+        return Ok(code);
+    }
+    if verified.clean {
+        print(&format!(
+            "Domain {} ({}): no findings\n",
+            verified.domain_id, held.domain.profile_name
+        ))?;
+        return Ok(0);
+    }
+    let mut text = format!(
+        "Domain {} ({}): {} finding(s)\n",
+        verified.domain_id,
+        held.domain.profile_name,
+        verified.findings.len()
+    );
+    for f in &verified.findings {
+        text.push_str(&format!("  {}: {}\n", f.kind, f.detail));
+    }
+    print(&printable(&text))?;
+    Ok(code)
+}
+
+#[derive(Serialize)]
+struct Reset {
+    domain_id: String,
+    recovered_generation: Option<u64>,
+    removed: Vec<crate::state::Removal>,
+}
+
+fn reset(
+    globals: &Globals,
+    roots: &Roots,
+    arg: &DomainArg,
+    dirs: &[String],
+    yes: bool,
+) -> Result<(), Failure> {
+    let held = take(globals, roots, arg)?;
+    let catalog = roots.catalog().map_err(|e| failed(&e))?;
+    let recovered = held.recover(&catalog).map_err(|e| failed(&e))?;
+    let plan = held.reset_plan(dirs).map_err(failure)?;
+    if !yes {
+        let stdin = std::io::stdin();
+        if !stdin.is_terminal() {
+            return Err(Failure {
+                message: "`state reset` deletes persistent state and asks first; without a \
+                          terminal to ask in, add --yes"
+                    .into(),
+                status: 2,
+            });
+        }
+        let mut question = format!(
+            "This deletes, for profile `{}` in {}:\n",
+            held.domain.profile_name, held.domain.canonical_workspace
+        );
+        for r in &plan {
+            let what = if r.what == "ignored" {
+                "the workspace's ignored files kept for the sandbox".to_owned()
+            } else {
+                format!("everything the sandbox changed in {}", r.what)
+            };
+            question.push_str(&format!("  {what} ({})\n", size(r.bytes)));
+        }
+        question.push_str("The workspace itself is not touched. Delete? [y/N] ");
+        eprint!("{}", printable(&question));
+        let _ = std::io::stderr().flush();
+        let mut answer = String::new();
+        let _ = stdin.lock().read_line(&mut answer);
+        if !matches!(answer.trim(), "y" | "Y" | "yes" | "YES") {
+            return Err(failure("nothing deleted"));
+        }
+    }
+    held.reset(&plan).map_err(|e| failed(&e))?;
+    let done = Reset {
+        domain_id: held.domain.domain_id.to_hex(),
+        recovered_generation: recovered.map(|g| g.0),
+        removed: plan,
+    };
+    if arg.json {
+        return json(&done);
+    }
+    let mut text = String::new();
+    if let Some(g) = done.recovered_generation {
+        text.push_str(&format!("finished stale generation {g}\n"));
+    }
+    for r in &done.removed {
+        text.push_str(&format!("removed {} ({})\n", r.what, size(r.bytes)));
+    }
+    text.push_str("the next `lazaret up` starts these from the image\n");
+    print(&printable(&text))
+}
+
+/// `lazaret image ...`: its exit code.
+pub(super) fn image(globals: &Globals, command: ImageCommand) -> Result<u8, Failure> {
+    let roots = roots(globals)?;
+    let catalog = roots.catalog().map_err(|e| failed(&e))?;
+    let (as_json, images, pruned) = match command {
+        ImageCommand::List { json } => (
+            json,
+            crate::state::images(&catalog).map_err(|e| failed(&e))?,
+            false,
+        ),
+        ImageCommand::Prune { json } => (
+            json,
+            crate::state::prune(&catalog).map_err(|e| failed(&e))?,
+            true,
+        ),
+    };
+    if as_json {
+        #[derive(Serialize)]
+        struct Images<'a> {
+            pruned: bool,
+            images: &'a [crate::state::ImageSummary],
+        }
+        json(&Images {
+            pruned,
+            images: &images,
+        })?;
+        return Ok(0);
+    }
+    let mut text = String::new();
+    if images.is_empty() {
+        text.push_str(if pruned {
+            "no image was unleased; nothing removed\n"
+        } else {
+            "no prepared image\n"
+        });
+    }
+    for i in &images {
+        text.push_str(&format!(
+            "{}{}  {}\n  digest     sha256:{}\n  size       {}\n",
+            if pruned { "removed " } else { "" },
+            &i.artifact_id,
+            i.source,
+            i.manifest_digest,
+            size(i.bytes)
+        ));
+        if !pruned {
+            if i.leased_by.is_empty() {
+                text.push_str("  leased by  nothing (`lazaret image prune` removes it)\n");
+            }
+            for (domain, generation) in &i.leased_by {
+                text.push_str(&format!(
+                    "  leased by  Domain {} generation {generation}\n",
+                    &domain[..16]
+                ));
+            }
+        }
+    }
+    print(&printable(&text))?;
+    Ok(0)
+}
+
+/// `lazaret down` when no coordinator answers: finishes the Domain's stale
+/// generation, if it has one, from its records alone.
+pub(super) fn recover(globals: &Globals, profile: &str) -> Result<(), Failure> {
+    let roots = roots(globals)?;
+    let arg = DomainArg {
+        profile: Some(profile.to_owned()),
+        domain: None,
+        json: false,
+    };
+    let id = domain_id(globals, &roots, &arg)?;
+    let held = match roots.take(id).map_err(|e| failed(&e))? {
+        Access::Held(held) => held,
+        Access::Running(_) => {
+            return Err(failure(
+                "the Domain started while `down` ran; run `lazaret down` again",
+            ));
+        }
+        Access::Absent(_) => return print(&format!("Domain {id} is not running\n")),
+    };
+    let catalog = roots.catalog().map_err(|e| failed(&e))?;
+    match held.recover(&catalog).map_err(|e| failed(&e))? {
+        Some(generation) => print(&format!(
+            "Domain {id} was not running; cleaned up stale generation {}\n",
+            generation.0
+        )),
+        None => print(&format!("Domain {id} is not running\n")),
+    }
+}

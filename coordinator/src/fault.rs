@@ -1,0 +1,30 @@
+//! Named pause points for the fault-injection tests, compiled into debug
+//! builds only: a release build has none.
+//!
+//! With `LAZARET_FAULT_PAUSE=STEP` in its environment, a process that
+//! reaches `STEP` writes its pid to the file `LAZARET_FAULT_MARKER` names
+//! and stops itself (SIGSTOP), so a test can kill any participant at that
+//! exact point and then let it go on (SIGCONT). The steps are the
+//! lifecycle's durable points: `intent:SLOT` after a participant's intent
+//! is committed, `active:SLOT` after what it became is, `release:SLOT`
+//! after its release intent is, `image:staged` once a preparation's
+//! operation is recorded and its staging directory held. Trusts its own
+//! environment, which only the invoking user sets.
+
+/// Pauses here if the environment names `step` (debug builds only).
+pub fn point(step: &str) {
+    #[cfg(debug_assertions)]
+    {
+        if std::env::var("LAZARET_FAULT_PAUSE").as_deref() == Ok(step) {
+            if let Some(marker) = std::env::var_os("LAZARET_FAULT_MARKER") {
+                let _ = std::fs::write(marker, format!("{}\n", std::process::id()));
+            }
+            let _ = rustix::process::kill_process(
+                rustix::process::getpid(),
+                rustix::process::Signal::STOP,
+            );
+        }
+    }
+    #[cfg(not(debug_assertions))]
+    let _ = step;
+}

@@ -1,0 +1,749 @@
+//! A Domain's durable state found and handled from its records alone: the
+//! `lazaret state` commands (list, inspect, verify, reset), `lazaret image`
+//! (list, prune), and the recovery `lazaret down` runs when no coordinator
+//! answers.
+//!
+//! Owns finding a Domain without its profile: the Domain ID from the
+//! profile and the canonical workspace, or given; the Runtime Root from
+//! `XDG_RUNTIME_DIR`; the Storage Root from the configuration's
+//! `storage.data_root` alone (or the default), so a Domain whose profile
+//! was removed, or whose `env:` values this shell lacks, is still found.
+//! Every operation holds the Domain lock, as a coordinator does, so none
+//! runs beside a generation; what is removed is removed beneath held
+//! directory descriptors. Trusts the Domain Store and the catalog for what
+//! to look for, and the filesystem for what is there.
+
+pub mod anchor;
+
+use std::ffi::OsStr;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::{Path, PathBuf};
+
+use lazaret_proto::catalog::ImageSourceIdentity;
+use lazaret_proto::ids::{DomainId, GenerationId, ManifestDigest, PreparedArtifactId};
+use lazaret_proto::ownership::ParticipantOwnership;
+use lazaret_proto::store::{Domain, Generation, GenerationState};
+use serde::Serialize;
+
+use crate::catalog::{CatalogError, StorageCatalog};
+use crate::config::confined::ensure_root;
+use crate::config::{ConfigError, ConfinedError, DOMAINS_DIR, HostEnvironment, RetainedDir};
+use crate::image::fsops;
+use crate::lifecycle::DomainPaths;
+use crate::lifecycle::recovery::{RecoveryError, release_generation};
+use crate::store::{DomainStore, StoreError};
+
+/// The State Anchors' directory in a Domain's storage.
+pub const ANCHORS_DIR: &str = "anchors";
+/// The upper of one anchor.
+pub const UPPER_DIR: &str = "upper";
+/// The overlay work directory of one anchor.
+pub const WORK_DIR: &str = "work";
+/// The workspace's isolated storage, in a Domain's storage.
+pub const ISOLATED_DIR: &str = "workspace/isolated";
+
+/// Why a state operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    /// The roots could not be found.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// A directory is not as Lazaret keeps it.
+    #[error(transparent)]
+    Path(#[from] ConfinedError),
+    /// The Domain Store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The catalog failed.
+    #[error(transparent)]
+    Catalog(#[from] CatalogError),
+    /// Releasing a stale generation failed.
+    #[error(transparent)]
+    Recovery(#[from] RecoveryError),
+    /// A file operation failed.
+    #[error("cannot {operation} {path}")]
+    Io {
+        /// What was attempted.
+        operation: &'static str,
+        /// Where.
+        path: String,
+        /// What the kernel said.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+fn io(operation: &'static str, path: &Path) -> impl FnOnce(rustix::io::Errno) -> StateError {
+    let path = path.display().to_string();
+    move |e| StateError::Io {
+        operation,
+        path,
+        source: e.into(),
+    }
+}
+
+/// Where this user's Domains keep their state.
+#[derive(Debug)]
+pub struct Roots {
+    /// The Storage Root.
+    pub storage: PathBuf,
+    /// The Runtime Root.
+    pub runtime: PathBuf,
+    uid: u32,
+}
+
+impl Roots {
+    /// The roots of `host`, with the Storage Root the configuration at
+    /// `config` names (its `storage.data_root` only).
+    pub fn find(host: &HostEnvironment, config: Option<&OsStr>) -> Result<Self, StateError> {
+        Ok(Self {
+            storage: crate::config::storage_root_of(host, config)?,
+            runtime: host.runtime_root()?,
+            uid: host.uid,
+        })
+    }
+
+    /// The Storage Root's `domains/` directory, if there is one.
+    fn domains(&self) -> Result<Option<RetainedDir>, StateError> {
+        if !self.storage.join(DOMAINS_DIR).is_dir() {
+            return Ok(None);
+        }
+        Ok(Some(
+            ensure_root(&self.storage, self.uid)?.open_child(Path::new(DOMAINS_DIR))?,
+        ))
+    }
+
+    /// Every Domain with state under the Storage Root.
+    pub fn domain_ids(&self) -> Result<Vec<DomainId>, StateError> {
+        let Some(domains) = self.domains()? else {
+            return Ok(Vec::new());
+        };
+        let dir = fsops::open_dir_read(domains.fd(), ".").map_err(io("list", domains.label()))?;
+        let mut ids: Vec<DomainId> = fsops::list_dir(dir.as_fd())
+            .map_err(io("list", domains.label()))?
+            .iter()
+            .filter_map(|name| std::str::from_utf8(name).ok().and_then(DomainId::from_hex))
+            .collect();
+        ids.sort();
+        Ok(ids)
+    }
+
+    /// The catalog, cleaned of what crashed preparers left.
+    pub fn catalog(&self) -> Result<StorageCatalog, StateError> {
+        Ok(StorageCatalog::open(
+            &ensure_root(&self.storage, self.uid)?,
+            self.uid,
+        )?)
+    }
+
+    /// The catalog as it is.
+    fn catalog_as_is(&self) -> Result<StorageCatalog, StateError> {
+        Ok(StorageCatalog::open_as_is(
+            &ensure_root(&self.storage, self.uid)?,
+            self.uid,
+        )?)
+    }
+
+    /// Takes Domain `id`: its lock, its directories and its store.
+    pub fn take(&self, id: DomainId) -> Result<Access, StateError> {
+        let paths = DomainPaths::new(id, self.runtime.join(DOMAINS_DIR).join(id.to_hex()));
+        let Some(domains) = self.domains()? else {
+            return Ok(Access::Absent(paths));
+        };
+        let storage = match domains.open_child(Path::new(&id.to_hex())) {
+            Ok(dir) => dir,
+            Err(ConfinedError::Missing { .. }) => return Ok(Access::Absent(paths)),
+            Err(e) => return Err(e.into()),
+        };
+        let runtime = ensure_root(&self.runtime, self.uid)?
+            .ensure_child(&Path::new(DOMAINS_DIR).join(id.to_hex()), self.uid)?;
+        let lock = crate::lifecycle::try_lock(&runtime).map_err(|e| StateError::Io {
+            operation: "lock",
+            path: paths.lock_file().display().to_string(),
+            source: e,
+        })?;
+        let Some(lock) = lock else {
+            return Ok(Access::Running(paths));
+        };
+        let Some((store, domain)) = DomainStore::open_existing(&storage, id)? else {
+            return Ok(Access::Absent(paths));
+        };
+        Ok(Access::Held(Box::new(Held {
+            domain,
+            paths,
+            storage,
+            runtime,
+            store,
+            _lock: lock,
+        })))
+    }
+}
+
+/// What taking a Domain found.
+#[derive(Debug)]
+pub enum Access {
+    /// This process owns it now.
+    Held(Box<Held>),
+    /// Its coordinator (or another command) holds it.
+    Running(DomainPaths),
+    /// It has no state.
+    Absent(DomainPaths),
+}
+
+/// A Domain this process owns: its lock, directories and store.
+#[derive(Debug)]
+pub struct Held {
+    /// Its Domain row.
+    pub domain: Domain,
+    /// Its runtime paths.
+    pub paths: DomainPaths,
+    storage: RetainedDir,
+    runtime: RetainedDir,
+    /// Its store.
+    pub store: DomainStore,
+    _lock: OwnedFd,
+}
+
+/// One persistent dir's State Anchor on disk.
+#[derive(Debug, Serialize)]
+pub struct AnchorOnDisk {
+    /// The persistent dir, inside the sandbox.
+    pub sandbox_path: String,
+    /// Bytes its upper and work directory occupy.
+    pub bytes: u64,
+}
+
+/// A Domain's state, as `state list` shows it.
+#[derive(Debug, Serialize)]
+pub struct DomainSummary {
+    /// The Domain.
+    pub domain_id: String,
+    /// Its profile.
+    pub profile: String,
+    /// Its workspace.
+    pub workspace: String,
+    /// `running`, `stopped`, or `stale` (a generation whose coordinator is
+    /// gone; `lazaret down` finishes it).
+    pub state: &'static str,
+    /// Its last generation.
+    pub last_generation: Option<u64>,
+    /// The image digest of its last generation.
+    pub image_digest: Option<String>,
+    /// Its persistent dirs with state.
+    pub persistent_dirs: Vec<AnchorOnDisk>,
+    /// Bytes its isolated workspace storage occupies.
+    pub ignored_bytes: u64,
+    /// Bytes in all.
+    pub total_bytes: u64,
+}
+
+fn usage(dir: &RetainedDir, name: &str) -> u64 {
+    fsops::open_dir_read(dir.fd(), name)
+        .ok()
+        .and_then(|fd| fsops::disk_usage(fd.as_fd()).ok())
+        .unwrap_or(0)
+}
+
+/// The persistent dir a name in `anchors/` stands for.
+fn sandbox_path_of(name: &[u8]) -> Option<String> {
+    let text = std::str::from_utf8(name).ok()?;
+    let bytes: Vec<u8> = (0..text.len())
+        .step_by(2)
+        .map(|i| {
+            text.get(i..i + 2)
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+        })
+        .collect::<Option<_>>()?;
+    String::from_utf8(bytes).ok().filter(|p| p.starts_with('/'))
+}
+
+/// The name in `anchors/` of persistent dir `path`.
+pub fn anchor_name(path: &str) -> String {
+    lazaret_proto::ids::to_hex(path.as_bytes())
+}
+
+/// The anchors a Domain's storage holds, with their names in `anchors/`.
+fn anchors(storage: &RetainedDir) -> Vec<(String, AnchorOnDisk)> {
+    let Ok(dir) = fsops::open_dir_read(storage.fd(), ANCHORS_DIR) else {
+        return Vec::new();
+    };
+    let mut out: Vec<(String, AnchorOnDisk)> = fsops::list_dir(dir.as_fd())
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|name| {
+            let sandbox_path = sandbox_path_of(&name)?;
+            let name = String::from_utf8(name).ok()?;
+            let bytes = fsops::open_dir_read(dir.as_fd(), name.as_str())
+                .ok()
+                .and_then(|fd| fsops::disk_usage(fd.as_fd()).ok())
+                .unwrap_or(0);
+            Some((
+                name,
+                AnchorOnDisk {
+                    sandbox_path,
+                    bytes,
+                },
+            ))
+        })
+        .collect();
+    out.sort_by(|a, b| a.1.sandbox_path.cmp(&b.1.sandbox_path));
+    out
+}
+
+/// The prepared lower a generation leased: its artifact and digest.
+fn leased_image(
+    store: &DomainStore,
+    generation: GenerationId,
+) -> Result<(Option<PreparedArtifactId>, Option<ManifestDigest>), StateError> {
+    for (_, participant) in store.participants(generation)? {
+        if let ParticipantOwnership::PreparedLower(lower) = participant.ownership {
+            return Ok((lower.prepared_artifact_id, lower.selected_manifest_digest));
+        }
+    }
+    Ok((None, None))
+}
+
+impl Held {
+    /// Finishes a generation whose coordinator is gone, from the records
+    /// alone: its participants released (processes proven before they are
+    /// signalled), its sessions recorded closed. The generation it
+    /// finished, if one was open.
+    pub fn recover(&self, catalog: &StorageCatalog) -> Result<Option<GenerationId>, StateError> {
+        let Some(stale) = self.store.open_generation()? else {
+            return Ok(None);
+        };
+        let id = stale.generation_id;
+        release_generation(
+            &self.store,
+            catalog,
+            self.domain.domain_id,
+            stale,
+            &self.runtime,
+        )?;
+        Ok(Some(id))
+    }
+
+    /// This Domain as `state list` shows it.
+    pub fn summary(&self) -> Result<DomainSummary, StateError> {
+        let latest: Option<Generation> = self.store.latest_generation()?;
+        let digest = match &latest {
+            Some(g) => leased_image(&self.store, g.generation_id)?.1,
+            None => None,
+        };
+        let persistent_dirs: Vec<AnchorOnDisk> =
+            anchors(&self.storage).into_iter().map(|(_, a)| a).collect();
+        let ignored_bytes = usage(&self.storage, ISOLATED_DIR);
+        Ok(DomainSummary {
+            domain_id: self.domain.domain_id.to_hex(),
+            profile: self.domain.profile_name.clone(),
+            workspace: self.domain.canonical_workspace.to_string(),
+            state: match latest.map(|g| g.state) {
+                Some(GenerationState::Closed) | None => "stopped",
+                Some(_) => "stale",
+            },
+            last_generation: latest.map(|g| g.generation_id.0),
+            image_digest: digest.map(|d| d.to_hex()),
+            total_bytes: persistent_dirs.iter().map(|a| a.bytes).sum::<u64>() + ignored_bytes,
+            persistent_dirs,
+            ignored_bytes,
+        })
+    }
+}
+
+/// One persistent dir in detail, as `state inspect` shows it.
+#[derive(Debug, Serialize)]
+pub struct AnchorDetail {
+    /// The persistent dir, inside the sandbox.
+    pub sandbox_path: String,
+    /// Its upper on the host.
+    pub upper: String,
+    /// Bytes its upper and work directory occupy.
+    pub bytes: u64,
+    /// What the upper changes over the image.
+    #[serde(flatten)]
+    pub walked: anchor::Walked,
+}
+
+/// One Domain's State Anchor in detail.
+#[derive(Debug, Serialize)]
+pub struct Inspection {
+    /// The Domain.
+    #[serde(flatten)]
+    pub summary: DomainSummary,
+    /// Whether the image of the last generation was found to compare with.
+    pub compared_with_image: bool,
+    /// Each persistent dir.
+    pub anchors: Vec<AnchorDetail>,
+}
+
+/// Opens `path` (a persistent dir, absolute) beneath an image's root
+/// filesystem, following no link.
+fn image_dir(rootfs: &OwnedFd, path: &str) -> Option<OwnedFd> {
+    let relative = path.trim_start_matches('/');
+    lazaret_routing::fs::open_dir(
+        rootfs.as_fd(),
+        relative.as_bytes(),
+        rustix::fs::OFlags::RDONLY,
+    )
+    .ok()
+}
+
+impl Held {
+    /// Each persistent dir's upper against the image of the last
+    /// generation.
+    pub fn inspect(&self, catalog: &StorageCatalog, uid: u32) -> Result<Inspection, StateError> {
+        let summary = self.summary()?;
+        let artifact = match self.store.latest_generation()? {
+            Some(g) => leased_image(&self.store, g.generation_id)?.0,
+            None => None,
+        };
+        let rootfs = artifact.and_then(|id| catalog.artifact_rootfs(id).ok());
+        let anchors_dir = fsops::open_dir_read(self.storage.fd(), ANCHORS_DIR).ok();
+        let mut details = Vec::new();
+        for (name, on_disk) in anchors(&self.storage) {
+            let upper = anchors_dir.as_ref().and_then(|dir| {
+                fsops::open_dir_read(dir.as_fd(), Path::new(&name).join(UPPER_DIR).as_os_str()).ok()
+            });
+            let lower = rootfs
+                .as_ref()
+                .and_then(|r| image_dir(r, &on_disk.sandbox_path));
+            let walked = match &upper {
+                Some(upper) => anchor::walk(upper.as_fd(), lower.as_ref().map(AsFd::as_fd), uid),
+                None => anchor::Walked::default(),
+            };
+            details.push(AnchorDetail {
+                upper: self
+                    .storage
+                    .label()
+                    .join(ANCHORS_DIR)
+                    .join(&name)
+                    .join(UPPER_DIR)
+                    .display()
+                    .to_string(),
+                sandbox_path: on_disk.sandbox_path,
+                bytes: on_disk.bytes,
+                walked,
+            });
+        }
+        Ok(Inspection {
+            summary,
+            compared_with_image: rootfs.is_some(),
+            anchors: details,
+        })
+    }
+}
+
+/// One thing `state verify` found wrong.
+#[derive(Debug, Serialize)]
+pub struct Finding {
+    /// What kind: `stale-generation`, `missing-upper`, `bad-work-dir`,
+    /// `bad-mode`, `foreign-owner`, `dangling-lease`,
+    /// `lease-without-domain`, `lease-without-artifact`,
+    /// `stale-operation`.
+    pub kind: &'static str,
+    /// What and where, and what to do.
+    pub detail: String,
+}
+
+fn finding(kind: &'static str, detail: String) -> Finding {
+    Finding { kind, detail }
+}
+
+impl Held {
+    /// The structural checks of `state verify`: records against
+    /// directories, leases, operations, work directories, owners and
+    /// modes.
+    pub fn verify(&self, roots: &Roots) -> Result<Vec<Finding>, StateError> {
+        let mut found = Vec::new();
+        let generations = self.store.generations()?;
+        if let Some(open) = generations
+            .iter()
+            .rev()
+            .find(|g| g.state != GenerationState::Closed)
+        {
+            found.push(finding(
+                "stale-generation",
+                format!(
+                    "generation {} was never stopped and its coordinator is gone; `lazaret down` \
+                     finishes it",
+                    open.generation_id.0
+                ),
+            ));
+        }
+        // The dirs the last generation recorded have their upper and work
+        // directories, owned by the user, the anchors' own dirs 0700.
+        let on_disk = anchors(&self.storage);
+        let anchors_dir = fsops::open_dir_read(self.storage.fd(), ANCHORS_DIR).ok();
+        if let Some(last) = generations.last() {
+            for (_, participant) in self.store.participants(last.generation_id)? {
+                let ParticipantOwnership::StateAnchor(anchor) = participant.ownership else {
+                    continue;
+                };
+                let Some(path) = anchor.sandbox_path else {
+                    continue;
+                };
+                let name = anchor_name(&path);
+                for (sub, kind) in [(UPPER_DIR, "missing-upper"), (WORK_DIR, "bad-work-dir")] {
+                    let there = anchors_dir.as_ref().and_then(|dir| {
+                        fsops::lstat_at(dir.as_fd(), Path::new(&name).join(sub).as_os_str())
+                            .ok()
+                            .flatten()
+                    });
+                    let is_dir = there
+                        .as_ref()
+                        .is_some_and(|s| fsops::file_type(s) == rustix::fs::FileType::Directory);
+                    if !is_dir {
+                        found.push(finding(
+                            kind,
+                            format!(
+                                "the State Anchor of {path} has no {sub} directory ({}); \
+                                 `lazaret state reset --dir {path}` starts it afresh",
+                                self.storage
+                                    .label()
+                                    .join(ANCHORS_DIR)
+                                    .join(&name)
+                                    .join(sub)
+                                    .display()
+                            ),
+                        ));
+                    }
+                }
+            }
+        }
+        for (name, anchor) in &on_disk {
+            let Some(dir) = anchors_dir.as_ref() else {
+                break;
+            };
+            if let Ok(Some(stat)) = fsops::lstat_at(dir.as_fd(), OsStr::new(name)) {
+                if stat.st_uid != roots.uid || stat.st_mode & 0o077 != 0 {
+                    found.push(finding(
+                        "bad-mode",
+                        format!(
+                            "the State Anchor of {} has owner {} and mode {:04o}; it must be \
+                             yours with mode 0700",
+                            anchor.sandbox_path,
+                            stat.st_uid,
+                            stat.st_mode & 0o7777
+                        ),
+                    ));
+                }
+            }
+            if let Ok(upper) =
+                fsops::open_dir_read(dir.as_fd(), Path::new(name).join(UPPER_DIR).as_os_str())
+            {
+                let walked = anchor::walk(upper.as_fd(), None, roots.uid);
+                for (path, owner) in walked.foreign {
+                    found.push(finding(
+                        "foreign-owner",
+                        format!(
+                            "{}{path} in the State Anchor is owned by uid {owner}, not by you: \
+                             nothing the sandbox makes can be; someone else put it there",
+                            anchor.sandbox_path
+                        ),
+                    ));
+                }
+            }
+        }
+        // The catalog: this Domain's leases, and what no Domain explains.
+        let catalog = roots.catalog_as_is()?;
+        let artifacts: Vec<PreparedArtifactId> = catalog
+            .artifacts()?
+            .iter()
+            .map(|a| a.prepared_artifact_id)
+            .collect();
+        let known = roots.domain_ids()?;
+        for lease in catalog.leases()? {
+            if !artifacts.contains(&lease.prepared_artifact_id) {
+                found.push(finding(
+                    "lease-without-artifact",
+                    format!(
+                        "Domain {} generation {} leases image {}, which the catalog does not hold",
+                        lease.domain_id, lease.generation_id.0, lease.prepared_artifact_id
+                    ),
+                ));
+            }
+            if !known.contains(&lease.domain_id) {
+                found.push(finding(
+                    "lease-without-domain",
+                    format!(
+                        "image {} is leased by Domain {} generation {}, which has no state; \
+                         the lease keeps the image from `lazaret image prune`",
+                        lease.prepared_artifact_id, lease.domain_id, lease.generation_id.0
+                    ),
+                ));
+            } else if lease.domain_id == self.domain.domain_id {
+                let open = generations.iter().any(|g| {
+                    g.generation_id == lease.generation_id && g.state != GenerationState::Closed
+                });
+                if !open {
+                    found.push(finding(
+                        "dangling-lease",
+                        format!(
+                            "generation {} of this Domain is closed but still leases image {}",
+                            lease.generation_id.0, lease.prepared_artifact_id
+                        ),
+                    ));
+                }
+            }
+        }
+        for operation in catalog.stale_operations()? {
+            found.push(finding(
+                "stale-operation",
+                format!(
+                    "image preparation {} was left by a preparer that is gone; the next `lazaret \
+                     up` or `lazaret image` cleans it up",
+                    operation.operation_id
+                ),
+            ));
+        }
+        Ok(found)
+    }
+}
+
+/// What `state reset` removes.
+#[derive(Debug, Serialize)]
+pub struct Removal {
+    /// The persistent dir (or `ignored` for the isolated workspace storage).
+    pub what: String,
+    /// Bytes it occupied.
+    pub bytes: u64,
+}
+
+impl Held {
+    /// What `state reset` would remove: every persistent dir's state and
+    /// the isolated workspace storage, or only the dirs in `only`. A dir
+    /// in `only` without state is an error naming what there is.
+    pub fn reset_plan(&self, only: &[String]) -> Result<Vec<Removal>, String> {
+        let on_disk = anchors(&self.storage);
+        if only.is_empty() {
+            let mut plan: Vec<Removal> = on_disk
+                .into_iter()
+                .map(|(_, a)| Removal {
+                    what: a.sandbox_path,
+                    bytes: a.bytes,
+                })
+                .collect();
+            plan.push(Removal {
+                what: "ignored".into(),
+                bytes: usage(&self.storage, ISOLATED_DIR),
+            });
+            return Ok(plan);
+        }
+        only.iter()
+            .map(|dir| {
+                let dir = dir.trim_end_matches('/');
+                on_disk
+                    .iter()
+                    .find(|(_, a)| a.sandbox_path == dir)
+                    .map(|(_, a)| Removal {
+                        what: a.sandbox_path.clone(),
+                        bytes: a.bytes,
+                    })
+                    .ok_or_else(|| {
+                        let kept: Vec<&str> = on_disk
+                            .iter()
+                            .map(|(_, a)| a.sandbox_path.as_str())
+                            .collect();
+                        format!(
+                            "the Domain keeps no state for {dir}; it keeps: {}",
+                            if kept.is_empty() {
+                                "nothing".to_owned()
+                            } else {
+                                kept.join(", ")
+                            }
+                        )
+                    })
+            })
+            .collect()
+    }
+
+    /// Removes what `plan` names, beneath the Domain's storage directory.
+    pub fn reset(&self, plan: &[Removal]) -> Result<(), StateError> {
+        let anchors_path = self.storage.label().join(ANCHORS_DIR);
+        for removal in plan {
+            if removal.what == "ignored" {
+                let path = self.storage.label().join(ISOLATED_DIR);
+                match fsops::open_dir_read(self.storage.fd(), ISOLATED_DIR) {
+                    Ok(dir) => fsops::remove_children(dir.as_fd(), |_| false)
+                        .map_err(io("empty", &path))?,
+                    Err(rustix::io::Errno::NOENT) => {}
+                    Err(e) => return Err(io("open", &path)(e)),
+                }
+                continue;
+            }
+            let dir = fsops::open_dir_read(self.storage.fd(), ANCHORS_DIR)
+                .map_err(io("open", &anchors_path))?;
+            let name = anchor_name(&removal.what);
+            fsops::remove_at(dir.as_fd(), OsStr::new(&name))
+                .map_err(io("remove", &anchors_path.join(&name)))?;
+        }
+        Ok(())
+    }
+}
+
+/// A prepared image, as `image list` shows it.
+#[derive(Debug, Serialize)]
+pub struct ImageSummary {
+    /// The artifact.
+    pub artifact_id: String,
+    /// Its manifest digest.
+    pub manifest_digest: String,
+    /// Where it came from.
+    pub source: String,
+    /// Bytes on disk.
+    pub bytes: u64,
+    /// The (Domain, generation) pairs that lease it.
+    pub leased_by: Vec<(String, u64)>,
+}
+
+/// Every prepared image.
+pub fn images(catalog: &StorageCatalog) -> Result<Vec<ImageSummary>, StateError> {
+    let leases = catalog.leases()?;
+    catalog
+        .artifacts()?
+        .into_iter()
+        .map(|a| {
+            Ok(ImageSummary {
+                artifact_id: a.prepared_artifact_id.to_hex(),
+                manifest_digest: a.selected_manifest_digest.to_hex(),
+                source: match &a.source_identity {
+                    ImageSourceIdentity::Registry { reference } => reference.clone(),
+                    ImageSourceIdentity::OciLayout { path, tag } => format!("oci:{path}:{tag}"),
+                    ImageSourceIdentity::OciArchive { path, .. } => format!("oci-archive:{path}"),
+                },
+                bytes: catalog.artifact_size(a.prepared_artifact_id).unwrap_or(0),
+                leased_by: leases
+                    .iter()
+                    .filter(|l| l.prepared_artifact_id == a.prepared_artifact_id)
+                    .map(|l| (l.domain_id.to_hex(), l.generation_id.0))
+                    .collect(),
+            })
+        })
+        .collect()
+}
+
+/// Removes every image no generation leases; what was removed.
+pub fn prune(catalog: &StorageCatalog) -> Result<Vec<ImageSummary>, StateError> {
+    let before = images(catalog)?;
+    let removed = catalog.reclaim_unleased()?;
+    Ok(before
+        .into_iter()
+        .filter(|i| removed.iter().any(|id| id.to_hex() == i.artifact_id))
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn anchor_names_round_trip() {
+        for path in ["/root", "/usr/local", "/home/dev/.cache"] {
+            let name = anchor_name(path);
+            assert_eq!(sandbox_path_of(name.as_bytes()).as_deref(), Some(path));
+        }
+        assert_eq!(anchor_name("/root"), "2f726f6f74");
+        assert!(sandbox_path_of(b"zz").is_none());
+        assert!(sandbox_path_of(b"726f6f74").is_none(), "not absolute");
+    }
+}
