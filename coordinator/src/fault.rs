@@ -8,13 +8,25 @@
 //! lifecycle's durable points: `intent:SLOT` after a participant's intent
 //! is committed, `active:SLOT` after what it became is, `release:SLOT`
 //! after its release intent is, `image:staged` once a preparation's
-//! operation is recorded and its staging directory held. Trusts its own
-//! environment, which only the invoking user sets.
+//! operation is recorded and its staging directory held. With
+//! `LAZARET_FAULT_TRACE=FILE`, every step reached is appended to `FILE`,
+//! so a test learns the steps of this build in their order. Trusts its
+//! own environment, which only the invoking user sets.
 
 /// Pauses here if the environment names `step` (debug builds only).
 pub fn point(step: &str) {
     #[cfg(debug_assertions)]
     {
+        if let Some(trace) = std::env::var_os("LAZARET_FAULT_TRACE") {
+            use std::io::Write;
+            if let Ok(mut file) = std::fs::OpenOptions::new()
+                .append(true)
+                .create(true)
+                .open(trace)
+            {
+                let _ = writeln!(file, "{step}");
+            }
+        }
         if std::env::var("LAZARET_FAULT_PAUSE").as_deref() == Ok(step) {
             if let Some(marker) = std::env::var_os("LAZARET_FAULT_MARKER") {
                 let _ = std::fs::write(marker, format!("{}\n", std::process::id()));

@@ -43,10 +43,6 @@ pub fn trials() -> Vec<Trial> {
             "domain::a_skopeo_planted_on_path_never_runs",
             a_planted_skopeo_never_runs,
         ),
-        Trial::test(
-            "domain::concurrent_ups_start_one_generation",
-            concurrent_ups,
-        ),
         Trial::test("domain::volumes_mount_with_their_access", volumes),
         Trial::test(
             "domain::name_resolution_works_with_a_persistent_etc",
@@ -346,32 +342,6 @@ fn a_planted_skopeo_never_runs() -> Result {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("registry.invalid"), "{err}");
     assert_nothing_left(&host);
-    Ok(())
-}
-
-fn concurrent_ups() -> Result {
-    let (_serial, host) = default_host();
-    let ws = host.workspace.clone();
-    let outputs: Vec<std::process::Output> = std::thread::scope(|scope| {
-        let handles: Vec<_> = (0..3)
-            .map(|_| scope.spawn(|| host.lazaret(&ws, &["up", "p"])))
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().expect("up thread"))
-            .collect()
-    });
-    for out in &outputs {
-        assert!(out.status.success(), "{}", text(out));
-    }
-    let started = outputs
-        .iter()
-        .filter(|o| String::from_utf8_lossy(&o.stdout).contains("is up:"))
-        .count();
-    assert_eq!(started, 1, "exactly one up starts a generation");
-    let status = host.status(&ws, "p").ok_or("not running")?;
-    assert_eq!(status["generation"], 1);
-    down(&host, &ws)?;
     Ok(())
 }
 

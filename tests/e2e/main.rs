@@ -7,6 +7,7 @@ mod attach;
 mod cli;
 mod domain;
 mod escalation;
+mod faults;
 mod liveness;
 mod net;
 mod network;
@@ -21,6 +22,7 @@ fn main() {
     trials.extend(domain::trials());
     trials.extend(attach::trials());
     trials.extend(escalation::trials());
+    trials.extend(faults::trials());
     trials.extend(liveness::trials());
     trials.extend(net::trials());
     trials.extend(network::trials());

@@ -166,31 +166,55 @@ pub fn up(globals: &Globals, profile: &str) -> Result<(), Failure> {
     }
 }
 
+/// How long `down` waits for a coordinator that holds the Domain but does
+/// not answer yet (starting) or any more (stopping), as `up` waits.
+const OWNER_WAIT: Duration = Duration::from_secs(120);
+
 /// `lazaret down PROFILE`.
 pub fn down(globals: &Globals, profile: &str) -> Result<(), Failure> {
     let (_, paths) = locate(globals, profile)?;
-    match client::request(&paths, ControlRequest::Down, client::DOWN_TIMEOUT) {
-        Ok(ControlResponse::Stopped { generation_id }) => {
-            client::wait_released(&paths, EXIT_WAIT)?;
-            print(&format!(
-                "Domain {} stopped (generation {generation_id}); persistent state kept\n",
-                paths.domain_id
-            ))
+    let deadline = std::time::Instant::now() + OWNER_WAIT;
+    loop {
+        match client::request(&paths, ControlRequest::Down, client::DOWN_TIMEOUT) {
+            Ok(ControlResponse::Stopped { generation_id }) => {
+                client::wait_released(&paths, EXIT_WAIT)?;
+                return print(&format!(
+                    "Domain {} stopped (generation {generation_id}); persistent state kept\n",
+                    paths.domain_id
+                ));
+            }
+            Ok(ControlResponse::Failed { message }) => return Err(failure(message)),
+            Ok(other) => {
+                return Err(failure(format!(
+                    "unexpected answer from the coordinator: {other:?}"
+                )));
+            }
+            Err(e @ (RequestError::NoAnswer { .. } | RequestError::Channel { .. })) => {
+                return Err(failure(format!(
+                    "cannot ask Domain {}'s coordinator to stop: {}",
+                    paths.domain_id,
+                    chain(&e)
+                )));
+            }
+            // No coordinator answers: finish whatever a crashed one left,
+            // from the records alone (the profile need not load any more).
+            // One that holds the Domain while starting or stopping is
+            // waited for.
+            Err(RequestError::NotRunning) => match super::state::recover(globals, profile)? {
+                super::state::Recovered::Done => return Ok(()),
+                super::state::Recovered::Busy if std::time::Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                super::state::Recovered::Busy => {
+                    return Err(failure(format!(
+                        "another Lazaret process has held Domain {} for {} s without \
+                         answering; if it is stuck, end it and run `lazaret down {profile}` again",
+                        paths.domain_id,
+                        OWNER_WAIT.as_secs()
+                    )));
+                }
+            },
         }
-        Ok(ControlResponse::Failed { message }) => Err(failure(message)),
-        Ok(other) => Err(failure(format!(
-            "unexpected answer from the coordinator: {other:?}"
-        ))),
-        Err(e @ (RequestError::NoAnswer { .. } | RequestError::Channel { .. })) => {
-            Err(failure(format!(
-                "cannot ask Domain {}'s coordinator to stop: {}",
-                paths.domain_id,
-                chain(&e)
-            )))
-        }
-        // No coordinator answers: finish whatever a crashed one left, from
-        // the records alone (the profile need not load any more).
-        Err(RequestError::NotRunning) => super::state::recover(globals, profile),
     }
 }
 

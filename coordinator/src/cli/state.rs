@@ -449,9 +449,18 @@ pub(super) fn image(globals: &Globals, command: ImageCommand) -> Result<u8, Fail
     Ok(0)
 }
 
+/// What `down`'s recovery did.
+pub(super) enum Recovered {
+    /// It said what it found, and finished a stale generation if any.
+    Done,
+    /// Another process holds the Domain (a coordinator starting or
+    /// stopping): ask again.
+    Busy,
+}
+
 /// `lazaret down` when no coordinator answers: finishes the Domain's stale
 /// generation, if it has one, from its records alone.
-pub(super) fn recover(globals: &Globals, profile: &str) -> Result<(), Failure> {
+pub(super) fn recover(globals: &Globals, profile: &str) -> Result<Recovered, Failure> {
     let roots = roots(globals)?;
     let arg = DomainArg {
         profile: Some(profile.to_owned()),
@@ -461,19 +470,19 @@ pub(super) fn recover(globals: &Globals, profile: &str) -> Result<(), Failure> {
     let id = domain_id(globals, &roots, &arg)?;
     let held = match roots.take(id).map_err(|e| failed(&e))? {
         Access::Held(held) => held,
-        Access::Running(_) => {
-            return Err(failure(
-                "the Domain started while `down` ran; run `lazaret down` again",
-            ));
+        Access::Running(_) => return Ok(Recovered::Busy),
+        Access::Absent(_) => {
+            print(&format!("Domain {id} is not running\n"))?;
+            return Ok(Recovered::Done);
         }
-        Access::Absent(_) => return print(&format!("Domain {id} is not running\n")),
     };
     let catalog = roots.catalog().map_err(|e| failed(&e))?;
     match held.recover(&catalog).map_err(|e| failed(&e))? {
         Some(generation) => print(&format!(
             "Domain {id} was not running; cleaned up stale generation {}\n",
             generation.0
-        )),
-        None => print(&format!("Domain {id} is not running\n")),
+        ))?,
+        None => print(&format!("Domain {id} is not running\n"))?,
     }
+    Ok(Recovered::Done)
 }
