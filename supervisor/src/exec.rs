@@ -20,6 +20,7 @@ use std::sync::{Arc, Condvar, Mutex};
 
 use lazaret_proto::ids::SessionId;
 use lazaret_proto::supervisor::{ExecRequest, ExecSignal, ExecStdio};
+use rustix::fs::OFlags;
 use rustix::process::{Pid, PidfdFlags, WaitOptions, WaitStatus, pidfd_open};
 use serde_json::json;
 
@@ -214,6 +215,27 @@ pub fn spawn(
             .map(Stdio::from)
             .map_err(|e| format!("cannot pass the session's streams: {e}"))
     };
+    // Each stream gets an open file description of its own (the same pipe
+    // or terminal, opened again through /proc/self/fd): runsc makes each
+    // donated description non-blocking for itself and gives the process
+    // the flags it found, so two streams sharing one description race, and
+    // the one imported second would see a non-blocking stream (EAGAIN in
+    // the process when the pipe is full).
+    let terminal = matches!(request.stdio, ExecStdio::Terminal { .. });
+    let reopen = |fd: BorrowedFd<'_>| {
+        let access = if terminal {
+            OFlags::RDWR
+        } else {
+            OFlags::WRONLY
+        };
+        rustix::fs::open(
+            format!("/proc/self/fd/{}", fd.as_raw_fd()),
+            access | OFlags::CLOEXEC | OFlags::NOCTTY,
+            rustix::fs::Mode::empty(),
+        )
+        .map(Stdio::from)
+        .map_err(|e| format!("cannot pass the session's streams: {e}"))
+    };
     let pid_file = internal_pid_file(runtime, request.session_id);
     let process = format!("/proc/1/fd/{}", spec.as_raw_fd());
     let mut command = runtime.command([
@@ -226,9 +248,13 @@ pub fn spawn(
     ]);
     command
         .stdin(dup(input)?)
-        .stdout(dup(output)?)
-        .stderr(dup(output)?);
-    if matches!(request.stdio, ExecStdio::Terminal { .. }) {
+        .stdout(if terminal {
+            reopen(output)?
+        } else {
+            dup(output)?
+        })
+        .stderr(reopen(output)?);
+    if terminal {
         crate::sys::with_controlling_terminal(&mut command);
     }
     let (pid, pidfd) = reaper
