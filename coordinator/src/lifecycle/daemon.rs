@@ -16,7 +16,8 @@
 //! 6. report the running Domain and serve `status` and `down` until told to
 //!    stop or until the supervisor dies; then release the generation.
 //!
-//! `recover` takes ownership and finishes a stale generation, nothing more.
+//! A stale generation found at step 1 is finished from its records first;
+//! `lazaret down` finishes one without a coordinator (`crate::state`).
 //!
 //! It runs as the invoking user with no capabilities and no namespaces of
 //! its own. It trusts the CLI that started it only to name the profile and
@@ -67,7 +68,7 @@ type Startup = Endpoint<StartupEvent, ControlRequest>;
 /// How long a second `up` waits for a starting coordinator to publish.
 const PUBLISH_WAIT: Duration = Duration::from_secs(120);
 
-/// The arguments of `lazaret-coordinator start|recover`.
+/// The arguments of `lazaret-coordinator start`.
 #[derive(Debug)]
 pub struct Args {
     /// The profile.

@@ -515,7 +515,7 @@ impl Held {
                 break;
             };
             if let Ok(Some(stat)) = fsops::lstat_at(dir.as_fd(), OsStr::new(name)) {
-                if stat.st_uid != roots.uid || stat.st_mode & 0o077 != 0 {
+                if stat.st_uid != roots.uid || stat.st_mode & 0o777 != 0o700 {
                     found.push(finding(
                         "bad-mode",
                         format!(
@@ -590,8 +590,9 @@ impl Held {
             found.push(finding(
                 "stale-operation",
                 format!(
-                    "image preparation {} was left by a preparer that is gone; the next `lazaret \
-                     up` or `lazaret image` cleans it up",
+                    "image preparation {} was left by a preparer that is gone; the next command \
+                     that opens the catalog (`lazaret up`, `down`, `image`, `state inspect` or \
+                     `state reset`) cleans it up",
                     operation.operation_id
                 ),
             ));
