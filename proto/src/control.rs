@@ -314,4 +314,6 @@ pub struct SessionSummary {
     pub terminal: bool,
     /// When it opened.
     pub opened_at: UnixTimeNs,
+    /// Its leader inside the sandbox, once the leader said who it is.
+    pub guest: Option<crate::terminal::GuestProcessIdentity>,
 }

@@ -101,6 +101,7 @@ fn session(args: &[OsString]) -> ExitCode {
         return ExitCode::from(2);
     }
     sys::signal(1, sys::SESSION_BEGAN);
+    record_identity();
     let error = Command::new(program).args(program_args).exec();
     eprintln!("lazaret: cannot run {}: {error}", program.to_string_lossy());
     ExitCode::from(if error.kind() == std::io::ErrorKind::NotFound {
@@ -108,6 +109,37 @@ fn session(args: &[OsString]) -> ExitCode {
     } else {
         126
     })
+}
+
+/// Writes this session leader's identity inside the sandbox (pid, process
+/// group, start time in clock ticks) to its session's mailbox as `guest`,
+/// where the Host Coordinator records it. Best effort: a session without a
+/// mailbox runs all the same.
+fn record_identity() {
+    let Some(session) = std::env::var_os("LAZARET_SESSION") else {
+        return;
+    };
+    let Some(identity) = std::fs::read_to_string("/proc/self/stat")
+        .ok()
+        .and_then(|stat| identity(&stat))
+    else {
+        return;
+    };
+    let path = std::path::Path::new("/run/lazaret/mailbox")
+        .join(session)
+        .join("guest");
+    let _ = std::fs::write(path, identity);
+}
+
+/// `PID PGRP STARTTIME` of a `/proc/PID/stat` line: the fields after the
+/// command name are state, ppid, pgrp, ..., and the 20th is the start time.
+fn identity(stat: &str) -> Option<String> {
+    let pid: u32 = stat.split_once(' ')?.0.parse().ok()?;
+    let (_, after) = stat.rsplit_once(')')?;
+    let fields: Vec<&str> = after.split_ascii_whitespace().collect();
+    let pgrp: u32 = fields.get(2)?.parse().ok()?;
+    let start: u64 = fields.get(19)?.parse().ok()?;
+    Some(format!("{pid} {pgrp} {start}\n"))
 }
 
 /// The live processes whose session is `session`, from `/proc`.

@@ -228,13 +228,16 @@ pub fn spawn(
         } else {
             OFlags::WRONLY
         };
-        rustix::fs::open(
+        // A description this user may not open again (a pipe of another
+        // user's, handed in by the CLI) is shared as it is.
+        match rustix::fs::open(
             format!("/proc/self/fd/{}", fd.as_raw_fd()),
             access | OFlags::CLOEXEC | OFlags::NOCTTY,
             rustix::fs::Mode::empty(),
-        )
-        .map(Stdio::from)
-        .map_err(|e| format!("cannot pass the session's streams: {e}"))
+        ) {
+            Ok(fd) => Ok(Stdio::from(fd)),
+            Err(_) => dup(fd),
+        }
     };
     let pid_file = internal_pid_file(runtime, request.session_id);
     let process = format!("/proc/1/fd/{}", spec.as_raw_fd());

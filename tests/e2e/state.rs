@@ -30,6 +30,7 @@ pub fn trials() -> Vec<Trial> {
             without_profile,
         ),
         Trial::test("state::images_are_listed_and_pruned", images),
+        Trial::test("state::a_session_records_its_process_inside", guest_process),
     ]
     .into_iter()
     .map(|t| t.with_ignored_flag(!runnable))
@@ -374,5 +375,32 @@ fn images() -> Result {
     );
     // The next `up` prepares it again.
     up(&host, &ws)?;
+    down(&host, &ws)
+}
+
+/// A session's record names its leader inside the sandbox: the pid the
+/// process itself sees, shown by `status`.
+fn guest_process() -> Result {
+    let (_serial, host) = host_with_config(&config(&busybox_image(), ""));
+    let ws = host.workspace.clone();
+    up(&host, &ws)?;
+    let mut session = crate::attach::Running::start(
+        attach(&host, &ws, &["sh", "-c", "echo $$ > /root/pid; sleep 20"]),
+        None,
+    )?;
+    let recorded = match wait_until(WAIT, "the session's pid inside", || {
+        host.status(&ws, "p")?["sessions"][0]["guest_pid"].as_u64()
+    }) {
+        Ok(pid) => pid,
+        Err(e) => {
+            session.kill()?;
+            let out = session.finish(WAIT)?;
+            return Err(format!("{e:?}; the session: {}", text(&out)).into());
+        }
+    };
+    let seen = inside(&host, "cat /root/pid")?;
+    assert_eq!(seen.trim(), recorded.to_string(), "status says {recorded}");
+    session.kill()?;
+    drop(session);
     down(&host, &ws)
 }

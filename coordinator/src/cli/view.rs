@@ -77,6 +77,8 @@ pub struct SessionView {
     pub command: Vec<String>,
     pub terminal: bool,
     pub opened_at_unix: u64,
+    /// The session leader's pid inside the sandbox, once known.
+    pub guest_pid: Option<u32>,
 }
 
 impl From<&SessionSummary> for SessionView {
@@ -86,6 +88,7 @@ impl From<&SessionSummary> for SessionView {
             command: s.command.clone(),
             terminal: s.terminal,
             opened_at_unix: s.opened_at.as_secs(),
+            guest_pid: s.guest.as_ref().map(|g| g.leader_pid),
         }
     }
 }

@@ -171,6 +171,19 @@ impl SessionMailbox {
         Ok(taken)
     }
 
+    /// What the session's leader wrote as its identity inside the sandbox
+    /// (`guest`: pid, process group, start time in ticks), if it did: the
+    /// sandbox's own claim, recorded for the session and never acted on.
+    pub fn guest(&self) -> Option<(u32, u32, u64)> {
+        let bytes = read_small(Some(self.dir.as_fd()), Path::new("guest"), false, 64).ok()??;
+        let text = std::str::from_utf8(&bytes).ok()?;
+        let mut fields = text.split_ascii_whitespace();
+        let pid = fields.next()?.parse().ok()?;
+        let pgrp = fields.next()?.parse().ok()?;
+        let start = fields.next()?.parse().ok()?;
+        Some((pid, pgrp, start))
+    }
+
     /// Puts a record file in `results/`.
     pub fn put_result(&self, name: &str, bytes: &[u8]) -> std::io::Result<()> {
         put(self.results.as_fd(), name, bytes, 0o400)

@@ -181,6 +181,12 @@ impl SessionEscalation {
         }
     }
 
+    /// The session leader's identity inside the sandbox, once it wrote it:
+    /// pid, process group, start time in ticks.
+    pub fn guest(&self) -> Option<(u32, u32, u64)> {
+        self.mailbox.guest()
+    }
+
     /// The developer answered a prompt in this session's terminal.
     pub fn answer(&mut self, answer: EscalationAnswer) {
         let effects = self.requests.answer(answer.request_id, answer.decision);

@@ -595,7 +595,7 @@ pub(super) struct Live {
     /// The sessions' hub, once the event loop runs.
     pub(super) hub: Option<Arc<Hub>>,
     prepared: PreparedLower,
-    container_id: ContainerId,
+    pub(super) container_id: ContainerId,
     runtime_root: HostPath,
     pub(super) helper: ConnectivityHelper,
     pub(super) network: NetworkStatus,

@@ -192,6 +192,7 @@ impl Watched {
         live.hub = Some(Hub::new(
             supervisor,
             escalation,
+            live.container_id,
             live.environment.try_clone()?,
             Arc::clone(&live.store),
             live.generation_id,

@@ -22,15 +22,15 @@ use lazaret_proto::channel::Received;
 use lazaret_proto::codec::WireRecord;
 use lazaret_proto::common::UnixTimeNs;
 use lazaret_proto::control::SessionSummary;
-use lazaret_proto::ids::{CliId, GenerationId, SessionId};
+use lazaret_proto::ids::{CliId, ContainerId, GenerationId, SessionId};
 use lazaret_proto::session::{OpenSession, SessionOpened};
 use lazaret_proto::store::{Session, SessionTerminal, SessionTerminalState};
 use lazaret_proto::supervisor::{
     ExecRequest, ExecSignal, ExecStdio, FdList, SupervisorReport, SupervisorRequest,
 };
 use lazaret_proto::terminal::{
-    MAX_TERMINAL_CHUNK, PtyIdentity, SessionExit, SessionExitOutcome, SessionTerminalEvent,
-    SessionTerminalMessage, TerminalOutput,
+    GuestProcessIdentity, MAX_TERMINAL_CHUNK, PtyIdentity, SessionExit, SessionExitOutcome,
+    SessionTerminalEvent, SessionTerminalMessage, TerminalOutput,
 };
 use rustix::process::{Signal, pidfd_send_signal};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
@@ -74,6 +74,11 @@ const FAREWELL_TIMEOUT: Duration = Duration::from_millis(200);
 /// stops reading its connection.
 const INPUT_BOUND: usize = 256 * 1024;
 
+/// How often, and how many times, a session's leader's identity inside
+/// the sandbox is looked for once the session runs.
+const GUEST_LOOK: Duration = Duration::from_millis(50);
+const GUEST_LOOKS: u32 = 40;
+
 /// The output pipe's capacity for sessions without a terminal.
 const OUTPUT_PIPE_SIZE: usize = 1 << 20;
 
@@ -104,6 +109,8 @@ struct Route {
 pub struct Hub {
     supervisor: Arc<SupervisorLink>,
     escalation: Arc<Escalation>,
+    /// The gVisor container sessions run in.
+    container: ContainerId,
     environment: OwnedFd,
     store: Arc<DomainStore>,
     generation: GenerationId,
@@ -129,6 +136,7 @@ impl Hub {
     pub fn new(
         supervisor: Arc<SupervisorLink>,
         escalation: Arc<Escalation>,
+        container: ContainerId,
         environment: OwnedFd,
         store: Arc<DomainStore>,
         generation: GenerationId,
@@ -137,6 +145,7 @@ impl Hub {
         Arc::new(Self {
             supervisor,
             escalation,
+            container,
             environment,
             store,
             generation,
@@ -284,6 +293,7 @@ impl Hub {
             command: open.command.clone().unwrap_or_default(),
             terminal: open.terminal,
             opened_at: UnixTimeNs::now(),
+            guest: None,
         };
         let opened_at = summary.opened_at;
         let full = {
@@ -308,6 +318,7 @@ impl Hub {
             inbox,
             client,
             opened: false,
+            guest: None,
         };
         let result = tokio::select! {
             result = session.run(&mut link, &open, passed) => result,
@@ -379,6 +390,8 @@ struct Running<'a> {
     client: Option<Exit>,
     /// Whether the client was told its session opened.
     opened: bool,
+    /// The session leader inside the sandbox, once known.
+    guest: Option<GuestProcessIdentity>,
 }
 
 impl Running<'_> {
@@ -396,7 +409,7 @@ impl Running<'_> {
             session_id: self.session_id,
             state,
             pty,
-            guest_process: None,
+            guest_process: self.guest.clone(),
         };
         let _ = self.hub.store.put_session_state(&session, &terminal);
     }
@@ -588,6 +601,10 @@ impl Running<'_> {
         let mut read_buf = vec![0u8; MAX_TERMINAL_CHUNK];
         let mut out_buf = vec![0u8; MAX_TERMINAL_CHUNK];
         let mut output_open = io.output.is_some();
+        // The leader writes its identity inside the sandbox as it starts;
+        // looked for a few times, then recorded with the session.
+        let mut guest_looks = 0u32;
+        let mut guest_tick = tokio::time::interval(GUEST_LOOK);
         let exit = loop {
             let output = io.output.as_deref().filter(|_| output_open);
             let input_target = io.input.as_deref().filter(|_| !input.bytes.is_empty());
@@ -608,6 +625,21 @@ impl Running<'_> {
                     None => return Err(SessionError::Closed),
                 },
                 () = exited(self.client.as_ref()) => return Err(SessionError::Closed),
+                _ = guest_tick.tick(), if self.guest.is_none() && guest_looks < GUEST_LOOKS => {
+                    guest_looks += 1;
+                    if let Some((pid, pgrp, start)) = escalation.guest() {
+                        self.guest = Some(GuestProcessIdentity {
+                            container_id: self.hub.container,
+                            leader_pid: pid,
+                            leader_start_time: start,
+                            process_group_id: pgrp,
+                        });
+                        self.record(SessionTerminalState::Running, false, io.pty_identity());
+                        if let Some(route) = self.hub.routes().get_mut(&self.session_id) {
+                            route.summary.guest = self.guest.clone();
+                        }
+                    }
+                }
                 event = escalation.next() => {
                     let message = match event {
                         TerminalEvent::Prompt(prompt) => {
