@@ -22,8 +22,20 @@ const RUNSC: &[&str] = &["/usr/local/bin/runsc", "/usr/bin/runsc"];
 const SLIRP4NETNS: &[&str] = &["/usr/local/bin/slirp4netns", "/usr/bin/slirp4netns"];
 const SKOPEO: &[&str] = &["/usr/local/bin/skopeo", "/usr/bin/skopeo"];
 
+/// The proxy settings a host program is given when the coordinator has
+/// them.
+pub const PROXY_ENVIRONMENT: &[&str] = &[
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "NO_PROXY",
+    "http_proxy",
+    "https_proxy",
+    "no_proxy",
+];
+
 /// What skopeo may see of the coordinator's environment: where its
-/// registry credentials and configuration are, temporary space, proxies.
+/// registry credentials and configuration are, temporary space, and the
+/// proxies of [`PROXY_ENVIRONMENT`].
 pub const SKOPEO_ENVIRONMENT: &[&str] = &[
     "HOME",
     "XDG_RUNTIME_DIR",
@@ -31,12 +43,6 @@ pub const SKOPEO_ENVIRONMENT: &[&str] = &[
     "TMPDIR",
     "REGISTRY_AUTH_FILE",
     "CONTAINERS_REGISTRIES_CONF",
-    "HTTP_PROXY",
-    "HTTPS_PROXY",
-    "NO_PROXY",
-    "http_proxy",
-    "https_proxy",
-    "no_proxy",
 ];
 
 /// What the Host Coordinator may see of the CLI's environment besides
@@ -182,12 +188,25 @@ pub fn command(program: &Path, allowed: &[&str]) -> Command {
     command
 }
 
+/// [`command`] for a program that reaches the network (skopeo, and the
+/// coordinator, which passes them on): `allowed` and the proxies of
+/// [`PROXY_ENVIRONMENT`].
+pub fn networked_command(program: &Path, allowed: &[&str]) -> Command {
+    let mut command = command(program, allowed);
+    for name in PROXY_ENVIRONMENT {
+        if let Some(value) = std::env::var_os(name) {
+            command.env(name, value);
+        }
+    }
+    command
+}
+
 /// A command for the Host Coordinator at `program`: a cleared environment
-/// plus [`COORDINATOR_ENVIRONMENT`], [`SKOPEO_ENVIRONMENT`], every
+/// plus [`COORDINATOR_ENVIRONMENT`], [`SKOPEO_ENVIRONMENT`], the proxies, every
 /// `LAZARET_*` setting, and the variables in `referenced` (the host names
 /// of the profile's `env:` references), those that are set here.
 pub fn coordinator_command(program: &Path, referenced: &[String]) -> Command {
-    let mut command = command(program, SKOPEO_ENVIRONMENT);
+    let mut command = networked_command(program, SKOPEO_ENVIRONMENT);
     for (name, value) in std::env::vars_os() {
         let passed = name.to_str().is_some_and(|n| {
             n.starts_with(LAZARET_SETTINGS)

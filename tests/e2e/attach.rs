@@ -398,6 +398,27 @@ impl Tmux<'_> {
         command
     }
 
+    /// Starts the session `t`, `columns` by `rows`, in the workspace,
+    /// running `pane`.
+    pub(crate) fn start(&self, columns: u16, rows: u16, pane: &str) -> Result {
+        let cwd = self.cwd.to_str().ok_or("workspace path is not UTF-8")?;
+        let (columns, rows) = (columns.to_string(), rows.to_string());
+        self.ok(&[
+            "new-session",
+            "-d",
+            "-s",
+            "t",
+            "-x",
+            &columns,
+            "-y",
+            &rows,
+            "-c",
+            cwd,
+            pane,
+        ])?;
+        Ok(())
+    }
+
     /// Runs a tmux command that must succeed; its standard output.
     pub(crate) fn ok(&self, args: &[&str]) -> std::result::Result<String, Failed> {
         let output = Running::start(self.command(args), None)?.finish(WAIT)?;
@@ -494,20 +515,7 @@ fn interactive_terminal() -> Result {
         bin("lazaret").display(),
         exit_file.display()
     );
-    let ws_arg = ws.to_str().ok_or("workspace path is not UTF-8")?;
-    tmux.ok(&[
-        "new-session",
-        "-d",
-        "-s",
-        "t",
-        "-x",
-        "100",
-        "-y",
-        "30",
-        "-c",
-        ws_arg,
-        &pane,
-    ])?;
+    tmux.start(100, 30, &pane)?;
 
     // Keys typed before the CLI puts its terminal in raw mode are flushed
     // away, so ask until the shell inside answers.
@@ -605,20 +613,7 @@ fn the_terminal_stays_the_developers() -> Result {
          echo MODES=$? >> {report_path}; \
          sleep 6; head -n 1 > {typed_path}; echo TYPED=$? >> {report_path}; sleep 60"
     );
-    let ws_arg = ws.to_str().ok_or("workspace path is not UTF-8")?;
-    tmux.ok(&[
-        "new-session",
-        "-d",
-        "-s",
-        "t",
-        "-x",
-        "100",
-        "-y",
-        "30",
-        "-c",
-        ws_arg,
-        &pane,
-    ])?;
+    tmux.start(100, 30, &pane)?;
     let read_report = || std::fs::read_to_string(&report).unwrap_or_default();
     wait_until(WAIT, "both sessions to end", || {
         read_report().contains("MODES=").then_some(())

@@ -236,7 +236,6 @@ fn interactive_approval() -> Result {
     ]));
     let ws = host.workspace.clone();
     up(&host, &ws)?;
-    let ws_arg = ws.to_str().ok_or("workspace path is not UTF-8")?.to_owned();
     let open = |name: &str| -> std::result::Result<Tmux<'_>, Failed> {
         let tmux = Tmux {
             host: &host,
@@ -244,19 +243,7 @@ fn interactive_approval() -> Result {
             cwd: ws.clone(),
         };
         let pane = format!("{} attach p; sleep 60", bin("lazaret").display());
-        tmux.ok(&[
-            "new-session",
-            "-d",
-            "-s",
-            "t",
-            "-x",
-            "120",
-            "-y",
-            "40",
-            "-c",
-            &ws_arg,
-            &pane,
-        ])?;
+        tmux.start(120, 40, &pane)?;
         tmux.type_until("echo ready-$((20+22))", "ready-42", Duration::from_secs(30))?;
         Ok(tmux)
     };

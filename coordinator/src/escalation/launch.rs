@@ -32,20 +32,15 @@ use crate::config::{
 pub const HOST_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
 
 /// What a host command sees of the coordinator's environment, besides
-/// [`HOST_PATH`] and `LANG=C.UTF-8`: where the user's files and settings
-/// are, temporary space, and proxies. Never the sandbox's environment.
+/// [`HOST_PATH`], `LANG=C.UTF-8` and the proxies
+/// ([`crate::programs::PROXY_ENVIRONMENT`]): where the user's files and
+/// settings are, and temporary space. Never the sandbox's environment.
 pub const HOST_ENVIRONMENT: &[&str] = &[
     "HOME",
     "XDG_RUNTIME_DIR",
     "XDG_CONFIG_HOME",
     "XDG_DATA_HOME",
     "TMPDIR",
-    "HTTP_PROXY",
-    "HTTPS_PROXY",
-    "NO_PROXY",
-    "http_proxy",
-    "https_proxy",
-    "no_proxy",
 ];
 
 /// A rule's executable as `up` found it.
@@ -115,6 +110,7 @@ impl Launcher {
         }
         let environment = HOST_ENVIRONMENT
             .iter()
+            .chain(crate::programs::PROXY_ENVIRONMENT)
             .filter_map(|name| Some(((*name).to_owned(), std::env::var(name).ok()?)))
             .collect();
         Ok(Self {

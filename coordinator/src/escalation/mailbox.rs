@@ -58,12 +58,7 @@ pub enum Taken {
 }
 
 fn open_dir(at: BorrowedFd<'_>, name: &str) -> rustix::io::Result<OwnedFd> {
-    rustix::fs::openat(
-        at,
-        name,
-        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-        Mode::empty(),
-    )
+    crate::image::fsops::open_dir_read(at, name)
 }
 
 /// Writes `bytes` as `name` beneath `dir`: a new `.`-named file, then a
@@ -220,12 +215,7 @@ fn empty(dir: BorrowedFd<'_>, budget: &mut usize, depth: usize) {
         *budget -= 1;
         let name = std::ffi::OsStr::from_bytes(&entry.name);
         if entry.file_type == FileType::Directory && depth < 32 {
-            if let Ok(child) = rustix::fs::openat(
-                dir,
-                name,
-                OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-                Mode::empty(),
-            ) {
+            if let Ok(child) = crate::image::fsops::open_dir_read(dir, name) {
                 empty(child.as_fd(), budget, depth + 1);
             }
             let _ = rustix::fs::unlinkat(dir, name, AtFlags::REMOVEDIR);

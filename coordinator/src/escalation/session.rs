@@ -920,32 +920,24 @@ mod tests {
         )
         .unwrap_err();
         assert!(why.contains("another session or generation"), "{why}");
-        let mut other = capability.clone();
-        other.session_binding.session_id = SessionId([6; 16]);
-        assert!(
+        let refused = |other: &SessionRequestCapability| {
             verify(
                 &name(),
-                &sealed(&key, &request(&other)),
+                &sealed(&key, &request(other)),
                 &public,
                 &capability,
-                now
+                now,
             )
             .is_err()
-        );
+        };
+        let mut other = capability.clone();
+        other.session_binding.session_id = SessionId([6; 16]);
+        assert!(refused(&other));
 
         // Another capability, an expired one, another file name.
         let mut other = capability.clone();
         other.capability_id = CapabilityId([0xdd; 16]);
-        assert!(
-            verify(
-                &name(),
-                &sealed(&key, &request(&other)),
-                &public,
-                &capability,
-                now
-            )
-            .is_err()
-        );
+        assert!(refused(&other));
         let mut expired = capability.clone();
         expired.expires_at = now;
         assert!(verify(&name(), &good, &public, &expired, now).is_err());

@@ -147,7 +147,8 @@ fn skopeo(args: &[&str]) -> Result<Command, ImageError> {
         .ok_or_else(|| ImageError::SkopeoMissing {
             source: std::io::ErrorKind::NotFound.into(),
         })?;
-    let mut command = crate::programs::command(&path, crate::programs::SKOPEO_ENVIRONMENT);
+    let mut command =
+        crate::programs::networked_command(&path, crate::programs::SKOPEO_ENVIRONMENT);
     command.args(args);
     Ok(command)
 }

@@ -14,7 +14,7 @@ use std::ffi::OsStr;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 
-use rustix::fs::{AtFlags, FileType, Mode, OFlags};
+use rustix::fs::{AtFlags, FileType};
 use serde::Serialize;
 
 /// The most entries one walk looks at.
@@ -67,12 +67,7 @@ pub struct Walked {
 }
 
 fn open_dir(at: BorrowedFd<'_>, name: &OsStr) -> rustix::io::Result<OwnedFd> {
-    rustix::fs::openat(
-        at,
-        name,
-        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-        Mode::empty(),
-    )
+    crate::image::fsops::open_dir_read(at, name)
 }
 
 /// Whether the directory `dir` is marked opaque by overlayfs (in a user
@@ -204,6 +199,8 @@ pub fn walk(upper: BorrowedFd<'_>, lower: Option<BorrowedFd<'_>>, uid: u32) -> W
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use rustix::fs::{Mode, OFlags};
 
     fn open(path: &std::path::Path) -> OwnedFd {
         rustix::fs::open(
