@@ -24,7 +24,7 @@ use rustix::fs::{Mode, OFlags};
 
 use crate::config::EffectiveNetworkPolicy;
 use crate::process::{HeldProcess, kill_and_wait, pidfd_of_child, wait_exit};
-use crate::sys::spawn_inheriting;
+use crate::sys::{ChildSetup, spawn_inheriting};
 
 /// How long slirp4netns may take to attach.
 const READY_TIMEOUT: Duration = Duration::from_secs(10);
@@ -237,8 +237,11 @@ impl ConnectivityHelper {
         // `--userns-path`'s, and fails as an ordinary user).
         let child = spawn_inheriting(
             &mut command,
-            &[network_namespace, ready_write.as_fd(), exit_read.as_fd()],
-            Some(user_namespace),
+            ChildSetup {
+                fds: &[network_namespace, ready_write.as_fd(), exit_read.as_fd()],
+                user_namespace: Some(user_namespace),
+                die_with_parent: false,
+            },
         )
         .map_err(|e| format!("cannot start {}: {e}", binary.display()))?;
         drop((ready_write, exit_read));

@@ -8,26 +8,32 @@
 use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 use std::process::{Child, Command};
 
-/// Spawns `command` with `fds` inherited under their own numbers: between
-/// fork and exec the child clears their close-on-exec flag. They stay
-/// close-on-exec in this process, so no other child inherits them. With
-/// `user_namespace`, the child joins that user namespace before it
-/// executes (the forked child is single-threaded, as `setns` requires).
-pub fn spawn_inheriting(
-    command: &mut Command,
-    fds: &[BorrowedFd<'_>],
-    user_namespace: Option<BorrowedFd<'_>>,
-) -> std::io::Result<Child> {
+/// What a spawned child does between fork and exec.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct ChildSetup<'a> {
+    /// Descriptors the child inherits under their own numbers: it clears
+    /// their close-on-exec flag. They stay close-on-exec in this process,
+    /// so no other child inherits them.
+    pub fds: &'a [BorrowedFd<'a>],
+    /// A user namespace the child joins before it executes (the forked
+    /// child is single-threaded, as `setns` requires).
+    pub user_namespace: Option<BorrowedFd<'a>>,
+    /// Whether the child is killed when this process dies.
+    pub die_with_parent: bool,
+}
+
+/// Spawns `command` set up as `setup` says.
+pub fn spawn_inheriting(command: &mut Command, setup: ChildSetup<'_>) -> std::io::Result<Child> {
     use std::os::unix::process::CommandExt;
-    let raw: Vec<RawFd> = fds.iter().map(|fd| fd.as_raw_fd()).collect();
-    let user_namespace = user_namespace.map(|fd| fd.as_raw_fd());
+    let raw: Vec<RawFd> = setup.fds.iter().map(|fd| fd.as_raw_fd()).collect();
+    let user_namespace = setup.user_namespace.map(|fd| fd.as_raw_fd());
+    let die_with_parent = setup.die_with_parent;
     // SAFETY: the closure runs in the child between fork and exec, where
     // only async-signal-safe work is allowed. It reads a vector allocated
-    // before the fork and makes raw `fcntl` and `setns` calls through
-    // rustix (no allocation, no locks), returning errors by value. The
-    // descriptors are open in the child: it is a copy of this process,
-    // forked inside `spawn` below while `fds` and the namespace are
-    // borrowed.
+    // before the fork and makes raw `fcntl`, `setns` and `prctl` calls
+    // through rustix (no allocation, no locks), returning errors by value.
+    // The descriptors are open in the child: it is a copy of this process,
+    // forked inside `spawn` below while `setup`'s descriptors are borrowed.
     unsafe {
         command.pre_exec(move || {
             for &fd in &raw {
@@ -40,32 +46,11 @@ pub fn spawn_inheriting(
                     Some(rustix::thread::LinkNameSpaceType::User),
                 )?;
             }
-            Ok(())
-        });
-    }
-    command.spawn()
-}
-
-/// Spawns a host command whose program is `/proc/self/fd/N` of
-/// `executable`: between fork and exec the child clears that descriptor's
-/// close-on-exec flag (so the kernel, and a script's interpreter, reach the
-/// same object; no other child inherits it) and asks to be killed when the
-/// coordinator dies.
-pub fn spawn_host_command(
-    command: &mut Command,
-    executable: BorrowedFd<'_>,
-) -> std::io::Result<Child> {
-    use std::os::unix::process::CommandExt;
-    let raw = executable.as_raw_fd();
-    // SAFETY: the closure runs in the child between fork and exec, where
-    // only async-signal-safe work is allowed: two raw system calls through
-    // rustix (`fcntl`, `prctl`), no allocation, no locks, errors returned
-    // by value. The descriptor is open in the child, a copy of this
-    // process forked inside `spawn` below while `executable` is borrowed.
-    unsafe {
-        command.pre_exec(move || {
-            rustix::io::fcntl_setfd(BorrowedFd::borrow_raw(raw), rustix::io::FdFlags::empty())?;
-            rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))?;
+            if die_with_parent {
+                rustix::process::set_parent_process_death_signal(Some(
+                    rustix::process::Signal::KILL,
+                ))?;
+            }
             Ok(())
         });
     }

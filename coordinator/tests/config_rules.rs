@@ -2036,9 +2036,10 @@ fn executable_checks_repeat_before_every_execution() {
     let resolved = load_ok(&fx, &minimal(&escalation(&[rule(&q(&exe), "")])));
     let uid = rustix::process::getuid().as_raw();
     let executable = &resolved.authorities().executables[0];
-    config::check_executable(&executable.plan, &executable.opened, uid).unwrap();
+    config::check_executable(executable.plan.canonical_label(), &executable.opened, uid).unwrap();
     std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o775)).unwrap();
-    let why = config::check_executable(&executable.plan, &executable.opened, uid).unwrap_err();
+    let why = config::check_executable(executable.plan.canonical_label(), &executable.opened, uid)
+        .unwrap_err();
     assert!(why.contains("writable by its group or others"), "{why}");
 }
 

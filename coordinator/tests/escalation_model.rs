@@ -45,8 +45,9 @@ fn all_requests() -> Vec<RequestId> {
 enum Action {
     /// Session `s`'s mailbox yields request `id` (verified as its own).
     Admit(usize, RequestId, Admission),
-    /// Session `s`'s terminal answers for `id`.
-    Answer(usize, RequestId, DeveloperDecisionKind),
+    /// Session `s`'s terminal answers for `id`, in time or (`true`) after
+    /// its deadline.
+    Answer(usize, RequestId, DeveloperDecisionKind, bool),
     /// Session `s`'s sandbox cancels `id`.
     Cancel(usize, RequestId),
     /// Every deadline of session `s` passes.
@@ -127,6 +128,7 @@ impl World {
                     }
                 }
                 Effect::Kill(_) | Effect::Forget(_) => {}
+                Effect::Busy(_) => ghost.broken = Some("a request was refused as busy"),
                 Effect::Finish(id, outcome) => {
                     if owner(id) != s {
                         ghost.broken = Some("a result went to another session");
@@ -176,7 +178,8 @@ impl Model for Protocol {
             }
             for id in all_requests() {
                 for decision in [DeveloperDecisionKind::Approve, DeveloperDecisionKind::Deny] {
-                    actions.push(Action::Answer(s, id, decision));
+                    actions.push(Action::Answer(s, id, decision, false));
+                    actions.push(Action::Answer(s, id, decision, true));
                 }
                 actions.push(Action::Cancel(s, id));
                 actions.push(Action::Exited(s, id));
@@ -200,13 +203,15 @@ impl Model for Protocol {
                 let effects = next.sessions[s].admit(id, admission).ok()?;
                 (s, effects)
             }
-            Action::Answer(s, id, decision) => {
+            Action::Answer(s, id, decision, late) => {
                 // The spec: an approval counts only for the prompt this
-                // session's terminal shows now.
-                if decision == DeveloperDecisionKind::Approve && next.shown[s] == Some(id) {
+                // session's terminal shows now, before its deadline.
+                if decision == DeveloperDecisionKind::Approve && next.shown[s] == Some(id) && !late
+                {
                     next.ghost.developer_approved.insert((s, id));
                 }
-                let effects = next.sessions[s].answer(id, decision);
+                let now = UnixTimeNs(if late { 100 } else { 0 });
+                let effects = next.sessions[s].answer(id, decision, now);
                 if next.shown[s] == Some(id) && !effects.is_empty() {
                     next.shown[s] = None;
                 }

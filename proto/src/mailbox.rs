@@ -44,6 +44,11 @@ pub const SESSION_ENV: &str = "LAZARET_SESSION";
 /// written by the host.
 pub const CREDENTIAL_FILE: &str = "credential";
 
+/// In a session's mailbox: the session leader's identity inside the
+/// sandbox (`PID PGRP STARTTIME`), written once by `lazaret-init` as the
+/// session begins; the sandbox's own claim, recorded and never acted on.
+pub const GUEST_FILE: &str = "guest";
+
 /// In a session's mailbox: where the sandbox puts its records
 /// (requests, cancellations, acknowledgements), each by atomic rename.
 pub const REQUESTS_DIR: &str = "requests";

@@ -19,6 +19,10 @@ pub struct OpenSession {
     /// Whether the CLI's standard input is a terminal: a PTY session, or a
     /// session over pipes with input forwarded until end of file.
     pub terminal: bool,
+    /// Whether a developer can answer escalation prompts in this session:
+    /// the CLI's standard input and output are both terminals. Without,
+    /// only auto-approval rules apply.
+    pub prompts: bool,
     /// The window's rows (terminal sessions).
     pub rows: u16,
     /// The window's columns (terminal sessions).

@@ -77,29 +77,60 @@ pub fn public_key(key: &ProtocolSigningKey) -> ProtocolPublicKey {
     ProtocolPublicKey(public)
 }
 
-/// Signs `record` with `key`: the codec encoding of the signed envelope,
-/// ready to be written as a mailbox file.
-pub fn seal(key: &ProtocolSigningKey, record: &MailboxRecord) -> Result<Vec<u8>, SignError> {
-    seal_payload(key, codec::encode(record)?)
+/// A signing key made ready once, for a party that signs many records
+/// (the host signs every output chunk).
+pub struct Signer {
+    pair: Ed25519KeyPair,
 }
 
-/// Signs `payload_bytes` as they are, whatever they hold: [`seal`]'s
-/// second half, and how a test makes a correctly signed file whose
-/// payload is not a record.
+impl std::fmt::Debug for Signer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Signer(<redacted>)")
+    }
+}
+
+impl Signer {
+    /// The signer of `key`.
+    pub fn new(key: &ProtocolSigningKey) -> Self {
+        Self {
+            pair: key_pair(key),
+        }
+    }
+
+    /// Signs `record`: the codec encoding of the signed envelope, ready to
+    /// be written as a mailbox file.
+    pub fn seal(&self, record: &MailboxRecord) -> Result<Vec<u8>, SignError> {
+        self.seal_payload(codec::encode(record)?)
+    }
+
+    /// Signs `payload_bytes` as they are, whatever they hold: [`Self::seal`]'s
+    /// second half, and how a test makes a correctly signed file whose
+    /// payload is not a record.
+    pub fn seal_payload(&self, payload_bytes: Vec<u8>) -> Result<Vec<u8>, SignError> {
+        let signature = self.pair.sign(&signed_message(&payload_bytes));
+        let signature: [u8; 64] = signature
+            .as_ref()
+            .try_into()
+            .expect("Ed25519 signatures are 64 bytes");
+        let signed = SignedProtocolRecord {
+            payload_bytes,
+            signature: ProtocolSignature(signature),
+        };
+        Ok(codec::encode(&signed)?)
+    }
+}
+
+/// Signs `record` with `key` once ([`Signer::seal`]).
+pub fn seal(key: &ProtocolSigningKey, record: &MailboxRecord) -> Result<Vec<u8>, SignError> {
+    Signer::new(key).seal(record)
+}
+
+/// Signs `payload_bytes` with `key` once ([`Signer::seal_payload`]).
 pub fn seal_payload(
     key: &ProtocolSigningKey,
     payload_bytes: Vec<u8>,
 ) -> Result<Vec<u8>, SignError> {
-    let signature = key_pair(key).sign(&signed_message(&payload_bytes));
-    let signature: [u8; 64] = signature
-        .as_ref()
-        .try_into()
-        .expect("Ed25519 signatures are 64 bytes");
-    let signed = SignedProtocolRecord {
-        payload_bytes,
-        signature: ProtocolSignature(signature),
-    };
-    Ok(codec::encode(&signed)?)
+    Signer::new(key).seal_payload(payload_bytes)
 }
 
 /// Reads a mailbox file's bytes as a record `signer` signed with `key`:

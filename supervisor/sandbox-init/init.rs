@@ -89,19 +89,27 @@ fn session_runs(leader: u32) -> bool {
     !left.is_empty()
 }
 
-/// A session's command: tells pid 1 the session began, then runs the
-/// program in this process.
+/// A session's command (`[--identity PATH] -- PROGRAM [ARGS...]`): tells
+/// pid 1 the session began, writes its identity to `PATH` if given, then
+/// runs the program in this process.
 fn session(args: &[OsString]) -> ExitCode {
+    const USAGE: &str = "lazaret-init session: expected `[--identity PATH] -- PROGRAM [ARGS...]`";
+    let (identity_path, args) = match args {
+        [flag, path, rest @ ..] if flag.to_str() == Some("--identity") => (Some(path), rest),
+        _ => (None, args),
+    };
     let Some((dash, [program, program_args @ ..])) = args.split_first() else {
-        eprintln!("lazaret-init session: expected `-- PROGRAM [ARGS...]`");
+        eprintln!("{USAGE}");
         return ExitCode::from(2);
     };
     if dash.to_str() != Some("--") {
-        eprintln!("lazaret-init session: expected `-- PROGRAM [ARGS...]`");
+        eprintln!("{USAGE}");
         return ExitCode::from(2);
     }
     sys::signal(1, sys::SESSION_BEGAN);
-    record_identity();
+    if let Some(path) = identity_path {
+        record_identity(std::path::Path::new(path));
+    }
     let error = Command::new(program).args(program_args).exec();
     eprintln!("lazaret: cannot run {}: {error}", program.to_string_lossy());
     ExitCode::from(if error.kind() == std::io::ErrorKind::NotFound {
@@ -112,23 +120,27 @@ fn session(args: &[OsString]) -> ExitCode {
 }
 
 /// Writes this session leader's identity inside the sandbox (pid, process
-/// group, start time in clock ticks) to its session's mailbox as `guest`,
-/// where the Host Coordinator records it. Best effort: a session without a
-/// mailbox runs all the same.
-fn record_identity() {
-    let Some(session) = std::env::var_os("LAZARET_SESSION") else {
-        return;
-    };
+/// group, start time in clock ticks) to `path` in its session's mailbox,
+/// where the Host Coordinator records it: a `.`-named file renamed into
+/// place, so the host never reads half of it. Best effort: a session
+/// without a mailbox runs all the same.
+fn record_identity(path: &std::path::Path) {
     let Some(identity) = std::fs::read_to_string("/proc/self/stat")
         .ok()
         .and_then(|stat| identity(&stat))
     else {
         return;
     };
-    let path = std::path::Path::new("/run/lazaret/mailbox")
-        .join(session)
-        .join("guest");
-    let _ = std::fs::write(path, identity);
+    let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
+        return;
+    };
+    let mut part = OsString::from(".");
+    part.push(name);
+    part.push(".part");
+    let part = dir.join(part);
+    if std::fs::write(&part, identity).is_err() || std::fs::rename(&part, path).is_err() {
+        let _ = std::fs::remove_file(&part);
+    }
 }
 
 /// `PID PGRP STARTTIME` of a `/proc/PID/stat` line: the fields after the

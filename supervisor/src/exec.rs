@@ -130,9 +130,18 @@ fn process_spec(request: &ExecRequest, environment: &[String]) -> serde_json::Va
     };
     // Through `lazaret-init session`, which tells pid 1 the session began
     // (so it ends what the session leaves) and becomes the command.
+    // It writes its identity inside the sandbox to the session's mailbox.
+    let identity = format!(
+        "{}/{}/{}",
+        lazaret_proto::mailbox::MAILBOX_AREA,
+        request.session_id.to_hex(),
+        lazaret_proto::mailbox::GUEST_FILE
+    );
     let mut args = vec![
         crate::bundle::sandbox_init(),
         "session".to_owned(),
+        "--identity".to_owned(),
+        identity,
         "--".to_owned(),
     ];
     args.extend(request.args.iter().cloned());

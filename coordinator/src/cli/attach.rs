@@ -216,6 +216,7 @@ fn connect_and_run(
     let open = OpenSession {
         command: (!command.is_empty()).then_some(command),
         terminal,
+        prompts: terminal && std::io::stdout().is_terminal(),
         rows,
         columns,
         term: terminal.then(|| std::env::var("TERM").ok()).flatten(),
@@ -432,7 +433,12 @@ fn relay(
         if read_stdin {
             fds.push(PollFd::new(&stdin, PollFlags::IN));
         }
-        match poll(&mut fds, None) {
+        // A waiting prompt bounds the wait: past its expiry it comes down
+        // here even if the Host Coordinator never says so.
+        let timeout = prompter
+            .time_left()
+            .map(|left| rustix::event::Timespec::try_from(left).unwrap_or_default());
+        match poll(&mut fds, timeout.as_ref()) {
             Ok(_) => {}
             Err(rustix::io::Errno::INTR) => continue,
             Err(e) => return Err(e.to_string()),
@@ -440,8 +446,12 @@ fn relay(
         let link_revents = fds[0].revents();
         let ready: Vec<bool> = fds.iter().map(|f| !f.revents().is_empty()).collect();
         drop(fds);
-        let link_ready = !prompter.full()
-            && link_revents.intersects(PollFlags::IN | PollFlags::HUP | PollFlags::ERR);
+        prompter.expire(&mut stdout).map_err(|e| e.to_string())?;
+        // A connection that hung up or failed is read even while held
+        // output is full (poll reports that whatever was asked): the read
+        // tells that it ended, where skipping it would poll again at once.
+        let link_ready = link_revents.intersects(PollFlags::HUP | PollFlags::ERR)
+            || (!prompter.full() && link_revents.contains(PollFlags::IN));
         let stdin_ready = read_stdin && ready[1 + signal_pipes.len()];
 
         for ((fd, kind), _) in signal_pipes.iter().zip(&ready[1..]).filter(|(_, r)| **r) {

@@ -28,10 +28,23 @@ pub const MAX_HELD: usize = 4 * 1024 * 1024;
 /// The longest answer kept.
 const MAX_LINE: usize = 16;
 
+/// How long past its expiry a prompt stays up when the Host Coordinator
+/// does not take it down: then this side does.
+const EXPIRY_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// What a prompt is drawn after, whatever state the sandbox's output left
+/// the terminal in: cancel an escape sequence in progress (CAN), end a
+/// string one (ST: an OSC title or DCS that would swallow the text), the
+/// default character set (SI), default colours and attributes, a visible
+/// cursor.
+const TERMINAL_RESET: &str = "\x18\x1b\\\x0f\x1b[0m\x1b[?25h";
+
 /// A prompt waiting for its answer, and the output held back meanwhile.
 #[derive(Debug, Default)]
 pub struct Prompter {
     waiting: Option<RequestId>,
+    /// When the waiting prompt expires.
+    expires_at: Option<UnixTimeNs>,
     line: Vec<u8>,
     held: Vec<u8>,
 }
@@ -73,10 +86,11 @@ impl Prompter {
     ) -> std::io::Result<()> {
         let _ = rustix::termios::tcflush(keyboard, rustix::termios::QueueSelector::IFlush);
         self.waiting = Some(prompt.request_id);
+        self.expires_at = Some(prompt.expires_at);
         self.line.clear();
         let wait = prompt.expires_at.since(UnixTimeNs::now()).as_secs();
         let text = format!(
-            "\x1b[0m\x1b[?25h\r\n\
+            "{TERMINAL_RESET}\r\n\
              ── lazaret: the sandbox asks to run a command on this host ──\r\n\
              \x20 session  {session}, asked at {asked}\r\n\
              \x20 command  {command}\r\n\
@@ -161,6 +175,22 @@ impl Prompter {
         self.end(out)
     }
 
+    /// How long until the waiting prompt is taken down here, if the Host
+    /// Coordinator has not taken it down by then.
+    pub fn time_left(&self) -> Option<std::time::Duration> {
+        let expires_at = self.expires_at?;
+        Some(expires_at.after(EXPIRY_GRACE).since(UnixTimeNs::now()))
+    }
+
+    /// Takes the waiting prompt down if it is past its expiry and grace.
+    pub fn expire(&mut self, out: &mut dyn Write) -> std::io::Result<()> {
+        if self.time_left() != Some(std::time::Duration::ZERO) {
+            return Ok(());
+        }
+        out.write_all(b"\r\n  no answer needed: it expired\r\n")?;
+        self.end(out)
+    }
+
     /// The session ended while a prompt waited: the prompt goes, and the
     /// output held back is written.
     pub fn abandon(&mut self, out: &mut dyn Write) -> std::io::Result<()> {
@@ -174,6 +204,7 @@ impl Prompter {
     /// Ends the prompt and writes the output held back meanwhile.
     fn end(&mut self, out: &mut dyn Write) -> std::io::Result<()> {
         self.waiting = None;
+        self.expires_at = None;
         self.line.clear();
         let held = std::mem::take(&mut self.held);
         out.write_all(&held)?;

@@ -293,7 +293,8 @@ pub fn resolve(
     for (e, i) in executables.iter().zip(0..) {
         let f = format!("{here}.escalation.auto_approve[{i}].executable");
         reopen_same(&e.plan, &e.opened, &f)?;
-        check_executable(&e.plan, &e.opened, uid).map_err(|rule| field(&f, rule))?;
+        check_executable(e.plan.canonical_label(), &e.opened, uid)
+            .map_err(|rule| field(&f, rule))?;
     }
 
     // Only now: the host values that `env:` references name.
@@ -494,7 +495,8 @@ fn resolve_executable(
     let opened = plan
         .open_as(FileType::RegularFile)
         .map_err(at(field_name))?;
-    check_executable(&plan, &opened, host.uid).map_err(|rule| field(field_name, rule))?;
+    check_executable(plan.canonical_label(), &opened, host.uid)
+        .map_err(|rule| field(field_name, rule))?;
     let rule = ResolvedAutoApprovalRule {
         canonical_executable: canonical.as_os_str().as_bytes().to_vec(),
         args: rule.args.iter().map(|a| a.as_str().to_owned()).collect(),
@@ -503,21 +505,23 @@ fn resolve_executable(
     Ok(ResolvedExecutable { plan, opened, rule })
 }
 
-/// The checks an auto-approved executable passes at load and before every
-/// execution: one hard link, owned by root or the invoking user, no group or
-/// other write, executable by the invoking user.
-pub fn check_executable(plan: &ConfinedPathPlan, opened: &Opened, uid: u32) -> Result<(), String> {
-    let path = plan.canonical_label().display();
-    let now: Stat = stat(opened.fd.as_fd(), plan.canonical_label()).map_err(|e| e.to_string())?;
+/// The checks a host command's executable (a rule's, or one the developer
+/// approved) passes at load and before every execution: one hard link,
+/// owned by root or the invoking user, no group or other write, executable
+/// by the invoking user. `label` names it in the messages.
+pub fn check_executable(label: &Path, opened: &Opened, uid: u32) -> Result<(), String> {
+    let path = label.display();
+    let now: Stat = stat(opened.fd.as_fd(), label).map_err(|e| e.to_string())?;
     if now.st_nlink != 1 {
         return Err(format!(
-            "{path} has {} hard links; an auto-approved executable must have exactly one",
+            "{path} has {} hard links; a host command's executable must have exactly one \
+             (copy it instead of linking)",
             now.st_nlink
         ));
     }
     if now.st_uid != 0 && now.st_uid != uid {
         return Err(format!(
-            "{path} is owned by uid {}; an auto-approved executable must be owned by you \
+            "{path} is owned by uid {}; a host command's executable must be owned by you \
              (uid {uid}) or root",
             now.st_uid
         ));

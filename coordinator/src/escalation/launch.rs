@@ -15,7 +15,7 @@
 //! own that is ended with it; the coordinator's death ends it too.
 //! Trusts the configuration's plans; nothing from the sandbox but argv.
 
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -140,7 +140,7 @@ impl Launcher {
                 label.display()
             ));
         }
-        check_executable(&rule.plan, &opened, self.uid)?;
+        check_executable(label, &opened, self.uid)?;
         Ok(Checked {
             opened,
             canonical: label.to_path_buf(),
@@ -165,8 +165,16 @@ impl Launcher {
         let opened = plan
             .open_as(FileType::RegularFile)
             .map_err(|e| crate::lifecycle::chain(&e))?;
-        check_executable(&plan, &opened, self.uid)?;
+        check_executable(&canonical, &opened, self.uid)?;
         Ok(Checked { opened, canonical })
+    }
+
+    /// Checks `executable` again through the descriptor it was opened by,
+    /// just before it runs: what the developer was shown is what runs,
+    /// and it must still pass the checks (its mode or owner may have
+    /// changed meanwhile).
+    pub fn recheck(&self, executable: &Checked) -> Result<(), String> {
+        check_executable(&executable.canonical, &executable.opened, self.uid)
     }
 
     /// Starts `argv` (element zero as the program's name) as `/proc/self/fd/N`
@@ -186,7 +194,16 @@ impl Launcher {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         std::os::unix::process::CommandExt::process_group(&mut command, 0);
-        let mut child = crate::sys::spawn_host_command(&mut command, exe)?;
+        // The child alone inherits the executable's descriptor, and dies
+        // with the coordinator.
+        let mut child = crate::sys::spawn_inheriting(
+            &mut command,
+            crate::sys::ChildSetup {
+                fds: &[exe],
+                user_namespace: None,
+                die_with_parent: true,
+            },
+        )?;
         // The child is ours and not yet waited for: its pid names it until
         // it is reaped, which only this pidfd's holder does.
         let pidfd = crate::process::pidfd_of_child(&child)?;
@@ -260,21 +277,29 @@ impl HostCommand {
         let code = status.exit_status().unwrap_or(255);
         Ok(Ended::Exited(u8::try_from(code & 0xff).unwrap_or(255)))
     }
-
-    /// The leader's pidfd.
-    pub fn pidfd(&self) -> BorrowedFd<'_> {
-        self.pidfd.as_fd()
-    }
 }
 
 impl Drop for HostCommand {
     fn drop(&mut self) {
-        // A command whose session or Domain ended never runs on.
+        // A command whose session or Domain ended never runs on. It is
+        // reaped off the event loop: a killed process may take a moment
+        // to exit (in uninterruptible sleep), which no task waits for.
         if !self.reaped {
             self.signal_group(Signal::KILL);
             let _ = rustix::process::pidfd_send_signal(&self.pidfd, Signal::KILL);
-            let _ =
-                rustix::process::waitid(WaitId::PidFd(self.pidfd.as_fd()), WaitIdOptions::EXITED);
+            if let Ok(pidfd) = self.pidfd.try_clone() {
+                let reaper = std::thread::Builder::new()
+                    .name("lazaret-reap".into())
+                    .spawn(move || {
+                        let _ = rustix::process::waitid(
+                            WaitId::PidFd(pidfd.as_fd()),
+                            WaitIdOptions::EXITED,
+                        );
+                    });
+                if reaper.is_err() {
+                    tracing::warn!("cannot start a thread to reap an ended host command");
+                }
+            }
         }
     }
 }

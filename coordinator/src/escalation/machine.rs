@@ -61,6 +61,9 @@ pub enum Effect {
     Kill(RequestId),
     /// Write the request's result with this outcome.
     Finish(RequestId, EscalationOutcome),
+    /// Write the request's result `Refused`: too many of this session's
+    /// requests wait or run.
+    Busy(RequestId),
     /// Remove the request's files: its result was acknowledged.
     Forget(RequestId),
 }
@@ -79,9 +82,9 @@ enum State {
 pub struct Requests {
     states: HashMap<RequestId, State>,
     seen: HashSet<RequestId>,
-    /// Requests waiting for the developer, oldest first; the first is shown.
+    /// Requests waiting for the developer, oldest first; the first is the
+    /// one shown.
     queue: VecDeque<RequestId>,
-    shown: Option<RequestId>,
 }
 
 impl std::hash::Hash for Requests {
@@ -90,7 +93,7 @@ impl std::hash::Hash for Requests {
         states.sort();
         let mut seen: Vec<_> = self.seen.iter().collect();
         seen.sort();
-        (states, seen, &self.queue, self.shown).hash(state);
+        (states, seen, &self.queue).hash(state);
     }
 }
 
@@ -112,11 +115,17 @@ impl Requests {
         if self.seen.len() >= MAX_REQUESTS_PER_SESSION {
             return Err(Rejection::Busy);
         }
-        let busy = self.is_busy(admission);
+        let busy = match admission {
+            Admission::Approved => {
+                self.count(|s| matches!(s, State::Running | State::Cancelling)) >= MAX_RUNNING
+            }
+            Admission::Ask { .. } => self.queue.len() >= MAX_WAITING,
+            Admission::End(_) => false,
+        };
         self.seen.insert(id);
         if busy {
             self.states.insert(id, State::Finished);
-            return Ok(vec![Effect::Finish(id, EscalationOutcome::Refused)]);
+            return Ok(vec![Effect::Busy(id)]);
         }
         Ok(match admission {
             Admission::Approved => {
@@ -126,7 +135,11 @@ impl Requests {
             Admission::Ask { deadline } => {
                 self.states.insert(id, State::Waiting { deadline });
                 self.queue.push_back(id);
-                self.show_next()
+                if self.queue.len() == 1 {
+                    vec![Effect::Prompt(id)]
+                } else {
+                    Vec::new()
+                }
             }
             Admission::End(outcome) => {
                 self.states.insert(id, State::Finished);
@@ -135,54 +148,45 @@ impl Requests {
         })
     }
 
-    /// Whether a request admitted now as `admission` would be refused as
-    /// one too many (the service says so in its result).
-    pub fn is_busy(&self, admission: Admission) -> bool {
-        match admission {
-            Admission::Approved => {
-                self.count(|s| matches!(s, State::Running | State::Cancelling)) >= MAX_RUNNING
-            }
-            Admission::Ask { .. } => self.queue.len() >= MAX_WAITING,
-            Admission::End(_) => false,
-        }
+    /// The request whose prompt is shown: the oldest waiting one.
+    fn shown(&self) -> Option<RequestId> {
+        self.queue.front().copied()
     }
 
-    fn show_next(&mut self) -> Vec<Effect> {
-        if self.shown.is_some() {
-            return Vec::new();
-        }
-        match self.queue.front().copied() {
-            Some(next) => {
-                self.shown = Some(next);
-                vec![Effect::Prompt(next)]
-            }
-            None => Vec::new(),
-        }
+    /// The prompt of the request shown now, after the one shown before
+    /// went.
+    fn show_next(&self) -> Vec<Effect> {
+        self.shown().map(Effect::Prompt).into_iter().collect()
     }
 
     /// Takes `id` out of the queue (it is no longer waiting); if it was
     /// shown, its prompt comes down and the next one is shown.
     fn unqueue(&mut self, id: RequestId, outcome: EscalationOutcome) -> Vec<Effect> {
+        let was_shown = self.shown() == Some(id);
         self.queue.retain(|q| *q != id);
-        let mut effects = Vec::new();
-        if self.shown == Some(id) {
-            self.shown = None;
-            if outcome != EscalationOutcome::Completed {
-                effects.push(Effect::Withdraw(id, outcome));
-            }
-            effects.extend(self.show_next());
+        if !was_shown {
+            return Vec::new();
         }
+        let mut effects = vec![Effect::Withdraw(id, outcome)];
+        effects.extend(self.show_next());
         effects
     }
 
     /// The developer answered the prompt for `id` in this session's
-    /// terminal. Anything but the prompt shown now is ignored.
-    pub fn answer(&mut self, id: RequestId, decision: DeveloperDecisionKind) -> Vec<Effect> {
-        if self.shown != Some(id) || !matches!(self.states.get(&id), Some(State::Waiting { .. })) {
+    /// terminal at `now`. Anything but the prompt shown now, or an answer
+    /// past its deadline (the request expires instead), is ignored.
+    pub fn answer(
+        &mut self,
+        id: RequestId,
+        decision: DeveloperDecisionKind,
+        now: UnixTimeNs,
+    ) -> Vec<Effect> {
+        let in_time =
+            matches!(self.states.get(&id), Some(State::Waiting { deadline }) if now < *deadline);
+        if self.shown() != Some(id) || !in_time {
             return Vec::new();
         }
-        self.queue.retain(|q| *q != id);
-        self.shown = None;
+        self.queue.pop_front();
         let mut effects = match decision {
             DeveloperDecisionKind::Approve => {
                 self.states.insert(id, State::Running);
@@ -214,7 +218,7 @@ impl Requests {
         }
     }
 
-    /// Expires every waiting request whose deadline is before `now`.
+    /// Expires every waiting request whose deadline is not after `now`.
     pub fn expire(&mut self, now: UnixTimeNs) -> Vec<Effect> {
         let expired: Vec<RequestId> = self
             .queue
@@ -231,12 +235,13 @@ impl Requests {
         effects
     }
 
-    /// The earliest deadline of a waiting request.
+    /// The earliest deadline of a waiting request (at most
+    /// [`MAX_WAITING`] wait).
     pub fn next_deadline(&self) -> Option<UnixTimeNs> {
-        self.states
-            .values()
-            .filter_map(|s| match s {
-                State::Waiting { deadline } => Some(*deadline),
+        self.queue
+            .iter()
+            .filter_map(|id| match self.states.get(id) {
+                Some(State::Waiting { deadline }) => Some(*deadline),
                 _ => None,
             })
             .min()
@@ -294,6 +299,7 @@ mod tests {
     use super::*;
 
     const A: RequestId = RequestId([1; 16]);
+    const NOW: UnixTimeNs = UnixTimeNs(0);
     const B: RequestId = RequestId([2; 16]);
 
     fn ask(at: u64) -> Admission {
@@ -323,17 +329,17 @@ mod tests {
         assert_eq!(r.admit(A, ask(10)), Ok(vec![Effect::Prompt(A)]));
         assert_eq!(r.admit(B, ask(10)), Ok(vec![]));
         // B is not shown: its answer does nothing.
-        assert!(r.answer(B, DeveloperDecisionKind::Approve).is_empty());
+        assert!(r.answer(B, DeveloperDecisionKind::Approve, NOW).is_empty());
         assert_eq!(
-            r.answer(A, DeveloperDecisionKind::Deny),
+            r.answer(A, DeveloperDecisionKind::Deny, NOW),
             vec![
                 Effect::Finish(A, EscalationOutcome::Denied),
                 Effect::Prompt(B)
             ]
         );
-        assert!(r.answer(A, DeveloperDecisionKind::Approve).is_empty());
+        assert!(r.answer(A, DeveloperDecisionKind::Approve, NOW).is_empty());
         assert_eq!(
-            r.answer(B, DeveloperDecisionKind::Approve),
+            r.answer(B, DeveloperDecisionKind::Approve, NOW),
             vec![Effect::Launch(B)]
         );
     }
@@ -351,7 +357,7 @@ mod tests {
                 Effect::Finish(A, EscalationOutcome::Cancelled)
             ]
         );
-        assert!(r.answer(A, DeveloperDecisionKind::Approve).is_empty());
+        assert!(r.answer(A, DeveloperDecisionKind::Approve, NOW).is_empty());
         assert_eq!(r.next_deadline(), Some(UnixTimeNs(20)));
         assert!(r.expire(UnixTimeNs(19)).is_empty());
         assert_eq!(
@@ -361,7 +367,24 @@ mod tests {
                 Effect::Finish(B, EscalationOutcome::Expired)
             ]
         );
-        assert!(r.answer(B, DeveloperDecisionKind::Approve).is_empty());
+        assert!(r.answer(B, DeveloperDecisionKind::Approve, NOW).is_empty());
+    }
+
+    #[test]
+    fn an_answer_after_the_deadline_launches_nothing() {
+        let mut r = Requests::new();
+        r.admit(A, ask(10)).unwrap();
+        assert!(
+            r.answer(A, DeveloperDecisionKind::Approve, UnixTimeNs(10))
+                .is_empty()
+        );
+        assert_eq!(
+            r.expire(UnixTimeNs(10)),
+            vec![
+                Effect::Withdraw(A, EscalationOutcome::Expired),
+                Effect::Finish(A, EscalationOutcome::Expired)
+            ]
+        );
     }
 
     #[test]
@@ -386,10 +409,7 @@ mod tests {
                 Ok(vec![Effect::Launch(id)])
             );
         }
-        assert_eq!(
-            r.admit(A, Admission::Approved),
-            Ok(vec![Effect::Finish(A, EscalationOutcome::Refused)])
-        );
+        assert_eq!(r.admit(A, Admission::Approved), Ok(vec![Effect::Busy(A)]));
         let closed = r.close();
         assert_eq!(closed.len(), MAX_RUNNING);
         assert!(closed.iter().all(|e| matches!(e, Effect::Kill(_))));

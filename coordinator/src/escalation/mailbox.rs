@@ -17,25 +17,38 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
+use lazaret_proto::codec::WireRecord;
 use lazaret_proto::ids::SessionId;
-use lazaret_proto::mailbox::{CREDENTIAL_FILE, REQUESTS_DIR, RESULTS_DIR};
+use lazaret_proto::mailbox::{
+    CREDENTIAL_FILE, GUEST_FILE, REQUESTS_DIR, RESULTS_DIR, SignedProtocolRecord,
+};
 use lazaret_routing::fs::{list, read_small};
+
+use crate::image::fsops;
 use rustix::fs::{AtFlags, FileType, Mode, OFlags};
 
 /// The most bytes of a record file taken from the sandbox.
-const MAX_RECORD_FILE: u64 = lazaret_proto::mailbox::MAX_MAILBOX_RECORD_LEN as u64 + 1024;
+const MAX_RECORD_FILE: u64 = SignedProtocolRecord::MAX_ENCODED_LEN as u64;
 
-/// The most entries a directory removal walks, in all: what the sandbox
-/// made in a mailbox is bounded by the tmpfs's inodes anyway.
-const MAX_REMOVED: usize = 20_000;
+/// How old a `.`-named file in `requests/` (one being written) may get
+/// before it is taken for litter and removed.
+const PART_FILE_AGE: std::time::Duration = std::time::Duration::from_secs(60);
 
-/// One session's mailbox.
+/// One session's mailbox; removed, with whatever the sandbox made in it,
+/// when dropped.
 #[derive(Debug)]
 pub struct SessionMailbox {
+    root: OwnedFd,
     name: String,
     dir: OwnedFd,
     requests: OwnedFd,
     results: OwnedFd,
+}
+
+impl Drop for SessionMailbox {
+    fn drop(&mut self) {
+        let _ = fsops::remove_at(self.root.as_fd(), std::ffi::OsStr::new(&self.name));
+    }
 }
 
 /// What a look into `requests/` found.
@@ -57,8 +70,17 @@ pub enum Taken {
     },
 }
 
-fn open_dir(at: BorrowedFd<'_>, name: &str) -> rustix::io::Result<OwnedFd> {
-    crate::image::fsops::open_dir_read(at, name)
+/// A session leader's identity inside the sandbox, as it wrote it in
+/// [`GUEST_FILE`]: the sandbox's own claim, recorded for the session and
+/// never acted on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GuestClaim {
+    /// Its pid in the sandbox.
+    pub pid: u32,
+    /// Its process group.
+    pub process_group: u32,
+    /// Its start time, in clock ticks since the sandbox's boot.
+    pub start_time: u64,
 }
 
 /// Writes `bytes` as `name` beneath `dir`: a new `.`-named file, then a
@@ -93,19 +115,35 @@ impl SessionMailbox {
     ) -> std::io::Result<Self> {
         let name = session_id.to_hex();
         rustix::fs::mkdirat(root, name.as_str(), Mode::from_raw_mode(0o700))?;
-        let dir = open_dir(root, &name)?;
-        for sub in [REQUESTS_DIR, RESULTS_DIR] {
-            rustix::fs::mkdirat(&dir, sub, Mode::from_raw_mode(0o700))?;
+        let made = (|| {
+            let dir = fsops::open_dir_read(root, name.as_str())?;
+            for sub in [REQUESTS_DIR, RESULTS_DIR] {
+                rustix::fs::mkdirat(&dir, sub, Mode::from_raw_mode(0o700))?;
+            }
+            let requests = fsops::open_dir_read(dir.as_fd(), REQUESTS_DIR)?;
+            let results = fsops::open_dir_read(dir.as_fd(), RESULTS_DIR)?;
+            put(dir.as_fd(), CREDENTIAL_FILE, credential, 0o400)?;
+            Ok::<_, std::io::Error>((dir, requests, results))
+        })();
+        match made {
+            Ok((dir, requests, results)) => Ok(Self {
+                root: root.try_clone_to_owned()?,
+                name,
+                dir,
+                requests,
+                results,
+            }),
+            Err(e) => {
+                // Half a mailbox is none.
+                let _ = fsops::remove_at(root, std::ffi::OsStr::new(&name));
+                Err(e)
+            }
         }
-        let requests = open_dir(dir.as_fd(), REQUESTS_DIR)?;
-        let results = open_dir(dir.as_fd(), RESULTS_DIR)?;
-        put(dir.as_fd(), CREDENTIAL_FILE, credential, 0o400)?;
-        Ok(Self {
-            name,
-            dir,
-            requests,
-            results,
-        })
+    }
+
+    /// The session's directory, for watching.
+    pub fn dir(&self) -> BorrowedFd<'_> {
+        self.dir.as_fd()
     }
 
     /// The `requests/` directory, for watching.
@@ -128,6 +166,20 @@ impl SessionMailbox {
         let mut taken = Vec::new();
         for entry in list(dir)? {
             if entry.name.starts_with(b".") {
+                // Being written; left too long, it is litter that would
+                // fill the mailbox.
+                let name = std::ffi::OsStr::from_bytes(&entry.name);
+                let old = rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW)
+                    .ok()
+                    .and_then(|s| {
+                        let modified = std::time::UNIX_EPOCH
+                            + std::time::Duration::from_secs(u64::try_from(s.st_mtime).ok()?);
+                        modified.elapsed().ok()
+                    })
+                    .is_some_and(|age| age > PART_FILE_AGE);
+                if old {
+                    let _ = fsops::remove_at(dir, name);
+                }
                 continue;
             }
             let shown = String::from_utf8_lossy(&entry.name)
@@ -166,17 +218,17 @@ impl SessionMailbox {
         Ok(taken)
     }
 
-    /// What the session's leader wrote as its identity inside the sandbox
-    /// (`guest`: pid, process group, start time in ticks), if it did: the
-    /// sandbox's own claim, recorded for the session and never acted on.
-    pub fn guest(&self) -> Option<(u32, u32, u64)> {
-        let bytes = read_small(Some(self.dir.as_fd()), Path::new("guest"), false, 64).ok()??;
+    /// What the session's leader wrote as its identity inside the
+    /// sandbox, if it did.
+    pub fn guest(&self) -> Option<GuestClaim> {
+        let bytes = read_small(Some(self.dir.as_fd()), Path::new(GUEST_FILE), false, 64).ok()??;
         let text = std::str::from_utf8(&bytes).ok()?;
         let mut fields = text.split_ascii_whitespace();
-        let pid = fields.next()?.parse().ok()?;
-        let pgrp = fields.next()?.parse().ok()?;
-        let start = fields.next()?.parse().ok()?;
-        Some((pid, pgrp, start))
+        Some(GuestClaim {
+            pid: fields.next()?.parse().ok()?,
+            process_group: fields.next()?.parse().ok()?,
+            start_time: fields.next()?.parse().ok()?,
+        })
     }
 
     /// Puts a record file in `results/`.
@@ -193,35 +245,6 @@ impl SessionMailbox {
     /// Removes `name` from `results/`, if there.
     pub fn remove_result(&self, name: &str) {
         let _ = rustix::fs::unlinkat(&self.results, name, AtFlags::empty());
-    }
-
-    /// Removes the whole mailbox from `root`, and whatever the sandbox made
-    /// in it, through the held descriptors.
-    pub fn remove(self, root: BorrowedFd<'_>) {
-        let mut budget = MAX_REMOVED;
-        empty(self.dir.as_fd(), &mut budget, 0);
-        let _ = rustix::fs::unlinkat(root, self.name.as_str(), AtFlags::REMOVEDIR);
-    }
-}
-
-/// Empties `dir`, depth first, never following a link, within `budget`
-/// entries and a depth of 32.
-fn empty(dir: BorrowedFd<'_>, budget: &mut usize, depth: usize) {
-    let Ok(entries) = list(dir) else { return };
-    for entry in entries {
-        if *budget == 0 {
-            return;
-        }
-        *budget -= 1;
-        let name = std::ffi::OsStr::from_bytes(&entry.name);
-        if entry.file_type == FileType::Directory && depth < 32 {
-            if let Ok(child) = crate::image::fsops::open_dir_read(dir, name) {
-                empty(child.as_fd(), budget, depth + 1);
-            }
-            let _ = rustix::fs::unlinkat(dir, name, AtFlags::REMOVEDIR);
-        } else {
-            let _ = rustix::fs::unlinkat(dir, name, AtFlags::empty());
-        }
     }
 }
 
@@ -306,7 +329,7 @@ mod tests {
             std::fs::read(base.join(RESULTS_DIR).join("x.result")).unwrap(),
             b"r"
         );
-        mailbox.remove(fd.as_fd());
+        drop(mailbox);
         assert!(!base.exists());
     }
 

@@ -25,7 +25,7 @@ pub mod mailbox;
 pub mod session;
 
 use std::collections::HashMap;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::{Arc, Mutex};
 
 use lazaret_proto::common::{ProtocolVersion, UnixTimeNs};
@@ -51,10 +51,11 @@ pub struct Escalation {
     profile: String,
     rules: Vec<ResolvedAutoApprovalRule>,
     launcher: launch::Launcher,
-    coordinator: ProtocolCredential,
+    /// The generation's Session Coordinator key, made ready to sign.
+    signer: lazaret_proto::signing::Signer,
     manifest: TrustManifest,
     root: OwnedFd,
-    watcher: Watcher,
+    watcher: Arc<Watcher>,
 }
 
 impl Escalation {
@@ -73,10 +74,10 @@ impl Escalation {
             profile: resolved.profile().as_str().to_owned(),
             rules: record.auto_approval_rules.clone(),
             launcher: launch::Launcher::new(resolved)?,
-            coordinator,
+            signer: lazaret_proto::signing::Signer::new(&coordinator.signing_key),
             manifest,
             root,
-            watcher: Watcher::new()?,
+            watcher: Arc::new(Watcher::new()?),
         }))
     }
 
@@ -86,12 +87,12 @@ impl Escalation {
 
     /// Opens the mailbox of a new session: a fresh `AgentSandbox` key, the
     /// session's binding and capability, its credential bundle written
-    /// into its directory, and a watch on that directory. `terminal`: the
-    /// session has a terminal to ask the developer in.
+    /// into its directory, and a watch on that directory. `prompts`: a
+    /// developer can answer prompts in the session's terminal.
     pub fn open_session(
         self: &Arc<Self>,
         session_id: SessionId,
-        terminal: bool,
+        prompts: bool,
     ) -> std::io::Result<session::SessionEscalation> {
         let identity = self.identity().clone();
         let credential =
@@ -118,26 +119,16 @@ impl Escalation {
         };
         let encoded = lazaret_proto::codec::encode(&bundle).map_err(std::io::Error::other)?;
         let mailbox = mailbox::SessionMailbox::create(self.root.as_fd(), session_id, &encoded)?;
-        let watch = match self.watcher.watch(&mailbox) {
-            Ok(watch) => watch,
-            Err(e) => {
-                mailbox.remove(self.root.as_fd());
-                return Err(e);
-            }
-        };
+        // A mailbox that cannot be watched is removed as it is dropped.
+        let watch = Watcher::watch(&self.watcher, &mailbox)?;
         Ok(session::SessionEscalation::new(
             Arc::clone(self),
             capability,
             sandbox_key,
-            terminal,
+            prompts,
             mailbox,
             watch,
         ))
-    }
-
-    /// The mailbox tmpfs.
-    fn root(&self) -> BorrowedFd<'_> {
-        self.root.as_fd()
     }
 
     /// Wakes the sessions whose mailboxes change, until the loop ends.
@@ -150,8 +141,24 @@ impl Escalation {
 /// mailbox, until dropped.
 #[derive(Debug)]
 pub struct Watch {
-    descriptors: [i32; 2],
-    changes: watch::Receiver<u64>,
+    watcher: Arc<Watcher>,
+    descriptors: Vec<i32>,
+    /// Bumped when `requests/` or the session's directory (its leader's
+    /// identity) changed: something for the session to read.
+    pub requests: watch::Receiver<u64>,
+    /// Bumped when the client removed a file from `results/`: room for
+    /// more output.
+    pub results: watch::Receiver<u64>,
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        let mut routes = self.watcher.routes();
+        for wd in &self.descriptors {
+            routes.remove(wd);
+            let _ = inotify::remove_watch(self.watcher.fd.get_ref(), *wd);
+        }
+    }
 }
 
 /// One inotify instance for every mailbox of the generation (a user has
@@ -160,7 +167,7 @@ pub struct Watch {
 #[derive(Debug)]
 struct Watcher {
     fd: tokio::io::unix::AsyncFd<OwnedFd>,
-    routes: Mutex<HashMap<i32, Arc<watch::Sender<u64>>>>,
+    routes: Mutex<HashMap<i32, watch::Sender<u64>>>,
 }
 
 impl Watcher {
@@ -172,61 +179,52 @@ impl Watcher {
         })
     }
 
-    fn routes(&self) -> std::sync::MutexGuard<'_, HashMap<i32, Arc<watch::Sender<u64>>>> {
+    fn routes(&self) -> std::sync::MutexGuard<'_, HashMap<i32, watch::Sender<u64>>> {
         self.routes.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Watches `requests/` for records arriving (renamed in, written,
-    /// or anything made there) and `results/` for files the client
-    /// removed.
-    fn watch(&self, mailbox: &mailbox::SessionMailbox) -> std::io::Result<Watch> {
-        let add = |dir: BorrowedFd<'_>, flags: WatchFlags| {
-            inotify::add_watch(
-                self.fd.get_ref(),
+    /// Watches `requests/` for records arriving (renamed in, written, or
+    /// anything made there), the session's directory for its leader's
+    /// identity, and `results/` for files the client removed.
+    fn watch(this: &Arc<Self>, mailbox: &mailbox::SessionMailbox) -> std::io::Result<Watch> {
+        let (requests_tx, requests) = watch::channel(0u64);
+        let (results_tx, results) = watch::channel(0u64);
+        let mut registered = Watch {
+            watcher: Arc::clone(this),
+            descriptors: Vec::new(),
+            requests,
+            results,
+        };
+        let record_arrives = WatchFlags::MOVED_TO | WatchFlags::CLOSE_WRITE | WatchFlags::CREATE;
+        for (dir, flags, sender) in [
+            (mailbox.requests_dir(), record_arrives, requests_tx.clone()),
+            (mailbox.dir(), WatchFlags::MOVED_TO, requests_tx),
+            (
+                mailbox.results_dir(),
+                WatchFlags::DELETE | WatchFlags::MOVED_FROM,
+                results_tx,
+            ),
+        ] {
+            // Dropping `registered` on an error removes what was added.
+            let wd = inotify::add_watch(
+                this.fd.get_ref(),
                 crate::config::confined::proc_self_fd(dir),
                 flags | WatchFlags::ONLYDIR,
-            )
-        };
-        let requests = add(
-            mailbox.requests_dir(),
-            WatchFlags::MOVED_TO | WatchFlags::CLOSE_WRITE | WatchFlags::CREATE,
-        )?;
-        let results = match add(
-            mailbox.results_dir(),
-            WatchFlags::DELETE | WatchFlags::MOVED_FROM,
-        ) {
-            Ok(results) => results,
-            Err(e) => {
-                let _ = inotify::remove_watch(self.fd.get_ref(), requests);
-                return Err(e.into());
-            }
-        };
-        let (sender, changes) = watch::channel(0u64);
-        let sender = Arc::new(sender);
-        let mut routes = self.routes();
-        routes.insert(requests, Arc::clone(&sender));
-        routes.insert(results, sender);
-        Ok(Watch {
-            descriptors: [requests, results],
-            changes,
-        })
-    }
-
-    fn unwatch(&self, watch: &Watch) {
-        let mut routes = self.routes();
-        for wd in watch.descriptors {
-            routes.remove(&wd);
-            let _ = inotify::remove_watch(self.fd.get_ref(), wd);
+            )?;
+            registered.descriptors.push(wd);
+            this.routes().insert(wd, sender);
         }
+        Ok(registered)
     }
 
     /// Reads events as they come and bumps the change counter of each
-    /// mailbox they name; an overflowed queue wakes every mailbox.
+    /// mailbox directory they name; an overflowed queue wakes every one.
     async fn run(&self) {
         let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); 4096];
         loop {
-            let Ok(mut guard) = self.fd.readable().await else {
-                return;
+            let mut guard = match self.fd.readable().await {
+                Ok(guard) => guard,
+                Err(e) => return tracing::error!("{}", Self::stopped(&e)),
             };
             let mut woken: Vec<i32> = Vec::new();
             let mut overflow = false;
@@ -244,16 +242,23 @@ impl Watcher {
                         break;
                     }
                     Err(rustix::io::Errno::INTR) => {}
-                    Err(_) => return,
+                    Err(e) => return tracing::error!("{}", Self::stopped(&e.into())),
                 }
             }
             let routes = self.routes();
-            let bump = |sender: &Arc<watch::Sender<u64>>| sender.send_modify(|n| *n += 1);
+            let bump = |sender: &watch::Sender<u64>| sender.send_modify(|n| *n += 1);
             if overflow {
                 routes.values().for_each(bump);
             } else {
                 woken.iter().filter_map(|wd| routes.get(wd)).for_each(bump);
             }
         }
+    }
+
+    fn stopped(error: &std::io::Error) -> String {
+        format!(
+            "cannot read the mailboxes' inotify events ({error}); no session's escalation \
+             requests are read from now on: run `lazaret down` and `lazaret up` to restore them"
+        )
     }
 }

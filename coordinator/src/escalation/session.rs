@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lazaret_proto::common::{ProtocolVersion, UnixTimeNs};
-use lazaret_proto::ids::RequestId;
+use lazaret_proto::ids::{RequestId, Sha256Digest};
 use lazaret_proto::mailbox::{
     DeveloperDecision, DeveloperDecisionKind, EscalationOutcome, MAX_RESULT_CHUNK,
     MAX_RESULT_DETAIL, MailboxRecord, MailboxRequest, MailboxResult, MailboxResultChunk,
@@ -29,19 +29,20 @@ use lazaret_proto::terminal::{
 };
 use lazaret_proto::trust::{ProtocolCredentialRole, ProtocolPublicKey, SessionRequestCapability};
 use rustix::process::Signal;
+use sha2::Digest;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinSet;
 
 use super::classify::{Classification, classify, shown};
 use super::launch::{Checked, Ended, HostCommand};
 use super::machine::{Admission, Effect, Rejection, Requests};
-use super::mailbox::{SessionMailbox, Taken};
+use super::mailbox::{GuestClaim, SessionMailbox, Taken};
 use super::{Escalation, Watch};
 
 /// How far in the future a request may say it was made (clock steps).
 const FUTURE_SKEW: Duration = Duration::from_secs(30);
 /// How old a request may be when the host reads it: older is stale (a
-/// file kept back and dropped in later).
+/// file kept back and dropped in later). [`stale`] says "a minute".
 const MAX_AGE: Duration = Duration::from_secs(60);
 /// The longest a request may wait for the developer.
 const MAX_WAIT: Duration = Duration::from_secs(600);
@@ -61,13 +62,16 @@ const DRAIN_LIMIT: Duration = Duration::from_secs(1);
 /// How long the session's end waits for its commands to be ended.
 const CLOSE_WAIT: Duration = Duration::from_secs(2);
 
-/// What the session's terminal must show.
+/// What the session must pass on.
 #[derive(Debug)]
-pub enum TerminalEvent {
-    /// Ask the developer.
+pub enum Event {
+    /// Ask the developer, in the session's terminal.
     Prompt(EscalationPrompt),
     /// Take a prompt down unanswered.
     Settled(EscalationSettled),
+    /// The session's leader wrote its identity inside the sandbox: the
+    /// sandbox's claim, to record with the session.
+    Guest(GuestClaim),
 }
 
 /// What is kept of a request between its admission and its result.
@@ -78,6 +82,9 @@ struct Request {
     expires_at: UnixTimeNs,
     /// The rule that approves it, if one does.
     rule: Option<usize>,
+    /// The executable as checked at admission, held open until it runs:
+    /// what runs is the object the rule names or the developer was shown.
+    executable: Option<Checked>,
     /// Why no rule did, for the prompt and the log.
     reason: String,
     /// Who decided, for the log.
@@ -105,7 +112,7 @@ pub struct SessionEscalation {
     shared: Arc<Escalation>,
     capability: SessionRequestCapability,
     sandbox_key: ProtocolPublicKey,
-    terminal: bool,
+    prompts: bool,
     mailbox: Arc<SessionMailbox>,
     watch: Watch,
     requests: Requests,
@@ -113,8 +120,13 @@ pub struct SessionEscalation {
     cancels: HashMap<RequestId, oneshot::Sender<()>>,
     done_tx: mpsc::UnboundedSender<(RequestId, Result<Ran, String>)>,
     done_rx: mpsc::UnboundedReceiver<(RequestId, Result<Ran, String>)>,
-    events: VecDeque<TerminalEvent>,
+    events: VecDeque<Event>,
     complained: HashSet<Vec<u8>>,
+    /// Whether the leader's identity was found (it is written once).
+    guest_seen: bool,
+    /// What each result written says, to check the sandbox's
+    /// acknowledgement against: its payload's digest and chunk count.
+    results: HashMap<RequestId, (Sha256Digest, u64)>,
     tasks: JoinSet<()>,
     /// Whether the watch still reports the mailbox's changes.
     watched: bool,
@@ -125,7 +137,7 @@ impl SessionEscalation {
         shared: Arc<Escalation>,
         capability: SessionRequestCapability,
         sandbox_key: ProtocolPublicKey,
-        terminal: bool,
+        prompts: bool,
         mailbox: SessionMailbox,
         watch: Watch,
     ) -> Self {
@@ -134,7 +146,7 @@ impl SessionEscalation {
             shared,
             capability,
             sandbox_key,
-            terminal,
+            prompts,
             mailbox: Arc::new(mailbox),
             watch,
             requests: Requests::new(),
@@ -144,15 +156,17 @@ impl SessionEscalation {
             done_rx,
             events: VecDeque::new(),
             complained: HashSet::new(),
+            guest_seen: false,
+            results: HashMap::new(),
             tasks: JoinSet::new(),
             watched: true,
         }
     }
 
-    /// The next thing the session's terminal must show, once there is one.
+    /// The next thing the session must pass on, once there is one.
     /// Meanwhile: reads the mailbox as it changes, expires requests, and
     /// finishes the commands that ended. Cancel-safe.
-    pub async fn next(&mut self) -> TerminalEvent {
+    pub async fn next(&mut self) -> Event {
         loop {
             if let Some(event) = self.events.pop_front() {
                 return event;
@@ -165,7 +179,7 @@ impl SessionEscalation {
                 }
             };
             tokio::select! {
-                changed = self.watch.changes.changed(), if self.watched => {
+                changed = self.watch.requests.changed(), if self.watched => {
                     match changed {
                         Ok(()) => self.read_mailbox(),
                         Err(_) => self.watched = false,
@@ -181,19 +195,15 @@ impl SessionEscalation {
         }
     }
 
-    /// The session leader's identity inside the sandbox, once it wrote it:
-    /// pid, process group, start time in ticks.
-    pub fn guest(&self) -> Option<(u32, u32, u64)> {
-        self.mailbox.guest()
-    }
-
     /// The developer answered a prompt in this session's terminal.
     pub fn answer(&mut self, answer: EscalationAnswer) {
-        let effects = self.requests.answer(answer.request_id, answer.decision);
+        let effects = self
+            .requests
+            .answer(answer.request_id, answer.decision, UnixTimeNs::now());
         if effects.is_empty() {
             tracing::warn!(
                 request = %answer.request_id,
-                "an answer named no prompt this session shows; ignored"
+                "an answer named no prompt this session shows, or came after it expired; ignored"
             );
             return;
         }
@@ -216,7 +226,7 @@ impl SessionEscalation {
     }
 
     /// The session ends: its waiting requests are cancelled, its commands
-    /// ended (within a bound), its mailbox removed.
+    /// ended (within a bound); its watch and mailbox go as it is dropped.
     pub async fn close(mut self) {
         let effects = self.requests.close();
         self.apply(effects);
@@ -226,14 +236,17 @@ impl SessionEscalation {
         .await;
         self.tasks.abort_all();
         while self.tasks.join_next().await.is_some() {}
-        self.shared.watcher.unwatch(&self.watch);
-        if let Ok(mailbox) = Arc::try_unwrap(self.mailbox) {
-            mailbox.remove(self.shared.root());
-        }
     }
 
-    /// Takes what arrived in `requests/`.
+    /// Takes what arrived in `requests/`, and the leader's identity once
+    /// it is there.
     fn read_mailbox(&mut self) {
+        if !self.guest_seen
+            && let Some(guest) = self.mailbox.guest()
+        {
+            self.guest_seen = true;
+            self.events.push_back(Event::Guest(guest));
+        }
         let taken = match self.mailbox.take(&mut self.complained) {
             Ok(taken) => taken,
             Err(e) => {
@@ -264,10 +277,8 @@ impl SessionEscalation {
         match record {
             MailboxRecord::Request(request) => self.request(name, request, now),
             MailboxRecord::Cancellation(cancel) => {
-                if cancel.issued_at > now.after(FUTURE_SKEW)
-                    || now.since(cancel.issued_at) > MAX_AGE
-                {
-                    return refuse("the cancellation is stale".into());
+                if let Some(why) = stale(cancel.issued_at, now) {
+                    return refuse(format!("the cancellation is stale: {why}"));
                 }
                 if !self.requests.is_open(cancel.request_id) {
                     return refuse("it cancels no open request of this session".into());
@@ -281,6 +292,18 @@ impl SessionEscalation {
             }
             MailboxRecord::ResultAck(ack) => {
                 let effects = self.requests.acknowledged(ack.request_id);
+                if !effects.is_empty()
+                    && let Some((digest, chunks)) = self.results.remove(&ack.request_id)
+                    && (digest != ack.result_sha256 || chunks != ack.chunks_received)
+                {
+                    tracing::warn!(
+                        request = %ack.request_id,
+                        chunks_written = chunks,
+                        chunks_received = ack.chunks_received,
+                        "the sandbox acknowledged another result than the one written, or \
+                         missed some of its output"
+                    );
+                }
                 self.apply(effects);
             }
             _ => {}
@@ -299,22 +322,24 @@ impl SessionEscalation {
             return;
         }
         let argv_shown = shown(&request.command_argv);
-        let stale = if request.issued_at > now.after(FUTURE_SKEW) {
-            Some("it says it was made in the future")
-        } else if now.since(request.issued_at) > MAX_AGE {
-            Some("it was made more than a minute before the host read it")
-        } else if request.expires_at <= now {
-            Some("it had expired when the host read it")
-        } else if request.expires_at.since(request.issued_at) > MAX_WAIT + FUTURE_SKEW {
-            Some("it asks to wait longer than the host's ten minutes")
-        } else {
-            None
-        };
+        let stale = stale(request.issued_at, now).or_else(|| {
+            if request.expires_at <= now {
+                Some("it had expired when the host read it".into())
+            } else if request.expires_at.since(request.issued_at) > MAX_WAIT + FUTURE_SKEW {
+                Some(format!(
+                    "it asks to wait longer than the host allows ({} s)",
+                    MAX_WAIT.as_secs()
+                ))
+            } else {
+                None
+            }
+        });
         let mut entry = Request {
             argv: request.command_argv,
             issued_at: request.issued_at,
             expires_at: request.expires_at,
             rule: None,
+            executable: None,
             reason: String::new(),
             decided_by: "policy",
             detail: String::new(),
@@ -322,24 +347,21 @@ impl SessionEscalation {
             ran: None,
         };
         let (classification, admission) = match stale {
-            Some(why) => ("stale", Admission::End(self.refuse(&mut entry, why.into()))),
+            Some(why) => ("stale", Admission::End(self.refuse(&mut entry, why))),
             None => self.admit(&mut entry),
         };
-        let busy = self.requests.is_busy(admission);
         match self.requests.admit(id, admission) {
             Err(Rejection::Replayed) => {}
             Err(Rejection::Busy) => {
                 tracing::warn!(
                     file = %name,
                     request = %id,
-                    "escalation record refused: this session used all its {} request ids",
+                    "escalation record refused: this session used all its {} request ids; \
+                     further requests need a new session",
                     super::machine::MAX_REQUESTS_PER_SESSION
                 );
             }
             Ok(effects) => {
-                if busy {
-                    entry.detail = "too many of this session's requests wait or run at once".into();
-                }
                 tracing::info!(
                     request = %id,
                     argv = %argv_shown,
@@ -376,7 +398,10 @@ impl SessionEscalation {
                 entry.rule = Some(rule);
                 entry.decided_by = "an auto-approval rule";
                 match shared.launcher.rule_executable(rule) {
-                    Ok(_) => ("auto-approved", Admission::Approved),
+                    Ok(checked) => {
+                        entry.executable = Some(checked);
+                        ("auto-approved", Admission::Approved)
+                    }
                     Err(why) => (
                         "auto-approved",
                         Admission::End(self.refuse(entry, format!("auto_approve[{rule}]: {why}"))),
@@ -385,7 +410,7 @@ impl SessionEscalation {
             }
             Classification::AskDeveloper { reason } => {
                 entry.reason = reason;
-                if !self.terminal {
+                if !self.prompts {
                     entry.detail = format!(
                         "{}; this session has no terminal to ask the developer in, so only \
                          auto-approval rules apply",
@@ -409,6 +434,7 @@ impl SessionEscalation {
                                 shown(&[checked.canonical.display().to_string()])
                             ));
                         }
+                        entry.executable = Some(checked);
                         (
                             "ask the developer",
                             Admission::Ask {
@@ -437,24 +463,22 @@ impl SessionEscalation {
                     if let Some(request) = self.known.get(&id) {
                         let mut reason = request.reason.clone();
                         truncate(&mut reason, MAX_PROMPT_REASON);
-                        self.events
-                            .push_back(TerminalEvent::Prompt(EscalationPrompt {
-                                session_id: self.capability.session_binding.session_id,
-                                request_id: id,
-                                command_argv: request.argv.clone(),
-                                requested_at: request.issued_at,
-                                expires_at: request.expires_at,
-                                reason,
-                            }));
+                        self.events.push_back(Event::Prompt(EscalationPrompt {
+                            session_id: self.capability.session_binding.session_id,
+                            request_id: id,
+                            command_argv: request.argv.clone(),
+                            requested_at: request.issued_at,
+                            expires_at: request.expires_at,
+                            reason,
+                        }));
                     }
                 }
                 Effect::Withdraw(id, outcome) => {
-                    self.events
-                        .push_back(TerminalEvent::Settled(EscalationSettled {
-                            session_id: self.capability.session_binding.session_id,
-                            request_id: id,
-                            outcome,
-                        }));
+                    self.events.push_back(Event::Settled(EscalationSettled {
+                        session_id: self.capability.session_binding.session_id,
+                        request_id: id,
+                        outcome,
+                    }));
                 }
                 Effect::Launch(id) => self.launch(id),
                 Effect::Kill(id) => {
@@ -463,6 +487,17 @@ impl SessionEscalation {
                     }
                 }
                 Effect::Finish(id, outcome) => self.finish(id, outcome),
+                Effect::Busy(id) => {
+                    if let Some(request) = self.known.get_mut(&id) {
+                        request.detail = format!(
+                            "too many of this session's requests wait or run at once (at most \
+                             {} waiting for the developer, {} running); retry once one ended",
+                            super::machine::MAX_WAITING,
+                            super::machine::MAX_RUNNING
+                        );
+                    }
+                    self.finish(id, EscalationOutcome::Refused);
+                }
                 Effect::Forget(id) => self.forget(id),
             }
         }
@@ -473,18 +508,17 @@ impl SessionEscalation {
         let Some(request) = self.known.get_mut(&id) else {
             return;
         };
-        // The executable is checked again now, whatever was checked
-        // before: it may have been swapped since.
+        // The object checked at admission runs, checked once more now:
+        // its mode or owner may have changed while the developer decided.
         let launcher = &self.shared.launcher;
-        let checked: Result<Checked, String> = match request.rule {
-            Some(rule) => launcher.rule_executable(rule),
-            None => launcher.requested_executable(&request.argv[0]),
+        let spawned = match request.executable.take() {
+            Some(exe) => launcher.recheck(&exe).and_then(|()| {
+                launcher
+                    .spawn(&exe, &request.argv)
+                    .map_err(|e| format!("cannot start {}: {e}", exe.canonical.display()))
+            }),
+            None => Err("no executable was checked for it".to_owned()),
         };
-        let spawned = checked.and_then(|exe| {
-            launcher
-                .spawn(&exe, &request.argv)
-                .map_err(|e| format!("cannot start {}: {e}", exe.canonical.display()))
-        });
         let command = match spawned {
             Ok(command) => command,
             Err(why) => {
@@ -505,7 +539,7 @@ impl SessionEscalation {
             mailbox: Arc::clone(&self.mailbox),
             binding: self.capability.session_binding.clone(),
             request_id: id,
-            changes: self.watch.changes.clone(),
+            changes: self.watch.results.clone(),
         };
         let done = self.done_tx.clone();
         self.tasks.spawn(async move {
@@ -561,8 +595,19 @@ impl SessionEscalation {
     }
 
     fn put(&self, id: RequestId, kind: RecordFile, record: &MailboxRecord) {
-        let sealed = lazaret_proto::signing::seal(&self.shared.coordinator.signing_key, record);
-        let written = sealed.map_err(|e| e.to_string()).and_then(|bytes| {
+        let payload = lazaret_proto::codec::encode(record).map_err(|e| e.to_string());
+        self.put_payload(id, kind, payload);
+    }
+
+    /// Signs and writes an encoded record.
+    fn put_payload(&self, id: RequestId, kind: RecordFile, payload: Result<Vec<u8>, String>) {
+        let sealed = payload.and_then(|p| {
+            self.shared
+                .signer
+                .seal_payload(p)
+                .map_err(|e| e.to_string())
+        });
+        let written = sealed.and_then(|bytes| {
             self.mailbox
                 .put_result(&record_file_name(id, kind), &bytes)
                 .map_err(|e| e.to_string())
@@ -625,7 +670,13 @@ impl SessionEscalation {
             detail: request.detail,
             finished_at: UnixTimeNs::now(),
         });
-        self.put(id, RecordFile::Result, &record);
+        // Its digest is what the sandbox's acknowledgement must name.
+        let payload = lazaret_proto::codec::encode(&record).map_err(|e| e.to_string());
+        if let Ok(bytes) = &payload {
+            let digest = Sha256Digest(sha2::Sha256::digest(bytes).into());
+            self.results.insert(id, (digest, ran.chunks));
+        }
+        self.put_payload(id, RecordFile::Result, payload);
     }
 
     /// Removes what is left of request `id` in `results/`.
@@ -670,6 +721,23 @@ pub fn verify(
     Ok(record)
 }
 
+/// Why a record made at `issued_at` is stale when read at `now`: made in
+/// the future (past the clock skew allowed), or longer ago than
+/// [`MAX_AGE`] (a file kept back and dropped in later).
+fn stale(issued_at: UnixTimeNs, now: UnixTimeNs) -> Option<String> {
+    if issued_at > now.after(FUTURE_SKEW) {
+        Some(format!(
+            "it says it was made more than {} s in the future (is the clock right?)",
+            FUTURE_SKEW.as_secs()
+        ))
+    } else if now.since(issued_at) > MAX_AGE {
+        Some("it was made more than a minute before the host read it".to_owned())
+    } else {
+        None
+    }
+}
+
+/// Cuts `text` to at most `max` bytes, on a character boundary.
 fn truncate(text: &mut String, max: usize) {
     if text.len() > max {
         let mut end = max;
@@ -716,11 +784,11 @@ impl Output {
 
     fn put(&self, chunk: MailboxResultChunk) -> Result<(), String> {
         let sequence = chunk.sequence;
-        let bytes = lazaret_proto::signing::seal(
-            &self.shared.coordinator.signing_key,
-            &MailboxRecord::ResultChunk(chunk),
-        )
-        .map_err(|e| e.to_string())?;
+        let bytes = self
+            .shared
+            .signer
+            .seal(&MailboxRecord::ResultChunk(chunk))
+            .map_err(|e| e.to_string())?;
         self.mailbox
             .put_result(&self.name(sequence), &bytes)
             .map_err(|e| format!("cannot write the output to the mailbox: {e}"))
@@ -782,7 +850,12 @@ async fn run(
                 }
                 continue;
             }
-            () = drain_over => break,
+            () = drain_over => {
+                // Something outside the group still holds a pipe: what it
+                // writes from now on is not delivered.
+                truncated = true;
+                break;
+            }
         };
         let index = usize::from(stream == ResultStream::Stderr);
         let n = match read {
@@ -795,7 +868,9 @@ async fn run(
                 continue;
             }
         };
-        if sent + n as u64 > MAX_OUTPUT {
+        // Past the bound nothing more is sent, so what the client gets is
+        // a prefix of each stream.
+        if truncated || sent + n as u64 > MAX_OUTPUT {
             truncated = true;
             continue;
         }

@@ -40,7 +40,8 @@ use super::stream::FdStream;
 use super::tls::{FrameBuffer, FrameError, write_frame};
 use crate::aio::{AsyncChannel, Exit, Stream, exited};
 use crate::escalation::Escalation;
-use crate::escalation::session::{SessionEscalation, TerminalEvent};
+use crate::escalation::mailbox::GuestClaim;
+use crate::escalation::session::{Event, SessionEscalation};
 use crate::store::DomainStore;
 
 /// The supervisor link, shared by the sessions that send `Exec` on it.
@@ -73,11 +74,6 @@ const FAREWELL_TIMEOUT: Duration = Duration::from_millis(200);
 /// Input a session holds for a process that does not read it; past this it
 /// stops reading its connection.
 const INPUT_BOUND: usize = 256 * 1024;
-
-/// How often, and how many times, a session's leader's identity inside
-/// the sandbox is looked for once the session runs.
-const GUEST_LOOK: Duration = Duration::from_millis(50);
-const GUEST_LOOKS: u32 = 40;
 
 /// The output pipe's capacity for sessions without a terminal.
 const OUTPUT_PIPE_SIZE: usize = 1 << 20;
@@ -414,6 +410,21 @@ impl Running<'_> {
         let _ = self.hub.store.put_session_state(&session, &terminal);
     }
 
+    /// Records the identity the session's leader claims inside the
+    /// sandbox, with the session and in `status`.
+    fn record_guest(&mut self, guest: GuestClaim, io: &SessionIo) {
+        self.guest = Some(GuestProcessIdentity {
+            container_id: self.hub.container,
+            leader_pid: guest.pid,
+            leader_start_time: guest.start_time,
+            process_group_id: guest.process_group,
+        });
+        self.record(SessionTerminalState::Running, false, io.pty_identity());
+        if let Some(route) = self.hub.routes().get_mut(&self.session_id) {
+            route.summary.guest = self.guest.clone();
+        }
+    }
+
     /// Tells the client its session will not open, and records it closed.
     async fn refuse(&self, link: &mut Link, reason: String) -> Result<(), SessionError> {
         let sent = link.send(&SessionOpened::Refused { reason }).await;
@@ -455,7 +466,7 @@ impl Running<'_> {
         let mut escalation = match self
             .hub
             .escalation
-            .open_session(self.session_id, open.terminal)
+            .open_session(self.session_id, open.prompts)
         {
             Ok(escalation) => escalation,
             Err(e) => {
@@ -601,10 +612,6 @@ impl Running<'_> {
         let mut read_buf = vec![0u8; MAX_TERMINAL_CHUNK];
         let mut out_buf = vec![0u8; MAX_TERMINAL_CHUNK];
         let mut output_open = io.output.is_some();
-        // The leader writes its identity inside the sandbox as it starts;
-        // looked for a few times, then recorded with the session.
-        let mut guest_looks = 0u32;
-        let mut guest_tick = tokio::time::interval(GUEST_LOOK);
         let exit = loop {
             let output = io.output.as_deref().filter(|_| output_open);
             let input_target = io.input.as_deref().filter(|_| !input.bytes.is_empty());
@@ -625,28 +632,15 @@ impl Running<'_> {
                     None => return Err(SessionError::Closed),
                 },
                 () = exited(self.client.as_ref()) => return Err(SessionError::Closed),
-                _ = guest_tick.tick(), if self.guest.is_none() && guest_looks < GUEST_LOOKS => {
-                    guest_looks += 1;
-                    if let Some((pid, pgrp, start)) = escalation.guest() {
-                        self.guest = Some(GuestProcessIdentity {
-                            container_id: self.hub.container,
-                            leader_pid: pid,
-                            leader_start_time: start,
-                            process_group_id: pgrp,
-                        });
-                        self.record(SessionTerminalState::Running, false, io.pty_identity());
-                        if let Some(route) = self.hub.routes().get_mut(&self.session_id) {
-                            route.summary.guest = self.guest.clone();
-                        }
-                    }
-                }
                 event = escalation.next() => {
                     let message = match event {
-                        TerminalEvent::Prompt(prompt) => {
-                            SessionTerminalMessage::EscalationPrompt(prompt)
-                        }
-                        TerminalEvent::Settled(settled) => {
+                        Event::Prompt(prompt) => SessionTerminalMessage::EscalationPrompt(prompt),
+                        Event::Settled(settled) => {
                             SessionTerminalMessage::EscalationSettled(settled)
+                        }
+                        Event::Guest(guest) => {
+                            self.record_guest(guest, io);
+                            continue;
                         }
                     };
                     link.send(&message).await?;
