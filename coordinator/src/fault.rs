@@ -13,10 +13,12 @@
 //! so a test learns the steps of this build in their order. Trusts its
 //! own environment, which only the invoking user sets.
 
-/// Pauses here if the environment names `step` (debug builds only).
-pub fn point(step: &str) {
+/// Pauses here if the environment names step `KIND:NAME` (debug builds
+/// only; a release build does not even form the name).
+pub fn point(kind: &str, name: &str) {
     #[cfg(debug_assertions)]
     {
+        let step = format!("{kind}:{name}");
         if let Some(trace) = std::env::var_os("LAZARET_FAULT_TRACE") {
             use std::io::Write;
             if let Ok(mut file) = std::fs::OpenOptions::new()
@@ -27,7 +29,7 @@ pub fn point(step: &str) {
                 let _ = writeln!(file, "{step}");
             }
         }
-        if std::env::var("LAZARET_FAULT_PAUSE").as_deref() == Ok(step) {
+        if std::env::var("LAZARET_FAULT_PAUSE").as_deref() == Ok(step.as_str()) {
             if let Some(marker) = std::env::var_os("LAZARET_FAULT_MARKER") {
                 let _ = std::fs::write(marker, format!("{}\n", std::process::id()));
             }
@@ -38,5 +40,5 @@ pub fn point(step: &str) {
         }
     }
     #[cfg(not(debug_assertions))]
-    let _ = step;
+    let _ = (kind, name);
 }

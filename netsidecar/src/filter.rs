@@ -222,7 +222,8 @@ fn rules_of(output: &[Value]) -> Result<Vec<FilterRule>, SidecarError> {
 
 /// One run of `nft`, started and not yet waited for.
 pub struct Nft {
-    child: std::process::Child,
+    /// Until [`Nft::finish`] waits for it.
+    child: Option<std::process::Child>,
     program: &'static str,
     args: String,
 }
@@ -256,7 +257,7 @@ impl Nft {
                 .map_err(|e| error(format!("cannot write to {program}: {e}")))?;
         }
         Ok(Self {
-            child,
+            child: Some(child),
             program,
             args: args.join(" "),
         })
@@ -264,23 +265,33 @@ impl Nft {
 
     /// Waits for the run: its standard output, or an error with what it
     /// said.
-    pub fn finish(self) -> Result<Vec<u8>, SidecarError> {
-        let Self {
-            child,
-            program,
-            args,
-        } = self;
-        let output = child
+    pub fn finish(mut self) -> Result<Vec<u8>, SidecarError> {
+        let program = self.program;
+        let output = self
+            .child
+            .take()
+            .ok_or_else(|| error(format!("{program} was waited for already")))?
             .wait_with_output()
             .map_err(|e| error(format!("cannot wait for {program}: {e}")))?;
         if !output.status.success() {
             return Err(error(format!(
-                "`nft {args}` failed ({}): {}",
+                "`nft {}` failed ({}): {}",
+                self.args,
                 output.status,
                 String::from_utf8_lossy(&output.stderr).trim()
             )));
         }
         Ok(output.stdout)
+    }
+}
+
+impl Drop for Nft {
+    /// A run given up on (its caller failed first) is ended and reaped.
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
     }
 }
 

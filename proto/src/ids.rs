@@ -33,8 +33,16 @@ pub fn parse_hex32(text: &str) -> Option<[u8; 32]> {
 
 /// Parses exactly `2 * N` lowercase hexadecimal digits into `N` bytes.
 pub fn parse_hex<const N: usize>(text: &str) -> Option<[u8; N]> {
+    if text.len() != 2 * N {
+        return None;
+    }
+    parse_hex_bytes(text)?.try_into().ok()
+}
+
+/// Parses lowercase hexadecimal digits, two per byte, into bytes.
+pub fn parse_hex_bytes(text: &str) -> Option<Vec<u8>> {
     let digits = text.as_bytes();
-    if digits.len() != 2 * N {
+    if digits.len() % 2 != 0 {
         return None;
     }
     let nibble = |d: u8| match d {
@@ -42,11 +50,10 @@ pub fn parse_hex<const N: usize>(text: &str) -> Option<[u8; N]> {
         b'a'..=b'f' => Some(d - b'a' + 10),
         _ => None,
     };
-    let mut out = [0u8; N];
-    for (byte, pair) in out.iter_mut().zip(digits.chunks_exact(2)) {
-        *byte = (nibble(pair[0])? << 4) | nibble(pair[1])?;
-    }
-    Some(out)
+    digits
+        .chunks_exact(2)
+        .map(|pair| Some((nibble(pair[0])? << 4) | nibble(pair[1])?))
+        .collect()
 }
 
 /// Defines a fixed-size byte identifier with its lowercase-hex text form.

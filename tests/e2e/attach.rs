@@ -22,7 +22,7 @@ use libtest_mimic::{Failed, Trial};
 use serde_json::Value;
 
 use crate::domain::{
-    Result, assert_nothing_left, default_host, down, runnable, text, up, wait_until,
+    Result, assert_nothing_left, default_host, down, gated, runnable, text, up, wait_until,
 };
 
 /// How long one attached command may run.
@@ -33,48 +33,47 @@ const COMMAND_TIMEOUT: Duration = Duration::from_secs(60);
 const WAIT: Duration = Duration::from_secs(10);
 
 pub fn trials() -> Vec<Trial> {
-    let runnable = runnable();
-    [
-        Trial::test("attach::commands_run_through_pipes", commands_through_pipes),
-        Trial::test(
-            "attach::relayed_output_arrives_whole",
-            relayed_output_arrives_whole,
-        ),
-        Trial::test(
-            "attach::ten_sessions_at_once_keep_their_output",
-            ten_sessions_at_once,
-        ),
-        Trial::test(
-            "attach::an_interactive_shell_in_a_terminal",
-            interactive_terminal,
-        ),
-        Trial::test(
-            "attach::the_terminal_stays_the_developers",
-            the_terminal_stays_the_developers,
-        ),
-        Trial::test(
-            "attach::background_processes_end_with_their_session",
-            background_processes_end,
-        ),
-        Trial::test("attach::a_fork_bomb_stops_at_the_bound", fork_bomb_bounded),
-        Trial::test(
-            "attach::a_changed_configuration_is_refused",
-            changed_configuration,
-        ),
-        Trial::test("attach::down_ends_an_attached_session", down_with_a_session),
-        Trial::test("attach::a_killed_cli_leaves_no_runsc_exec", a_killed_cli),
-        Trial::test(
-            "attach::a_killed_cli_leaves_no_process_in_the_sandbox",
-            a_killed_cli_leaves_no_sandbox_process,
-        ),
-        Trial::test(
-            "attach::foreign_connections_and_old_credentials_are_refused",
-            refusals,
-        ),
-    ]
-    .into_iter()
-    .map(|t| t.with_ignored_flag(!runnable))
-    .collect()
+    gated(
+        runnable(),
+        [
+            Trial::test("attach::commands_run_through_pipes", commands_through_pipes),
+            Trial::test(
+                "attach::relayed_output_arrives_whole",
+                relayed_output_arrives_whole,
+            ),
+            Trial::test(
+                "attach::ten_sessions_at_once_keep_their_output",
+                ten_sessions_at_once,
+            ),
+            Trial::test(
+                "attach::an_interactive_shell_in_a_terminal",
+                interactive_terminal,
+            ),
+            Trial::test(
+                "attach::the_terminal_stays_the_developers",
+                the_terminal_stays_the_developers,
+            ),
+            Trial::test(
+                "attach::background_processes_end_with_their_session",
+                background_processes_end,
+            ),
+            Trial::test("attach::a_fork_bomb_stops_at_the_bound", fork_bomb_bounded),
+            Trial::test(
+                "attach::a_changed_configuration_is_refused",
+                changed_configuration,
+            ),
+            Trial::test("attach::down_ends_an_attached_session", down_with_a_session),
+            Trial::test("attach::a_killed_cli_leaves_no_runsc_exec", a_killed_cli),
+            Trial::test(
+                "attach::a_killed_cli_leaves_no_process_in_the_sandbox",
+                a_killed_cli_leaves_no_sandbox_process,
+            ),
+            Trial::test(
+                "attach::foreign_connections_and_old_credentials_are_refused",
+                refusals,
+            ),
+        ],
+    )
 }
 
 /// A started command whose output is collected as it arrives; killed (and

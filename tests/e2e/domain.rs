@@ -13,62 +13,69 @@ use libtest_mimic::{Failed, Trial};
 use serde_json::Value;
 
 pub fn trials() -> Vec<Trial> {
-    let runnable = runnable();
-    [
-        Trial::test(
-            "domain::state_survives_down_and_up",
-            state_survives_down_and_up,
-        ),
-        Trial::test(
-            "domain::a_second_up_joins_or_refuses",
-            a_second_up_joins_or_refuses,
-        ),
-        Trial::test(
-            "domain::two_domains_share_one_prepared_lower",
-            two_domains_share_one_lower,
-        ),
-        Trial::test(
-            "domain::a_killed_coordinator_is_recovered",
-            a_killed_coordinator_is_recovered,
-        ),
-        Trial::test(
-            "domain::down_when_not_running_says_so",
-            down_when_not_running,
-        ),
-        Trial::test(
-            "domain::a_bad_image_fails_cleanly",
-            a_bad_image_fails_cleanly,
-        ),
-        Trial::test(
-            "domain::a_skopeo_planted_on_path_never_runs",
-            a_planted_skopeo_never_runs,
-        ),
-        Trial::test("domain::volumes_mount_with_their_access", volumes),
-        Trial::test(
-            "domain::name_resolution_works_with_a_persistent_etc",
-            persistent_etc,
-        ),
-        Trial::test(
-            "domain::loopback_works_beside_the_policy_tap_only",
-            loopback_only,
-        ),
-        Trial::test("domain::the_coordinator_logs_to_the_journal", journal),
-        Trial::test(
-            "domain::environment_reaches_the_sandbox_not_the_disk",
-            environment,
-        ),
-        Trial::test(
-            "domain::a_killed_supervisor_ends_the_generation",
-            a_killed_supervisor,
-        ),
-        Trial::test(
-            "domain::unmodified_image_content_follows_the_image",
-            image_content_follows,
-        ),
-    ]
-    .into_iter()
-    .map(|t| t.with_ignored_flag(!runnable))
-    .collect()
+    gated(
+        runnable(),
+        [
+            Trial::test(
+                "domain::state_survives_down_and_up",
+                state_survives_down_and_up,
+            ),
+            Trial::test(
+                "domain::a_second_up_joins_or_refuses",
+                a_second_up_joins_or_refuses,
+            ),
+            Trial::test(
+                "domain::two_domains_share_one_prepared_lower",
+                two_domains_share_one_lower,
+            ),
+            Trial::test(
+                "domain::a_killed_coordinator_is_recovered",
+                a_killed_coordinator_is_recovered,
+            ),
+            Trial::test(
+                "domain::down_when_not_running_says_so",
+                down_when_not_running,
+            ),
+            Trial::test(
+                "domain::a_bad_image_fails_cleanly",
+                a_bad_image_fails_cleanly,
+            ),
+            Trial::test(
+                "domain::a_skopeo_planted_on_path_never_runs",
+                a_planted_skopeo_never_runs,
+            ),
+            Trial::test("domain::volumes_mount_with_their_access", volumes),
+            Trial::test(
+                "domain::name_resolution_works_with_a_persistent_etc",
+                persistent_etc,
+            ),
+            Trial::test(
+                "domain::loopback_works_beside_the_policy_tap_only",
+                loopback_only,
+            ),
+            Trial::test("domain::the_coordinator_logs_to_the_journal", journal),
+            Trial::test(
+                "domain::environment_reaches_the_sandbox_not_the_disk",
+                environment,
+            ),
+            Trial::test(
+                "domain::a_killed_supervisor_ends_the_generation",
+                a_killed_supervisor,
+            ),
+            Trial::test(
+                "domain::unmodified_image_content_follows_the_image",
+                image_content_follows,
+            ),
+        ],
+    )
+}
+
+/// `trials`, ignored unless `runnable` (this machine can run them).
+pub(crate) fn gated(runnable: bool, trials: impl IntoIterator<Item = Trial>) -> Vec<Trial> {
+    trials
+        .into_iter()
+        .map(|t| t.with_ignored_flag(!runnable))
+        .collect()
 }
 
 /// Whether this machine can run the Domain tests; in CI it must.
@@ -244,7 +251,7 @@ fn two_domains_share_one_lower() -> Result {
     let second = up(&host, &second_ws)?;
     assert_ne!(first["domain_id"], second["domain_id"]);
     assert_eq!(first["manifest_digest"], second["manifest_digest"]);
-    let artifacts = host.home.join(".local/share/lazaret/catalog/artifacts");
+    let artifacts = host.storage().join("catalog/artifacts");
     let count = std::fs::read_dir(&artifacts)?.count();
     assert_eq!(count, 1, "one prepared lower in {}", artifacts.display());
     let all = host.lazaret(&first_ws, &["status", "--all", "--json"]);
@@ -516,7 +523,7 @@ fn volumes() -> Result {
         "{}",
         text(&out)
     );
-    let state = host.home.join(".local/share/lazaret/profiles/p/state/file");
+    let state = host.storage().join("profiles/p/state/file");
     assert_eq!(std::fs::read_to_string(&state)?, "kept\n");
     assert_eq!(std::fs::read_to_string(&notes)?, "read me\n");
 

@@ -18,37 +18,38 @@ use lazaret_tests::domain::{UserHost, busybox_image};
 use libtest_mimic::{Failed, Trial};
 
 use crate::attach::{Running, Tmux, attach, run, stderr, stdout};
-use crate::domain::{Result, config, down, host_with_config, runnable, text, up, wait_until};
+use crate::domain::{
+    Result, config, down, gated, host_with_config, runnable, text, up, wait_until,
+};
 
 const WAIT: Duration = Duration::from_secs(10);
 
 pub fn trials() -> Vec<Trial> {
-    let runnable = runnable();
-    [
-        Trial::test(
-            "escalation::auto_approval_runs_exactly_the_rule",
-            auto_approval,
-        ),
-        Trial::test(
-            "escalation::output_exit_codes_and_signals_come_back",
-            output_and_status,
-        ),
-        Trial::test(
-            "escalation::the_requesting_sessions_developer_decides",
-            interactive_approval,
-        ),
-        Trial::test(
-            "escalation::forged_records_are_refused_and_logged",
-            forgeries,
-        ),
-        Trial::test(
-            "escalation::disabled_escalation_refuses_every_request",
-            disabled,
-        ),
-    ]
-    .into_iter()
-    .map(|t| t.with_ignored_flag(!runnable))
-    .collect()
+    gated(
+        runnable(),
+        [
+            Trial::test(
+                "escalation::auto_approval_runs_exactly_the_rule",
+                auto_approval,
+            ),
+            Trial::test(
+                "escalation::output_exit_codes_and_signals_come_back",
+                output_and_status,
+            ),
+            Trial::test(
+                "escalation::the_requesting_sessions_developer_decides",
+                interactive_approval,
+            ),
+            Trial::test(
+                "escalation::forged_records_are_refused_and_logged",
+                forgeries,
+            ),
+            Trial::test(
+                "escalation::disabled_escalation_refuses_every_request",
+                disabled,
+            ),
+        ],
+    )
 }
 
 /// The host's `/bin/sh`, as a rule names it after `up` resolves it.

@@ -11,26 +11,24 @@
 //! generation, and `up` racing `down` ends consistent.
 
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
-use lazaret_tests::bin;
-use lazaret_tests::domain::{UserHost, busybox_image, lazaret_processes};
+use lazaret_tests::domain::{UserHost, busybox_image, ended, lazaret_processes, signal};
 use libtest_mimic::{Failed, Trial};
 
 use crate::attach::{attach, run};
-use crate::domain::{Result, down, host_with_config, runnable, text, up, wait_until};
+use crate::domain::{Result, down, gated, host_with_config, runnable, text, up, wait_until};
 
 pub fn trials() -> Vec<Trial> {
-    let runnable = runnable();
-    [
-        Trial::test("faults::every_step_and_participant_recovers", matrix),
-        Trial::test("faults::ten_concurrent_ups_make_one_generation", ten_ups),
-        Trial::test("faults::up_racing_down_ends_consistent", up_racing_down),
-    ]
-    .into_iter()
-    .map(|t| t.with_ignored_flag(!runnable))
-    .collect()
+    gated(
+        runnable(),
+        [
+            Trial::test("faults::every_step_and_participant_recovers", matrix),
+            Trial::test("faults::ten_concurrent_ups_make_one_generation", ten_ups),
+            Trial::test("faults::up_racing_down_ends_consistent", up_racing_down),
+        ],
+    )
 }
 
 const ROLES: [(&str, &str); 7] = [
@@ -44,27 +42,7 @@ const ROLES: [(&str, &str); 7] = [
 ];
 
 fn config() -> String {
-    format!(
-        "schema = \"lazaret-trusted-host-config-v1\"\n\
-         [profiles.p]\nimage = \"{}\"\npersistent_dirs = [\"/root\"]\n",
-        busybox_image()
-    )
-}
-
-/// `lazaret ARGS` as the test user, started, with extra environment.
-fn spawn(
-    host: &UserHost,
-    ws: &Path,
-    args: &[&str],
-    env: &[(&str, String)],
-) -> std::io::Result<Child> {
-    host.command(&bin("lazaret"), ws)
-        .args(args)
-        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
+    crate::domain::config(&busybox_image(), "\"/root\"")
 }
 
 /// The oldest live process of the test user whose command line holds
@@ -75,28 +53,6 @@ fn process(uid: u32, pattern: &str) -> Option<u32> {
         .output()
         .ok()?;
     String::from_utf8_lossy(&out.stdout).trim().parse().ok()
-}
-
-fn signal(pid: u32, signal: &str) {
-    let _ = Command::new("kill")
-        .args([&format!("-{signal}"), &pid.to_string()])
-        .status();
-}
-
-/// Waits for `child` to end within `within`; false if it had to be killed.
-fn ended(child: &mut Child, within: Duration) -> bool {
-    let deadline = Instant::now() + within;
-    loop {
-        if let Ok(Some(_)) = child.try_wait() {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 /// What a case left behind: processes, generation directories, mounts.
@@ -142,7 +98,7 @@ fn trace(
 ) -> std::result::Result<Vec<String>, Failed> {
     let _ = std::fs::remove_file(file);
     let env = [("LAZARET_FAULT_TRACE", file.display().to_string())];
-    let mut child = spawn(host, ws, args, &env)?;
+    let mut child = host.spawn_lazaret(ws, args, &env)?;
     if !ended(&mut child, Duration::from_secs(60)) {
         return Err(format!("the traced `lazaret {args:?}` did not end").into());
     }
@@ -178,8 +134,8 @@ fn matrix() -> Result {
     assert!(out.status.success(), "{}", text(&out));
     down(&host, &ws)?;
     let keep = host
-        .home
-        .join(".local/share/lazaret/domains")
+        .storage()
+        .join("domains")
         .read_dir()?
         .flatten()
         .next()
@@ -222,16 +178,16 @@ fn matrix() -> Result {
             // The run that reaches the step: `up`, or `down` of a Domain
             // brought up with the pause in its coordinator's environment.
             let mut cli = if *in_down {
-                let mut up_cli = spawn(&host, &ws, &["up", "p"], &env)?;
+                let mut up_cli = host.spawn_lazaret(&ws, &["up", "p"], &env)?;
                 if !ended(&mut up_cli, Duration::from_secs(60)) {
                     return Err(format!("up before {step} did not end").into());
                 }
-                spawn(&host, &ws, &["down", "p"], &[])?
+                host.spawn_lazaret(&ws, &["down", "p"], &[] as &[(&str, &str)])?
             } else {
                 if step == "image:staged" {
                     let _ = host.lazaret(&ws, &["image", "prune"]);
                 }
-                spawn(&host, &ws, &["up", "p"], &env)?
+                host.spawn_lazaret(&ws, &["up", "p"], &env)?
             };
             let paused = wait_until(
                 Duration::from_secs(30),
@@ -255,13 +211,13 @@ fn matrix() -> Result {
                     };
                     let outcome = match victim {
                         Some(pid) => {
-                            signal(pid, "KILL");
+                            let _ = signal(u64::from(pid), "KILL");
                             "killed".to_owned()
                         }
                         None => "not running".to_owned(),
                     };
                     if role != "coordinator" {
-                        signal(paused, "CONT");
+                        let _ = signal(u64::from(paused), "CONT");
                     }
                     if !ended(&mut cli, Duration::from_secs(60)) {
                         cases.push(Case {
@@ -377,7 +333,7 @@ fn up_traced_down(
 ) -> std::result::Result<Vec<String>, Failed> {
     let _ = std::fs::remove_file(file);
     let env = [("LAZARET_FAULT_TRACE", file.display().to_string())];
-    let mut cli = spawn(host, ws, &["up", "p"], &env)?;
+    let mut cli = host.spawn_lazaret(ws, &["up", "p"], &env)?;
     if !ended(&mut cli, Duration::from_secs(60)) {
         return Err("the traced up did not end".into());
     }

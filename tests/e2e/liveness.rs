@@ -11,62 +11,51 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use lazaret_tests::bin;
-use lazaret_tests::domain::{UserHost, pid_exists};
+use lazaret_tests::domain::{UserHost, pid_exists, signal};
 use libtest_mimic::Trial;
 use serde_json::Value;
 
 use crate::domain::{
-    Result, assert_nothing_left, config, default_host, down, host_with_config, runnable, text, up,
-    wait_until,
+    Result, assert_nothing_left, config, default_host, down, gated, host_with_config, runnable,
+    text, up, wait_until,
 };
 
 /// How long one expected change may take.
 const WAIT: Duration = Duration::from_secs(10);
 
 pub fn trials() -> Vec<Trial> {
-    let runnable = runnable();
-    [
-        Trial::test(
-            "liveness::down_ends_sessions_whose_input_is_never_read",
-            down_with_unread_input,
-        ),
-        Trial::test(
-            "liveness::up_fails_when_its_coordinator_dies_at_any_step",
-            coordinator_killed_at_each_step,
-        ),
-        Trial::test(
-            "liveness::status_names_a_stopped_coordinator_and_lists_the_rest",
-            stopped_coordinator,
-        ),
-        Trial::test(
-            "liveness::a_killed_sandbox_ends_its_generation",
-            killed_sandbox,
-        ),
-        Trial::test(
-            "liveness::a_sidecar_killed_while_attesting_fails_up_at_once",
-            killed_sidecar,
-        ),
-        Trial::test(
-            "liveness::roles_close_the_descriptors_they_inherit",
-            roles_close_inherited,
-        ),
-    ]
-    .into_iter()
-    .map(|t| t.with_ignored_flag(!runnable))
-    .collect()
+    gated(
+        runnable(),
+        [
+            Trial::test(
+                "liveness::down_ends_sessions_whose_input_is_never_read",
+                down_with_unread_input,
+            ),
+            Trial::test(
+                "liveness::up_fails_when_its_coordinator_dies_at_any_step",
+                coordinator_killed_at_each_step,
+            ),
+            Trial::test(
+                "liveness::status_names_a_stopped_coordinator_and_lists_the_rest",
+                stopped_coordinator,
+            ),
+            Trial::test(
+                "liveness::a_killed_sandbox_ends_its_generation",
+                killed_sandbox,
+            ),
+            Trial::test(
+                "liveness::a_sidecar_killed_while_attesting_fails_up_at_once",
+                killed_sidecar,
+            ),
+            Trial::test(
+                "liveness::roles_close_the_descriptors_they_inherit",
+                roles_close_inherited,
+            ),
+        ],
+    )
 }
 
 /// Sends `signal` to `pid`.
-fn signal(pid: u64, signal: &str) -> Result {
-    let sent = Command::new("kill")
-        .args([&format!("-{signal}"), &pid.to_string()])
-        .status()?;
-    if !sent.success() {
-        return Err(format!("kill -{signal} {pid} failed").into());
-    }
-    Ok(())
-}
-
 /// The threads of a process.
 fn threads(pid: u64) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/task")).map_or(0, Iterator::count)

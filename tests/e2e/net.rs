@@ -16,20 +16,19 @@ use lazaret_tests::net::{ALLOWED, ALLOWED_NET_HOST, DENIED, TestNet, ip_program}
 use lazaret_tests::netprobe;
 use libtest_mimic::{Failed, Trial};
 
-use crate::domain::{Result, text};
+use crate::domain::{Result, gated, text};
 
 pub fn trials() -> Vec<Trial> {
-    let runnable = runnable();
-    [
-        Trial::test("net::the_test_network_and_its_probe_work", tooling),
-        Trial::test(
-            "net::a_panicking_test_leaves_no_test_network",
-            panicking_test,
-        ),
-    ]
-    .into_iter()
-    .map(|t| t.with_ignored_flag(!runnable))
-    .collect()
+    gated(
+        runnable(),
+        [
+            Trial::test("net::the_test_network_and_its_probe_work", tooling),
+            Trial::test(
+                "net::a_panicking_test_leaves_no_test_network",
+                panicking_test,
+            ),
+        ],
+    )
 }
 
 /// Whether this machine can run the network tooling tests; in CI it must.

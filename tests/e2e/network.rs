@@ -20,7 +20,7 @@ use lazaret_tests::netprobe;
 use libtest_mimic::Trial;
 use serde_json::Value;
 
-use crate::domain::{Result, assert_nothing_left, down, text, wait_until};
+use crate::domain::{Result, assert_nothing_left, down, gated, text, wait_until};
 
 pub fn trials() -> Vec<Trial> {
     let runnable = crate::domain::runnable() && Path::new("/usr/bin/slirp4netns").exists();
@@ -30,21 +30,21 @@ pub fn trials() -> Vec<Trial> {
             "CI must run the network tests with slirp4netns installed"
         );
     }
-    [
-        Trial::test("network::the_policy_holds_inside_the_sandbox", policy_holds),
-        Trial::test(
-            "network::a_helper_that_cannot_start_stops_up",
-            helper_cannot_start,
-        ),
-        Trial::test("network::a_dead_helper_ends_the_generation", dead_helper),
-        Trial::test(
-            "network::special_ranges_and_host_addresses_stay_denied_under_allow_all",
-            platform_deny,
-        ),
-    ]
-    .into_iter()
-    .map(|t| t.with_ignored_flag(!runnable))
-    .collect()
+    gated(
+        runnable,
+        [
+            Trial::test("network::the_policy_holds_inside_the_sandbox", policy_holds),
+            Trial::test(
+                "network::a_helper_that_cannot_start_stops_up",
+                helper_cannot_start,
+            ),
+            Trial::test("network::a_dead_helper_ends_the_generation", dead_helper),
+            Trial::test(
+                "network::special_ranges_and_host_addresses_stay_denied_under_allow_all",
+                platform_deny,
+            ),
+        ],
+    )
 }
 
 const PORT: u16 = 7000;

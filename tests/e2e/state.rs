@@ -8,40 +8,37 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use lazaret_tests::domain::{UserHost, busybox_image, other_image};
+use lazaret_tests::domain::{UserHost, busybox_image, ended, other_image, pid_exists, signal};
 use libtest_mimic::{Failed, Trial};
 use serde_json::Value;
 
 use crate::attach::{attach, run, stdout};
-use crate::domain::{Result, down, host_with_config, runnable, text, up, wait_until};
+use crate::domain::{Result, down, gated, host_with_config, runnable, text, up, wait_until};
 
 const WAIT: Duration = Duration::from_secs(20);
 
 pub fn trials() -> Vec<Trial> {
-    let runnable = runnable();
-    [
-        Trial::test(
-            "state::list_inspect_verify_and_reset_a_domain",
-            list_inspect_reset,
-        ),
-        Trial::test("state::verify_names_each_kind_of_damage", verify_damage),
-        Trial::test(
-            "state::a_crashed_domain_recovers_without_its_profile",
-            without_profile,
-        ),
-        Trial::test("state::images_are_listed_and_pruned", images),
-        Trial::test("state::a_session_records_its_process_inside", guest_process),
-    ]
-    .into_iter()
-    .map(|t| t.with_ignored_flag(!runnable))
-    .collect()
+    gated(
+        runnable(),
+        [
+            Trial::test(
+                "state::list_inspect_verify_and_reset_a_domain",
+                list_inspect_reset,
+            ),
+            Trial::test("state::verify_names_each_kind_of_damage", verify_damage),
+            Trial::test(
+                "state::a_crashed_domain_recovers_without_its_profile",
+                without_profile,
+            ),
+            Trial::test("state::images_are_listed_and_pruned", images),
+            Trial::test("state::a_session_records_its_process_inside", guest_process),
+        ],
+    )
 }
 
+/// Profile `p` on `image` keeping `/root` and `/etc`, then `extra`.
 fn config(image: &str, extra: &str) -> String {
-    format!(
-        "schema = \"lazaret-trusted-host-config-v1\"\n\
-         [profiles.p]\nimage = \"{image}\"\npersistent_dirs = [\"/root\", \"/etc\"]\n{extra}"
-    )
+    crate::domain::config(image, "\"/root\", \"/etc\"") + extra
 }
 
 /// `lazaret ARGS` as the test user, which must succeed; its JSON answer.
@@ -62,7 +59,7 @@ fn inside(host: &UserHost, script: &str) -> std::result::Result<String, Failed> 
 }
 
 fn domain_dir(host: &UserHost, id: &str) -> PathBuf {
-    host.home.join(".local/share/lazaret/domains").join(id)
+    host.storage().join("domains").join(id)
 }
 
 fn list_inspect_reset() -> Result {
@@ -174,10 +171,12 @@ fn coordinator_pid(host: &UserHost, ws: &Path) -> std::result::Result<u64, Faile
         .ok_or_else(|| "no coordinator".into())
 }
 
-fn kill(pid: u64) {
-    let _ = std::process::Command::new("kill")
-        .args(["-KILL", &pid.to_string()])
-        .status();
+/// Kills a process of the test user's and waits until it is gone.
+fn crash(pid: u64) -> Result {
+    signal(pid, "KILL")?;
+    wait_until(WAIT, "the killed process to end", || {
+        (!pid_exists(pid)).then_some(())
+    })
 }
 
 fn verify_damage() -> Result {
@@ -199,7 +198,7 @@ fn verify_damage() -> Result {
         .as_str()
         .ok_or("no id")?
         .to_owned();
-    kill(coordinator_pid(&host, &other)?);
+    crash(coordinator_pid(&host, &other)?)?;
     wait_until(WAIT, "the other Domain to stop", || {
         host.status(&other, "p").is_none().then_some(())
     })?;
@@ -211,29 +210,24 @@ fn verify_damage() -> Result {
     let marker = host.user_dir("fault").join("marker");
     let third = host.user_dir("third");
     let marker_arg = marker.display().to_string();
-    let pausing = std::thread::scope(|scope| {
-        let up = scope.spawn(|| {
-            host.lazaret_with_env(
-                &third,
-                &["up", "p"],
-                &[
-                    ("LAZARET_FAULT_PAUSE", "image:staged"),
-                    ("LAZARET_FAULT_MARKER", &marker_arg),
-                ],
-            )
-        });
-        let paused = wait_until(WAIT, "the preparation to pause", || {
-            std::fs::read_to_string(&marker).ok()
-        });
-        if let Ok(pid) = &paused {
-            if let Ok(pid) = pid.trim().parse::<u64>() {
-                kill(pid);
-            }
-        }
-        let _ = up.join();
-        paused
+    let mut paused_up = host.spawn_lazaret(
+        &third,
+        &["up", "p"],
+        &[
+            ("LAZARET_FAULT_PAUSE", "image:staged"),
+            ("LAZARET_FAULT_MARKER", &marker_arg),
+        ],
+    )?;
+    let paused = wait_until(WAIT, "the preparation to pause", || {
+        std::fs::read_to_string(&marker).ok()
     });
-    pausing?;
+    if let Ok(pid) = &paused
+        && let Ok(pid) = pid.trim().parse::<u64>()
+    {
+        let _ = signal(pid, "KILL");
+    }
+    ended(&mut paused_up, WAIT);
+    paused?;
 
     // Damage of this Domain's own: an upper gone, a file someone else owns.
     let anchors = domain_dir(&host, &id).join("anchors");
@@ -301,8 +295,7 @@ fn without_profile() -> Result {
     inside(&host, "echo kept > /root/kept")?;
 
     // Crashed, then `down` in a shell without the secret.
-    kill(coordinator_pid(&host, &ws)?);
-    std::thread::sleep(Duration::from_millis(300));
+    crash(coordinator_pid(&host, &ws)?)?;
     let out = host.lazaret(&ws, &["down", "p"]);
     assert!(out.status.success(), "{}", text(&out));
     assert!(String::from_utf8_lossy(&out.stdout).contains("cleaned up stale generation 1"));
@@ -311,8 +304,7 @@ fn without_profile() -> Result {
     // Crashed again, then the profile is removed from the configuration.
     let out = host.lazaret_with_env(&ws, &["up", "p"], &[("LAZARET_E2E_SECRET", "s")]);
     assert!(out.status.success(), "{}", text(&out));
-    kill(coordinator_pid(&host, &ws)?);
-    std::thread::sleep(Duration::from_millis(300));
+    crash(coordinator_pid(&host, &ws)?)?;
     host.write_config("schema = \"lazaret-trusted-host-config-v1\"\n[profiles.q]\nimage = \"x\"\n");
     let listed = json(&host, &ws, &["state", "list", "--json"])?;
     assert_eq!(listed["domains"][0]["state"], "stale", "{listed}");
@@ -342,6 +334,11 @@ fn without_profile() -> Result {
     Ok(())
 }
 
+/// How many images a `image list|prune --json` answer names.
+fn image_count(answer: &Value) -> Option<usize> {
+    answer["images"].as_array().map(Vec::len)
+}
+
 fn images() -> Result {
     let (_serial, host) = host_with_config(&config(&busybox_image(), ""));
     let ws = host.workspace.clone();
@@ -355,24 +352,12 @@ fn images() -> Result {
     );
     // A leased image stays.
     let pruned = json(&host, &ws, &["image", "prune", "--json"])?;
-    assert_eq!(
-        pruned["images"].as_array().map(Vec::len),
-        Some(0),
-        "{pruned}"
-    );
+    assert_eq!(image_count(&pruned), Some(0), "{pruned}");
     down(&host, &ws)?;
     let pruned = json(&host, &ws, &["image", "prune", "--json"])?;
-    assert_eq!(
-        pruned["images"].as_array().map(Vec::len),
-        Some(1),
-        "{pruned}"
-    );
+    assert_eq!(image_count(&pruned), Some(1), "{pruned}");
     let listed = json(&host, &ws, &["image", "list", "--json"])?;
-    assert_eq!(
-        listed["images"].as_array().map(Vec::len),
-        Some(0),
-        "{listed}"
-    );
+    assert_eq!(image_count(&listed), Some(0), "{listed}");
     // The next `up` prepares it again.
     up(&host, &ws)?;
     down(&host, &ws)

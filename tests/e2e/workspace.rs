@@ -17,7 +17,8 @@ use libtest_mimic::{Failed, Trial};
 use serde_json::Value;
 
 use crate::domain::{
-    Result, assert_nothing_left, config, down, host_with_config, runnable, text, up, wait_until,
+    Result, assert_nothing_left, config, down, gated, host_with_config, runnable, text, up,
+    wait_until,
 };
 
 pub fn trials() -> Vec<Trial> {
@@ -35,48 +36,48 @@ pub fn trials() -> Vec<Trial> {
              (packaging/device-access.sh)"
         );
     }
-    [
-        Trial::test(
-            "workspace::ignored_paths_are_isolated_both_ways",
-            ignored_paths_are_isolated,
-        ),
-        Trial::test(
-            "workspace::git_works_inside_but_its_configuration_and_hooks_are_read_only",
-            git_works_inside,
-        ),
-        Trial::test(
-            "workspace::a_separate_git_directory_and_what_its_hooks_run_are_read_only",
-            separate_git_dir,
-        ),
-        Trial::test(
-            "workspace::planted_git_metadata_runs_nothing_on_the_host",
-            planted_metadata,
-        ),
-        Trial::test(
-            "workspace::planted_git_metadata_in_a_plain_workspace_runs_nothing",
-            planted_metadata_plain,
-        ),
-        Trial::test(
-            "workspace::modes_lose_setuid_setgid_and_group_other_write",
-            modes,
-        ),
-        Trial::test(
-            "workspace::a_subdirectory_takes_the_enclosing_rules",
-            subdirectory,
-        ),
-        Trial::test(
-            "workspace::a_worktree_and_a_submodule_work",
-            worktree_and_submodule,
-        ),
-        Trial::test("workspace::a_killed_router_fails_closed", killed_router),
-        Trial::test(
-            "workspace::a_directory_made_unreadable_inside_stops_the_next_up",
-            unreadable_directory,
-        ),
-    ]
-    .into_iter()
-    .map(|t| t.with_ignored_flag(!runnable))
-    .collect()
+    gated(
+        runnable,
+        [
+            Trial::test(
+                "workspace::ignored_paths_are_isolated_both_ways",
+                ignored_paths_are_isolated,
+            ),
+            Trial::test(
+                "workspace::git_works_inside_but_its_configuration_and_hooks_are_read_only",
+                git_works_inside,
+            ),
+            Trial::test(
+                "workspace::a_separate_git_directory_and_what_its_hooks_run_are_read_only",
+                separate_git_dir,
+            ),
+            Trial::test(
+                "workspace::planted_git_metadata_runs_nothing_on_the_host",
+                planted_metadata,
+            ),
+            Trial::test(
+                "workspace::planted_git_metadata_in_a_plain_workspace_runs_nothing",
+                planted_metadata_plain,
+            ),
+            Trial::test(
+                "workspace::modes_lose_setuid_setgid_and_group_other_write",
+                modes,
+            ),
+            Trial::test(
+                "workspace::a_subdirectory_takes_the_enclosing_rules",
+                subdirectory,
+            ),
+            Trial::test(
+                "workspace::a_worktree_and_a_submodule_work",
+                worktree_and_submodule,
+            ),
+            Trial::test("workspace::a_killed_router_fails_closed", killed_router),
+            Trial::test(
+                "workspace::a_directory_made_unreadable_inside_stops_the_next_up",
+                unreadable_directory,
+            ),
+        ],
+    )
 }
 
 /// The serial lock and a test host whose profile `p` runs the git image.

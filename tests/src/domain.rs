@@ -261,6 +261,11 @@ impl UserHost {
         command
     }
 
+    /// The test user's Storage Root (the default one).
+    pub fn storage(&self) -> PathBuf {
+        self.home.join(".local/share/lazaret")
+    }
+
     /// `lazaret ARGS` as the test user in `cwd`; remembers `up`s so the
     /// host is brought down when dropped.
     pub fn lazaret(&self, cwd: &Path, args: &[&str]) -> Output {
@@ -275,6 +280,24 @@ impl UserHost {
             .envs(env.iter().copied())
             .output()
             .expect("run lazaret")
+    }
+
+    /// `lazaret ARGS` as the test user with extra environment, started
+    /// (its output dropped); remembers `up`s as [`Self::lazaret`] does.
+    pub fn spawn_lazaret<V: AsRef<std::ffi::OsStr>>(
+        &self,
+        cwd: &Path,
+        args: &[&str],
+        env: &[(&str, V)],
+    ) -> std::io::Result<std::process::Child> {
+        self.remember_up(cwd, args);
+        self.command(&bin("lazaret"), cwd)
+            .args(args)
+            .envs(env.iter().map(|(k, v)| (*k, v.as_ref())))
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
     }
 
     /// `lazaret ARGS` as the test user, started through `wrapper` (a
@@ -362,6 +385,34 @@ impl Drop for UserHost {
                 .output();
         }
     }
+}
+
+/// Waits for `child` to end within `within`; false if it had to be killed.
+pub fn ended(child: &mut std::process::Child, within: std::time::Duration) -> bool {
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        if let Ok(Some(_)) = child.try_wait() {
+            return true;
+        }
+        if std::time::Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// Sends `kill -SIGNAL PID` (`KILL`, `TERM`, `STOP`, ...).
+pub fn signal(pid: u64, signal: &str) -> Result<(), String> {
+    let sent = std::process::Command::new("kill")
+        .args([&format!("-{signal}"), &pid.to_string()])
+        .status()
+        .map_err(|e| format!("cannot run kill: {e}"))?;
+    if !sent.success() {
+        return Err(format!("kill -{signal} {pid} failed"));
+    }
+    Ok(())
 }
 
 /// Whether a live process with this pid exists (a zombie waiting for its

@@ -936,7 +936,7 @@ impl StorageCatalog {
                 dir,
             })
         })
-        .inspect(|_| crate::fault::point("image:staged"))
+        .inspect(|_| crate::fault::point("image", "staged"))
     }
 
     /// Undoes a prepare operation: removes its staging directory and any

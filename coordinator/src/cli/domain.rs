@@ -11,7 +11,7 @@ use lazaret_proto::control::{
 };
 
 use super::view::{SilentView, StatusList, StatusView};
-use super::{Failure, Globals, failure, print};
+use super::{Failure, Globals, failure, print, print_json};
 use crate::config::HostEnvironment;
 use crate::lifecycle::client::{self, ClientError, RequestError};
 use crate::lifecycle::{DomainPaths, chain};
@@ -200,20 +200,23 @@ pub fn down(globals: &Globals, profile: &str) -> Result<(), Failure> {
             // from the records alone (the profile need not load any more).
             // One that holds the Domain while starting or stopping is
             // waited for.
-            Err(RequestError::NotRunning) => match super::state::recover(globals, profile)? {
-                super::state::Recovered::Done => return Ok(()),
-                super::state::Recovered::Busy if std::time::Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(100));
-                }
-                super::state::Recovered::Busy => {
-                    return Err(failure(format!(
-                        "another Lazaret process has held Domain {} for {} s without \
+            Err(RequestError::NotRunning) => {
+                let roots = super::state::roots(globals)?;
+                match super::state::recover(&roots, paths.domain_id)? {
+                    super::state::Recovered::Done => return Ok(()),
+                    super::state::Recovered::Busy if std::time::Instant::now() < deadline => {
+                        std::thread::sleep(Duration::from_millis(100));
+                    }
+                    super::state::Recovered::Busy => {
+                        return Err(failure(format!(
+                            "another Lazaret process has held Domain {} for {} s without \
                          answering; if it is stuck, end it and run `lazaret down {profile}` again",
-                        paths.domain_id,
-                        OWNER_WAIT.as_secs()
-                    )));
+                            paths.domain_id,
+                            OWNER_WAIT.as_secs()
+                        )));
+                    }
                 }
-            },
+            }
         }
     }
 }
@@ -314,9 +317,7 @@ pub fn status(
                 })
                 .collect(),
         };
-        let mut text = serde_json::to_string_pretty(&list).map_err(|e| failure(e.to_string()))?;
-        text.push('\n');
-        print(&text)?;
+        print_json(&list)?;
         return silent_failure().map_or(Ok(()), Err);
     }
     if let Some(failure) = silent_failure() {

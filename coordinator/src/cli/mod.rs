@@ -186,6 +186,13 @@ impl Globals {
 }
 
 /// Writes `text` to stdout; a closed pipe is not an error.
+/// Writes `value` as pretty JSON and a newline to standard output.
+fn print_json(value: &impl serde::Serialize) -> Result<(), Failure> {
+    let text = serde_json::to_string_pretty(value)
+        .map_err(|e| failure(format!("cannot encode the answer as JSON: {e}")))?;
+    print(&format!("{text}\n"))
+}
+
 fn print(text: &str) -> Result<(), Failure> {
     let mut out = io::stdout().lock();
     match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
@@ -220,12 +227,7 @@ fn config_check(globals: &Globals, profile: &str, as_json: bool) -> Result<(), F
         .map_err(|e| invalid(e.to_string()))?;
     let report = ConfigReport::of(&resolved, &planned, &policy_digest);
     if as_json {
-        let mut text = serde_json::to_string_pretty(&report).map_err(|e| Failure {
-            message: format!("cannot format the report: {e}"),
-            status: 1,
-        })?;
-        text.push('\n');
-        return print(&text);
+        return print_json(&report);
     }
     print(&report.text())
 }

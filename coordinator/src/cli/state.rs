@@ -14,16 +14,16 @@ use lazaret_proto::ids::DomainId;
 use serde::Serialize;
 
 use super::args::{DomainArg, ImageCommand, StateCommand};
-use super::{Failure, Globals, failure, print, printable};
+use super::{Failure, Globals, failure, print, print_json, printable};
 use crate::config::HostEnvironment;
 use crate::lifecycle::{DomainPaths, chain, client};
-use crate::state::{Access, DomainSummary, Held, Roots, StateError};
+use crate::state::{Access, DomainState, DomainSummary, Held, Roots, StateError};
 
 fn failed(error: &StateError) -> Failure {
     failure(chain(error))
 }
 
-fn roots(globals: &Globals) -> Result<Roots, Failure> {
+pub(super) fn roots(globals: &Globals) -> Result<Roots, Failure> {
     Roots::find(&HostEnvironment::capture(), globals.config.as_deref()).map_err(|e| match e {
         StateError::Config(config) => Failure::from(config),
         other => failed(&other),
@@ -44,12 +44,6 @@ fn size(bytes: u64) -> String {
     } else {
         format!("{value:.1} {}", UNITS[unit])
     }
-}
-
-fn json(value: &impl Serialize) -> Result<(), Failure> {
-    let text = serde_json::to_string_pretty(value)
-        .map_err(|e| failure(format!("cannot encode the answer: {e}")))?;
-    print(&format!("{text}\n"))
 }
 
 /// The Domain `arg` names.
@@ -104,7 +98,7 @@ fn take(globals: &Globals, roots: &Roots, arg: &DomainArg) -> Result<Box<Held>, 
              `lazaret down` it first",
             which(arg, id)
         ))),
-        Access::Absent(_) => Err(failure(format!(
+        Access::Absent => Err(failure(format!(
             "{} has no state under {}",
             which(arg, id),
             roots.storage.display()
@@ -116,7 +110,7 @@ fn take(globals: &Globals, roots: &Roots, arg: &DomainArg) -> Result<Box<Held>, 
 pub(super) fn run(globals: &Globals, command: StateCommand) -> Result<u8, Failure> {
     let roots = roots(globals)?;
     match command {
-        StateCommand::List { json: as_json } => list(&roots, as_json).map(|()| 0),
+        StateCommand::List { json: as_json } => list(&roots, as_json),
         StateCommand::Inspect(arg) => inspect(globals, &roots, &arg).map(|()| 0),
         StateCommand::Verify(arg) => verify(globals, &roots, &arg),
         StateCommand::Reset { domain, dirs, yes } => {
@@ -131,15 +125,11 @@ fn running_summary(paths: &DomainPaths) -> Option<DomainSummary> {
         return None;
     };
     Some(DomainSummary {
-        domain_id: status.domain_id.to_hex(),
         profile: status.profile,
         workspace: status.workspace.to_string(),
-        state: "running",
         last_generation: Some(status.generation_id.0),
         image_digest: Some(status.manifest_digest.to_hex()),
-        persistent_dirs: Vec::new(),
-        ignored_bytes: 0,
-        total_bytes: 0,
+        ..DomainSummary::unread(status.domain_id, DomainState::Running)
     })
 }
 
@@ -147,47 +137,68 @@ fn running_summary(paths: &DomainPaths) -> Option<DomainSummary> {
 struct Listed {
     storage_root: String,
     domains: Vec<DomainSummary>,
+    /// Domains whose state could not be read, and why.
+    unreadable: Vec<Unreadable>,
 }
 
-fn list(roots: &Roots, as_json: bool) -> Result<(), Failure> {
+#[derive(Serialize)]
+struct Unreadable {
+    domain_id: String,
+    error: String,
+}
+
+/// `state list`: every Domain, those that cannot be read said so (and the
+/// exit code 1) without hiding the others.
+fn list(roots: &Roots, as_json: bool) -> Result<u8, Failure> {
     let mut domains = Vec::new();
+    let mut unreadable = Vec::new();
     for id in roots.domain_ids().map_err(|e| failed(&e))? {
-        match roots.take(id).map_err(|e| failed(&e))? {
-            Access::Held(held) => domains.push(held.summary().map_err(|e| failed(&e))?),
+        let summary = roots.take(id).and_then(|access| match access {
+            Access::Held(held) => held.summary().map(Some),
             Access::Running(paths) => {
-                domains.push(running_summary(&paths).unwrap_or(DomainSummary {
-                    domain_id: id.to_hex(),
-                    profile: String::new(),
-                    workspace: String::new(),
-                    state: "busy",
-                    last_generation: None,
-                    image_digest: None,
-                    persistent_dirs: Vec::new(),
-                    ignored_bytes: 0,
-                    total_bytes: 0,
-                }))
+                Ok(Some(running_summary(&paths).unwrap_or_else(|| {
+                    DomainSummary::unread(id, DomainState::Busy)
+                })))
             }
-            Access::Absent(_) => {}
+            Access::Absent => Ok(None),
+        });
+        match summary {
+            Ok(Some(summary)) => domains.push(summary),
+            Ok(None) => {}
+            Err(e) => unreadable.push(Unreadable {
+                domain_id: id.to_hex(),
+                error: chain(&e),
+            }),
         }
     }
+    let code = u8::from(!unreadable.is_empty());
     let listed = Listed {
         storage_root: roots.storage.display().to_string(),
         domains,
+        unreadable,
     };
     if as_json {
-        return json(&listed);
+        print_json(&listed)?;
+        return Ok(code);
     }
-    if listed.domains.is_empty() {
-        return print(&format!(
+    let mut text = String::new();
+    if listed.domains.is_empty() && listed.unreadable.is_empty() {
+        text.push_str(&format!(
             "no Domain has state under {}\n",
             listed.storage_root
         ));
     }
-    let mut text = String::new();
     for d in &listed.domains {
         text.push_str(&summary_text(d));
     }
-    print(&printable(&text))
+    for u in &listed.unreadable {
+        text.push_str(&format!(
+            "Domain {}: cannot read its state: {}\n",
+            u.domain_id, u.error
+        ));
+    }
+    print(&printable(&text))?;
+    Ok(code)
 }
 
 fn summary_text(d: &DomainSummary) -> String {
@@ -200,7 +211,7 @@ fn summary_text(d: &DomainSummary) -> String {
         },
         d.workspace,
         d.domain_id,
-        d.state,
+        d.state.as_str(),
         d.last_generation
             .map(|g| format!(", last generation {g}"))
             .unwrap_or_default(),
@@ -208,7 +219,7 @@ fn summary_text(d: &DomainSummary) -> String {
     if let Some(digest) = &d.image_digest {
         text.push_str(&format!("  image      sha256:{digest}\n"));
     }
-    if d.state == "running" || d.state == "busy" {
+    if matches!(d.state, DomainState::Running | DomainState::Busy) {
         text.push_str("  (running: `lazaret status` shows what it holds)\n");
         return text;
     }
@@ -224,7 +235,7 @@ fn summary_text(d: &DomainSummary) -> String {
         size(d.ignored_bytes),
         size(d.total_bytes)
     ));
-    if d.state == "stale" {
+    if d.state == DomainState::Stale {
         text.push_str("  a generation was never stopped; `lazaret down` finishes it\n");
     }
     text
@@ -233,10 +244,9 @@ fn summary_text(d: &DomainSummary) -> String {
 fn inspect(globals: &Globals, roots: &Roots, arg: &DomainArg) -> Result<(), Failure> {
     let held = take(globals, roots, arg)?;
     let catalog = roots.catalog().map_err(|e| failed(&e))?;
-    let uid = rustix::process::getuid().as_raw();
-    let inspection = held.inspect(&catalog, uid).map_err(|e| failed(&e))?;
+    let inspection = held.inspect(&catalog).map_err(|e| failed(&e))?;
     if arg.json {
-        return json(&inspection);
+        return print_json(&inspection);
     }
     let mut text = summary_text(&inspection.summary);
     if !inspection.compared_with_image {
@@ -296,7 +306,7 @@ fn verify(globals: &Globals, roots: &Roots, arg: &DomainArg) -> Result<u8, Failu
     };
     let code = u8::from(!verified.clean);
     if arg.json {
-        json(&verified)?;
+        print_json(&verified)?;
         return Ok(code);
     }
     if verified.clean {
@@ -334,9 +344,10 @@ fn reset(
     yes: bool,
 ) -> Result<(), Failure> {
     let held = take(globals, roots, arg)?;
-    let catalog = roots.catalog().map_err(|e| failed(&e))?;
-    let recovered = held.recover(&catalog).map_err(|e| failed(&e))?;
-    let plan = held.reset_plan(dirs).map_err(failure)?;
+    // Nothing changes before the developer said yes: the stale generation
+    // a reset finishes first is part of what is asked.
+    let plan = held.reset_plan(dirs).map_err(|e| failed(&e))?;
+    let stale = held.stale_generation().map_err(|e| failed(&e))?;
     if !yes {
         let stdin = std::io::stdin();
         if !stdin.is_terminal() {
@@ -351,8 +362,14 @@ fn reset(
             "This deletes, for profile `{}` in {}:\n",
             held.domain.profile_name, held.domain.canonical_workspace
         );
+        if let Some(generation) = stale {
+            question.push_str(&format!(
+                "  (first, generation {} is finished: it was never stopped)\n",
+                generation.0
+            ));
+        }
         for r in &plan {
-            let what = if r.what == "ignored" {
+            let what = if r.is_isolated() {
                 "the workspace's ignored files kept for the sandbox".to_owned()
             } else {
                 format!("everything the sandbox changed in {}", r.what)
@@ -368,6 +385,8 @@ fn reset(
             return Err(failure("nothing deleted"));
         }
     }
+    let catalog = roots.catalog().map_err(|e| failed(&e))?;
+    let recovered = held.recover(&catalog).map_err(|e| failed(&e))?;
     held.reset(&plan).map_err(|e| failed(&e))?;
     let done = Reset {
         domain_id: held.domain.domain_id.to_hex(),
@@ -375,7 +394,7 @@ fn reset(
         removed: plan,
     };
     if arg.json {
-        return json(&done);
+        return print_json(&done);
     }
     let mut text = String::new();
     if let Some(g) = done.recovered_generation {
@@ -410,7 +429,7 @@ pub(super) fn image(globals: &Globals, command: ImageCommand) -> Result<u8, Fail
             pruned: bool,
             images: &'a [crate::state::ImageSummary],
         }
-        json(&Images {
+        print_json(&Images {
             pruned,
             images: &images,
         })?;
@@ -458,31 +477,29 @@ pub(super) enum Recovered {
     Busy,
 }
 
-/// `lazaret down` when no coordinator answers: finishes the Domain's stale
-/// generation, if it has one, from its records alone.
-pub(super) fn recover(globals: &Globals, profile: &str) -> Result<Recovered, Failure> {
-    let roots = roots(globals)?;
-    let arg = DomainArg {
-        profile: Some(profile.to_owned()),
-        domain: None,
-        json: false,
-    };
-    let id = domain_id(globals, &roots, &arg)?;
+/// `lazaret down` when no coordinator answers: finishes Domain `id`'s
+/// stale generation, if it has one, from its records alone.
+pub(super) fn recover(roots: &Roots, id: DomainId) -> Result<Recovered, Failure> {
     let held = match roots.take(id).map_err(|e| failed(&e))? {
         Access::Held(held) => held,
         Access::Running(_) => return Ok(Recovered::Busy),
-        Access::Absent(_) => {
+        Access::Absent => {
             print(&format!("Domain {id} is not running\n"))?;
             return Ok(Recovered::Done);
         }
     };
+    // The catalog (whose opening cleans what crashed preparers left) only
+    // when there is a generation to finish.
+    if held.stale_generation().map_err(|e| failed(&e))?.is_none() {
+        print(&format!("Domain {id} is not running\n"))?;
+        return Ok(Recovered::Done);
+    }
     let catalog = roots.catalog().map_err(|e| failed(&e))?;
-    match held.recover(&catalog).map_err(|e| failed(&e))? {
-        Some(generation) => print(&format!(
+    if let Some(generation) = held.recover(&catalog).map_err(|e| failed(&e))? {
+        print(&format!(
             "Domain {id} was not running; cleaned up stale generation {}\n",
             generation.0
-        ))?,
-        None => print(&format!("Domain {id} is not running\n"))?,
+        ))?;
     }
     Ok(Recovered::Done)
 }

@@ -34,22 +34,27 @@ fn toml_error(text: &str, error: &toml::de::Error) -> String {
     }
 }
 
+/// The document at `source_label` as a TOML table, or the syntax error
+/// with its line.
+pub(super) fn parse_table(source_label: &str, bytes: &[u8]) -> Result<toml::Table, ConfigError> {
+    let text = std::str::from_utf8(bytes).map_err(|e| ConfigError::Syntax {
+        path: source_label.to_owned(),
+        message: format!("is not valid UTF-8 (at byte {})", e.valid_up_to()),
+    })?;
+    text.parse()
+        .map_err(|e: toml::de::Error| ConfigError::Syntax {
+            path: source_label.to_owned(),
+            message: toml_error(text, &e),
+        })
+}
+
 /// Decodes `bytes` and validates the structure of every profile.
 pub fn decode(
     source_label: &str,
     bytes: &[u8],
     layout: &SandboxLayoutV1,
 ) -> Result<TrustedHostConfigurationV1, ConfigError> {
-    let text = std::str::from_utf8(bytes).map_err(|e| ConfigError::Syntax {
-        path: source_label.to_owned(),
-        message: format!("is not valid UTF-8 (at byte {})", e.valid_up_to()),
-    })?;
-    let table: toml::Table = text
-        .parse()
-        .map_err(|e: toml::de::Error| ConfigError::Syntax {
-            path: source_label.to_owned(),
-            message: toml_error(text, &e),
-        })?;
+    let table = parse_table(source_label, bytes)?;
 
     // Dispatch on `schema` before interpreting anything else, so a document
     // of another version is named as such rather than as unknown fields.

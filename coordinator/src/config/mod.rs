@@ -328,10 +328,7 @@ pub fn storage_root_of(
         field: "storage.data_root".into(),
         rule,
     };
-    let text =
-        std::str::from_utf8(&source.bytes).map_err(|_| field(format!("{label} is not UTF-8")))?;
-    let document: toml::Table =
-        toml::from_str(text).map_err(|e| field(format!("{label} is not TOML: {}", e.message())))?;
+    let document = decode::parse_table(&label, &source.bytes)?;
     let declared = match document.get("storage").and_then(|s| s.get("data_root")) {
         None => None,
         Some(toml::Value::String(text)) => Some(

@@ -49,7 +49,7 @@ use lazaret_proto::trust::{GenerationIdentity, ProtocolCredential, TrustManifest
 use rustix::fs::{Mode, OFlags};
 
 use super::record::Recorder;
-use super::recovery::release_generation;
+use super::recovery::{finish_stale, release_generation};
 use super::supervisor::{PlanInputs, Supervisor};
 use super::{DomainPaths, chain};
 use crate::catalog::{PreparedLower, StorageCatalog};
@@ -61,6 +61,7 @@ use crate::process::HeldProcess;
 use crate::session;
 use crate::session::hub::Hub;
 use crate::session::tls::{GenerationCredentials, remove_client_credential};
+use crate::state::{ANCHORS_DIR, UPPER_DIR, WORK_DIR, anchor_name};
 use crate::store::{DomainStore, Slot};
 
 type Startup = Endpoint<StartupEvent, ControlRequest>;
@@ -278,25 +279,13 @@ fn recover_stale(
     owned: &Owned,
     resolved: &ResolvedDomainConfiguration,
 ) -> Result<Option<GenerationId>, Failure> {
-    let Some(stale) = owned
-        .store
-        .open_generation()
-        .map_err(|e| at(StartupStep::Ownership)(&e))?
-    else {
-        return Ok(None);
-    };
-    let id = stale.generation_id;
-    tracing::warn!("finishing stale generation {id}");
-    let killed = release_generation(
+    finish_stale(
         &owned.store,
         &owned.catalog,
         resolved.domain_id(),
-        stale,
         &resolved.authorities().domain_runtime,
     )
-    .map_err(|e| at(StartupStep::Ownership)(&e))?;
-    tracing::info!("stale generation {id} released; {killed} leftover processes stopped");
-    Ok(Some(id))
+    .map_err(|e| at(StartupStep::Ownership)(&e))
 }
 
 /// Who owns the Domain.
@@ -734,15 +723,15 @@ fn bring_up(
     );
     let mut anchor_dirs = Vec::new();
     for (i, dir) in resolved.record().persistent_dirs.iter().enumerate() {
-        let name = Path::new("anchors").join(lazaret_proto::ids::to_hex(dir.as_bytes()));
+        let name = Path::new(ANCHORS_DIR).join(anchor_name(dir));
         let state_dir = auth.domain_storage.label().join(&name);
         let anchor = recorder.intent(
             Slot::state_anchor(i),
             StartupStep::State,
             ParticipantOwnership::StateAnchor(StateAnchorOwnership {
                 lower_artifact_id: Some(prepared.artifact_id),
-                upper_path: Some(HostPath::from(&state_dir.join("upper"))),
-                work_path: Some(HostPath::from(&state_dir.join("work"))),
+                upper_path: Some(HostPath::from(&state_dir.join(UPPER_DIR))),
+                work_path: Some(HostPath::from(&state_dir.join(WORK_DIR))),
                 sandbox_path: Some(dir.clone()),
                 ..StateAnchorOwnership::default()
             }),
@@ -751,8 +740,8 @@ fn bring_up(
             .domain_storage
             .ensure_child(&name, uid)
             .and_then(|d| {
-                d.ensure_child(Path::new("upper"), uid)?;
-                d.ensure_child(Path::new("work"), uid)?;
+                d.ensure_child(Path::new(UPPER_DIR), uid)?;
+                d.ensure_child(Path::new(WORK_DIR), uid)?;
                 Ok(d)
             })
             .map_err(|e| at(StartupStep::State)(&e))?;

@@ -18,7 +18,7 @@ pub mod recovery;
 mod serve;
 mod supervisor;
 mod usage;
-mod workspace;
+pub(crate) mod workspace;
 
 use std::path::{Path, PathBuf};
 

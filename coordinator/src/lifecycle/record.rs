@@ -61,7 +61,7 @@ impl Recorder {
             },
         };
         intent.put()?;
-        crate::fault::point(&format!("intent:{}", slot.name()));
+        crate::fault::point("intent", &slot.name());
         Ok(intent)
     }
 }
@@ -101,7 +101,7 @@ impl Intent {
         self.participant.state = state;
         self.participant.ownership = ownership;
         self.put()?;
-        crate::fault::point(&format!("active:{}", self.slot.name()));
+        crate::fault::point("active", &self.slot.name());
         Ok(())
     }
 }

@@ -98,6 +98,25 @@ fn stop_recorded(
     }
 }
 
+/// Finishes the Domain's stale generation, if one is open (its coordinator
+/// is gone: the caller holds the Domain lock): [`release_generation`],
+/// logged. The generation it finished.
+pub fn finish_stale(
+    store: &DomainStore,
+    catalog: &StorageCatalog,
+    domain_id: DomainId,
+    runtime_dir: &RetainedDir,
+) -> Result<Option<GenerationId>, RecoveryError> {
+    let Some(stale) = store.open_generation()? else {
+        return Ok(None);
+    };
+    let id = stale.generation_id;
+    tracing::warn!("finishing stale generation {id}");
+    let killed = release_generation(store, catalog, domain_id, stale, runtime_dir)?;
+    tracing::info!("stale generation {id} released; {killed} leftover processes stopped");
+    Ok(Some(id))
+}
+
 /// Releases every participant of `generation` and records it closed. Safe to
 /// run again on a half-released generation: each step checks what is left.
 /// Returns how many live processes had to be killed.
@@ -133,7 +152,7 @@ pub fn release_generation(
                     ..participant.clone()
                 },
             )?;
-            crate::fault::point(&format!("release:{}", slot.name()));
+            crate::fault::point("release", &slot.name());
         }
         let mut next = Participant {
             state: ParticipantState::Released,

@@ -66,7 +66,9 @@ impl Uppers {
             .persistent
             .iter()
             .filter_map(|(path, anchor)| {
-                let upper = crate::image::fsops::open_dir_read(anchor.as_fd(), "upper").ok()?;
+                let upper =
+                    crate::image::fsops::open_dir_read(anchor.as_fd(), crate::state::UPPER_DIR)
+                        .ok()?;
                 let (bytes, complete) =
                     crate::image::fsops::disk_usage_until(upper.as_fd(), Some(deadline)).ok()?;
                 Some(PersistentUsage {

@@ -16,7 +16,7 @@
 pub mod anchor;
 
 use std::ffi::OsStr;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 use lazaret_proto::catalog::ImageSourceIdentity;
@@ -30,7 +30,8 @@ use crate::config::confined::ensure_root;
 use crate::config::{ConfigError, ConfinedError, DOMAINS_DIR, HostEnvironment, RetainedDir};
 use crate::image::fsops;
 use crate::lifecycle::DomainPaths;
-use crate::lifecycle::recovery::{RecoveryError, release_generation};
+use crate::lifecycle::recovery::{RecoveryError, finish_stale};
+use crate::lifecycle::workspace::ISOLATED_DIR;
 use crate::store::{DomainStore, StoreError};
 
 /// The State Anchors' directory in a Domain's storage.
@@ -39,8 +40,6 @@ pub const ANCHORS_DIR: &str = "anchors";
 pub const UPPER_DIR: &str = "upper";
 /// The overlay work directory of one anchor.
 pub const WORK_DIR: &str = "work";
-/// The workspace's isolated storage, in a Domain's storage.
-pub const ISOLATED_DIR: &str = "workspace/isolated";
 
 /// Why a state operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -60,6 +59,9 @@ pub enum StateError {
     /// Releasing a stale generation failed.
     #[error(transparent)]
     Recovery(#[from] RecoveryError),
+    /// What was asked for is not there.
+    #[error("{0}")]
+    Unknown(String),
     /// A file operation failed.
     #[error("cannot {operation} {path}")]
     Io {
@@ -148,11 +150,11 @@ impl Roots {
     pub fn take(&self, id: DomainId) -> Result<Access, StateError> {
         let paths = DomainPaths::new(id, self.runtime.join(DOMAINS_DIR).join(id.to_hex()));
         let Some(domains) = self.domains()? else {
-            return Ok(Access::Absent(paths));
+            return Ok(Access::Absent);
         };
         let storage = match domains.open_child(Path::new(&id.to_hex())) {
             Ok(dir) => dir,
-            Err(ConfinedError::Missing { .. }) => return Ok(Access::Absent(paths)),
+            Err(ConfinedError::Missing { .. }) => return Ok(Access::Absent),
             Err(e) => return Err(e.into()),
         };
         let runtime = ensure_root(&self.runtime, self.uid)?
@@ -166,11 +168,10 @@ impl Roots {
             return Ok(Access::Running(paths));
         };
         let Some((store, domain)) = DomainStore::open_existing(&storage, id)? else {
-            return Ok(Access::Absent(paths));
+            return Ok(Access::Absent);
         };
         Ok(Access::Held(Box::new(Held {
             domain,
-            paths,
             storage,
             runtime,
             store,
@@ -187,7 +188,7 @@ pub enum Access {
     /// Its coordinator (or another command) holds it.
     Running(DomainPaths),
     /// It has no state.
-    Absent(DomainPaths),
+    Absent,
 }
 
 /// A Domain this process owns: its lock, directories and store.
@@ -195,12 +196,9 @@ pub enum Access {
 pub struct Held {
     /// Its Domain row.
     pub domain: Domain,
-    /// Its runtime paths.
-    pub paths: DomainPaths,
     storage: RetainedDir,
     runtime: RetainedDir,
-    /// Its store.
-    pub store: DomainStore,
+    store: DomainStore,
     _lock: OwnedFd,
 }
 
@@ -213,6 +211,33 @@ pub struct AnchorOnDisk {
     pub bytes: u64,
 }
 
+/// Where a Domain is in its life, as `state list` shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DomainState {
+    /// Its coordinator runs.
+    Running,
+    /// Its last generation was stopped.
+    Stopped,
+    /// A generation's coordinator is gone; `lazaret down` finishes it.
+    Stale,
+    /// Another Lazaret command holds it (a coordinator starting or
+    /// stopping, or a `state` command).
+    Busy,
+}
+
+impl DomainState {
+    /// How it is shown (and serialized).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Running => "running",
+            Self::Stopped => "stopped",
+            Self::Stale => "stale",
+            Self::Busy => "busy",
+        }
+    }
+}
+
 /// A Domain's state, as `state list` shows it.
 #[derive(Debug, Serialize)]
 pub struct DomainSummary {
@@ -222,9 +247,8 @@ pub struct DomainSummary {
     pub profile: String,
     /// Its workspace.
     pub workspace: String,
-    /// `running`, `stopped`, or `stale` (a generation whose coordinator is
-    /// gone; `lazaret down` finishes it).
-    pub state: &'static str,
+    /// Where it is in its life.
+    pub state: DomainState,
     /// Its last generation.
     pub last_generation: Option<u64>,
     /// The image digest of its last generation.
@@ -237,23 +261,37 @@ pub struct DomainSummary {
     pub total_bytes: u64,
 }
 
-fn usage(dir: &RetainedDir, name: &str) -> u64 {
-    fsops::open_dir_read(dir.fd(), name)
+impl DomainSummary {
+    /// A Domain whose records could not be read here (its coordinator
+    /// holds them): what is known is its id and `state`.
+    pub fn unread(domain_id: DomainId, state: DomainState) -> Self {
+        Self {
+            domain_id: domain_id.to_hex(),
+            profile: String::new(),
+            workspace: String::new(),
+            state,
+            last_generation: None,
+            image_digest: None,
+            persistent_dirs: Vec::new(),
+            ignored_bytes: 0,
+            total_bytes: 0,
+        }
+    }
+}
+
+/// The bytes the directory `name` beneath `dir` occupies; nothing there
+/// is none.
+fn usage(dir: BorrowedFd<'_>, name: &str) -> u64 {
+    fsops::open_dir_read(dir, name)
         .ok()
         .and_then(|fd| fsops::disk_usage(fd.as_fd()).ok())
         .unwrap_or(0)
 }
 
-/// The persistent dir a name in `anchors/` stands for.
+/// The persistent dir a name in `anchors/` stands for: exactly
+/// [`anchor_name`]'s form of an absolute path.
 fn sandbox_path_of(name: &[u8]) -> Option<String> {
-    let text = std::str::from_utf8(name).ok()?;
-    let bytes: Vec<u8> = (0..text.len())
-        .step_by(2)
-        .map(|i| {
-            text.get(i..i + 2)
-                .and_then(|h| u8::from_str_radix(h, 16).ok())
-        })
-        .collect::<Option<_>>()?;
+    let bytes = lazaret_proto::ids::parse_hex_bytes(std::str::from_utf8(name).ok()?)?;
     String::from_utf8(bytes).ok().filter(|p| p.starts_with('/'))
 }
 
@@ -262,32 +300,71 @@ pub fn anchor_name(path: &str) -> String {
     lazaret_proto::ids::to_hex(path.as_bytes())
 }
 
-/// The anchors a Domain's storage holds, with their names in `anchors/`.
-fn anchors(storage: &RetainedDir) -> Vec<(String, AnchorOnDisk)> {
-    let Ok(dir) = fsops::open_dir_read(storage.fd(), ANCHORS_DIR) else {
-        return Vec::new();
-    };
-    let mut out: Vec<(String, AnchorOnDisk)> = fsops::list_dir(dir.as_fd())
-        .unwrap_or_default()
-        .into_iter()
-        .filter_map(|name| {
-            let sandbox_path = sandbox_path_of(&name)?;
-            let name = String::from_utf8(name).ok()?;
-            let bytes = fsops::open_dir_read(dir.as_fd(), name.as_str())
-                .ok()
-                .and_then(|fd| fsops::disk_usage(fd.as_fd()).ok())
-                .unwrap_or(0);
-            Some((
-                name,
-                AnchorOnDisk {
-                    sandbox_path,
-                    bytes,
-                },
-            ))
+/// One State Anchor in `anchors/`.
+#[derive(Debug)]
+struct AnchorEntry {
+    /// Its name there.
+    name: String,
+    /// The persistent dir it stands for.
+    sandbox_path: String,
+}
+
+/// A Domain's `anchors/` directory, opened once, and what it holds.
+struct Anchors {
+    dir: Option<OwnedFd>,
+    entries: Vec<AnchorEntry>,
+}
+
+impl Anchors {
+    /// What `storage`'s `anchors/` holds, by persistent dir; none when it
+    /// was never made.
+    fn read(storage: &RetainedDir) -> Result<Self, StateError> {
+        let path = storage.label().join(ANCHORS_DIR);
+        let dir = match fsops::open_dir_read(storage.fd(), ANCHORS_DIR) {
+            Ok(dir) => dir,
+            Err(rustix::io::Errno::NOENT) => {
+                return Ok(Self {
+                    dir: None,
+                    entries: Vec::new(),
+                });
+            }
+            Err(e) => return Err(io("open", &path)(e)),
+        };
+        let mut entries: Vec<AnchorEntry> = fsops::list_dir(dir.as_fd())
+            .map_err(io("list", &path))?
+            .into_iter()
+            .filter_map(|name| {
+                let sandbox_path = sandbox_path_of(&name)?;
+                let name = String::from_utf8(name).ok()?;
+                Some(AnchorEntry { name, sandbox_path })
+            })
+            .collect();
+        entries.sort_by(|a, b| a.sandbox_path.cmp(&b.sandbox_path));
+        Ok(Self {
+            dir: Some(dir),
+            entries,
         })
-        .collect();
-    out.sort_by(|a, b| a.1.sandbox_path.cmp(&b.1.sandbox_path));
-    out
+    }
+
+    /// Each anchor with the bytes it occupies.
+    fn measured(&self) -> Vec<AnchorOnDisk> {
+        self.entries
+            .iter()
+            .map(|entry| AnchorOnDisk {
+                sandbox_path: entry.sandbox_path.clone(),
+                bytes: self
+                    .dir
+                    .as_ref()
+                    .map_or(0, |dir| usage(dir.as_fd(), &entry.name)),
+            })
+            .collect()
+    }
+
+    /// `sub` (a path) of anchor `name`, opened for reading.
+    fn open(&self, name: &str, sub: &str) -> Option<OwnedFd> {
+        let dir = self.dir.as_ref()?;
+        fsops::open_dir_read(dir.as_fd(), Path::new(name).join(sub).as_os_str()).ok()
+    }
 }
 
 /// The prepared lower a generation leased: its artifact and digest.
@@ -309,37 +386,43 @@ impl Held {
     /// signalled), its sessions recorded closed. The generation it
     /// finished, if one was open.
     pub fn recover(&self, catalog: &StorageCatalog) -> Result<Option<GenerationId>, StateError> {
-        let Some(stale) = self.store.open_generation()? else {
-            return Ok(None);
-        };
-        let id = stale.generation_id;
-        release_generation(
+        Ok(finish_stale(
             &self.store,
             catalog,
             self.domain.domain_id,
-            stale,
             &self.runtime,
-        )?;
-        Ok(Some(id))
+        )?)
+    }
+
+    /// The generation [`Self::recover`] would finish.
+    pub fn stale_generation(&self) -> Result<Option<GenerationId>, StateError> {
+        Ok(self.store.open_generation()?.map(|g| g.generation_id))
     }
 
     /// This Domain as `state list` shows it.
     pub fn summary(&self) -> Result<DomainSummary, StateError> {
-        let latest: Option<Generation> = self.store.latest_generation()?;
-        let digest = match &latest {
+        let latest = self.store.latest_generation()?;
+        self.summary_of(latest.as_ref(), &Anchors::read(&self.storage)?)
+    }
+
+    fn summary_of(
+        &self,
+        latest: Option<&Generation>,
+        anchors: &Anchors,
+    ) -> Result<DomainSummary, StateError> {
+        let digest = match latest {
             Some(g) => leased_image(&self.store, g.generation_id)?.1,
             None => None,
         };
-        let persistent_dirs: Vec<AnchorOnDisk> =
-            anchors(&self.storage).into_iter().map(|(_, a)| a).collect();
-        let ignored_bytes = usage(&self.storage, ISOLATED_DIR);
+        let persistent_dirs = anchors.measured();
+        let ignored_bytes = usage(self.storage.fd(), ISOLATED_DIR);
         Ok(DomainSummary {
             domain_id: self.domain.domain_id.to_hex(),
             profile: self.domain.profile_name.clone(),
             workspace: self.domain.canonical_workspace.to_string(),
             state: match latest.map(|g| g.state) {
-                Some(GenerationState::Closed) | None => "stopped",
-                Some(_) => "stale",
+                Some(GenerationState::Closed) | None => DomainState::Stopped,
+                Some(_) => DomainState::Stale,
             },
             last_generation: latest.map(|g| g.generation_id.0),
             image_digest: digest.map(|d| d.to_hex()),
@@ -391,40 +474,45 @@ fn image_dir(rootfs: &OwnedFd, path: &str) -> Option<OwnedFd> {
 impl Held {
     /// Each persistent dir's upper against the image of the last
     /// generation.
-    pub fn inspect(&self, catalog: &StorageCatalog, uid: u32) -> Result<Inspection, StateError> {
-        let summary = self.summary()?;
-        let artifact = match self.store.latest_generation()? {
+    pub fn inspect(&self, catalog: &StorageCatalog) -> Result<Inspection, StateError> {
+        let latest = self.store.latest_generation()?;
+        let anchors = Anchors::read(&self.storage)?;
+        let summary = self.summary_of(latest.as_ref(), &anchors)?;
+        let artifact = match &latest {
             Some(g) => leased_image(&self.store, g.generation_id)?.0,
             None => None,
         };
         let rootfs = artifact.and_then(|id| catalog.artifact_rootfs(id).ok());
-        let anchors_dir = fsops::open_dir_read(self.storage.fd(), ANCHORS_DIR).ok();
-        let mut details = Vec::new();
-        for (name, on_disk) in anchors(&self.storage) {
-            let upper = anchors_dir.as_ref().and_then(|dir| {
-                fsops::open_dir_read(dir.as_fd(), Path::new(&name).join(UPPER_DIR).as_os_str()).ok()
-            });
-            let lower = rootfs
-                .as_ref()
-                .and_then(|r| image_dir(r, &on_disk.sandbox_path));
-            let walked = match &upper {
-                Some(upper) => anchor::walk(upper.as_fd(), lower.as_ref().map(AsFd::as_fd), uid),
-                None => anchor::Walked::default(),
-            };
-            details.push(AnchorDetail {
-                upper: self
-                    .storage
-                    .label()
-                    .join(ANCHORS_DIR)
-                    .join(&name)
-                    .join(UPPER_DIR)
-                    .display()
-                    .to_string(),
-                sandbox_path: on_disk.sandbox_path,
-                bytes: on_disk.bytes,
-                walked,
-            });
-        }
+        let uid = rustix::process::getuid().as_raw();
+        let details = anchors
+            .entries
+            .iter()
+            .zip(&summary.persistent_dirs)
+            .map(|(entry, on_disk)| {
+                let upper_path = Path::new(&entry.name).join(UPPER_DIR);
+                let lower = rootfs
+                    .as_ref()
+                    .and_then(|r| image_dir(r, &entry.sandbox_path));
+                let walked = match anchors.open(&entry.name, UPPER_DIR) {
+                    Some(upper) => {
+                        anchor::walk(upper.as_fd(), lower.as_ref().map(AsFd::as_fd), uid)
+                    }
+                    None => anchor::Walked::default(),
+                };
+                AnchorDetail {
+                    upper: self
+                        .storage
+                        .label()
+                        .join(ANCHORS_DIR)
+                        .join(upper_path)
+                        .display()
+                        .to_string(),
+                    sandbox_path: entry.sandbox_path.clone(),
+                    bytes: on_disk.bytes,
+                    walked,
+                }
+            })
+            .collect();
         Ok(Inspection {
             summary,
             compared_with_image: rootfs.is_some(),
@@ -472,8 +560,7 @@ impl Held {
         }
         // The dirs the last generation recorded have their upper and work
         // directories, owned by the user, the anchors' own dirs 0700.
-        let on_disk = anchors(&self.storage);
-        let anchors_dir = fsops::open_dir_read(self.storage.fd(), ANCHORS_DIR).ok();
+        let anchors = Anchors::read(&self.storage)?;
         if let Some(last) = generations.last() {
             for (_, participant) in self.store.participants(last.generation_id)? {
                 let ParticipantOwnership::StateAnchor(anchor) = participant.ownership else {
@@ -484,7 +571,7 @@ impl Held {
                 };
                 let name = anchor_name(&path);
                 for (sub, kind) in [(UPPER_DIR, "missing-upper"), (WORK_DIR, "bad-work-dir")] {
-                    let there = anchors_dir.as_ref().and_then(|dir| {
+                    let there = anchors.dir.as_ref().and_then(|dir| {
                         fsops::lstat_at(dir.as_fd(), Path::new(&name).join(sub).as_os_str())
                             .ok()
                             .flatten()
@@ -510,27 +597,32 @@ impl Held {
                 }
             }
         }
-        for (name, anchor) in &on_disk {
-            let Some(dir) = anchors_dir.as_ref() else {
+        for anchor in &anchors.entries {
+            let Some(dir) = anchors.dir.as_ref() else {
                 break;
             };
-            if let Ok(Some(stat)) = fsops::lstat_at(dir.as_fd(), OsStr::new(name)) {
+            if let Ok(Some(stat)) = fsops::lstat_at(dir.as_fd(), OsStr::new(&anchor.name)) {
                 if stat.st_uid != roots.uid || stat.st_mode & 0o777 != 0o700 {
                     found.push(finding(
                         "bad-mode",
                         format!(
-                            "the State Anchor of {} has owner {} and mode {:04o}; it must be \
-                             yours with mode 0700",
+                            "the State Anchor of {} ({}) has owner {} and mode {:04o}; it must be \
+                             yours with mode 0700: `chmod 0700` it if it is yours, or \
+                             `lazaret state reset --dir {}` to start it afresh",
                             anchor.sandbox_path,
+                            self.storage
+                                .label()
+                                .join(ANCHORS_DIR)
+                                .join(&anchor.name)
+                                .display(),
                             stat.st_uid,
-                            stat.st_mode & 0o7777
+                            stat.st_mode & 0o7777,
+                            anchor.sandbox_path,
                         ),
                     ));
                 }
             }
-            if let Ok(upper) =
-                fsops::open_dir_read(dir.as_fd(), Path::new(name).join(UPPER_DIR).as_os_str())
-            {
+            if let Some(upper) = anchors.open(&anchor.name, UPPER_DIR) {
                 let walked = anchor::walk(upper.as_fd(), None, roots.uid);
                 for (path, owner) in walked.foreign {
                     found.push(finding(
@@ -579,7 +671,8 @@ impl Held {
                     found.push(finding(
                         "dangling-lease",
                         format!(
-                            "generation {} of this Domain is closed but still leases image {}",
+                            "generation {} of this Domain is closed but still leases image {}, \
+                             which keeps it from `lazaret image prune`",
                             lease.generation_id.0, lease.prepared_artifact_id
                         ),
                     ));
@@ -604,55 +697,70 @@ impl Held {
 /// What `state reset` removes.
 #[derive(Debug, Serialize)]
 pub struct Removal {
-    /// The persistent dir (or `ignored` for the isolated workspace storage).
+    /// The persistent dir, or `ignored` for the isolated workspace storage.
     pub what: String,
     /// Bytes it occupied.
     pub bytes: u64,
+    #[serde(skip)]
+    target: Target,
+}
+
+/// Where a [`Removal`] is, beneath the Domain's storage directory.
+#[derive(Debug)]
+enum Target {
+    /// The anchor of this name in `anchors/`.
+    Anchor(String),
+    /// The isolated workspace storage, emptied.
+    Isolated,
+}
+
+impl Removal {
+    /// Whether this is the isolated workspace storage (the ignored files
+    /// kept for the sandbox).
+    pub fn is_isolated(&self) -> bool {
+        matches!(self.target, Target::Isolated)
+    }
 }
 
 impl Held {
     /// What `state reset` would remove: every persistent dir's state and
     /// the isolated workspace storage, or only the dirs in `only`. A dir
     /// in `only` without state is an error naming what there is.
-    pub fn reset_plan(&self, only: &[String]) -> Result<Vec<Removal>, String> {
-        let on_disk = anchors(&self.storage);
+    pub fn reset_plan(&self, only: &[String]) -> Result<Vec<Removal>, StateError> {
+        let anchors = Anchors::read(&self.storage)?;
+        let measured = anchors.measured();
+        let removal = |i: usize| Removal {
+            what: measured[i].sandbox_path.clone(),
+            bytes: measured[i].bytes,
+            target: Target::Anchor(anchors.entries[i].name.clone()),
+        };
         if only.is_empty() {
-            let mut plan: Vec<Removal> = on_disk
-                .into_iter()
-                .map(|(_, a)| Removal {
-                    what: a.sandbox_path,
-                    bytes: a.bytes,
-                })
-                .collect();
+            let mut plan: Vec<Removal> = (0..measured.len()).map(removal).collect();
             plan.push(Removal {
                 what: "ignored".into(),
-                bytes: usage(&self.storage, ISOLATED_DIR),
+                bytes: usage(self.storage.fd(), ISOLATED_DIR),
+                target: Target::Isolated,
             });
             return Ok(plan);
         }
         only.iter()
             .map(|dir| {
                 let dir = dir.trim_end_matches('/');
-                on_disk
+                measured
                     .iter()
-                    .find(|(_, a)| a.sandbox_path == dir)
-                    .map(|(_, a)| Removal {
-                        what: a.sandbox_path.clone(),
-                        bytes: a.bytes,
-                    })
+                    .position(|a| a.sandbox_path == dir)
+                    .map(removal)
                     .ok_or_else(|| {
-                        let kept: Vec<&str> = on_disk
-                            .iter()
-                            .map(|(_, a)| a.sandbox_path.as_str())
-                            .collect();
-                        format!(
+                        let kept: Vec<&str> =
+                            measured.iter().map(|a| a.sandbox_path.as_str()).collect();
+                        StateError::Unknown(format!(
                             "the Domain keeps no state for {dir}; it keeps: {}",
                             if kept.is_empty() {
                                 "nothing".to_owned()
                             } else {
                                 kept.join(", ")
                             }
-                        )
+                        ))
                     })
             })
             .collect()
@@ -662,21 +770,23 @@ impl Held {
     pub fn reset(&self, plan: &[Removal]) -> Result<(), StateError> {
         let anchors_path = self.storage.label().join(ANCHORS_DIR);
         for removal in plan {
-            if removal.what == "ignored" {
-                let path = self.storage.label().join(ISOLATED_DIR);
-                match fsops::open_dir_read(self.storage.fd(), ISOLATED_DIR) {
-                    Ok(dir) => fsops::remove_children(dir.as_fd(), |_| false)
-                        .map_err(io("empty", &path))?,
-                    Err(rustix::io::Errno::NOENT) => {}
-                    Err(e) => return Err(io("open", &path)(e)),
+            match &removal.target {
+                Target::Isolated => {
+                    let path = self.storage.label().join(ISOLATED_DIR);
+                    match fsops::open_dir_read(self.storage.fd(), ISOLATED_DIR) {
+                        Ok(dir) => fsops::remove_children(dir.as_fd(), |_| false)
+                            .map_err(io("empty", &path))?,
+                        Err(rustix::io::Errno::NOENT) => {}
+                        Err(e) => return Err(io("open", &path)(e)),
+                    }
                 }
-                continue;
+                Target::Anchor(name) => {
+                    let dir = fsops::open_dir_read(self.storage.fd(), ANCHORS_DIR)
+                        .map_err(io("open", &anchors_path))?;
+                    fsops::remove_at(dir.as_fd(), OsStr::new(name))
+                        .map_err(io("remove", &anchors_path.join(name)))?;
+                }
             }
-            let dir = fsops::open_dir_read(self.storage.fd(), ANCHORS_DIR)
-                .map_err(io("open", &anchors_path))?;
-            let name = anchor_name(&removal.what);
-            fsops::remove_at(dir.as_fd(), OsStr::new(&name))
-                .map_err(io("remove", &anchors_path.join(&name)))?;
         }
         Ok(())
     }
@@ -699,35 +809,46 @@ pub struct ImageSummary {
 
 /// Every prepared image.
 pub fn images(catalog: &StorageCatalog) -> Result<Vec<ImageSummary>, StateError> {
-    let leases = catalog.leases()?;
-    catalog
-        .artifacts()?
-        .into_iter()
-        .map(|a| {
-            Ok(ImageSummary {
-                artifact_id: a.prepared_artifact_id.to_hex(),
-                manifest_digest: a.selected_manifest_digest.to_hex(),
-                source: match &a.source_identity {
-                    ImageSourceIdentity::Registry { reference } => reference.clone(),
-                    ImageSourceIdentity::OciLayout { path, tag } => format!("oci:{path}:{tag}"),
-                    ImageSourceIdentity::OciArchive { path, .. } => format!("oci-archive:{path}"),
-                },
-                bytes: catalog.artifact_size(a.prepared_artifact_id).unwrap_or(0),
-                leased_by: leases
-                    .iter()
-                    .filter(|l| l.prepared_artifact_id == a.prepared_artifact_id)
-                    .map(|l| (l.domain_id.to_hex(), l.generation_id.0))
-                    .collect(),
-            })
-        })
-        .collect()
+    images_where(catalog, |_| true)
 }
 
-/// Removes every image no generation leases; what was removed.
+/// The prepared images `wanted` selects by their leases, each measured.
+fn images_where(
+    catalog: &StorageCatalog,
+    wanted: impl Fn(&[(String, u64)]) -> bool,
+) -> Result<Vec<ImageSummary>, StateError> {
+    let leases = catalog.leases()?;
+    let mut out = Vec::new();
+    for a in catalog.artifacts()? {
+        let leased_by: Vec<(String, u64)> = leases
+            .iter()
+            .filter(|l| l.prepared_artifact_id == a.prepared_artifact_id)
+            .map(|l| (l.domain_id.to_hex(), l.generation_id.0))
+            .collect();
+        if !wanted(&leased_by) {
+            continue;
+        }
+        out.push(ImageSummary {
+            artifact_id: a.prepared_artifact_id.to_hex(),
+            manifest_digest: a.selected_manifest_digest.to_hex(),
+            source: match &a.source_identity {
+                ImageSourceIdentity::Registry { reference } => reference.clone(),
+                ImageSourceIdentity::OciLayout { path, tag } => format!("oci:{path}:{tag}"),
+                ImageSourceIdentity::OciArchive { path, .. } => format!("oci-archive:{path}"),
+            },
+            bytes: catalog.artifact_size(a.prepared_artifact_id).unwrap_or(0),
+            leased_by,
+        });
+    }
+    Ok(out)
+}
+
+/// Removes every image no generation leases; what was removed. Only the
+/// unleased ones are measured (before they go).
 pub fn prune(catalog: &StorageCatalog) -> Result<Vec<ImageSummary>, StateError> {
-    let before = images(catalog)?;
+    let unleased = images_where(catalog, <[_]>::is_empty)?;
     let removed = catalog.reclaim_unleased()?;
-    Ok(before
+    Ok(unleased
         .into_iter()
         .filter(|i| removed.iter().any(|id| id.to_hex() == i.artifact_id))
         .collect())
