@@ -857,37 +857,34 @@ fn bring_up(
         attached,
     )?;
 
-    // The sandbox, now that its network is proven.
+    // The sandbox, now that its network is proven. While runsc starts it,
+    // the control and session sockets are published: no session is served
+    // before `up` has finished, so a client that connects early waits.
     reporter.progress(StartupStep::Sandbox, "starting the sandbox");
-    let running = supervisor.run_sandbox()?;
+    let (running, published) = std::thread::scope(|scope| {
+        let publishing = scope.spawn(|| publish(resolved, generation, &recorder));
+        let running = supervisor.run_sandbox();
+        let published = publishing.join().unwrap_or_else(|_| {
+            Err(failure(
+                StartupStep::Sandbox,
+                "publishing the sessions failed unexpectedly",
+            ))
+        });
+        (running, published)
+    });
+    let running = running?;
     let holder = namespaces.holder;
     sandbox_record.container_process = running.process.committed();
     sandbox_record.runtime_root = Some(running.runtime_root.clone());
     sandbox_record.user_namespace = Some(namespaces.user_namespace);
     sandbox.active_as(ParticipantOwnership::Sandbox(sandbox_record))?;
-
-    // The control socket.
-    let socket = auth.domain_runtime.label().join(super::CONTROL_SOCKET);
-    let publication = recorder.intent(
-        Slot::PUBLICATION,
-        StartupStep::Sandbox,
-        ParticipantOwnership::Publication(PublicationOwnership {
-            socket_path: Some(HostPath::from(&socket)),
-            identity_path: None,
-        }),
-    )?;
-    let _ = std::fs::remove_file(&socket);
-    let listener = lazaret_proto::channel::listen(&lazaret_proto::channel::socket_path_at(
-        auth.domain_runtime.fd(),
-        super::CONTROL_SOCKET,
-    ))
-    .map_err(|e| at(StartupStep::Sandbox)(&e))?;
-    publication.active()?;
-
-    // The Session Coordinator: this generation's TLS credentials, the client
-    // credential for the invoking user, and the session socket.
-    let (sessions, session_server, credential, manifest) =
-        publish_sessions(resolved, generation, &recorder)?;
+    let Published {
+        listener,
+        sessions,
+        session_server,
+        credential,
+        manifest,
+    } = published?;
 
     generation.state = GenerationState::Running;
     store
@@ -930,24 +927,43 @@ fn bring_up(
     })
 }
 
-/// Creates the generation's session credentials, writes the client
-/// credential, and binds the session socket, recording the publication
-/// first.
-fn publish_sessions(
+/// What [`publish`] made: the control socket, and the Session
+/// Coordinator's socket, server configuration and credentials.
+struct Published {
+    listener: OwnedFd,
+    sessions: UnixListener,
+    session_server: Arc<rustls::ServerConfig>,
+    credential: ProtocolCredential,
+    manifest: TrustManifest,
+}
+
+/// Binds the control socket, creates the generation's session
+/// credentials, writes the client credential and binds the session socket,
+/// recording each publication first.
+fn publish(
     resolved: &ResolvedDomainConfiguration,
     generation: &Generation,
     recorder: &Recorder,
-) -> Result<
-    (
-        UnixListener,
-        Arc<rustls::ServerConfig>,
-        ProtocolCredential,
-        TrustManifest,
-    ),
-    Failure,
-> {
+) -> Result<Published, Failure> {
     let auth = resolved.authorities();
     let step = at(StartupStep::Sandbox);
+    let socket = auth.domain_runtime.label().join(super::CONTROL_SOCKET);
+    let publication = recorder.intent(
+        Slot::PUBLICATION,
+        StartupStep::Sandbox,
+        ParticipantOwnership::Publication(PublicationOwnership {
+            socket_path: Some(HostPath::from(&socket)),
+            identity_path: None,
+        }),
+    )?;
+    let _ = std::fs::remove_file(&socket);
+    let listener = lazaret_proto::channel::listen(&lazaret_proto::channel::socket_path_at(
+        auth.domain_runtime.fd(),
+        super::CONTROL_SOCKET,
+    ))
+    .map_err(|e| step(&e))?;
+    publication.active()?;
+
     let uid = rustix::process::getuid().as_raw();
     let identity = GenerationIdentity {
         agent_profile: resolved.profile().as_str().to_owned(),
@@ -979,7 +995,7 @@ fn publish_sessions(
         .and_then(|()| credentials.write_publication(&credential_dir, &socket))
         .map_err(|e| step(&e))?;
     let _ = std::fs::remove_file(&socket);
-    let listener = UnixListener::bind(lazaret_proto::channel::socket_path_at(
+    let sessions = UnixListener::bind(lazaret_proto::channel::socket_path_at(
         auth.domain_runtime.fd(),
         session::SESSION_SOCKET,
     ))
@@ -990,12 +1006,13 @@ fn publish_sessions(
         )
     })?;
     publication.active()?;
-    Ok((
+    Ok(Published {
         listener,
-        credentials.server_config(),
-        protocol,
-        credentials.trust_manifest(),
-    ))
+        sessions,
+        session_server: credentials.server_config(),
+        credential: protocol,
+        manifest: credentials.trust_manifest(),
+    })
 }
 
 /// The resolved sandbox environment in a sealed memfd: `NAME=value\0`
