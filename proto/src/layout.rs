@@ -15,6 +15,23 @@ pub const WORKSPACE: &str = "/workspace";
 /// its credential live beneath it.
 pub const CONTROL_AREA: &str = "/run/lazaret";
 
+/// The capabilities of sandbox processes: what a package manager needs as
+/// root (owners, modes, setuid programs' bits, switching users, signals, low
+/// ports), and nothing else: not the network configuration or raw sockets,
+/// not device nodes (`CAP_MKNOD`; the sandbox's `/dev` is gVisor's own),
+/// file capabilities (`CAP_SETFCAP`, `CAP_SETPCAP`), `chroot` or the audit
+/// log.
+pub const SANDBOX_CAPABILITIES: [&str; 8] = [
+    "CAP_CHOWN",
+    "CAP_DAC_OVERRIDE",
+    "CAP_FOWNER",
+    "CAP_FSETID",
+    "CAP_KILL",
+    "CAP_SETGID",
+    "CAP_SETUID",
+    "CAP_NET_BIND_SERVICE",
+];
+
 /// The kernel and device filesystems the runtime mounts.
 const RUNTIME_MOUNTS: [&str; 3] = ["/proc", "/sys", "/dev"];
 

@@ -13,28 +13,11 @@ use std::os::fd::BorrowedFd;
 use std::path::Path;
 
 use lazaret_proto::config::VolumeAccess;
-use lazaret_proto::layout::{CONTROL_AREA, WORKSPACE};
+use lazaret_proto::layout::{CONTROL_AREA, SANDBOX_CAPABILITIES as CAPABILITIES, WORKSPACE};
 use lazaret_proto::mailbox::MAILBOX_AREA;
 use serde_json::{Value, json};
 
 use crate::mounts::Staged;
-
-/// The capabilities of sandbox processes: what a package manager needs as
-/// root (owners, modes, setuid programs' bits, switching users, signals, low
-/// ports), and nothing else: not the network configuration or raw sockets,
-/// not device nodes (`CAP_MKNOD`; the sandbox's `/dev` is gVisor's own),
-/// file capabilities (`CAP_SETFCAP`, `CAP_SETPCAP`), `chroot` or the audit
-/// log.
-pub const CAPABILITIES: [&str; 8] = [
-    "CAP_CHOWN",
-    "CAP_DAC_OVERRIDE",
-    "CAP_FOWNER",
-    "CAP_FSETID",
-    "CAP_KILL",
-    "CAP_SETGID",
-    "CAP_SETUID",
-    "CAP_NET_BIND_SERVICE",
-];
 
 /// The most processes (and threads) of one uid inside the sandbox, as
 /// gVisor counts them: a fork bomb inside stops here with `EAGAIN`. Root

@@ -8,7 +8,9 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use lazaret_tests::domain::{SERIAL, UserHost, busybox_image, lazaret_processes, pid_exists};
+use lazaret_tests::domain::{
+    SERIAL, UserHost, busybox_image, large_image, lazaret_processes, pid_exists,
+};
 use libtest_mimic::{Failed, Trial};
 use serde_json::Value;
 
@@ -65,6 +67,10 @@ pub fn trials() -> Vec<Trial> {
             Trial::test(
                 "domain::unmodified_image_content_follows_the_image",
                 image_content_follows,
+            ),
+            Trial::test(
+                "domain::up_shows_progress_as_bars_lines_json_or_nothing",
+                up_progress,
             ),
         ],
     )
@@ -788,5 +794,119 @@ fn journal() -> Result {
         "{}",
         text(&logs)
     );
+    Ok(())
+}
+
+/// `up` preparing an image: a bar with bytes on a terminal, plain lines
+/// on a pipe, JSON lines with `--json`, nothing with `--quiet`. Each mode
+/// gets a fresh host, so each prepares the image.
+fn up_progress() -> Result {
+    let image = large_image();
+    let fresh = || host_with_config(&config(&image, "\"/root\""));
+
+    // A pipe: one line per step and per tenth of a measured one, no
+    // terminal control.
+    {
+        let (_serial, host) = fresh();
+        let ws = host.workspace.clone();
+        let out = host.lazaret(&ws, &["up", "p"]);
+        let (_, stdout, stderr) = (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+        );
+        assert!(out.status.success(), "{stderr}");
+        assert!(stdout.contains("is up"), "{stdout}");
+        assert!(
+            !stderr.contains('\r') && !stderr.contains('\x1b'),
+            "{stderr:?}"
+        );
+        let image_lines = stderr
+            .lines()
+            .filter(|l| l.trim_start().starts_with("image"))
+            .count();
+        assert!(
+            (3..=40).contains(&image_lines),
+            "{image_lines} image lines: {stderr}"
+        );
+        assert!(stderr.contains("MiB"), "{stderr}");
+        down(&host, &ws)?;
+    }
+
+    // --json: every line an object; progress with bytes, then the outcome.
+    {
+        let (_serial, host) = fresh();
+        let ws = host.workspace.clone();
+        let out = host.lazaret(&ws, &["up", "p", "--json"]);
+        assert!(out.status.success(), "{}", text(&out));
+        assert!(out.stderr.is_empty(), "{}", text(&out));
+        let events: Vec<Value> = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(serde_json::from_str)
+            .collect::<std::result::Result<_, _>>()?;
+        let measured = events
+            .iter()
+            .filter(|e| {
+                e["event"] == "progress"
+                    && e["step"] == "image"
+                    && e["total"].as_u64() > Some(8 << 20)
+            })
+            .count();
+        assert!(measured >= 2, "{events:?}");
+        let last = events.last().ok_or("no events")?;
+        assert_eq!(last["event"], "ready", "{last}");
+        assert_eq!(last["status"]["state"], "running", "{last}");
+        let again = host.lazaret(&ws, &["up", "p", "--json"]);
+        let last = String::from_utf8_lossy(&again.stdout)
+            .lines()
+            .last()
+            .unwrap_or_default()
+            .to_owned();
+        let line: Value = serde_json::from_str(&last)?;
+        assert_eq!(line["event"], "already_running", "{line}");
+        down(&host, &ws)?;
+    }
+
+    // --quiet: nothing at all on success.
+    {
+        let (_serial, host) = fresh();
+        let ws = host.workspace.clone();
+        let out = host.lazaret(&ws, &["up", "p", "--quiet"]);
+        assert!(out.status.success(), "{}", text(&out));
+        assert!(
+            out.stdout.is_empty() && out.stderr.is_empty(),
+            "{}",
+            text(&out)
+        );
+        down(&host, &ws)?;
+    }
+
+    // A terminal: the bar, with bytes done of the total.
+    {
+        let (_serial, host) = fresh();
+        let ws = host.workspace.clone();
+        let dir = host.user_dir("tmux");
+        let tmux = crate::attach::Tmux {
+            host: &host,
+            dir: dir.clone(),
+            cwd: ws.clone(),
+        };
+        let pane = format!(
+            "{} up p; echo UP=$?; sleep 60",
+            lazaret_tests::bin("lazaret").display()
+        );
+        tmux.start(160, 30, &pane)?;
+        let screen = tmux
+            .poll(Duration::from_secs(60), |s| s.contains("UP="))?
+            .map_err(|s| format!("no outcome: {s}"))?;
+        assert!(screen.contains("UP=0"), "{screen}");
+        let bar = screen
+            .lines()
+            .find(|l| l.trim_start().starts_with("image") && l.contains('['))
+            .ok_or_else(|| format!("no bar: {screen}"))?;
+        assert!(bar.contains('#') && bar.contains("MiB/"), "{bar}");
+        drop(tmux);
+        down(&host, &ws)?;
+    }
     Ok(())
 }

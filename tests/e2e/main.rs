@@ -11,6 +11,7 @@ mod faults;
 mod liveness;
 mod net;
 mod network;
+mod packaging;
 mod state;
 mod workspace;
 
@@ -26,6 +27,7 @@ fn main() {
     trials.extend(liveness::trials());
     trials.extend(net::trials());
     trials.extend(network::trials());
+    trials.extend(packaging::trials());
     trials.extend(state::trials());
     trials.extend(workspace::trials());
     let conclusion = libtest_mimic::run(&args, trials);

@@ -82,6 +82,7 @@ pub fn test_user() -> (u32, u32) {
 static IMAGE: OnceLock<String> = OnceLock::new();
 
 /// The image reference of this run's busybox image with git, once built.
+static LARGE_IMAGE: OnceLock<String> = OnceLock::new();
 static GIT_IMAGE: OnceLock<String> = OnceLock::new();
 
 /// The image reference of this run's second busybox image, once built.
@@ -126,6 +127,28 @@ pub fn other_image() -> String {
             std::fs::create_dir_all(extra.path().join("etc")).unwrap();
             std::fs::write(extra.path().join("etc/other-image"), b"other\n").unwrap();
             build_image("other-image", Some(extra.path()))
+        })
+        .clone()
+}
+
+/// A busybox image with 8 MiB more that gzip cannot shrink, so preparing
+/// it reports progress: for the progress tests. Built once per test run.
+pub fn large_image() -> String {
+    LARGE_IMAGE
+        .get_or_init(|| {
+            let extra = tempfile::tempdir().expect("scratch for the large image");
+            std::fs::create_dir_all(extra.path().join("opt")).unwrap();
+            let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+            let bytes: Vec<u8> = (0..8 << 20)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    (x >> 24) as u8
+                })
+                .collect();
+            std::fs::write(extra.path().join("opt/noise"), bytes).unwrap();
+            build_image("large-image", Some(extra.path()))
         })
         .clone()
 }

@@ -55,8 +55,20 @@ pub enum Command {
         command: ConfigCommand,
     },
     /// Start the Domain of PROFILE for the workspace.
-    #[command(after_help = "Example:\n  lazaret up claude")]
-    Up(ProfileArg),
+    #[command(
+        after_help = "Examples:\n  lazaret up claude\n  lazaret up claude --json | jq -c 'select(.event == \"ready\")'"
+    )]
+    Up {
+        #[command(flatten)]
+        profile: ProfileArg,
+        /// Print nothing but errors.
+        #[arg(short, long)]
+        quiet: bool,
+        /// Print each progress event and the outcome as one JSON object per
+        /// line on standard output.
+        #[arg(long, conflicts_with = "quiet")]
+        json: bool,
+    },
     /// Stop the Domain of PROFILE; persistent state stays.
     #[command(after_help = "Example:\n  lazaret down claude")]
     Down(ProfileArg),
@@ -117,6 +129,50 @@ pub enum Command {
         #[command(subcommand)]
         command: ImageCommand,
     },
+    /// Print the profile as manifests for another platform.
+    #[command(after_help = "Examples:
+  lazaret export kube claude --image registry.example/lazaret-claude:1 > claude.yaml
+  kubectl apply -f claude.yaml")]
+    Export {
+        #[command(subcommand)]
+        target: ExportCommand,
+    },
+    /// Print the shell completion script for SHELL.
+    #[command(after_help = "Examples:
+  lazaret completions bash > ~/.local/share/bash-completion/completions/lazaret
+  lazaret completions zsh > ~/.zfunc/_lazaret
+  lazaret completions fish > ~/.config/fish/completions/lazaret.fish")]
+    Completions {
+        /// The shell.
+        #[arg(value_enum, value_name = "SHELL")]
+        shell: clap_complete::Shell,
+    },
+    /// Write the man pages (lazaret.1, lazaret-up.1, ...) into DIR.
+    #[command(
+        after_help = "Example:\n  lazaret man-pages /tmp/man && man -l /tmp/man/lazaret-up.1"
+    )]
+    ManPages {
+        /// An existing directory; pages already in it are replaced.
+        #[arg(value_name = "DIR")]
+        dir: PathBuf,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ExportCommand {
+    /// Kubernetes: a gVisor Pod, its claims and Secret references, and a
+    /// NetworkPolicy with the profile's egress policy (docs/scale-out.md).
+    #[command(
+        after_help = "Example:\n  lazaret export kube claude --image registry.example/lazaret-claude:1"
+    )]
+    Kube {
+        #[command(flatten)]
+        profile: ProfileArg,
+        /// The image as the cluster pulls it; required when the profile's
+        /// is a local `oci:` or `oci-archive:` image.
+        #[arg(long, value_name = "REF")]
+        image: Option<String>,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -137,11 +193,27 @@ pub enum ConfigCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Write a commented v1 template (mode 0600); never overwrites.
-    #[command(
-        after_help = "Examples:\n  lazaret config init\n  lazaret config init --config ~/lazaret/config.toml"
-    )]
-    Init,
+    /// Write a commented v1 template (mode 0600); never overwrites. With
+    /// --agent, write (or add to an existing file) a ready profile for a
+    /// coding agent instead.
+    #[command(after_help = "Examples:
+  lazaret config init
+  lazaret config init --config ~/lazaret/config.toml
+  lazaret config init --agent claude
+  lazaret config init --agent codex --name codex-work --image oci:/srv/images:codex")]
+    Init {
+        /// Write a profile for this agent, named after it; appended when
+        /// the configuration exists.
+        #[arg(long, value_enum, value_name = "AGENT")]
+        agent: Option<super::agents::Agent>,
+        /// The profile's name instead of the agent's.
+        #[arg(long, value_name = "PROFILE", requires = "agent")]
+        name: Option<String>,
+        /// The profile's image instead of
+        /// `oci:$XDG_DATA_HOME/lazaret-images:AGENT`.
+        #[arg(long, value_name = "REF", requires = "agent")]
+        image: Option<String>,
+    },
 }
 
 /// Which Domain: PROFILE for the workspace, or `--domain ID` from the

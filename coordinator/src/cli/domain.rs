@@ -2,7 +2,6 @@
 //! Domain's lifecycle. The work happens in the Host Coordinator; this module
 //! starts it, follows it, and prints.
 
-use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -10,6 +9,7 @@ use lazaret_proto::control::{
     ControlRequest, ControlResponse, DomainStatus, FailureKind, StartupEvent,
 };
 
+use super::progress::{Mode, Progress};
 use super::view::{SilentView, StatusList, StatusView};
 use super::{Failure, Globals, failure, print, print_json};
 use crate::config::HostEnvironment;
@@ -22,66 +22,6 @@ const EXIT_WAIT: Duration = Duration::from_secs(30);
 impl From<ClientError> for Failure {
     fn from(error: ClientError) -> Self {
         failure(chain(&error))
-    }
-}
-
-/// Prints startup progress to standard error: one line per step, and a
-/// bar redrawn in place for long steps on a terminal.
-struct Progress {
-    terminal: bool,
-    bar_open: bool,
-}
-
-impl Progress {
-    fn new() -> Self {
-        Self {
-            terminal: std::io::stderr().is_terminal(),
-            bar_open: false,
-        }
-    }
-
-    fn event(&mut self, event: &StartupEvent) {
-        let StartupEvent::Progress {
-            step,
-            detail,
-            fraction,
-        } = event
-        else {
-            return self.close_bar();
-        };
-        let detail = super::printable(detail);
-        let mut err = std::io::stderr().lock();
-        match fraction {
-            Some((done, total)) if self.terminal && *total > 0 => {
-                let width = 30;
-                let filled = usize::try_from(done.saturating_mul(width) / total)
-                    .unwrap_or(0)
-                    .min(30);
-                let _ = write!(
-                    err,
-                    "\r\x1b[K{:>13}  [{}{}] {detail}",
-                    step.as_str(),
-                    "#".repeat(filled),
-                    " ".repeat(30 - filled)
-                );
-                self.bar_open = true;
-            }
-            Some(_) => {}
-            None => {
-                if self.bar_open {
-                    let _ = writeln!(err);
-                    self.bar_open = false;
-                }
-                let _ = writeln!(err, "{:>13}  {detail}", step.as_str());
-            }
-        }
-    }
-
-    fn close_bar(&mut self) {
-        if self.bar_open {
-            eprintln!();
-            self.bar_open = false;
-        }
     }
 }
 
@@ -108,10 +48,24 @@ fn referenced_variables(globals: &Globals, profile: &str) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// `lazaret up PROFILE`.
-pub fn up(globals: &Globals, profile: &str) -> Result<(), Failure> {
+/// The outcome of `up` as `--json` prints it, after the progress lines.
+#[derive(serde::Serialize)]
+struct UpView {
+    event: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    status: Option<StatusView>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    differences: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    step: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    message: Option<String>,
+}
+
+/// `lazaret up PROFILE [--quiet | --json]`.
+pub fn up(globals: &Globals, profile: &str, mode: Mode) -> Result<(), Failure> {
     let (workspace, paths) = locate(globals, profile)?;
-    let mut progress = Progress::new();
+    let mut progress = Progress::new(mode);
     let outcome = client::run_coordinator(
         profile,
         globals.config.as_ref(),
@@ -120,36 +74,65 @@ pub fn up(globals: &Globals, profile: &str) -> Result<(), Failure> {
         &paths.log_file(),
         &mut |event| progress.event(event),
     )?;
+    drop(progress);
+    let view = |event, status: Option<&DomainStatus>| UpView {
+        event,
+        status: status.map(StatusView::of),
+        differences: Vec::new(),
+        step: None,
+        message: None,
+    };
+    let show = |view: &UpView, text: String| match mode {
+        Mode::Json => print_json_line(view),
+        Mode::Quiet => Ok(()),
+        Mode::Human => print(&text),
+    };
     match outcome {
-        StartupEvent::Ready(status) => print(&format!(
-            "Domain {} is up: profile `{profile}`, generation {}, image {}\n\
-             open a shell inside with: lazaret attach {profile}\n",
-            status.domain_id, status.generation_id, status.configuration.image
-        )),
+        StartupEvent::Ready(status) => show(
+            &view("ready", Some(&status)),
+            format!(
+                "Domain {} is up: profile `{profile}`, generation {}, image {}\n\
+                 open a shell inside with: lazaret attach {profile}\n",
+                status.domain_id, status.generation_id, status.configuration.image
+            ),
+        ),
         StartupEvent::AlreadyRunning {
             status,
             differences,
-        } if differences.is_empty() => print(&format!(
-            "Domain {} is already up with this configuration (generation {})\n",
-            status.domain_id, status.generation_id
-        )),
+        } if differences.is_empty() => show(
+            &view("already_running", Some(&status)),
+            format!(
+                "Domain {} is already up with this configuration (generation {})\n",
+                status.domain_id, status.generation_id
+            ),
+        ),
         StartupEvent::AlreadyRunning {
             status,
             differences,
-        } => Err(failure(format!(
-            "Domain {} is up (generation {}) with another configuration: {} differ{}; \
-             run `lazaret down {profile}` first, then `lazaret up {profile}`",
-            status.domain_id,
-            status.generation_id,
-            differences.join(", "),
-            if differences.len() == 1 { "s" } else { "" }
-        ))),
+        } => {
+            let message = format!(
+                "Domain {} is up (generation {}) with another configuration: {} differ{}; \
+                 run `lazaret down {profile}` first, then `lazaret up {profile}`",
+                status.domain_id,
+                status.generation_id,
+                differences.join(", "),
+                if differences.len() == 1 { "s" } else { "" }
+            );
+            if mode == Mode::Json {
+                print_json_line(&UpView {
+                    differences,
+                    message: Some(message.clone()),
+                    ..view("already_running_differently", Some(&status))
+                })?;
+            }
+            Err(failure(message))
+        }
         StartupEvent::Failed {
             step,
             kind,
             message,
-        } => Err(Failure {
-            message: match kind {
+        } => {
+            let message = match kind {
                 FailureKind::InvalidConfiguration => message,
                 FailureKind::Failed => format!(
                     "up failed at {}: {message}; nothing of the generation is left running \
@@ -157,13 +140,30 @@ pub fn up(globals: &Globals, profile: &str) -> Result<(), Failure> {
                     step.as_str(),
                     paths.log_file().display()
                 ),
-            },
-            status: kind.exit_code(),
-        }),
+            };
+            if mode == Mode::Json {
+                print_json_line(&UpView {
+                    step: Some(step.as_str()),
+                    message: Some(message.clone()),
+                    ..view("failed", None)
+                })?;
+            }
+            Err(Failure {
+                message,
+                status: kind.exit_code(),
+            })
+        }
         other => Err(failure(format!(
             "unexpected report from the coordinator: {other:?}"
         ))),
     }
+}
+
+/// `value` as one line of JSON on standard output.
+fn print_json_line(value: &impl serde::Serialize) -> Result<(), Failure> {
+    let text = serde_json::to_string(value)
+        .map_err(|e| failure(format!("cannot encode the answer as JSON: {e}")))?;
+    print(&format!("{text}\n"))
 }
 
 /// How long `down` waits for a coordinator that holds the Domain but does

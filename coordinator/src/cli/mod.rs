@@ -6,10 +6,14 @@
 //! usage). It trusts the user's arguments only after
 //! clap and the configuration loader have checked them.
 
+mod agents;
 mod args;
 mod attach;
 mod domain;
+mod generate;
+mod kube;
 mod logs;
+mod progress;
 mod prompt;
 mod screen;
 mod state;
@@ -25,7 +29,7 @@ use clap::Parser;
 
 use crate::config::{self, ConfigError, HostEnvironment, LoadRequest, ResolvedDomainConfiguration};
 use crate::lifecycle::chain;
-use args::{Cli, Command, ConfigCommand};
+use args::{Cli, Command, ConfigCommand, ExportCommand};
 
 /// The commented v1 template `lazaret config init` writes.
 pub const CONFIG_TEMPLATE: &str = include_str!("template.toml");
@@ -109,9 +113,22 @@ fn dispatch(cli: Cli) -> Result<u8, Failure> {
             ConfigCommand::Check { profile, json } => {
                 config_check(&globals, &profile.profile, json)
             }
-            ConfigCommand::Init => config_init(&globals),
+            ConfigCommand::Init { agent, name, image } => {
+                config_init(&globals, agent, name.as_deref(), image.as_deref())
+            }
         },
-        Command::Up(profile) => domain::up(&globals, &profile.profile),
+        Command::Up {
+            profile,
+            quiet,
+            json,
+        } => {
+            let mode = match (quiet, json) {
+                (_, true) => progress::Mode::Json,
+                (true, _) => progress::Mode::Quiet,
+                _ => progress::Mode::Human,
+            };
+            domain::up(&globals, &profile.profile, mode)
+        }
         Command::Down(profile) => domain::down(&globals, &profile.profile),
         Command::Attach { profile, command } => {
             let command = command
@@ -135,6 +152,14 @@ fn dispatch(cli: Cli) -> Result<u8, Failure> {
         } => domain::logs(&globals, &profile.profile, follow, since.as_deref()),
         Command::State { command } => return state::run(&globals, command),
         Command::Image { command } => return state::image(&globals, command),
+        Command::Export {
+            target: ExportCommand::Kube { profile, image },
+        } => {
+            let resolved = globals.load_with(&profile.profile, config::EnvValues::Skip)?;
+            kube::export(&resolved, image.as_deref())
+        }
+        Command::Completions { shell } => generate::completions(shell),
+        Command::ManPages { dir } => generate::man_pages(&dir),
     };
     done.map(|()| 0)
 }
@@ -194,8 +219,12 @@ fn print_json(value: &impl serde::Serialize) -> Result<(), Failure> {
 }
 
 fn print(text: &str) -> Result<(), Failure> {
+    print_bytes(text.as_bytes())
+}
+
+fn print_bytes(bytes: &[u8]) -> Result<(), Failure> {
     let mut out = io::stdout().lock();
-    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+    match out.write_all(bytes).and_then(|()| out.flush()) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == io::ErrorKind::BrokenPipe => Ok(()),
         Err(e) => Err(Failure {
@@ -404,9 +433,28 @@ impl ConfigReport {
     }
 }
 
-fn config_init(globals: &Globals) -> Result<(), Failure> {
+fn config_init(
+    globals: &Globals,
+    agent: Option<agents::Agent>,
+    name: Option<&str>,
+    image: Option<&str>,
+) -> Result<(), Failure> {
     let host = HostEnvironment::capture();
     let path = host.config_path(globals.config.as_deref())?;
+    if let Some(agent) = agent {
+        return agents::init(&host, &path, agent, name, image);
+    }
+    create_config(&path, CONFIG_TEMPLATE.as_bytes())?;
+    print(&format!(
+        "wrote {}\nnext: edit it, then run `lazaret config check default` in your project\n",
+        path.display()
+    ))
+}
+
+/// Creates the configuration file at `path` holding `contents`: its
+/// missing parents 0700, the file 0600, never through a link, never over
+/// an existing file.
+fn create_config(path: &std::path::Path, contents: &[u8]) -> Result<(), Failure> {
     let fail = |what: &str, e: io::Error| Failure {
         message: format!("cannot {what} {}: {e}", path.display()),
         status: 1,
@@ -423,7 +471,7 @@ fn config_init(globals: &Globals) -> Result<(), Failure> {
         .create_new(true)
         .mode(0o600)
         .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
-        .open(&path)
+        .open(path)
         .map_err(|e| {
             if e.kind() == io::ErrorKind::AlreadyExists {
                 Failure {
@@ -437,13 +485,9 @@ fn config_init(globals: &Globals) -> Result<(), Failure> {
                 fail("create", e)
             }
         })?;
-    file.write_all(CONFIG_TEMPLATE.as_bytes())
+    file.write_all(contents)
         .and_then(|()| file.sync_all())
-        .map_err(|e| fail("write", e))?;
-    print(&format!(
-        "wrote {}\nnext: edit it, then run `lazaret config check default` in your project\n",
-        path.display()
-    ))
+        .map_err(|e| fail("write", e))
 }
 
 #[cfg(test)]

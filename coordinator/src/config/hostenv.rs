@@ -122,6 +122,15 @@ impl HostEnvironment {
         }
     }
 
+    /// The user's data directory: `$XDG_DATA_HOME`, else
+    /// `$HOME/.local/share`.
+    pub fn data_home(&self) -> Result<PathBuf, ConfigError> {
+        match Self::xdg(self.xdg_data_home.as_ref()) {
+            Some(base) => Ok(base),
+            None => Ok(self.home()?.join(".local/share")),
+        }
+    }
+
     /// The Storage Root: `storage.data_root`, else `$XDG_DATA_HOME/lazaret`,
     /// else `$HOME/.local/share/lazaret`.
     pub fn storage_root(&self, data_root: Option<&HostPathDecl>) -> Result<PathBuf, ConfigError> {

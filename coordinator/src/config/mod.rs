@@ -34,6 +34,7 @@ use rustix::fd::OwnedFd;
 pub use confined::{ConfinedError, ConfinedPathPlan, ObjectIdentity, Opened, RetainedDir};
 pub use hostenv::HostEnvironment;
 pub use resolve::check_executable;
+pub use source::{ConfigSource, read as read_source};
 
 /// The directory, beneath both the Storage Root and the Runtime Root, that
 /// holds one directory per Domain, named by its Domain ID in hex.
