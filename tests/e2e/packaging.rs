@@ -84,6 +84,27 @@ fn agent_image() -> Result {
     let inside = attach(&["sh", "-c", "printf %s \"$ANTHROPIC_API_KEY\""]);
     assert_eq!(inside, key);
 
+    // Attached with no command, on a terminal, the image's login shell
+    // starts the agent.
+    let dir = host.user_dir("tmux");
+    let tmux = crate::attach::Tmux {
+        host: &host,
+        dir,
+        cwd: ws.clone(),
+    };
+    let pane = format!(
+        "{} attach claude; sleep 60",
+        lazaret_tests::bin("lazaret").display()
+    );
+    tmux.start(120, 40, &pane)?;
+    let started = tmux.poll(std::time::Duration::from_secs(60), |s| {
+        s.contains("Welcome to Claude Code")
+    })?;
+    if let Err(screen) = started {
+        return Err(format!("the agent did not start; the pane shows:\n{screen}").into());
+    }
+    drop(tmux);
+
     // The image's own toolchain installs into a persistent dir, offline.
     let install = "set -e; mkdir -p /root/src/hello && cd /root/src/hello; \
         printf '%s' '{\"name\":\"hello-lazaret\",\"version\":\"1.0.0\",\"bin\":{\"hello-lazaret\":\"cli.js\"}}' > package.json; \
@@ -104,17 +125,7 @@ fn agent_image() -> Result {
     assert!(out.status.success(), "{}", show(&out));
 
     // The key is in no file the host keeps: stores, logs, state, runtime.
-    for tree in [&host.home, &host.runtime] {
-        let grep = Command::new("grep")
-            .args(["-r", "-l", "-a", key])
-            .arg(tree)
-            .output()?;
-        assert!(
-            grep.stdout.is_empty(),
-            "the key is in {}",
-            String::from_utf8_lossy(&grep.stdout)
-        );
-    }
+    host.assert_nowhere_on_disk(key);
     Ok(())
 }
 

@@ -285,6 +285,23 @@ impl UserHost {
     }
 
     /// The test user's Storage Root (the default one).
+    /// Fails when any file under this host's home (the Storage Root, the
+    /// configuration, the logs) or runtime dir holds `value`.
+    pub fn assert_nowhere_on_disk(&self, value: &str) {
+        for tree in [&self.home, &self.runtime] {
+            let grep = Command::new("grep")
+                .args(["-r", "-l", "-a", value])
+                .arg(tree)
+                .output()
+                .expect("run grep");
+            assert!(
+                grep.stdout.is_empty(),
+                "the value is in {}",
+                String::from_utf8_lossy(&grep.stdout)
+            );
+        }
+    }
+
     pub fn storage(&self) -> PathBuf {
         self.home.join(".local/share/lazaret")
     }
