@@ -379,6 +379,25 @@ volumes = [
         mounts,
         ["/workspace", "/root", "/usr/local", "/root/.agent"]
     );
+    // Each mount names a volume of the pod, and each volume a claim
+    // printed beside it.
+    let claims: Vec<&str> = documents[..4]
+        .iter()
+        .map(|c| c["metadata"]["name"].as_str().unwrap())
+        .collect();
+    for (mount, volume) in container["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(pod["spec"]["volumes"].as_array().unwrap())
+    {
+        assert_eq!(mount["name"], volume["name"]);
+        assert!(mount["name"].as_str().unwrap().len() <= 63);
+        let claim = volume["persistentVolumeClaim"]["claimName"]
+            .as_str()
+            .unwrap();
+        assert!(claims.contains(&claim), "{claim} in {claims:?}");
+    }
 
     // Every destination is decided as the profile's policy decides it:
     // allowed by 0/0 and 10.1/16, RFC 1918 and the platform's special

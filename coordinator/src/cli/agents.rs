@@ -274,7 +274,12 @@ fn append(
         .mode(0o600)
         .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
         .open(&staging)
-        .map_err(|e| fail("create a new file beside", e))?;
+        .map_err(|e| {
+            failure(format!(
+                "cannot create {}: {e}; if an earlier `lazaret config init` left it, remove it",
+                staging.display()
+            ))
+        })?;
     let outcome = file
         .write_all(text.as_bytes())
         .and_then(|()| file.sync_all())

@@ -161,16 +161,21 @@ impl Manifests {
                 })
             })
             .collect();
+        // A pod's volume names are DNS labels (63 characters at most); the
+        // claims' may be longer.
+        let volume_name = |i: usize| format!("v{i}");
         let mounts: Vec<Value> = claims
             .iter()
-            .map(|(claim_name, mount, read_only)| {
-                json!({"name": claim_name, "mountPath": mount, "readOnly": read_only})
+            .enumerate()
+            .map(|(i, (_, mount, read_only))| {
+                json!({"name": volume_name(i), "mountPath": mount, "readOnly": read_only})
             })
             .collect();
         let volumes: Vec<Value> = claims
             .iter()
-            .map(|(claim_name, _, _)| {
-                json!({"name": claim_name, "persistentVolumeClaim": {"claimName": claim_name}})
+            .enumerate()
+            .map(|(i, (claim_name, _, _))| {
+                json!({"name": volume_name(i), "persistentVolumeClaim": {"claimName": claim_name}})
             })
             .collect();
         let capabilities: Vec<&str> = SANDBOX_CAPABILITIES
