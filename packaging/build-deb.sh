@@ -16,6 +16,9 @@
 #
 # Needs: dpkg-deb (dpkg), gzip, and what packaging/build.sh needs.
 set -euo pipefail
+# Every file the package ships is readable by everyone, whatever the
+# builder's umask.
+umask 022
 cd "$(dirname "$0")/.."
 
 out=${1:-target/debian}
@@ -64,6 +67,7 @@ gzip -9n "$root"/usr/share/man/man1/*.1
 install -m 0755 packaging/build-busybox-image.sh "$root/usr/share/lazaret/build-busybox-image.sh"
 if [ -f packaging/images/build-agent-image.sh ]; then
     install -m 0755 packaging/images/build-agent-image.sh "$root/usr/share/lazaret/images/build-agent-image.sh"
+    install -m 0644 packaging/images/README.md "$root/usr/share/lazaret/images/README.md"
 fi
 install -m 0644 packaging/examples/busybox.toml "$root/usr/share/lazaret/busybox.toml"
 install -m 0755 packaging/device-access.sh "$root/usr/share/lazaret/device-access.sh"

@@ -15,9 +15,16 @@ export DEBIAN_FRONTEND=noninteractive
 fail() { echo "test-deb: $*" >&2; exit 1; }
 
 echo "==> apt-get install $deb"
-apt-get install -y -q "$deb"
-trap 'apt-get remove -y -q lazaret >/dev/null 2>&1 || true; rm -rf "$scratch"' EXIT
 scratch=$(mktemp -d /tmp/lazaret-deb-test.XXXXXX)
+cleanup() {
+    # The Domain first, whatever failed, then the package and the scratch.
+    (cd "$scratch/project" 2>/dev/null &&
+        HOME=$scratch/home XDG_RUNTIME_DIR=$scratch/run lazaret down default >/dev/null 2>&1) || true
+    apt-get remove -y -q lazaret >/dev/null 2>&1 || true
+    rm -rf "$scratch"
+}
+trap cleanup EXIT
+apt-get install -y -q "$deb"
 
 [ "$(command -v lazaret)" = /usr/bin/lazaret ] || fail "lazaret is not /usr/bin/lazaret"
 lazaret --version | grep -q '^lazaret ' || fail "lazaret --version"

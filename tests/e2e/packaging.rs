@@ -189,7 +189,7 @@ fn init_agent() -> Result {
     assert!(out.contains("added profile `work`"), "{out}");
     let second = std::fs::read_to_string(s.config_path())?;
     assert!(second.starts_with(&first), "the existing text is kept");
-    assert!(second.contains("[profiles.work]"));
+    assert!(second.contains("[profiles.\"work\"]"), "{second}");
     let mode = std::fs::metadata(s.config_path())?.permissions().mode() & 0o777;
     assert_eq!(mode, 0o600);
 
@@ -312,9 +312,11 @@ volumes = [
 "#,
     )?;
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
-    let (code, yaml, err) = text(&run(s.lazaret(["export", "kube", "agent"])));
+    let mut export = s.lazaret(["export", "kube", "agent"]);
+    export.env("LAZARET_TEST_KEY", "secret-value-3e1f");
+    let (code, yaml, err) = text(&run(export));
     assert_eq!(code, Some(0), "{err}");
-    assert!(!yaml.contains("secret-value"), "no value is read");
+    assert!(!yaml.contains("secret-value-3e1f"), "no value is printed");
     let file = s.home.join("agent.yaml");
     std::fs::write(&file, &yaml)?;
     let validator = validator().expect("gated on the validator");
@@ -362,6 +364,19 @@ volumes = [
     );
     let pod = &documents[4];
     assert_eq!(pod["spec"]["runtimeClassName"], "gvisor");
+    // The persistent dirs' claims are filled from the image once.
+    let seed = &pod["spec"]["initContainers"][0];
+    assert_eq!(seed["image"], "docker.io/library/debian:trixie");
+    let script = seed["command"][2].as_str().unwrap();
+    assert!(
+        script.contains("cp -a '/root'/. /lazaret-seed/1/"),
+        "{script}"
+    );
+    assert!(
+        script.contains("cp -a '/usr/local'/. /lazaret-seed/2/"),
+        "{script}"
+    );
+    assert_eq!(seed["volumeMounts"].as_array().unwrap().len(), 2);
     assert_eq!(pod["spec"]["automountServiceAccountToken"], false);
     let container = &pod["spec"]["containers"][0];
     assert_eq!(container["image"], "docker.io/library/debian:trixie");
@@ -453,5 +468,14 @@ volumes = [
         yaml.contains("image: \"registry.example/claude:1\""),
         "{yaml}"
     );
+    let (code, _, err) = text(&run(s.lazaret([
+        "export",
+        "kube",
+        "agent",
+        "--image",
+        "oci:/images/agents:claude",
+    ])));
+    assert_eq!(code, Some(2));
+    assert!(err.contains("is local"), "{err}");
     Ok(())
 }

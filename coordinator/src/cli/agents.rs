@@ -16,6 +16,7 @@ use std::path::{Path, PathBuf};
 use super::{CONFIG_TEMPLATE, EXIT_INVALID, Failure, failure};
 use crate::config::{self, HostEnvironment};
 use crate::lifecycle::chain;
+use lazaret_proto::config::ProfileName;
 
 /// The agents `config init --agent` knows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -108,17 +109,46 @@ pub fn default_layout(host: &HostEnvironment) -> Result<PathBuf, Failure> {
     Ok(host.data_home()?.join("lazaret-images"))
 }
 
+/// `text` as a TOML basic string: quoted, with `"`, `\` and the control
+/// characters escaped (nothing else needs it).
+fn toml_string(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 2);
+    out.push('"');
+    for c in text.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if c.is_control() => out.push_str(&format!("\\u{:04X}", u32::from(c))),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// Where `build-agent-image.sh` is: installed by the package, else in the
+/// sources.
+fn image_script() -> &'static str {
+    const INSTALLED: &str = "/usr/share/lazaret/images/build-agent-image.sh";
+    if Path::new(INSTALLED).is_file() {
+        INSTALLED
+    } else {
+        "packaging/images/build-agent-image.sh"
+    }
+}
+
 /// The TOML of profile `name` for `agent` on `image`, with the comments
-/// that say how to finish it.
+/// that say how to finish it. The name is a valid profile name; it and the
+/// image are written as quoted strings.
 pub fn profile_text(agent: Agent, name: &str, image: &str) -> String {
     let p = agent.profile();
     let mut text = format!(
         "\n# {title} (npm {package}), written by `lazaret config init --agent {agent}`.\n\
          # `lazaret attach {name}` starts {title} (a login shell in its image does);\n\
          # `lazaret attach {name} -- bash` opens a shell instead.\n\
-         [profiles.{name}]\n\
-         # Built by: packaging/images/build-agent-image.sh {agent} LAYOUT\n\
-         image = \"{image}\"\n\
+         [profiles.{table}]\n\
+         # Built by: {script} {agent} LAYOUT\n\
+         image = {image}\n\
          # The project's git-ignored files (.env, node_modules, build output)\n\
          # stay out of the sandbox; it gets its own, kept between runs.\n\
          isolate_gitignored = true\n\
@@ -134,6 +164,9 @@ pub fn profile_text(agent: Agent, name: &str, image: &str) -> String {
          env = {{ {key} = \"env:{key}\" }}\n",
         title = p.title,
         package = p.package,
+        table = toml_string(name),
+        script = image_script(),
+        image = toml_string(image),
         agent = agent.name(),
         state = p.state_dir,
         key = p.key,
@@ -171,6 +204,10 @@ pub(super) fn init(
     image: Option<&str>,
 ) -> Result<(), Failure> {
     let name = name.unwrap_or(agent.name());
+    ProfileName::parse(name).map_err(|e| Failure {
+        message: format!("--name: {e}"),
+        status: EXIT_INVALID,
+    })?;
     let layout = default_layout(host)?;
     let image = match image {
         Some(image) => image.to_owned(),
@@ -178,7 +215,7 @@ pub(super) fn init(
     };
     let profile = profile_text(agent, name, &image);
     let wrote = if std::fs::symlink_metadata(path).is_ok() {
-        append(host, path, name, &profile)?
+        append(host, path, name, &image, &profile)?
     } else {
         // The template's header and storage table; its example network
         // prefixes and profile are not for an agent.
@@ -186,14 +223,15 @@ pub(super) fn init(
             .split_once("\n[network]")
             .map_or(CONFIG_TEMPLATE, |(head, _)| head);
         let text = format!("{}\n{profile}", body.trim_end());
-        checked(&text, name)?;
+        checked(&text, name, &image)?;
         super::create_config(path, text.as_bytes())?;
         "wrote"
     };
     let key = agent.profile().key;
     let built = if image.starts_with(&format!("oci:{}:", layout.display())) {
         format!(
-            "  packaging/images/build-agent-image.sh {} {}\n",
+            "  {} {} {}\n",
+            image_script(),
             agent.name(),
             layout.display()
         )
@@ -208,14 +246,21 @@ pub(super) fn init(
 }
 
 /// Decodes `text` as the whole new configuration and requires it to hold
-/// profile `name`; nothing is written when this fails.
-fn checked(text: &str, name: &str) -> Result<(), Failure> {
+/// profile `name` on `image` exactly; nothing is written when this fails.
+fn checked(text: &str, name: &str, image: &str) -> Result<(), Failure> {
     let document = config::decode_document(text.as_bytes()).map_err(|e| Failure {
         message: format!("the new profile would not load: {}", chain(&e)),
         status: EXIT_INVALID,
     })?;
-    if !document.profiles.keys().any(|p| p.as_str() == name) {
-        return Err(failure(format!("the new profile `{name}` did not load")));
+    let loaded = document
+        .profiles
+        .iter()
+        .find(|(p, _)| p.as_str() == name)
+        .map(|(_, profile)| profile.image.as_str() == image);
+    if loaded != Some(true) {
+        return Err(failure(format!(
+            "the new profile `{name}` did not load as written"
+        )));
     }
     Ok(())
 }
@@ -227,6 +272,7 @@ fn append(
     host: &HostEnvironment,
     path: &Path,
     name: &str,
+    image: &str,
     profile: &str,
 ) -> Result<&'static str, Failure> {
     let source = config::read_source(path, host.uid)?;
@@ -257,7 +303,7 @@ fn append(
         text.push('\n');
     }
     text.push_str(profile);
-    checked(&text, name)?;
+    checked(&text, name, image)?;
 
     let fail =
         |what: &str, e: std::io::Error| failure(format!("cannot {what} {}: {e}", target.display()));
@@ -275,13 +321,19 @@ fn append(
         .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
         .open(&staging)
         .map_err(|e| {
-            failure(format!(
-                "cannot create {}: {e}; if an earlier `lazaret config init` left it, remove it",
-                staging.display()
-            ))
+            let hint = if e.kind() == std::io::ErrorKind::AlreadyExists {
+                "; an earlier `lazaret config init` left it: remove it"
+            } else {
+                ""
+            };
+            failure(format!("cannot create {}: {e}{hint}", staging.display()))
         })?;
-    let outcome = file
-        .write_all(text.as_bytes())
+    // The file keeps its mode (the secure read allowed no group or other
+    // write).
+    let mode = rustix::fs::Mode::from_raw_mode(before.st_mode & 0o777);
+    let outcome = rustix::fs::fchmod(&file, mode)
+        .map_err(std::io::Error::from)
+        .and_then(|()| file.write_all(text.as_bytes()))
         .and_then(|()| file.sync_all())
         .and_then(|()| {
             // The file is replaced only if it is still the one read.
@@ -330,6 +382,18 @@ mod tests {
             let key = agent.profile().key;
             assert!(text.contains(&format!("env = {{ {key} = \"env:{key}\" }}")));
         }
+    }
+
+    #[test]
+    fn names_and_images_cannot_add_keys() {
+        let image = "oci:/a\"b\\c\n[profiles.x]\nimage = \"y\":t";
+        let text = format!(
+            "schema = \"lazaret-trusted-host-config-v1\"\n{}",
+            profile_text(Agent::Claude, "my.work", image)
+        );
+        assert!(checked(&text, "my.work", image).is_ok(), "{text}");
+        let document = config::decode_document(text.as_bytes()).unwrap();
+        assert_eq!(document.profiles.len(), 1, "{text}");
     }
 
     #[test]

@@ -66,6 +66,8 @@ fn write_replacing(path: &Path, contents: &[u8]) -> Result<(), Failure> {
     let fail =
         |what: &str, e: std::io::Error| failure(format!("cannot {what} {}: {e}", path.display()));
     let staging = path.with_extension("1.new");
+    // One an interrupted run left is ours to replace.
+    let _ = std::fs::remove_file(&staging);
     let mut file = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)

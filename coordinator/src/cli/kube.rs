@@ -34,23 +34,30 @@ pub(super) fn export(
     image: Option<&str>,
 ) -> Result<(), Failure> {
     let record = resolved.record();
+    let invalid = |message: String| Failure {
+        message,
+        status: super::EXIT_INVALID,
+    };
     let image = match image {
-        Some(image) => image.to_owned(),
+        Some(image) => match parse_reference(image) {
+            Ok(ImageSource::Registry { reference }) => reference.to_string(),
+            Ok(_) => {
+                return Err(invalid(format!(
+                    "--image {image} is local; name the registry image the cluster pulls"
+                )));
+            }
+            Err(e) => return Err(invalid(format!("--image: {e}"))),
+        },
         None => match parse_reference(&record.image) {
             Ok(ImageSource::Registry { reference }) => reference.to_string(),
             Ok(_) => {
-                return Err(Failure {
-                    message: format!(
-                        "the profile's image {} is local, which a cluster cannot pull; push it \
-                         (e.g. `skopeo copy {} docker://registry.example/{}:1`) and pass \
-                         --image registry.example/{}:1",
-                        record.image,
-                        record.image,
-                        resolved.profile().as_str(),
-                        resolved.profile().as_str()
-                    ),
-                    status: super::EXIT_INVALID,
-                });
+                let name = dns_label(resolved.profile().as_str());
+                return Err(invalid(format!(
+                    "the profile's image {} is local, which a cluster cannot pull; push it \
+                     (e.g. `skopeo copy {} docker://registry.example/{name}:1`) and pass \
+                     --image registry.example/{name}:1",
+                    record.image, record.image,
+                )));
             }
             Err(e) => return Err(failure(format!("the profile's image: {e}"))),
         },
@@ -182,6 +189,48 @@ impl Manifests {
             .iter()
             .map(|c| c.trim_start_matches("CAP_"))
             .collect();
+        let security = json!({
+            "runAsUser": 0,
+            "runAsGroup": 0,
+            "privileged": false,
+            "allowPrivilegeEscalation": false,
+            "capabilities": {"drop": ["ALL"], "add": capabilities},
+        });
+        // A persistent dir starts as the image's directory, as a Domain's
+        // overlay does: an empty claim would hide it. Once, before the
+        // sandbox, its claim is filled from the image.
+        let seeded: Vec<(usize, &str)> = claims
+            .iter()
+            .enumerate()
+            .filter(|(_, (_, mount, _))| record.persistent_dirs.iter().any(|d| d == mount))
+            .map(|(i, (_, mount, _))| (i, mount.as_str()))
+            .collect();
+        let seed_script = seeded
+            .iter()
+            .map(|(i, dir)| {
+                let dir = shell_quote(dir);
+                format!(
+                    "if [ -d {dir} ] && [ ! -e /lazaret-seed/{i}/.lazaret-seeded ]; then \
+                     cp -a {dir}/. /lazaret-seed/{i}/ && touch /lazaret-seed/{i}/.lazaret-seeded; fi"
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("; ");
+        let seed_mounts: Vec<Value> = seeded
+            .iter()
+            .map(|(i, _)| json!({"name": volume_name(*i), "mountPath": format!("/lazaret-seed/{i}")}))
+            .collect();
+        let init_containers: Vec<Value> = if seeded.is_empty() {
+            Vec::new()
+        } else {
+            vec![json!({
+                "name": "seed",
+                "image": image,
+                "command": ["/bin/sh", "-c", seed_script],
+                "securityContext": security,
+                "volumeMounts": seed_mounts,
+            })]
+        };
         objects.push(json!({
             "apiVersion": "v1",
             "kind": "Pod",
@@ -191,6 +240,7 @@ impl Manifests {
                 "automountServiceAccountToken": false,
                 "enableServiceLinks": false,
                 "terminationGracePeriodSeconds": 5,
+                "initContainers": init_containers,
                 "containers": [{
                     "name": "sandbox",
                     "image": image,
@@ -199,13 +249,7 @@ impl Manifests {
                     "env": env,
                     "stdin": true,
                     "tty": true,
-                    "securityContext": {
-                        "runAsUser": 0,
-                        "runAsGroup": 0,
-                        "privileged": false,
-                        "allowPrivilegeEscalation": false,
-                        "capabilities": {"drop": ["ALL"], "add": capabilities},
-                    },
+                    "securityContext": security,
                     "volumeMounts": mounts,
                 }],
                 "volumes": volumes,
@@ -255,7 +299,10 @@ impl Manifests {
     fn to_yaml(&self) -> String {
         let mut out = String::new();
         for line in &self.header {
-            let _ = writeln!(out, "# {}", super::printable(line).replace('\n', " "));
+            // A comment line ends only where it should: controls, and
+            // every character beyond ASCII, escaped.
+            let shown = super::printable(line).replace('\n', " ");
+            let _ = writeln!(out, "# {}", ascii_only(&shown));
         }
         for object in &self.objects {
             out.push_str("---\n");
@@ -297,6 +344,11 @@ fn ip_blocks(policy: &DerivedNetworkPolicy) -> Vec<(IpPrefix, Vec<IpPrefix>)> {
     blocks
 }
 
+/// `text` as one shell word.
+fn shell_quote(text: &str) -> String {
+    format!("'{}'", text.replace('\'', "'\\''"))
+}
+
 /// `prefix` as CIDR text.
 fn cidr_text(prefix: &IpPrefix) -> String {
     format!("{}/{}", prefix.address, prefix.prefix_len)
@@ -331,9 +383,29 @@ fn dns_label(text: &str) -> String {
 }
 
 /// A YAML scalar: strings double-quoted with JSON's escapes (which YAML's
-/// double-quoted style shares), so no value can become YAML syntax.
+/// double-quoted style shares) and every character beyond ASCII escaped
+/// too (YAML 1.1 readers take U+0085, U+2028 and U+2029 for line breaks),
+/// so no value can become YAML syntax or change on the way.
 fn scalar(value: &Value) -> String {
-    value.to_string()
+    ascii_only(&value.to_string())
+}
+
+/// `text` with each character beyond ASCII as a YAML escape: `\uXXXX`, or
+/// `\UXXXXXXXX` beyond the first plane.
+fn ascii_only(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match u32::from(c) {
+            0..=0x7f => out.push(c),
+            n @ 0x80..=0xffff => {
+                let _ = write!(out, "\\u{n:04x}");
+            }
+            n => {
+                let _ = write!(out, "\\U{n:08x}");
+            }
+        }
+    }
+    out
 }
 
 /// A mapping key: bare when it is only letters, digits and `.`, `_`, `/`,
@@ -346,7 +418,7 @@ fn key(text: &str) -> String {
     if bare {
         text.to_owned()
     } else {
-        Value::from(text).to_string()
+        ascii_only(&Value::from(text).to_string())
     }
 }
 
@@ -515,6 +587,14 @@ mod tests {
             "\"9weird key\": \"\\n\"\na: \"x: y # z\"\napp.kubernetes.io/name: true\n\
              empty: []\nlist:\n  - name: \"n\"\n    v: 1\n  - \"s\"\n"
         );
+    }
+
+    #[test]
+    fn non_ascii_is_escaped() {
+        let mut out = String::new();
+        yaml_block(&json!({"p": "a\u{2028}b\u{85}é😀"}), 0, &mut out);
+        assert_eq!(out, "p: \"a\\u2028b\\u0085\\u00e9\\U0001f600\"\n");
+        assert_eq!(shell_quote("/it's"), "'/it'\\''s'");
     }
 
     #[test]
