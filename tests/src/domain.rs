@@ -33,9 +33,14 @@ static CREATED_USER: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBo
 /// Removes the test user if this run created it, and the image it built.
 /// Called once when every test has run.
 pub fn cleanup() {
-    for image in [IMAGE.get(), GIT_IMAGE.get(), OTHER_IMAGE.get()]
-        .into_iter()
-        .flatten()
+    for image in [
+        IMAGE.get(),
+        GIT_IMAGE.get(),
+        OTHER_IMAGE.get(),
+        LARGE_IMAGE.get(),
+    ]
+    .into_iter()
+    .flatten()
     {
         if let Some(dir) = image
             .strip_prefix("oci:")
