@@ -9,8 +9,7 @@
 //! anything is written, and it is replaced by rename: the file is the old
 //! one or the whole new one, never a mix.
 
-use std::io::Write;
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use super::{CONFIG_TEMPLATE, EXIT_INVALID, Failure, failure};
@@ -305,55 +304,48 @@ fn append(
     text.push_str(profile);
     checked(&text, name, image)?;
 
-    let fail =
-        |what: &str, e: std::io::Error| failure(format!("cannot {what} {}: {e}", target.display()));
-    let before = rustix::fs::fstat(&source.fd).map_err(|e| fail("stat", e.into()))?;
+    let before = rustix::fs::fstat(&source.fd)
+        .map_err(|e| failure(format!("cannot stat {}: {e}", target.display())))?;
     let staging = target.with_file_name(format!(
         ".{}.lazaret-new",
         target
             .file_name()
             .map_or("config.toml".into(), |n| n.to_string_lossy())
     ));
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
-        .open(&staging)
-        .map_err(|e| {
-            let hint = if e.kind() == std::io::ErrorKind::AlreadyExists {
-                "; an earlier `lazaret config init` left it: remove it"
-            } else {
-                ""
-            };
-            failure(format!("cannot create {}: {e}{hint}", staging.display()))
-        })?;
     // The file keeps its mode (the secure read allowed no group or other
-    // write).
-    let mode = rustix::fs::Mode::from_raw_mode(before.st_mode & 0o777);
-    let outcome = rustix::fs::fchmod(&file, mode)
-        .map_err(std::io::Error::from)
-        .and_then(|()| file.write_all(text.as_bytes()))
-        .and_then(|()| file.sync_all())
-        .and_then(|()| {
-            // The file is replaced only if it is still the one read.
-            let now = std::fs::symlink_metadata(&target)?;
-            let same = now.ino() == before.st_ino
-                && now.dev() == before.st_dev
-                && i64::try_from(now.len()).ok() == Some(before.st_size)
-                && now.ctime() == before.st_ctime
-                && u64::try_from(now.ctime_nsec()).ok() == Some(before.st_ctime_nsec);
-            if !same {
-                return Err(std::io::Error::other(
-                    "it changed while the profile was added; run the command again",
-                ));
-            }
-            std::fs::rename(&staging, &target)
-        });
-    if let Err(e) = outcome {
-        let _ = std::fs::remove_file(&staging);
-        return Err(fail("update", e));
-    }
+    // write), and is replaced only if it is still the one read.
+    let still_current = || {
+        let now = std::fs::symlink_metadata(&target)?;
+        let same = now.ino() == before.st_ino
+            && now.dev() == before.st_dev
+            && i64::try_from(now.len()).ok() == Some(before.st_size)
+            && now.ctime() == before.st_ctime
+            && u64::try_from(now.ctime_nsec()).ok() == Some(before.st_ctime_nsec);
+        if same {
+            Ok(())
+        } else {
+            Err(std::io::Error::other(
+                "it changed while the profile was added; run the command again",
+            ))
+        }
+    };
+    let replaced = super::replace_by_rename(
+        &target,
+        &staging,
+        text.as_bytes(),
+        before.st_mode & 0o777,
+        still_current,
+    );
+    replaced.map_err(|e| {
+        if e.kind() == std::io::ErrorKind::AlreadyExists {
+            failure(format!(
+                "cannot create {}: {e}; an earlier `lazaret config init` left it: remove it",
+                staging.display()
+            ))
+        } else {
+            failure(format!("cannot update {}: {e}", target.display()))
+        }
+    })?;
     Ok("added")
 }
 

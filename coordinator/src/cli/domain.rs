@@ -11,7 +11,7 @@ use lazaret_proto::control::{
 
 use super::progress::{Mode, Progress};
 use super::view::{SilentView, StatusList, StatusView};
-use super::{Failure, Globals, failure, print, print_json};
+use super::{Failure, Globals, failure, print, print_json, print_json_line};
 use crate::config::HostEnvironment;
 use crate::lifecycle::client::{self, ClientError, RequestError};
 use crate::lifecycle::{DomainPaths, chain};
@@ -157,13 +157,6 @@ pub fn up(globals: &Globals, profile: &str, mode: Mode) -> Result<(), Failure> {
             "unexpected report from the coordinator: {other:?}"
         ))),
     }
-}
-
-/// `value` as one line of JSON on standard output.
-fn print_json_line(value: &impl serde::Serialize) -> Result<(), Failure> {
-    let text = serde_json::to_string(value)
-        .map_err(|e| failure(format!("cannot encode the answer as JSON: {e}")))?;
-    print(&format!("{text}\n"))
 }
 
 /// How long `down` waits for a coordinator that holds the Domain but does

@@ -6,7 +6,6 @@
 //! `lazaret-state-reset.1`, ...). Trusts nothing but the directory the user
 //! names, which it writes pages into by rename.
 
-use std::io::Write;
 use std::path::Path;
 
 use clap::CommandFactory;
@@ -60,25 +59,14 @@ fn write_pages(
     Ok(())
 }
 
-/// Writes `path` by a rename from a new file beside it, so a page is
-/// either the old one or the whole new one.
+/// Writes `path` (mode 0644) by a rename from a new file beside it, so a
+/// page is either the old one or the whole new one.
 fn write_replacing(path: &Path, contents: &[u8]) -> Result<(), Failure> {
-    let fail =
-        |what: &str, e: std::io::Error| failure(format!("cannot {what} {}: {e}", path.display()));
     let staging = path.with_extension("1.new");
     // One an interrupted run left is ours to replace.
     let _ = std::fs::remove_file(&staging);
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(&staging)
-        .map_err(|e| fail("create a page beside", e))?;
-    let written = file.write_all(contents).and_then(|()| file.sync_all());
-    if let Err(e) = written.and_then(|()| std::fs::rename(&staging, path)) {
-        let _ = std::fs::remove_file(&staging);
-        return Err(fail("write", e));
-    }
-    Ok(())
+    super::replace_by_rename(path, &staging, contents, 0o644, || Ok(()))
+        .map_err(|e| failure(format!("cannot write {}: {e}", path.display())))
 }
 
 #[cfg(test)]

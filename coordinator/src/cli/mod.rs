@@ -218,6 +218,13 @@ fn print_json(value: &impl serde::Serialize) -> Result<(), Failure> {
     print(&format!("{text}\n"))
 }
 
+/// `value` as one line of JSON on standard output (a stream of events).
+fn print_json_line(value: &impl serde::Serialize) -> Result<(), Failure> {
+    let text = serde_json::to_string(value)
+        .map_err(|e| failure(format!("cannot encode the answer as JSON: {e}")))?;
+    print(&format!("{text}\n"))
+}
+
 fn print(text: &str) -> Result<(), Failure> {
     print_bytes(text.as_bytes())
 }
@@ -449,6 +456,37 @@ fn config_init(
         "wrote {}\nnext: edit it, then run `lazaret config check default` in your project\n",
         path.display()
     ))
+}
+
+/// Replaces `target` by a rename from `staging`, a new file beside it that
+/// holds `contents` with exactly `mode`: the file is the old one or the
+/// whole new one. `still_current` runs just before the rename and may
+/// refuse it. A staging file this made never outlives a failure; one that
+/// already exists fails the create (`AlreadyExists`) and is left alone.
+fn replace_by_rename(
+    target: &std::path::Path,
+    staging: &std::path::Path,
+    contents: &[u8],
+    mode: u32,
+    still_current: impl FnOnce() -> io::Result<()>,
+) -> io::Result<()> {
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(mode)
+        .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
+        .open(staging)?;
+    // The umask may have taken bits `mode` asks for.
+    let outcome = rustix::fs::fchmod(&file, rustix::fs::Mode::from_raw_mode(mode))
+        .map_err(io::Error::from)
+        .and_then(|()| file.write_all(contents))
+        .and_then(|()| file.sync_all())
+        .and_then(|()| still_current())
+        .and_then(|()| std::fs::rename(staging, target));
+    if outcome.is_err() {
+        let _ = std::fs::remove_file(staging);
+    }
+    outcome
 }
 
 /// Creates the configuration file at `path` holding `contents`: its

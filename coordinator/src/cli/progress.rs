@@ -6,7 +6,7 @@
 //! Owns the output format of progress, never its content: details come
 //! from the user's own coordinator and are escaped before they are shown.
 
-use std::io::{IsTerminal, Write};
+use std::io::IsTerminal;
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use lazaret_proto::control::{StartupEvent, StartupStep};
@@ -73,11 +73,9 @@ impl Progress {
                     done: fraction.map(|f| f.0),
                     total: fraction.map(|f| f.1),
                 };
-                if let Ok(line) = serde_json::to_string(&view) {
-                    let mut out = std::io::stdout().lock();
-                    let _ = writeln!(out, "{line}");
-                    let _ = out.flush();
-                }
+                // A closed or failing standard output ends nothing here:
+                // the outcome line reports it.
+                let _ = super::print_json_line(&view);
             }
             Mode::Human => {
                 let detail = super::printable(detail);

@@ -274,18 +274,23 @@ pub(crate) fn disk_usage_until(
     Ok((bytes, state.complete))
 }
 
+/// The directory at `path`, opened for the tests of the walks here and in
+/// `state::anchor`.
+#[cfg(test)]
+pub(crate) fn open_dir_for_test(path: &std::path::Path) -> OwnedFd {
+    rustix::fs::open(
+        path,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .unwrap()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn open(path: &std::path::Path) -> OwnedFd {
-        rustix::fs::open(
-            path,
-            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
-            Mode::empty(),
-        )
-        .unwrap()
-    }
+    use super::open_dir_for_test as open;
 
     #[test]
     fn a_tree_deeper_than_the_descriptors_a_process_holds_is_removed() {

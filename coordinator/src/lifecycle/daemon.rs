@@ -957,11 +957,19 @@ fn publish(
         }),
     )?;
     let _ = std::fs::remove_file(&socket);
+    // What failed, where: a socket that cannot be bound (a full runtime
+    // dir, a name too long for a socket address).
+    let cannot_bind = |socket: &Path, detail: String| {
+        failure(
+            StartupStep::Sandbox,
+            format!("cannot bind {}: {detail}", socket.display()),
+        )
+    };
     let listener = lazaret_proto::channel::listen(&lazaret_proto::channel::socket_path_at(
         auth.domain_runtime.fd(),
         super::CONTROL_SOCKET,
     ))
-    .map_err(|e| step(&e))?;
+    .map_err(|e| cannot_bind(&socket, chain(&e)))?;
     publication.active()?;
 
     let uid = rustix::process::getuid().as_raw();
@@ -999,12 +1007,7 @@ fn publish(
         auth.domain_runtime.fd(),
         session::SESSION_SOCKET,
     ))
-    .map_err(|e| {
-        failure(
-            StartupStep::Sandbox,
-            format!("cannot bind {}: {e}", socket.display()),
-        )
-    })?;
+    .map_err(|e| cannot_bind(&socket, e.to_string()))?;
     publication.active()?;
     Ok(Published {
         listener,

@@ -200,16 +200,7 @@ pub fn walk(upper: BorrowedFd<'_>, lower: Option<BorrowedFd<'_>>, uid: u32) -> W
 mod tests {
     use super::*;
 
-    use rustix::fs::{Mode, OFlags};
-
-    fn open(path: &std::path::Path) -> OwnedFd {
-        rustix::fs::open(
-            path,
-            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
-            Mode::empty(),
-        )
-        .unwrap()
-    }
+    use crate::image::fsops::open_dir_for_test as open;
 
     #[test]
     fn changes_are_named_against_the_image() {
