@@ -26,24 +26,39 @@ domain_exec
 bare=("${exec_cmd[@]}")
 
 
-attach_true=() bare_true=()
-for _ in $(seq "$rounds"); do
-    t0=$(now); "$lazaret" attach bench -- true </dev/null; t1=$(now)
-    "${bare[@]}" /bin/true </dev/null; t2=$(now)
-    attach_true+=("$(ms "$t0" "$t1")"); bare_true+=("$(ms "$t1" "$t2")")
-done
-
-attach_ls=() bare_ls=()
-for _ in $(seq "$rounds"); do
-    t0=$(now); "$lazaret" attach bench -- sh -c 'ls / >/dev/null' </dev/null; t1=$(now)
-    "${bare[@]}" sh -c 'ls / >/dev/null' </dev/null; t2=$(now)
-    attach_ls+=("$(ms "$t0" "$t1")"); bare_ls+=("$(ms "$t1" "$t2")")
+# timed ARRAY CMD...: appends the milliseconds CMD takes to ARRAY.
+timed() {
+    local array=$1 t0 t1
+    shift
+    t0=$(now)
+    "$@"
+    t1=$(now)
+    eval "$array+=(\$(ms $t0 $t1))"
+}
+# Each round runs both sides, in turns: Lazaret first in odd rounds, the
+# bare baseline first in even ones, so neither always runs on a machine
+# the other just warmed (or cooled). The same program, by the same path,
+# on both sides.
+attach_true=() bare_true=() attach_ls=() bare_ls=()
+for round in $(seq "$rounds"); do
+    sides=(attach bare)
+    (( round % 2 )) || sides=(bare attach)
+    for side in "${sides[@]}"; do
+        case $side in
+        attach)
+            timed attach_true "$lazaret" attach bench -- /bin/true </dev/null
+            timed attach_ls "$lazaret" attach bench -- /bin/sh -c 'ls / >/dev/null' </dev/null ;;
+        bare)
+            timed bare_true "${bare[@]}" /bin/true </dev/null
+            timed bare_ls "${bare[@]}" /bin/sh -c 'ls / >/dev/null' </dev/null ;;
+        esac
+    done
 done
 
 rate() { local t=$(ms "$1" "$2"); echo $(( mib * 1000 / (t > 0 ? t : 1) )); }
 attach_cat=() bare_cat=() bare_pipe=()
 for _ in $(seq 3); do
-    t0=$(now); "$lazaret" attach bench -- cat /workspace/big </dev/null >/dev/null; t1=$(now)
+    t0=$(now); "$lazaret" attach bench -- /bin/cat /workspace/big </dev/null >/dev/null; t1=$(now)
     "${bare[@]}" /bin/cat /workspace/big </dev/null >/dev/null; t2=$(now)
     # The same through a pipe: what any relay of the output starts from.
     "${bare[@]}" /bin/cat /workspace/big </dev/null | cat >/dev/null; t3=$(now)

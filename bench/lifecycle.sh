@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Times `lazaret up` (image already prepared) and `lazaret down` against a
 # bare rootless `runsc run -detach` / `kill` + `delete` of the same image in
-# the same run, and prints medians and ratios.
+# the same run, taking turns round by round, and prints medians and ratios.
 #
 # usage: bench/lifecycle.sh [ROUNDS]   (default 15; builds target/release)
 # Run it as the user Lazaret runs as; it uses scratch directories only.
@@ -16,13 +16,6 @@ bench_host "$scratch"
 # Prepare the image once, outside the measurement.
 "$lazaret" up bench --workspace "$scratch/project" >/dev/null 2>&1
 "$lazaret" down bench --workspace "$scratch/project" >/dev/null
-
-up=() down=()
-for _ in $(seq "$rounds"); do
-    t0=$(now); "$lazaret" up bench --workspace "$scratch/project" >/dev/null 2>&1; t1=$(now)
-    "$lazaret" down bench --workspace "$scratch/project" >/dev/null; t2=$(now)
-    up+=("$(ms "$t0" "$t1")"); down+=("$(ms "$t1" "$t2")")
-done
 
 # The bare baseline: the same unpacked image, rootless runsc in a fresh
 # user, mount and network namespace, no Lazaret.
@@ -43,8 +36,13 @@ t0=$(now); $r run -detach --bundle "$1" bare; t1=$(now)
 $r kill bare KILL; $r delete -force bare; t2=$(now)
 echo "$(( (t1 - t0) / 1000000 )) $(( (t2 - t1) / 1000000 ))"
 SH
-bare_up=() bare_down=()
+# Round by round, Lazaret then the bare baseline, so that a change in the
+# machine's speed during the run falls on both alike.
+up=() down=() bare_up=() bare_down=()
 for _ in $(seq "$rounds"); do
+    t0=$(now); "$lazaret" up bench --workspace "$scratch/project" >/dev/null 2>&1; t1=$(now)
+    "$lazaret" down bench --workspace "$scratch/project" >/dev/null; t2=$(now)
+    up+=("$(ms "$t0" "$t1")"); down+=("$(ms "$t1" "$t2")")
     read -r u d < <(unshare -Urnm bash "$scratch/bare.sh" "$bundle")
     bare_up+=("$u"); bare_down+=("$d")
 done

@@ -7,7 +7,9 @@
 # (the default; the workspace is a git repository with ignore rules) and
 # with `false`. The work runs through `runsc exec` in every case, so only
 # the filesystem differs; the time of an empty `runsc exec` (measured in
-# the same run, per sandbox) is subtracted from each phase. Prints medians
+# the same run, per sandbox) is subtracted from each phase. The three
+# sandboxes run side by side and take turns phase by phase, so a machine
+# whose speed drifts during the run slows all three alike. Prints medians
 # and ratios against the bind mount.
 #
 # usage: bench/workspace.sh [ROUNDS] [FILES] [MIB]   (default 3, 5000, 256)
@@ -44,6 +46,7 @@ create)
 stat) ls -lR "$dir" > /dev/null ;;
 read) find "$dir" -type f | xargs cat > /dev/null ;;
 find) find "$dir" | wc -l > /dev/null ;;
+warm) dd if=/dev/zero of="$dir.warm" bs=1M count="$mib" 2>/dev/null; rm "$dir.warm" ;;
 write) dd if=/dev/zero of="$dir.big" bs=1M count="$mib" 2>/dev/null ;;
 readbig) dd if="$dir.big" of=/dev/null bs=1M 2>/dev/null ;;
 floor) : ;;
@@ -53,40 +56,22 @@ SH
 work=$(cat "$scratch/work.sh")
 
 phases=(floor create stat read find write readbig)
+variants=(bare routed shared)
 
-# run_phases LABEL EXEC...: runs each phase ROUNDS times through EXEC (a
-# command that runs `sh -c SCRIPT ARGS` inside), recording milliseconds in
-# the arrays LABEL_PHASE.
-run_phases() {
-    local label=$1
-    shift
-    local round phase t0 t1
-    for round in $(seq "$rounds"); do
-        for phase in "${phases[@]}"; do
-            t0=$(now)
-            "$@" /bin/sh -c "$work" sh "$phase" "/workspace/w$round" "$files" "$mib" </dev/null
-            t1=$(now)
-            eval "${label}_${phase}+=(\$(ms $t0 $t1))"
-        done
-        "$@" /bin/sh -c "$work" sh clean "/workspace/w$round" "$files" "$mib" </dev/null
-    done
-}
-
-# Lazaret, through runsc exec in the Domain's namespaces.
-lazaret_exec() {
-    "$lazaret" up "$1" >/dev/null 2>&1
-    status=$("$lazaret" status "$1" --json)
-    domain_exec
-}
-lazaret_exec bench
-run_phases routed "${exec_cmd[@]}"
-"$lazaret" down bench >/dev/null
-lazaret_exec shared
-run_phases shared "${exec_cmd[@]}"
-"$lazaret" down shared >/dev/null
+# Lazaret, through runsc exec in the Domain's namespaces: exec_routed
+# (the default, isolating the ignored paths) and exec_shared.
+"$lazaret" up bench >/dev/null 2>&1
+status=$("$lazaret" status bench --json)
+domain_exec
+exec_routed=("${exec_cmd[@]}")
+"$lazaret" up shared >/dev/null 2>&1
+status=$("$lazaret" status shared --json)
+domain_exec
+exec_shared=("${exec_cmd[@]}")
 
 # The bare baseline: the same unpacked image, rootless runsc in a fresh
-# user, mount and network namespace, /workspace a plain bind mount.
+# user, mount and network namespace (held by a sleeping shell), with
+# /workspace a plain bind mount.
 rootfs=$(ls -d "$HOME"/.local/share/lazaret/catalog/artifacts/*/rootfs | head -n 1)
 mkdir -p "$scratch/bare" "$scratch/bare-workspace"
 cat > "$scratch/bare/config.json" <<JSON
@@ -97,22 +82,55 @@ cat > "$scratch/bare/config.json" <<JSON
   {"destination":"/workspace","type":"bind","source":"$scratch/bare-workspace","options":["rbind","rw"]}],
  "linux":{"namespaces":[{"type":"pid"},{"type":"ipc"},{"type":"uts"},{"type":"mount"}]}}
 JSON
-# Inside one `unshare`: start the bare sandbox, run the phases, stop it.
-export -f run_phases now ms
-phase_names="${phases[*]}"
-export rounds files mib scratch work phase_names
-bare_out=$(unshare -Urnm bash -c '
-    set -eu
-    read -ra phases <<<"$phase_names"
-    r="runsc --rootless --ignore-cgroups --network=host --root $scratch/bare/state"
-    $r run -detach --bundle "$scratch/bare" bare
-    run_phases bare $r exec bare
-    $r kill bare KILL; $r delete -force bare
-    for p in "${phases[@]}"; do eval "echo $p \${bare_${p}[*]}"; done
-')
-while read -r phase values; do
-    eval "bare_${phase}=($values)"
-done <<<"$bare_out"
+bare_runsc=(runsc --rootless --ignore-cgroups --network=host --root "$scratch/bare/state")
+unshare -Urnm bash -c "${bare_runsc[*]} run -detach --bundle $scratch/bare bare && echo started && exec sleep 100000" \
+    > "$scratch/bare/holder.out" 2>&1 &
+bare_holder=$!
+for _ in $(seq 300); do
+    grep -q started "$scratch/bare/holder.out" && break
+    kill -0 "$bare_holder" 2>/dev/null || { cat "$scratch/bare/holder.out" >&2; exit 1; }
+    sleep 0.1
+done
+grep -q started "$scratch/bare/holder.out" || { echo "the bare sandbox did not start within 30 s" >&2; exit 1; }
+exec_bare=(nsenter -t "$bare_holder" -U -m -n --preserve-credentials -- "${bare_runsc[@]}" exec bare)
+bare_stop() {
+    local in_ns=(nsenter -t "$bare_holder" -U -m -n --preserve-credentials --)
+    "${in_ns[@]}" "${bare_runsc[@]}" kill bare KILL >/dev/null 2>&1 || true
+    "${in_ns[@]}" "${bare_runsc[@]}" delete -force bare >/dev/null 2>&1 || true
+    kill "$bare_holder" 2>/dev/null || true
+    wait "$bare_holder" 2>/dev/null || true
+}
+trap 'bare_stop; bench_cleanup' EXIT
+
+# Round by round, phase by phase, each workspace in turn (which goes first
+# changes from round to round), so that a change in the machine's speed
+# during the run falls on all three alike. Before each phase the host
+# writes back what the last one left dirty and the sandboxes settle, so no
+# phase pays for the one before it. Before the big write, each sandbox
+# writes and removes a file as big, untimed: on a virtual machine that
+# hands freed memory back to its host (a balloon's free page reporting),
+# the first write into such memory costs a fault in the host for every
+# page, and without the warm-up whichever sandbox wrote after the longest
+# pause would pay for it. Each time goes to the array VARIANT_PHASE, in
+# milliseconds.
+for round in $(seq "$rounds"); do
+    shift_by=$(( (round - 1) % ${#variants[@]} ))
+    order=("${variants[@]:shift_by}" "${variants[@]:0:shift_by}")
+    for phase in "${phases[@]}" clean; do
+        for variant in "${order[@]}"; do
+            eval "cmd=(\"\${exec_${variant}[@]}\")"
+            if [ "$phase" = write ]; then
+                "${cmd[@]}" /bin/sh -c "$work" sh warm "/workspace/w$round" "$files" "$mib" </dev/null
+            fi
+            sync
+            sleep 0.5
+            t0=$(now)
+            "${cmd[@]}" /bin/sh -c "$work" sh "$phase" "/workspace/w$round" "$files" "$mib" </dev/null
+            t1=$(now)
+            eval "${variant}_${phase}+=(\$(ms $t0 $t1))"
+        done
+    done
+done
 
 printf 'rounds: %s; %s files in %s directories; one %s MiB file\n' \
     "$rounds" "$files" "$((files / 10 + files / 100))" "$mib"
