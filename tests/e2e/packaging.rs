@@ -28,6 +28,11 @@ pub fn trials() -> Vec<Trial> {
         .with_ignored_flag(validator().is_none()),
         Trial::test("packaging::an_agent_image_runs_its_agent", agent_image)
             .with_ignored_flag(!crate::domain::runnable() || agent_image_ref().is_none()),
+        Trial::test(
+            "packaging::the_other_agent_images_run_their_agents",
+            other_agents,
+        )
+        .with_ignored_flag(!crate::domain::runnable() || other_agent_images().is_none()),
     ]
 }
 
@@ -42,6 +47,87 @@ fn agent_image_ref() -> Option<String> {
         );
     }
     image
+}
+
+/// The agents besides claude, each with the version its image pins
+/// (packaging/images/build-agent-image.sh).
+const OTHER_AGENTS: [(&str, &str); 3] = [
+    ("codex", "0.171.0"),
+    ("gemini", "0.61.0"),
+    ("opencode", "1.18.33"),
+];
+
+/// The images of [`OTHER_AGENTS`], tagged by agent in the layout that
+/// holds the claude image (CI builds them all there): `oci:DIR:AGENT` for
+/// each, or `None` where the layout lacks one (outside CI).
+fn other_agent_images() -> Option<Vec<(&'static str, &'static str, String)>> {
+    let claude = agent_image_ref()?;
+    let layout = claude.strip_prefix("oci:")?.strip_suffix(":claude")?;
+    let index = std::fs::read_to_string(format!("{layout}/index.json")).ok()?;
+    let index: Value = serde_json::from_str(&index).ok()?;
+    let tags: Vec<&str> = index["manifests"]
+        .as_array()?
+        .iter()
+        .filter_map(|m| m["annotations"]["org.opencontainers.image.ref.name"].as_str())
+        .collect();
+    let missing: Vec<&str> = OTHER_AGENTS
+        .iter()
+        .map(|(agent, _)| *agent)
+        .filter(|agent| !tags.contains(agent))
+        .collect();
+    if std::env::var_os("CI").is_some() {
+        assert!(
+            missing.is_empty(),
+            "CI must build the {missing:?} agent images into {layout}"
+        );
+    }
+    if !missing.is_empty() {
+        return None;
+    }
+    Some(
+        OTHER_AGENTS
+            .iter()
+            .map(|&(agent, version)| (agent, version, format!("oci:{layout}:{agent}")))
+            .collect(),
+    )
+}
+
+/// Each other agent's profile from `config init --agent`, on its image:
+/// `up` with the key by reference, and the agent itself runs inside
+/// gVisor (`AGENT --version` names the pinned version).
+fn other_agents() -> Result {
+    use lazaret_tests::domain::{SERIAL, UserHost};
+    let images = other_agent_images().expect("gated on the images");
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let host = UserHost::new();
+    let ws = host.workspace.clone();
+    let show = |out: &std::process::Output| {
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    };
+    let key = "sk-e2e-dummy-0a7c55";
+    let env = [
+        ("OPENAI_API_KEY", key),
+        ("GEMINI_API_KEY", key),
+        ("ANTHROPIC_API_KEY", key),
+    ];
+    for (agent, version, image) in &images {
+        let out = host.lazaret(&ws, &["config", "init", "--agent", agent, "--image", image]);
+        assert!(out.status.success(), "{agent}: {}", show(&out));
+        let out = host.lazaret_with_env(&ws, &["up", agent], &env);
+        assert!(out.status.success(), "{agent}: {}", show(&out));
+        let out = host.lazaret(&ws, &["attach", agent, "--", agent, "--version"]);
+        let said = show(&out);
+        assert!(out.status.success(), "{agent} --version: {said}");
+        assert!(said.contains(version), "{agent} --version: {said}");
+        let out = host.lazaret(&ws, &["down", agent]);
+        assert!(out.status.success(), "{agent}: {}", show(&out));
+    }
+    host.assert_nowhere_on_disk(key);
+    Ok(())
 }
 
 /// A profile from `config init --agent claude` on the image CI built: the
