@@ -83,16 +83,7 @@ cat > "$scratch/bare/config.json" <<JSON
  "linux":{"namespaces":[{"type":"pid"},{"type":"ipc"},{"type":"uts"},{"type":"mount"}]}}
 JSON
 bare_runsc=(runsc --rootless --ignore-cgroups --network=host --root "$scratch/bare/state")
-unshare -Urnm bash -c "${bare_runsc[*]} run -detach --bundle $scratch/bare bare && echo started && exec sleep 100000" \
-    > "$scratch/bare/holder.out" 2>&1 &
-bare_holder=$!
-for _ in $(seq 300); do
-    grep -q started "$scratch/bare/holder.out" && break
-    kill -0 "$bare_holder" 2>/dev/null || { cat "$scratch/bare/holder.out" >&2; exit 1; }
-    sleep 0.1
-done
-grep -q started "$scratch/bare/holder.out" || { echo "the bare sandbox did not start within 30 s" >&2; exit 1; }
-exec_bare=(nsenter -t "$bare_holder" -U -m -n --preserve-credentials -- "${bare_runsc[@]}" exec bare)
+# bare_stop: ends the bare sandbox and the shell that holds its namespaces.
 bare_stop() {
     local in_ns=(nsenter -t "$bare_holder" -U -m -n --preserve-credentials --)
     "${in_ns[@]}" "${bare_runsc[@]}" kill bare KILL >/dev/null 2>&1 || true
@@ -100,7 +91,17 @@ bare_stop() {
     kill "$bare_holder" 2>/dev/null || true
     wait "$bare_holder" 2>/dev/null || true
 }
+unshare -Urnm bash -c "${bare_runsc[*]} run -detach --bundle $scratch/bare bare && echo started && exec sleep 100000" \
+    > "$scratch/bare/holder.out" 2>&1 &
+bare_holder=$!
 trap 'bare_stop; bench_cleanup' EXIT
+for _ in $(seq 300); do
+    grep -q started "$scratch/bare/holder.out" && break
+    kill -0 "$bare_holder" 2>/dev/null || { cat "$scratch/bare/holder.out" >&2; exit 1; }
+    sleep 0.1
+done
+grep -q started "$scratch/bare/holder.out" || { echo "the bare sandbox did not start within 30 s" >&2; exit 1; }
+exec_bare=(nsenter -t "$bare_holder" -U -m -n --preserve-credentials -- "${bare_runsc[@]}" exec bare)
 
 # Round by round, phase by phase, each workspace in turn (which goes first
 # changes from round to round), so that a change in the machine's speed
