@@ -57,6 +57,32 @@ enum Ending {
     Broken(String),
 }
 
+/// The runsc sandbox and its gofer end together, each when the other
+/// does, and their pidfds report it in either order.
+const SANDBOX: &str = "the runsc sandbox";
+const GOFER: &str = "the runsc gofer";
+const SANDBOX_AND_GOFER: &str = "the runsc sandbox and its gofer";
+
+/// How long the one of the pair still running has to follow the other.
+const PAIR_FOLLOWS_WITHIN: Duration = Duration::from_millis(200);
+
+/// A death of the sandbox or its gofer names both once the other is gone
+/// as well: which pidfd reported first says nothing of which process the
+/// cause struck.
+fn name_the_pair(ending: Ending, live: &Live) -> Ending {
+    let other = match ending {
+        Ending::Died(SANDBOX) => live.gofer.as_ref().map(|gofer| gofer.pidfd.as_fd()),
+        Ending::Died(GOFER) => Some(live.sandbox.pidfd.as_fd()),
+        _ => return ending,
+    };
+    match other {
+        Some(other) if wait_exit(other, PAIR_FOLLOWS_WITHIN).unwrap_or(false) => {
+            Ending::Died(SANDBOX_AND_GOFER)
+        }
+        _ => ending,
+    }
+}
+
 /// Serves the generation until it is told to stop or a participant dies,
 /// then stops and releases it.
 pub(super) fn serve(
@@ -79,6 +105,7 @@ pub(super) fn serve(
             None,
         ),
     };
+    let ending = name_the_pair(ending, &live);
     match &ending {
         Ending::Down(_) => tracing::info!("down requested"),
         Ending::Terminated => tracing::info!("SIGTERM received; stopping the Domain"),
@@ -231,8 +258,8 @@ impl Watched {
         loop {
             tokio::select! {
                 () = self.supervisor.exited() => return Ending::Died("the Runtime Supervisor"),
-                () = self.sandbox.exited() => return Ending::Died("the runsc sandbox"),
-                () = exited(self.gofer.as_ref()) => return Ending::Died("the runsc gofer"),
+                () = self.sandbox.exited() => return Ending::Died(SANDBOX),
+                () = exited(self.gofer.as_ref()) => return Ending::Died(GOFER),
                 () = self.slirp4netns.exited() => return Ending::Died("slirp4netns"),
                 () = self.router.exited(), if live.workspace.router_running => {
                     // The workspace fails closed: the FUSE connection is
