@@ -192,9 +192,15 @@ fn state_survives_down_and_up() -> Result {
     );
 
     down(&host, &ws)?;
+    // `down` returns once the coordinator has released the generation and
+    // answered; the coordinator then exits, within a bound.
     for process in ["coordinator", "supervisor", "sandbox"] {
         let pid = status[process]["pid"].as_u64().unwrap();
-        assert!(!pid_exists(pid), "the {process} (pid {pid}) outlived down");
+        wait_until(
+            Duration::from_secs(2),
+            &format!("the {process} (pid {pid}) to end after down"),
+            || (!pid_exists(pid)).then_some(()),
+        )?;
     }
     let host_file = ws.join("from-sandbox.txt");
     assert_eq!(std::fs::read_to_string(&host_file)?, "shared\n");
