@@ -49,6 +49,26 @@ fn agent_image_ref() -> Option<String> {
     image
 }
 
+/// The serial lock of the tests that run Domains, and a fresh host of the
+/// unprivileged test user, for an agent image's test.
+fn agent_host() -> (
+    std::sync::MutexGuard<'static, ()>,
+    lazaret_tests::domain::UserHost,
+) {
+    use lazaret_tests::domain::{SERIAL, UserHost};
+    let serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    (serial, UserHost::new())
+}
+
+/// What a command printed, standard output then standard error.
+fn said(out: &std::process::Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
 /// The agents besides claude, each with the version its image pins
 /// (packaging/images/build-agent-image.sh).
 const OTHER_AGENTS: [(&str, &str); 3] = [
@@ -96,18 +116,9 @@ fn other_agent_images() -> Option<Vec<(&'static str, &'static str, String)>> {
 /// `up` with the key by reference, and the agent itself runs inside
 /// gVisor (`AGENT --version` names the pinned version).
 fn other_agents() -> Result {
-    use lazaret_tests::domain::{SERIAL, UserHost};
     let images = other_agent_images().expect("gated on the images");
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let host = UserHost::new();
+    let (_serial, host) = agent_host();
     let ws = host.workspace.clone();
-    let show = |out: &std::process::Output| {
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        )
-    };
     let key = "sk-e2e-dummy-0a7c55";
     let env = [
         ("OPENAI_API_KEY", key),
@@ -116,15 +127,18 @@ fn other_agents() -> Result {
     ];
     for (agent, version, image) in &images {
         let out = host.lazaret(&ws, &["config", "init", "--agent", agent, "--image", image]);
-        assert!(out.status.success(), "{agent}: {}", show(&out));
+        assert!(out.status.success(), "{agent}: {}", said(&out));
         let out = host.lazaret_with_env(&ws, &["up", agent], &env);
-        assert!(out.status.success(), "{agent}: {}", show(&out));
+        assert!(out.status.success(), "{agent}: {}", said(&out));
         let out = host.lazaret(&ws, &["attach", agent, "--", agent, "--version"]);
-        let said = show(&out);
-        assert!(out.status.success(), "{agent} --version: {said}");
-        assert!(said.contains(version), "{agent} --version: {said}");
+        let version_said = said(&out);
+        assert!(out.status.success(), "{agent} --version: {version_said}");
+        assert!(
+            version_said.contains(version),
+            "{agent} --version: {version_said}"
+        );
         let out = host.lazaret(&ws, &["down", agent]);
-        assert!(out.status.success(), "{agent}: {}", show(&out));
+        assert!(out.status.success(), "{agent}: {}", said(&out));
     }
     host.assert_nowhere_on_disk(key);
     Ok(())
@@ -135,32 +149,23 @@ fn other_agents() -> Result {
 /// nowhere on disk; a package installed with the image's own npm into
 /// /root survives `down` and `up`.
 fn agent_image() -> Result {
-    use lazaret_tests::domain::{SERIAL, UserHost};
     let image = agent_image_ref().expect("gated on the image");
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let host = UserHost::new();
+    let (_serial, host) = agent_host();
     let ws = host.workspace.clone();
-    let show = |out: &std::process::Output| {
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        )
-    };
     let out = host.lazaret(
         &ws,
         &["config", "init", "--agent", "claude", "--image", &image],
     );
-    assert!(out.status.success(), "{}", show(&out));
+    assert!(out.status.success(), "{}", said(&out));
     let key = "sk-ant-e2e-dummy-5c1e0a";
     let env = [("ANTHROPIC_API_KEY", key)];
     let out = host.lazaret_with_env(&ws, &["up", "claude"], &env);
-    assert!(out.status.success(), "{}", show(&out));
+    assert!(out.status.success(), "{}", said(&out));
     let attach = |command: &[&str]| {
         let mut args = vec!["attach", "claude", "--"];
         args.extend_from_slice(command);
         let out = host.lazaret(&ws, &args);
-        assert!(out.status.success(), "{command:?}: {}", show(&out));
+        assert!(out.status.success(), "{command:?}: {}", said(&out));
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
     let version = attach(&["claude", "--version"]);
@@ -200,15 +205,15 @@ fn agent_image() -> Result {
         /root/.local/bin/hello-lazaret";
     assert_eq!(attach(&["sh", "-c", install]).trim(), "hello from npm");
     let out = host.lazaret(&ws, &["down", "claude"]);
-    assert!(out.status.success(), "{}", show(&out));
+    assert!(out.status.success(), "{}", said(&out));
     let out = host.lazaret_with_env(&ws, &["up", "claude"], &env);
-    assert!(out.status.success(), "{}", show(&out));
+    assert!(out.status.success(), "{}", said(&out));
     assert_eq!(
         attach(&["/root/.local/bin/hello-lazaret"]).trim(),
         "hello from npm"
     );
     let out = host.lazaret(&ws, &["down", "claude"]);
-    assert!(out.status.success(), "{}", show(&out));
+    assert!(out.status.success(), "{}", said(&out));
 
     // The key is in no file the host keeps: stores, logs, state, runtime.
     host.assert_nowhere_on_disk(key);
