@@ -1340,6 +1340,25 @@ fn crashed_prepare_is_cleaned_up_on_next_open() {
     assert!(!live_dir.exists());
 }
 
+/// Opening an intact catalog writes nothing to it (a writable database
+/// session would flush the disk four times before `up` could lease), and
+/// one a crash left work in is still cleaned up (above).
+#[test]
+fn opening_an_intact_catalog_writes_nothing() {
+    let fx = Fixture::new();
+    drop(fx.catalog());
+    let file = fx.catalog_dir().join("catalog.redb");
+    let before = fs::read(&file).unwrap();
+    let modified = fs::metadata(&file).unwrap().modified().unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    drop(fx.catalog());
+    assert_eq!(fs::metadata(&file).unwrap().modified().unwrap(), modified);
+    assert!(
+        fs::read(&file).unwrap() == before,
+        "the database file changed"
+    );
+}
+
 #[test]
 fn another_schema_is_refused() {
     let fx = Fixture::new();

@@ -45,8 +45,9 @@ pub const SESSION_ENV: &str = "LAZARET_SESSION";
 pub const CREDENTIAL_FILE: &str = "credential";
 
 /// In a session's mailbox: the session leader's identity inside the
-/// sandbox (`PID PGRP STARTTIME`), written once by `lazaret-init` as the
-/// session begins; the sandbox's own claim, recorded and never acted on.
+/// sandbox (`PID PGRP STARTTIME`), written once by the sandbox's pid 1
+/// (`lazaret-init`) when it finds the leader; the sandbox's own claim,
+/// recorded and never acted on.
 pub const GUEST_FILE: &str = "guest";
 
 /// In a session's mailbox: where the sandbox puts its records

@@ -1,6 +1,6 @@
 //! The few C library calls `lazaret-init` needs that `std` does not offer:
-//! reaping any child, signalling a pid, and taking signals synchronously
-//! with their sender. Declared by hand (the program has no dependencies
+//! reaping any child, signalling a pid, and waiting for a signal with a
+//! timeout. Declared by hand (the program has no dependencies
 //! beyond `std`, whose static C library provides them); each wrapper is
 //! safe.
 
@@ -9,9 +9,6 @@ use std::time::Duration;
 
 pub const SIGKILL: i32 = 9;
 pub const SIGCHLD: i32 = 17;
-/// "A session began": a real-time signal (queued, never merged with
-/// another), sent to pid 1 by each session's first process.
-pub const SESSION_BEGAN: i32 = 40;
 
 const SIG_BLOCK: i32 = 0;
 const WNOHANG: i32 = 1;
@@ -20,18 +17,10 @@ const WNOHANG: i32 = 1;
 #[repr(C)]
 struct SigSet([u64; 16]);
 
-/// The C library's `siginfo_t` (128 bytes) as filled for a signal sent by
-/// a process: number, error, code, then the sender's pid and uid.
+/// The C library's `siginfo_t`: 128 bytes, filled by the kernel and not
+/// read here.
 #[repr(C)]
-struct SigInfo {
-    signo: i32,
-    errno: i32,
-    code: i32,
-    pad: i32,
-    pid: i32,
-    uid: u32,
-    rest: [u8; 104],
-}
+struct SigInfo([u8; 128]);
 
 /// The C library's `struct timespec`.
 #[repr(C)]
@@ -68,15 +57,6 @@ pub fn signal(pid: i32, signal: i32) {
     }
 }
 
-/// A signal taken from the blocked set, and the pid that sent it (0 for
-/// the kernel).
-pub struct Received {
-    /// The signal.
-    pub signal: i32,
-    /// Who sent it.
-    pub sender: u32,
-}
-
 /// A set of signals this (single-threaded) process blocks and then takes
 /// one at a time.
 pub struct Signals(SigSet);
@@ -101,16 +81,8 @@ impl Signals {
 
     /// The next of the blocked signals, waiting at most `timeout`; `None`
     /// when none came (or another signal interrupted the wait).
-    pub fn next_within(&self, timeout: Duration) -> Option<Received> {
-        let mut info = SigInfo {
-            signo: 0,
-            errno: 0,
-            code: 0,
-            pad: 0,
-            pid: 0,
-            uid: 0,
-            rest: [0; 104],
-        };
+    pub fn next_within(&self, timeout: Duration) -> Option<i32> {
+        let mut info = SigInfo([0; 128]);
         let timeout = Timespec {
             seconds: i64::try_from(timeout.as_secs()).unwrap_or(i64::MAX),
             nanoseconds: i64::from(timeout.subsec_nanos()),
@@ -118,9 +90,6 @@ impl Signals {
         // SAFETY: the set is initialised, `info` is a writable
         // siginfo_t-sized buffer and `timeout` a valid timespec.
         let signo = unsafe { sigtimedwait(&self.0, &mut info, &timeout) };
-        (signo > 0).then(|| Received {
-            signal: signo,
-            sender: u32::try_from(info.pid).unwrap_or(0),
-        })
+        (signo > 0).then_some(signo)
     }
 }

@@ -74,6 +74,18 @@ pub fn sandbox_init() -> String {
     format!("{CONTROL_AREA}/bin/lazaret-init")
 }
 
+/// The sandbox's first process: `lazaret-init` with where it writes each
+/// session leader's identity (the mailboxes, the variable naming a
+/// process's session, the identity's file name).
+fn init_args() -> [String; 4] {
+    [
+        sandbox_init(),
+        MAILBOX_AREA.to_owned(),
+        lazaret_proto::mailbox::SESSION_ENV.to_owned(),
+        lazaret_proto::mailbox::GUEST_FILE.to_owned(),
+    ]
+}
+
 /// An OCI process running `args` as root of the sandbox with `env` in
 /// `cwd`, with the sandbox's capabilities (never CAP_NET_ADMIN or
 /// CAP_NET_RAW) and no new privileges, plus the fields in `extra`: the
@@ -136,7 +148,7 @@ pub fn spec(staged: &Staged, hostname: &str, environment: &[String]) -> Value {
 
     json!({
         "ociVersion": "1.0.2",
-        "process": process(&[sandbox_init()], env, "/", json!({
+        "process": process(&init_args(), env, "/", json!({
             "terminal": false,
             "rlimits": [
                 {"type": "RLIMIT_NOFILE", "hard": 1024, "soft": 1024},

@@ -3,8 +3,8 @@
 //!
 //! Owns the process specification of a session (command, working
 //! directory `/workspace`, environment, terminal, capabilities; the
-//! command starts through `lazaret-init session`, so that pid 1 ends every
-//! process of the session after it) and its
+//! command itself, which the sandbox's pid 1 finds as a new session's
+//! leader, and whose session it ends once the command is gone) and its
 //! delivery: the spec lives in a sealed memfd that `runsc exec` reads
 //! through `/proc/1/fd/N` (this process is pid 1 of the Domain pid
 //! namespace), so it is never a file. Owns the only `waitpid` of this
@@ -128,25 +128,8 @@ fn process_spec(request: &ExecRequest, environment: &[String]) -> serde_json::Va
         }
         ExecStdio::Pipes { .. } => (false, json!({"height": 0, "width": 0})),
     };
-    // Through `lazaret-init session`, which tells pid 1 the session began
-    // (so it ends what the session leaves) and becomes the command.
-    // It writes its identity inside the sandbox to the session's mailbox.
-    let identity = format!(
-        "{}/{}/{}",
-        lazaret_proto::mailbox::MAILBOX_AREA,
-        request.session_id.to_hex(),
-        lazaret_proto::mailbox::GUEST_FILE
-    );
-    let mut args = vec![
-        crate::bundle::sandbox_init(),
-        "session".to_owned(),
-        "--identity".to_owned(),
-        identity,
-        "--".to_owned(),
-    ];
-    args.extend(request.args.iter().cloned());
     crate::bundle::process(
-        &args,
+        &request.args,
         env,
         &request.cwd,
         json!({"terminal": terminal, "consoleSize": size}),
@@ -159,6 +142,8 @@ pub struct Started {
     /// The pidfd of its `runsc exec`.
     pub pidfd: OwnedFd,
     pid: i32,
+    /// Where `runsc exec` writes the process's pid inside once it runs.
+    pid_file: PathBuf,
     /// Kept open until the process ends: `runsc exec` reads it.
     _spec: OwnedFd,
 }
@@ -275,13 +260,29 @@ pub fn spawn(
     Ok(Started {
         pidfd,
         pid,
+        pid_file,
         _spec: spec,
     })
 }
 
+/// The exit code of a command that could not be run (none by that name,
+/// or not executable): the shell's "not found". `runsc exec` has said why
+/// on the session's standard error.
+pub const NOT_RUN: u8 = 127;
+
+/// The code `runsc exec` exits with when it did not start the process.
+const RUNSC_FAILED: i32 = 128;
+
 /// Waits for a started session process to exit.
 pub fn wait(reaper: &Reaper, started: Started) -> Exit {
     let status = reaper.wait(started.pid);
+    // Without its pid written, the process never ran inside.
+    if status.exit_status() == Some(RUNSC_FAILED) && !started.pid_file.exists() {
+        return Exit {
+            code: NOT_RUN,
+            signaled: false,
+        };
+    }
     match (status.exit_status(), status.terminating_signal()) {
         (Some(code), _) => Exit {
             code: u8::try_from(code).unwrap_or(u8::MAX),

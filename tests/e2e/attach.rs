@@ -287,6 +287,18 @@ fn commands_through_pipes() -> Result {
         text(&killed)
     );
 
+    // A command that cannot be run: the shell's 127, and the runtime's
+    // message names it; one that exits 128 itself keeps its code.
+    let missing = run(attach(&host, &ws, &["no-such-command-here"]), None)?;
+    assert_eq!(missing.status.code(), Some(127), "{}", text(&missing));
+    assert!(
+        text(&missing).contains("no-such-command-here"),
+        "{}",
+        text(&missing)
+    );
+    let own = run(attach(&host, &ws, &["sh", "-c", "exit 128"]), None)?;
+    assert_eq!(own.status.code(), Some(128), "{}", text(&own));
+
     down(&host, &ws)?;
     Ok(())
 }

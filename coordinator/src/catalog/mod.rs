@@ -33,7 +33,9 @@
 //! Concurrency: every database transaction runs under an exclusive
 //! `flock(2)` on the catalog directory, with the database opened for that
 //! transaction only (redb allows one process at a time), so any number of
-//! Host Coordinators share the catalog. Preparing a digest holds the
+//! Host Coordinators share the catalog. Opening checks an intact catalog
+//! read-only, so that `up` of a prepared image flushes the disk only for
+//! its lease. Preparing a digest holds the
 //! digest's lock file, so two processes never unpack the same manifest: the
 //! second waits and then leases the first one's artifact.
 //!
@@ -57,7 +59,7 @@ use lazaret_proto::codec::{self, DecodeError, EncodeError, WireRecord};
 use lazaret_proto::common::{HostPath, UnixTimeNs};
 use lazaret_proto::ids::{DomainId, GenerationId, ManifestDigest, OperationId, PreparedArtifactId};
 use redb::backends::FileBackend;
-use redb::{Database, ReadableDatabase, ReadableTable, TableHandle};
+use redb::{Database, ReadOnlyDatabase, ReadableDatabase, ReadableTable, TableHandle};
 use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
 use rustix::fs::{FileType, FlockOperation, Mode, OFlags, RenameFlags};
 use rustix::io::Errno;
@@ -328,10 +330,19 @@ impl StorageCatalog {
             staging,
             locks,
         };
-        this.with_db(|db| {
-            this.check_schema(db)?;
-            if recover { this.recover(db) } else { Ok(()) }
-        })?;
+        // An intact catalog is checked read-only, which flushes nothing
+        // to disk (a writable redb session costs four flushes even when it
+        // changes nothing); a new one, another schema, or one a crash left
+        // work in is opened for writing.
+        let intact = this
+            .with_read_only(|db| Ok(this.is_intact(db, recover)))?
+            .unwrap_or(false);
+        if !intact {
+            this.with_db(|db| {
+                this.check_schema(db)?;
+                if recover { this.recover(db) } else { Ok(()) }
+            })?;
+        }
         Ok(this)
     }
 
@@ -399,11 +410,9 @@ impl StorageCatalog {
         }
     }
 
-    /// Runs `f` with the database open, under the catalog lock.
-    fn with_db<T>(
-        &self,
-        f: impl FnOnce(&Database) -> Result<T, CatalogError>,
-    ) -> Result<T, CatalogError> {
+    /// Takes the catalog lock and opens the database file, which must be a
+    /// regular file of the user's (its mode is narrowed to `0600`).
+    fn lock_and_open(&self) -> Result<(OwnedFd, File), CatalogError> {
         let label = self.catalog.label().to_path_buf();
         let lock =
             open_dir_read(self.catalog.fd(), ".").map_err(self.io_error("open", label.clone()))?;
@@ -429,8 +438,16 @@ impl StorageCatalog {
             rustix::fs::fchmod(&fd, Mode::RUSR | Mode::WUSR)
                 .map_err(self.io_error("set the mode of", path))?;
         }
-        let backend =
-            FileBackend::new(File::from(fd)).map_err(self.db_error("open the database"))?;
+        Ok((lock, File::from(fd)))
+    }
+
+    /// Runs `f` with the database open, under the catalog lock.
+    fn with_db<T>(
+        &self,
+        f: impl FnOnce(&Database) -> Result<T, CatalogError>,
+    ) -> Result<T, CatalogError> {
+        let (lock, file) = self.lock_and_open()?;
+        let backend = FileBackend::new(file).map_err(self.db_error("open the database"))?;
         let db = Database::builder()
             .create_with_backend(backend)
             .map_err(self.db_error("open the database"))?;
@@ -438,6 +455,70 @@ impl StorageCatalog {
         drop(db);
         drop(lock);
         result
+    }
+
+    /// Runs `f` with the database open read-only, under the catalog lock;
+    /// `None` when it cannot be opened so (new and empty, or left needing
+    /// recovery by a crash): [`Self::with_db`] sets it up or repairs it.
+    fn with_read_only<T>(
+        &self,
+        f: impl FnOnce(&ReadOnlyDatabase) -> Result<T, CatalogError>,
+    ) -> Result<Option<T>, CatalogError> {
+        let (lock, file) = self.lock_and_open()?;
+        let Ok(backend) = FileBackend::new(file) else {
+            return Ok(None);
+        };
+        let Ok(db) = Database::builder().open_read_only_with_backend(backend) else {
+            return Ok(None);
+        };
+        let result = f(&db);
+        drop(db);
+        drop(lock);
+        result.map(Some)
+    }
+
+    /// Whether the catalog has the current schema and every table, and
+    /// (with `recover`) nothing a crash left to finish: no prepare
+    /// operation, no staging directory without a live preparer, no
+    /// unleased artifact being reclaimed. Anything unreadable is not intact:
+    /// the writable path says what is wrong with it.
+    fn is_intact(&self, db: &ReadOnlyDatabase, recover: bool) -> bool {
+        let Ok(txn) = db.begin_read() else {
+            return false;
+        };
+        let current = encode(&StoreMetadata::CURRENT).ok();
+        let schema = txn.open_table(tables::METADATA).is_ok_and(|table| {
+            table
+                .get(tables::METADATA_KEY)
+                .ok()
+                .flatten()
+                .is_some_and(|v| Some(v.value()) == current.as_deref())
+        });
+        let tables = txn.open_table(tables::ARTIFACTS).is_ok()
+            && txn.open_table(tables::ARTIFACTS_BY_DIGEST).is_ok()
+            && txn.open_table(tables::LEASES).is_ok()
+            && txn.open_table(tables::OPERATIONS).is_ok();
+        drop(txn);
+        if !(schema && tables) {
+            return false;
+        }
+        if !recover {
+            return true;
+        }
+        let no_operations = self.read_operations(db).is_ok_and(|o| o.is_empty());
+        let no_reclaims = self
+            .unleased(db, ArtifactState::Reclaiming)
+            .is_ok_and(|a| a.is_empty());
+        let no_stale_staging = open_dir_read(self.staging.fd(), ".")
+            .ok()
+            .and_then(|dir| fsops::list_dir(dir.as_fd()).ok())
+            .is_some_and(|names| {
+                names.iter().all(|name| {
+                    self.staging_is_live(&String::from_utf8_lossy(name))
+                        .unwrap_or(false)
+                })
+            });
+        no_operations && no_reclaims && no_stale_staging
     }
 
     /// Writes the schema metadata into a new database, or checks it.
@@ -579,7 +660,7 @@ impl StorageCatalog {
     /// Every row of a table of records, decoded.
     fn read_all<K: redb::Key + 'static, T: WireRecord>(
         &self,
-        db: &Database,
+        db: &impl ReadableDatabase,
         table: redb::TableDefinition<K, &'static [u8]>,
         name: &'static str,
     ) -> Result<Vec<T>, CatalogError> {
@@ -598,15 +679,21 @@ impl StorageCatalog {
         Ok(out)
     }
 
-    fn read_operations(&self, db: &Database) -> Result<Vec<PrepareOperation>, CatalogError> {
+    fn read_operations(
+        &self,
+        db: &impl ReadableDatabase,
+    ) -> Result<Vec<PrepareOperation>, CatalogError> {
         self.read_all(db, tables::OPERATIONS, "prepare_operations")
     }
 
-    fn read_artifacts(&self, db: &Database) -> Result<Vec<PreparedArtifact>, CatalogError> {
+    fn read_artifacts(
+        &self,
+        db: &impl ReadableDatabase,
+    ) -> Result<Vec<PreparedArtifact>, CatalogError> {
         self.read_all(db, tables::ARTIFACTS, "prepared_artifacts")
     }
 
-    fn read_leases(&self, db: &Database) -> Result<Vec<ArtifactLease>, CatalogError> {
+    fn read_leases(&self, db: &impl ReadableDatabase) -> Result<Vec<ArtifactLease>, CatalogError> {
         self.read_all(db, tables::LEASES, "artifact_leases")
     }
 
@@ -653,7 +740,7 @@ impl StorageCatalog {
     /// The artifacts in `state` that no generation leases.
     fn unleased(
         &self,
-        db: &Database,
+        db: &impl ReadableDatabase,
         state: ArtifactState,
     ) -> Result<Vec<PreparedArtifact>, CatalogError> {
         let leased: Vec<PreparedArtifactId> = self

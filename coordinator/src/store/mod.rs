@@ -233,8 +233,36 @@ impl DomainStore {
         Ok(Self { db })
     }
 
+    /// Whether the store already holds this Domain's row, the current
+    /// metadata and every table: then opening it commits nothing (each
+    /// commit is a disk flush on the way to `up`).
+    fn is_set_up(&self, domain: &Domain) -> bool {
+        let Ok(txn) = self.db.begin_read() else {
+            return false;
+        };
+        let row = |table: Result<redb::ReadOnlyTable<&str, &[u8]>, redb::TableError>, key| {
+            table
+                .ok()
+                .and_then(|t| t.get(key).ok().flatten().map(|v| v.value().to_vec()))
+        };
+        let metadata = row(txn.open_table(tables::METADATA), tables::METADATA_KEY)
+            .is_some_and(|b| decode::<StoreMetadata>(&b).is_ok());
+        let same_domain = row(txn.open_table(tables::DOMAIN), tables::DOMAIN_KEY)
+            .and_then(|b| decode::<Domain>(&b).ok())
+            .is_some_and(|stored| stored.domain_id == domain.domain_id);
+        metadata
+            && same_domain
+            && txn.open_table(tables::GENERATIONS).is_ok()
+            && txn.open_table(tables::PARTICIPANTS).is_ok()
+            && txn.open_table(tables::SESSIONS).is_ok()
+            && txn.open_table(tables::SESSION_TERMINALS).is_ok()
+    }
+
     /// Writes the metadata and Domain rows of a new store, or checks them.
     fn check_identity(&self, path: &str, domain: &Domain) -> Result<(), StoreError> {
+        if self.is_set_up(domain) {
+            return Ok(());
+        }
         let txn = self.db.begin_write()?;
         {
             let mut metadata = txn.open_table(tables::METADATA)?;
