@@ -60,16 +60,8 @@ for round in $(seq "$rounds"); do
     done
 done
 
-rate() { local t=$(ms "$1" "$2"); echo $(( cat_mib * 1000 / (t > 0 ? t : 1) )); }
-# timed_rate ARRAY CMD...: appends the MiB/s CMD reads the file at.
-timed_rate() {
-    local array=$1 t0 t1
-    shift
-    t0=$(now)
-    "$@"
-    t1=$(now)
-    eval "$array+=(\$(rate $t0 $t1))"
-}
+# MiB/s of reading the throughput file in MS milliseconds.
+rate() { echo $(( cat_mib * 1000 / ($1 > 0 ? $1 : 1) )); }
 # Standard output is /dev/null, which attach hands to the process as
 # runsc exec is handed it; "bare into a pipe" is what any relay of the
 # output starts from. Taking turns, as above.
@@ -79,17 +71,19 @@ for round in $(seq 3); do
     (( round % 2 )) || sides=(bare attach)
     for side in "${sides[@]}"; do
         case $side in
-        attach) timed_rate attach_cat "$lazaret" attach bench -- /bin/cat /workspace/bigger </dev/null >/dev/null ;;
+        attach) timed attach_cat "$lazaret" attach bench -- /bin/cat /workspace/bigger </dev/null >/dev/null ;;
         bare)
-            timed_rate bare_cat "${bare[@]}" /bin/cat /workspace/bigger </dev/null >/dev/null
-            timed_rate bare_pipe sh -c '"$@" | cat >/dev/null' sh "${bare[@]}" /bin/cat /workspace/bigger </dev/null ;;
+            timed bare_cat "${bare[@]}" /bin/cat /workspace/bigger </dev/null >/dev/null
+            timed bare_pipe sh -c '"$@" | cat >/dev/null' sh "${bare[@]}" /bin/cat /workspace/bigger </dev/null ;;
         esac
     done
 done
 
 at=$(median "${attach_true[@]}"); bt=$(median "${bare_true[@]}")
 al=$(median "${attach_ls[@]}"); bl=$(median "${bare_ls[@]}")
-ac=$(median "${attach_cat[@]}"); bc=$(median "${bare_cat[@]}"); bp=$(median "${bare_pipe[@]}")
+# The rate of the median time is the median rate.
+ac=$(rate "$(median "${attach_cat[@]}")"); bc=$(rate "$(median "${bare_cat[@]}")")
+bp=$(rate "$(median "${bare_pipe[@]}")")
 printf 'rounds: %s (throughput: 3 rounds of %s MiB)\n' "$rounds" "$cat_mib"
 printf 'attach -- true      median %6s ms    bare runsc exec  median %6s ms    ratio %s (target <= 1.3)\n' \
     "$at" "$bt" "$(ratio "$at" "$bt")"

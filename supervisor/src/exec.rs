@@ -268,7 +268,7 @@ pub fn spawn(
 /// The exit code of a command that could not be run (none by that name,
 /// or not executable): the shell's "not found". `runsc exec` has said why
 /// on the session's standard error.
-pub const NOT_RUN: u8 = 127;
+const NOT_RUN: u8 = 127;
 
 /// The code `runsc exec` exits with when it did not start the process.
 const RUNSC_FAILED: i32 = 128;

@@ -505,20 +505,19 @@ impl StorageCatalog {
         if !recover {
             return true;
         }
-        let no_operations = self.read_operations(db).is_ok_and(|o| o.is_empty());
-        let no_reclaims = self
-            .unleased(db, ArtifactState::Reclaiming)
-            .is_ok_and(|a| a.is_empty());
-        let no_stale_staging = open_dir_read(self.staging.fd(), ".")
-            .ok()
-            .and_then(|dir| fsops::list_dir(dir.as_fd()).ok())
-            .is_some_and(|names| {
-                names.iter().all(|name| {
-                    self.staging_is_live(&String::from_utf8_lossy(name))
-                        .unwrap_or(false)
+        self.read_operations(db).is_ok_and(|o| o.is_empty())
+            && self
+                .unleased(db, ArtifactState::Reclaiming)
+                .is_ok_and(|a| a.is_empty())
+            && open_dir_read(self.staging.fd(), ".")
+                .ok()
+                .and_then(|dir| fsops::list_dir(dir.as_fd()).ok())
+                .is_some_and(|names| {
+                    names.iter().all(|name| {
+                        self.staging_is_live(&String::from_utf8_lossy(name))
+                            .unwrap_or(false)
+                    })
                 })
-            });
-        no_operations && no_reclaims && no_stale_staging
     }
 
     /// Writes the schema metadata into a new database, or checks it.
