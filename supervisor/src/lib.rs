@@ -9,13 +9,14 @@
 //!    handing over its channel, and waits for it.
 //!
 //! The second, the Domain's pid 1 and namespace holder:
-//! 4. arms `PR_SET_PDEATHSIG`, takes the channel, receives the
-//!    [`SandboxPlan`] and its descriptors;
-//! 5. mounts a `/proc` of the Domain pid namespace and reopens every
-//!    descriptor inside the Domain mount namespace, checking each is the
-//!    object the coordinator opened;
-//! 6. reports the namespaces, with descriptors of the user and network
-//!    namespaces for the connectivity helper, and its own pidfd;
+//! 4. arms `PR_SET_PDEATHSIG`, takes the channel, and mounts a `/proc` of
+//!    the Domain pid namespace;
+//! 5. reports the namespaces, with descriptors of the user and network
+//!    namespaces for the connectivity helper, and its own pidfd, at once:
+//!    the coordinator prepares the image and state meanwhile;
+//! 6. receives the [`SandboxPlan`] and its descriptors (or `Stop`) and
+//!    reopens every descriptor inside the Domain mount namespace, checking
+//!    each is the object the coordinator opened;
 //! 7. stages the filesystem (root overlay, State Anchor overlays, volumes,
 //!    control area) on a private tmpfs, mounts the routed workspace there
 //!    and starts its Workspace Router, reports the router, and writes the
@@ -170,6 +171,10 @@ fn pid1() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let net_fd = match report_namespaces(&channel) {
+        Ok(net_fd) => net_fd,
+        Err(error) => return fail(&channel, error),
+    };
     let Received { message, fds } = match channel.recv() {
         Ok(received) => received,
         Err(e) => {
@@ -177,27 +182,67 @@ fn pid1() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let SupervisorRequest::Start(plan) = message else {
-        let error = failed(
-            SupervisorStep::Request,
-            format!("the first request must be Start, not {message:?}"),
-        );
-        tracing::error!("{}", error.detail);
-        let _ = channel.send(&SupervisorReport::Failed(error), &[]);
-        return ExitCode::FAILURE;
+    let plan = match message {
+        SupervisorRequest::Start(plan) => plan,
+        // The coordinator failed before it had a plan to send.
+        SupervisorRequest::Stop => {
+            let _ = channel.send(&SupervisorReport::Stopped, &[]);
+            return ExitCode::SUCCESS;
+        }
+        other => {
+            let error = failed(
+                SupervisorStep::Request,
+                format!("the first request must be Start, not {other:?}"),
+            );
+            return fail(&channel, error);
+        }
     };
-    match start(&channel, &plan, &fds) {
+    match start(&channel, &plan, &fds, net_fd) {
         Ok(Some(running)) => serve(Arc::new(channel), &running, exec::Reaper::start()),
         Ok(None) => {
             let _ = channel.send(&SupervisorReport::Stopped, &[]);
             ExitCode::SUCCESS
         }
-        Err(error) => {
-            tracing::error!("{:?} failed: {}", error.step, error.detail);
-            let _ = channel.send(&SupervisorReport::Failed(error), &[]);
-            ExitCode::FAILURE
-        }
+        Err(error) => fail(&channel, error),
     }
+}
+
+/// Logs and reports `error`; the exit code of a failed supervisor.
+fn fail(channel: &Channel, error: SupervisorError) -> ExitCode {
+    tracing::error!("{:?} failed: {}", error.step, error.detail);
+    let _ = channel.send(&SupervisorReport::Failed(error), &[]);
+    ExitCode::FAILURE
+}
+
+/// Mounts the Domain's `/proc` and reports the namespaces: this process's
+/// pidfd (the holder) and descriptors of the user and network namespaces.
+/// Returns the network namespace's, for the sidecar.
+fn report_namespaces(channel: &Channel) -> Result<OwnedFd, SupervisorError> {
+    mounts::private_proc().map_err(|e| failed(SupervisorStep::Mounts, chain(&e)))?;
+    let own_pidfd = pidfd_open(rustix::process::getpid(), PidfdFlags::empty()).map_err(|e| {
+        failed(
+            SupervisorStep::Identities,
+            format!("pidfd of the supervisor: {e}"),
+        )
+    })?;
+    let open =
+        |file| namespaces::open(file).map_err(|e| failed(SupervisorStep::Namespaces, chain(&e)));
+    let (user_fd, user_namespace) = open("/proc/self/ns/user")?;
+    let (net_fd, network_namespace) = open("/proc/self/ns/net")?;
+    let report = SupervisorReport::NamespacesReady {
+        user_namespace,
+        network_namespace,
+        holder: FdIndex(0),
+        user_namespace_fd: FdIndex(1),
+        network_namespace_fd: FdIndex(2),
+    };
+    send(
+        channel,
+        SupervisorStep::Namespaces,
+        &report,
+        &[own_pidfd.as_fd(), user_fd.as_fd(), net_fd.as_fd()],
+    )?;
+    Ok(net_fd)
 }
 
 fn fd_at(fds: &[OwnedFd], index: FdIndex) -> Result<BorrowedFd<'_>, SupervisorError> {
@@ -235,8 +280,8 @@ fn start(
     channel: &Channel,
     plan: &SandboxPlan,
     fds: &[OwnedFd],
+    net_fd: OwnedFd,
 ) -> Result<Option<Running>, SupervisorError> {
-    mounts::private_proc().map_err(|e| failed(SupervisorStep::Mounts, chain(&e)))?;
     // The coordinator's descriptors name host mounts; reopen each mount
     // source as the same object inside the Domain mount namespace.
     let rebased = |index: FdIndex, what: &str| {
@@ -289,31 +334,6 @@ fn start(
     let runtime_dir = Path::new(plan.runtime_dir.as_os_str());
     let runsc = PathBuf::from(plan.runsc.as_os_str());
 
-    let own_pidfd = pidfd_open(rustix::process::getpid(), PidfdFlags::empty()).map_err(|e| {
-        failed(
-            SupervisorStep::Identities,
-            format!("pidfd of the supervisor: {e}"),
-        )
-    })?;
-    let open =
-        |file| namespaces::open(file).map_err(|e| failed(SupervisorStep::Namespaces, chain(&e)));
-    let (user_fd, user_namespace) = open("/proc/self/ns/user")?;
-    let (net_fd, network_namespace) = open("/proc/self/ns/net")?;
-    let report = SupervisorReport::NamespacesReady {
-        user_namespace,
-        network_namespace,
-        holder: FdIndex(0),
-        user_namespace_fd: FdIndex(1),
-        network_namespace_fd: FdIndex(2),
-    };
-    send(
-        channel,
-        SupervisorStep::Namespaces,
-        &report,
-        &[own_pidfd.as_fd(), user_fd.as_fd(), net_fd.as_fd()],
-    )?;
-    drop(user_fd);
-
     let staged = mounts::stage(runtime_dir, &sources, &plan.resolvers)
         .map_err(|e| failed(SupervisorStep::Mounts, chain(&e)))?;
     let routed = workspace::route(
@@ -345,10 +365,13 @@ fn start(
         container_id: plan.container_id.to_string(),
         network: Arc::new(net_fd),
     };
+    let began = std::time::Instant::now();
     running
         .runsc()
         .run_detached(&staged.bundle)
         .map_err(|e| failed(SupervisorStep::Runtime, chain(&e)))?;
+    let elapsed_ms = u64::try_from(began.elapsed().as_millis()).unwrap_or(u64::MAX);
+    tracing::info!(elapsed_ms, "runsc run -detach returned");
 
     let (sandbox, gofer) = runsc_processes().map_err(|e| failed(SupervisorStep::Identities, e))?;
     let mailbox = rustix::fs::open(

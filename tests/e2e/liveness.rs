@@ -1,9 +1,10 @@
 //! Nothing hangs and nothing lies, end to end, as the unprivileged test
 //! user with real runsc: `down` with sessions whose input is never read,
 //! `up` with its coordinator killed at each start-up step, `status` with a
-//! stopped coordinator, the truth after the runsc sandbox is killed, and a
-//! Network Sidecar killed while it attests. Every wait is bounded, and
-//! every bound is far below the hangs these tests stand against.
+//! stopped coordinator, the truth after the runsc sandbox is killed, a
+//! Network Sidecar killed while it attests, and a supervisor stopped before
+//! its plan. Every wait is bounded, and every bound is far below the hangs
+//! these tests stand against.
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -50,6 +51,10 @@ pub fn trials() -> Vec<Trial> {
             Trial::test(
                 "liveness::roles_close_the_descriptors_they_inherit",
                 roles_close_inherited,
+            ),
+            Trial::test(
+                "liveness::a_supervisor_reports_its_namespaces_at_once_and_stops_without_a_plan",
+                supervisor_without_a_plan,
             ),
         ],
     )
@@ -464,5 +469,65 @@ fn roles_close_inherited() -> Result {
     }
     down(&host, &ws)?;
     assert!(leaks.is_empty(), "still open in {leaks:?}");
+    Ok(())
+}
+
+/// The Runtime Supervisor, driven by hand as its coordinator would: it
+/// reports the Domain namespaces before it is sent anything (the
+/// coordinator prepares the image and state meanwhile), and a `Stop`
+/// before any plan (the coordinator failed first) is answered `Stopped`,
+/// after which it exits 0 and its namespaces go with it.
+fn supervisor_without_a_plan() -> Result {
+    use lazaret_proto::channel::{Received, pair, readable_within};
+    use lazaret_proto::supervisor::{SupervisorReport, SupervisorRequest};
+    use std::os::fd::AsFd;
+    use std::os::unix::fs::MetadataExt;
+
+    let (ours, theirs) = pair::<SupervisorRequest, SupervisorReport>()?;
+    let mut child = Command::new(bin("lazaret-supervisor"))
+        .env_clear()
+        .stdin(Stdio::from(theirs.into_fd()))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let next = |what: &str| -> std::result::Result<Received<SupervisorReport>, String> {
+        if !readable_within(ours.as_fd(), WAIT).map_err(|e| e.to_string())? {
+            return Err(format!("no {what} within {WAIT:?}"));
+        }
+        ours.recv().map_err(|e| format!("{what}: {e}"))
+    };
+    let ready = next("report of the namespaces")?;
+    let SupervisorReport::NamespacesReady {
+        user_namespace,
+        network_namespace,
+        ..
+    } = ready.message
+    else {
+        return Err(format!("the first report is {:?}", ready.message).into());
+    };
+    assert_eq!(ready.fds.len(), 3, "the holder and both namespaces");
+    let own_user = std::fs::metadata("/proc/self/ns/user")?;
+    let own_net = std::fs::metadata("/proc/self/ns/net")?;
+    assert_ne!(user_namespace.inode, own_user.ino(), "a new user namespace");
+    assert_ne!(
+        network_namespace.inode,
+        own_net.ino(),
+        "a new network namespace"
+    );
+
+    ours.send(&SupervisorRequest::Stop, &[])?;
+    let stopped = next("answer to Stop")?;
+    assert_eq!(stopped.message, SupervisorReport::Stopped);
+    if !lazaret_tests::domain::ended(&mut child, WAIT) {
+        let _ = child.kill();
+        return Err("the supervisor did not exit after Stop".into());
+    }
+    let output = child.wait_with_output()?;
+    assert!(
+        output.status.success(),
+        "{:?}: {}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
     Ok(())
 }

@@ -9,10 +9,11 @@
 //! 4. log to the Domain's log file; open the Domain Store and the Storage
 //!    Catalog; finish a stale generation if the store records one;
 //! 5. record a new generation, then for each participant record intent
-//!    before creating it: the prepared-lower lease, the State Anchor
-//!    directories, the workspace routing (its rules taken from the host),
-//!    the Runtime Supervisor (which builds the namespaces and
-//!    starts runsc), the sandbox, and the control socket;
+//!    before creating it: the Runtime Supervisor (which builds the
+//!    namespaces while the rest is prepared, and starts runsc), the
+//!    prepared-lower lease, the State Anchor directories, the workspace
+//!    routing (its rules taken from the host), the sandbox, and the
+//!    control socket;
 //! 6. report the running Domain and serve `status` and `down` until told to
 //!    stop or until the supervisor dies; then release the generation.
 //!
@@ -111,10 +112,12 @@ pub(super) fn at(step: StartupStep) -> impl Fn(&dyn std::error::Error) -> Failur
 }
 
 /// The startup channel to the CLI that started this coordinator, and the
-/// span of the start-up phase in progress.
+/// start-up phase each thread has in progress (the connectivity helper
+/// attaches on a thread of its own while the image and state are
+/// prepared).
 pub(super) struct Reporter {
     startup: Startup,
-    phase: std::cell::RefCell<Option<Phase>>,
+    phases: std::sync::Mutex<Vec<(std::thread::ThreadId, Phase)>>,
 }
 
 /// One start-up phase: its span and when it began. The span is not
@@ -140,7 +143,7 @@ impl Reporter {
         Startup::take_stdin()
             .map(|startup| Reporter {
                 startup,
-                phase: std::cell::RefCell::new(None),
+                phases: std::sync::Mutex::new(Vec::new()),
             })
             .map_err(|e| {
                 eprintln!("lazaret-coordinator: {}", chain(&e));
@@ -153,25 +156,40 @@ impl Reporter {
         let _ = self.startup.send(&event, &[]);
     }
 
-    /// Enters `step`'s span, ending the phase before it if it was another.
-    fn enter(&self, step: StartupStep) {
-        let mut phase = self.phase.borrow_mut();
-        if phase.as_ref().is_some_and(|p| p.step == step) {
-            return;
-        }
-        if let Some(done) = phase.take() {
-            done.end();
-        }
-        *phase = Some(Phase {
-            step,
-            span: tracing::info_span!("phase", lazaret_phase = step.as_str()),
-            began: Instant::now(),
-        });
+    /// This thread's phase, taken out of the list.
+    fn take_phase(&self) -> Option<Phase> {
+        let me = std::thread::current().id();
+        let mut phases = self.phases.lock().unwrap_or_else(|e| e.into_inner());
+        let i = phases.iter().position(|(thread, _)| *thread == me)?;
+        Some(phases.swap_remove(i).1)
     }
 
-    /// Ends the phase in progress.
-    fn finish_phase(&self) {
-        if let Some(done) = self.phase.borrow_mut().take() {
+    /// Enters `step`'s phase on this thread, ending the one before it if
+    /// it was another.
+    fn enter(&self, step: StartupStep) {
+        let phase = match self.take_phase() {
+            Some(phase) if phase.step == step => phase,
+            done => {
+                if let Some(done) = done {
+                    done.end();
+                }
+                Phase {
+                    step,
+                    span: tracing::info_span!("phase", lazaret_phase = step.as_str()),
+                    began: Instant::now(),
+                }
+            }
+        };
+        let me = std::thread::current().id();
+        self.phases
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((me, phase));
+    }
+
+    /// Ends this thread's phase in progress.
+    pub(super) fn finish_phase(&self) {
+        if let Some(done) = self.take_phase() {
             done.end();
         }
     }
@@ -669,19 +687,233 @@ fn bring_up(
         .map_err(|message| failure(StartupStep::Network, message))?;
     let planned = PlannedNetwork::new(resolved.network(), &host_addresses)
         .map_err(|message| invalid(StartupStep::Network, message))?;
-    // So do the workspace's git rules, and a host program the sandbox
-    // could replace.
+    // So do the workspace's git rules, a host program the sandbox could
+    // replace, and an image reference that is not one.
     let rules = super::workspace::take_rules(reporter, resolved)?;
+    let source = parse_reference(&resolved.record().image)
+        .map_err(|e| invalid(StartupStep::Image, chain(&e)))?;
     programs_outside_the_sandbox(auth)
         .map_err(|message| invalid(StartupStep::Configuration, message))?;
 
+    // The generation's runtime directory.
+    let generation_dir = auth
+        .domain_runtime
+        .ensure_child(
+            Path::new(&DomainPaths::generation_dir_name(generation.generation_id)),
+            uid,
+        )
+        .map_err(|e| at(StartupStep::State)(&e))?;
+
+    // The Runtime Supervisor, first: it builds the Domain namespaces while
+    // the image and state are prepared.
+    reporter.progress(StartupStep::Sandbox, "starting the Runtime Supervisor");
+    let sandbox_failure = |message: String| failure(StartupStep::Sandbox, message);
+    let supervisor_path =
+        crate::programs::role_binary("lazaret-supervisor").map_err(sandbox_failure)?;
+    let runsc = crate::programs::runsc().map_err(sandbox_failure)?;
+    let container_id = ContainerId(session::random_bytes());
+    let mut helper = recorder.intent(
+        Slot::SUPERVISOR,
+        StartupStep::Sandbox,
+        ParticipantOwnership::Helper(HelperOwnership::default()),
+    )?;
+    // The supervisor's pid 1 holds the Domain namespaces; it is recorded
+    // before the supervisor, which starts it at once.
+    let holder_record = recorder.intent(
+        Slot::NAMESPACE_HOLDER,
+        StartupStep::Sandbox,
+        ParticipantOwnership::Helper(HelperOwnership::default()),
+    )?;
+    let supervisor: &Supervisor = starting
+        .supervisor
+        .insert(Supervisor::spawn(&supervisor_path)?);
+    let supervisor_record = |process| {
+        ParticipantOwnership::Helper(HelperOwnership {
+            runtime_supervisor: process,
+            ..HelperOwnership::default()
+        })
+    };
+    helper.stage(supervisor_record(PersistedHostProcessOwnership::Staged(
+        supervisor.held.record(),
+    )))?;
+    helper.active_as(supervisor_record(supervisor.held.committed()))?;
+
+    // While the image, state and workspace are prepared and the plan is
+    // sent, slirp4netns attaches to the enforcement namespace as soon as
+    // the supervisor reports it.
+    let span = tracing::Span::current();
+    let network_policy = planned.policy.clone();
+    let helper_slot = &mut starting.helper;
+    let (storage, network) = std::thread::scope(|scope| {
+        let attaching = scope.spawn(|| {
+            let _span = span.enter();
+            let attached = attach_network(
+                reporter,
+                &recorder,
+                supervisor,
+                holder_record,
+                planned,
+                &generation_dir,
+                helper_slot,
+            );
+            reporter.finish_phase();
+            attached
+        });
+        let storage = prepare_storage(
+            reporter,
+            owned,
+            resolved,
+            generation,
+            &recorder,
+            &source,
+            &generation_dir,
+            rules,
+        )
+        .and_then(|storage| {
+            send_plan(
+                resolved,
+                generation,
+                &recorder,
+                supervisor,
+                storage,
+                &generation_dir,
+                &runsc,
+                container_id,
+                &network_policy,
+            )
+        });
+        let network = attaching.join().unwrap_or_else(|_| {
+            Err(failure(
+                StartupStep::Network,
+                "attaching the network failed unexpectedly",
+            ))
+        });
+        (storage, network)
+    });
+    let Planned {
+        storage,
+        sandbox,
+        mut sandbox_record,
+        environment,
+    } = storage?;
+    let (namespaces, attached) = network?;
+    // While the router and the network are awaited, the control and
+    // session sockets are published: no session is served before `up` has
+    // finished, so a client that connects early waits.
+    let (network, published) = std::thread::scope(|scope| {
+        let publishing = scope.spawn(|| {
+            let _span = span.enter();
+            publish(resolved, generation, &recorder)
+        });
+        let network = (|| {
+            reporter.progress(StartupStep::Workspace, "starting the Workspace Router");
+            let routed = super::workspace::await_router(supervisor, resolved, storage.workspace)?;
+            let network = super::network::attest(
+                reporter,
+                generation,
+                resolved,
+                supervisor,
+                &namespaces,
+                attached,
+            )?;
+            Ok((routed, network))
+        })();
+        let published = publishing.join().unwrap_or_else(|_| {
+            Err(failure(
+                StartupStep::Sandbox,
+                "publishing the sessions failed unexpectedly",
+            ))
+        });
+        (network, published)
+    });
+    let (routed, network) = network?;
+    let Published {
+        listener,
+        sessions,
+        session_server,
+        credential,
+        manifest,
+    } = published?;
+
+    // The sandbox, now that its network is proven.
+    reporter.progress(StartupStep::Sandbox, "starting the sandbox");
+    let running = supervisor.run_sandbox()?;
+    let holder = namespaces.holder;
+    sandbox_record.container_process = running.process.committed();
+    sandbox_record.runtime_root = Some(running.runtime_root.clone());
+    sandbox_record.user_namespace = Some(namespaces.user_namespace);
+    sandbox.active_as(ParticipantOwnership::Sandbox(sandbox_record))?;
+
+    generation.state = GenerationState::Running;
+    store
+        .put_generation(generation)
+        .map_err(|e| at(StartupStep::Sandbox)(&e))?;
+    let supervisor = starting
+        .supervisor
+        .take()
+        .expect("the supervisor was started above");
+    let helper = starting
+        .helper
+        .take()
+        .expect("the connectivity helper was started above");
+    Ok(Live {
+        coordinator,
+        holder,
+        supervisor,
+        sandbox: running.process,
+        gofer: running.gofer,
+        listener,
+        sessions,
+        session_server,
+        escalation: EscalationParts {
+            credential,
+            manifest,
+            mailbox: running.mailbox,
+        },
+        environment,
+        store: Arc::clone(store),
+        generation_id: generation.generation_id,
+        hub: None,
+        prepared: storage.prepared,
+        container_id,
+        runtime_root: running.runtime_root,
+        helper,
+        network,
+        router: routed.router,
+        workspace: routed.status,
+        uppers: storage.uppers,
+    })
+}
+
+/// What the sandbox is made of on the host: the leased image, the State
+/// Anchor directories and the workspace's routing.
+struct Storage {
+    prepared: PreparedLower,
+    anchor_dirs: Vec<RetainedDir>,
+    uppers: super::usage::Uppers,
+    workspace: super::workspace::Prepared,
+}
+
+/// Leases the image, makes the State Anchor directories and prepares the
+/// workspace routing, recording each.
+#[allow(clippy::too_many_arguments)]
+fn prepare_storage(
+    reporter: &Reporter,
+    owned: &Owned,
+    resolved: &ResolvedDomainConfiguration,
+    generation: &Generation,
+    recorder: &Recorder,
+    source: &crate::image::ImageSource,
+    generation_dir: &RetainedDir,
+    rules: super::workspace::Rules,
+) -> Result<Storage, Failure> {
+    let auth = resolved.authorities();
+    let uid = rustix::process::getuid().as_raw();
     // The image, leased for this generation.
     reporter.progress(
         StartupStep::Image,
         format!("resolving {}", resolved.record().image),
     );
-    let source = parse_reference(&resolved.record().image)
-        .map_err(|e| invalid(StartupStep::Image, chain(&e)))?;
     let lower = recorder.intent(
         Slot::PREPARED_LOWER,
         StartupStep::Image,
@@ -690,7 +922,7 @@ fn bring_up(
     let prepared = owned
         .catalog
         .prepare_and_lease(
-            &source,
+            source,
             resolved.domain_id(),
             generation.generation_id,
             &mut |p| {
@@ -748,51 +980,48 @@ fn bring_up(
         anchor.active()?;
         anchor_dirs.push(retained);
     }
-    let generation_dir = auth
-        .domain_runtime
-        .ensure_child(
-            Path::new(&DomainPaths::generation_dir_name(generation.generation_id)),
-            uid,
-        )
-        .map_err(|e| at(StartupStep::State)(&e))?;
     let uppers = super::usage::Uppers::new(
-        &generation_dir,
+        generation_dir,
         &resolved.record().persistent_dirs,
         &anchor_dirs,
     )
     .map_err(|e| at(StartupStep::State)(&e))?;
 
     // The workspace routing: its rules and isolated directory.
-    let workspace = super::workspace::prepare(&recorder, resolved, &generation_dir, rules, uid)?;
+    let workspace = super::workspace::prepare(recorder, resolved, generation_dir, rules, uid)?;
 
-    // The Runtime Supervisor.
-    reporter.progress(StartupStep::Sandbox, "starting the Runtime Supervisor");
-    let sandbox_failure = |message: String| failure(StartupStep::Sandbox, message);
-    let supervisor_path =
-        crate::programs::role_binary("lazaret-supervisor").map_err(sandbox_failure)?;
-    let runsc = crate::programs::runsc().map_err(sandbox_failure)?;
-    let container_id = ContainerId(session::random_bytes());
-    let mut helper = recorder.intent(
-        Slot::SUPERVISOR,
-        StartupStep::Sandbox,
-        ParticipantOwnership::Helper(HelperOwnership::default()),
-    )?;
-    let supervisor = starting
-        .supervisor
-        .insert(Supervisor::spawn(&supervisor_path)?);
-    let supervisor_record = |process| {
-        ParticipantOwnership::Helper(HelperOwnership {
-            runtime_supervisor: process,
-            ..HelperOwnership::default()
-        })
-    };
-    helper.stage(supervisor_record(PersistedHostProcessOwnership::Staged(
-        supervisor.held.record(),
-    )))?;
-    helper.active_as(supervisor_record(supervisor.held.committed()))?;
+    Ok(Storage {
+        prepared,
+        anchor_dirs,
+        uppers,
+        workspace,
+    })
+}
 
+/// The storage, and the sandbox recorded as intended with the plan that
+/// makes it sent.
+struct Planned {
+    storage: Storage,
+    sandbox: super::record::Intent,
+    sandbox_record: SandboxOwnership,
+    environment: OwnedFd,
+}
+
+/// Records the sandbox's intent and sends the supervisor its plan.
+#[allow(clippy::too_many_arguments)]
+fn send_plan(
+    resolved: &ResolvedDomainConfiguration,
+    generation: &Generation,
+    recorder: &Recorder,
+    supervisor: &Supervisor,
+    storage: Storage,
+    generation_dir: &RetainedDir,
+    runsc: &Path,
+    container_id: ContainerId,
+    policy: &lazaret_proto::network::DerivedNetworkPolicy,
+) -> Result<Planned, Failure> {
     // The sandbox.
-    let mut sandbox_record = SandboxOwnership {
+    let sandbox_record = SandboxOwnership {
         container_id: Some(container_id),
         bundle_path: Some(HostPath::from(&generation_dir.label().join("mnt/bundle"))),
         ..SandboxOwnership::default()
@@ -802,13 +1031,6 @@ fn bring_up(
         StartupStep::Sandbox,
         ParticipantOwnership::Sandbox(sandbox_record.clone()),
     )?;
-    // The supervisor's pid 1 holds the Domain namespaces; it is recorded
-    // before the supervisor starts it.
-    let holder_record = recorder.intent(
-        Slot::NAMESPACE_HOLDER,
-        StartupStep::Sandbox,
-        ParticipantOwnership::Helper(HelperOwnership::default()),
-    )?;
     // One sealed memfd of the resolved environment serves the sandbox and
     // every session process.
     let environment = environment_memfd(resolved).map_err(|e| {
@@ -817,114 +1039,54 @@ fn bring_up(
             format!("cannot pass the sandbox environment: {e}"),
         )
     })?;
-    let namespaces = supervisor.start(
+    supervisor.send_plan(
         resolved,
         PlanInputs {
             environment: environment.as_fd(),
-            prepared: &prepared,
-            anchor_dirs: &anchor_dirs,
-            isolated: &workspace.isolated,
-            rules: workspace.rules.as_fd(),
-            generation_dir: &generation_dir,
-            runsc: &runsc,
+            prepared: &storage.prepared,
+            anchor_dirs: &storage.anchor_dirs,
+            isolated: &storage.workspace.isolated,
+            rules: storage.workspace.rules.as_fd(),
+            generation_dir,
+            runsc,
             container_id,
         },
         generation,
-        &planned.policy,
+        policy,
     )?;
+    Ok(Planned {
+        storage,
+        sandbox,
+        sandbox_record,
+        environment,
+    })
+}
+
+/// Takes the namespaces the supervisor reports, records their holder, and
+/// attaches the connectivity helper to the enforcement namespace.
+fn attach_network(
+    reporter: &Reporter,
+    recorder: &Recorder,
+    supervisor: &Supervisor,
+    holder_record: super::record::Intent,
+    planned: PlannedNetwork,
+    generation_dir: &RetainedDir,
+    helper: &mut Option<ConnectivityHelper>,
+) -> Result<(super::supervisor::Namespaces, super::network::Attached), Failure> {
+    let namespaces = supervisor.namespaces()?;
     holder_record.active_as(ParticipantOwnership::Helper(HelperOwnership {
         runtime_supervisor: namespaces.holder.committed(),
         ..HelperOwnership::default()
     }))?;
-    // The network: slirp4netns attached while the supervisor starts the
-    // Workspace Router, then the policy installed and attested.
     let attached = super::network::attach(
         reporter,
-        &recorder,
+        recorder,
         &namespaces,
         planned,
-        &generation_dir,
-        &mut starting.helper,
-    )?;
-    reporter.progress(StartupStep::Workspace, "starting the Workspace Router");
-    let routed = super::workspace::await_router(supervisor, resolved, workspace)?;
-    let network = super::network::attest(
-        reporter,
-        generation,
-        resolved,
-        supervisor,
-        &namespaces,
-        attached,
-    )?;
-
-    // The sandbox, now that its network is proven. While runsc starts it,
-    // the control and session sockets are published: no session is served
-    // before `up` has finished, so a client that connects early waits.
-    reporter.progress(StartupStep::Sandbox, "starting the sandbox");
-    let (running, published) = std::thread::scope(|scope| {
-        let publishing = scope.spawn(|| publish(resolved, generation, &recorder));
-        let running = supervisor.run_sandbox();
-        let published = publishing.join().unwrap_or_else(|_| {
-            Err(failure(
-                StartupStep::Sandbox,
-                "publishing the sessions failed unexpectedly",
-            ))
-        });
-        (running, published)
-    });
-    let running = running?;
-    let holder = namespaces.holder;
-    sandbox_record.container_process = running.process.committed();
-    sandbox_record.runtime_root = Some(running.runtime_root.clone());
-    sandbox_record.user_namespace = Some(namespaces.user_namespace);
-    sandbox.active_as(ParticipantOwnership::Sandbox(sandbox_record))?;
-    let Published {
-        listener,
-        sessions,
-        session_server,
-        credential,
-        manifest,
-    } = published?;
-
-    generation.state = GenerationState::Running;
-    store
-        .put_generation(generation)
-        .map_err(|e| at(StartupStep::Sandbox)(&e))?;
-    let supervisor = starting
-        .supervisor
-        .take()
-        .expect("the supervisor was started above");
-    let helper = starting
-        .helper
-        .take()
-        .expect("the connectivity helper was started above");
-    Ok(Live {
-        coordinator,
-        holder,
-        supervisor,
-        sandbox: running.process,
-        gofer: running.gofer,
-        listener,
-        sessions,
-        session_server,
-        escalation: EscalationParts {
-            credential,
-            manifest,
-            mailbox: running.mailbox,
-        },
-        environment,
-        store: Arc::clone(store),
-        generation_id: generation.generation_id,
-        hub: None,
-        prepared,
-        container_id,
-        runtime_root: running.runtime_root,
+        generation_dir,
         helper,
-        network,
-        router: routed.router,
-        workspace: routed.status,
-        uppers,
-    })
+    )?;
+    Ok((namespaces, attached))
 }
 
 /// What [`publish`] made: the control socket, and the Session

@@ -125,16 +125,20 @@ pub(super) struct PlanInputs<'a> {
 }
 
 impl Supervisor {
-    /// Sends the plan: the supervisor builds the namespaces, mounts and bundle,
-    /// reports the namespaces, and waits for the network before it runs the
-    /// sandbox.
-    pub(super) fn start(
+    /// The namespaces, which the supervisor reports as soon as it runs.
+    pub(super) fn namespaces(&self) -> Result<Namespaces, Failure> {
+        await_namespaces(&self.channel)
+    }
+
+    /// Sends the plan: the supervisor builds the mounts and bundle, and
+    /// waits for the network before it runs the sandbox.
+    pub(super) fn send_plan(
         &self,
         resolved: &ResolvedDomainConfiguration,
         inputs: PlanInputs<'_>,
         generation: &Generation,
         policy: &DerivedNetworkPolicy,
-    ) -> Result<Namespaces, Failure> {
+    ) -> Result<(), Failure> {
         let auth = resolved.authorities();
         let mut fds = FdList::new();
         let rootfs = fds.push(inputs.prepared.rootfs.fd());
@@ -187,8 +191,7 @@ impl Supervisor {
         };
         self.channel
             .send(&SupervisorRequest::Start(plan), fds.as_slice())
-            .map_err(|e| at(StartupStep::Sandbox)(&e))?;
-        await_namespaces(&self.channel)
+            .map_err(|e| at(StartupStep::Sandbox)(&e))
     }
 
     /// Hands the Network Sidecar the policy (a sealed memfd) to install and
