@@ -14,17 +14,22 @@
 //! 5. reports the namespaces, with descriptors of the user and network
 //!    namespaces for the connectivity helper, and its own pidfd, at once:
 //!    the coordinator prepares the image and state meanwhile;
-//! 6. receives the [`SandboxPlan`] and its descriptors (or `Stop`) and
-//!    reopens every descriptor inside the Domain mount namespace, checking
-//!    each is the object the coordinator opened;
-//! 7. stages the filesystem (root overlay, State Anchor overlays, volumes,
+//! 6. starts the first Network Sidecar, then serves the requests that come
+//!    before the sandbox runs, in the order they come: `Start` with the
+//!    [`SandboxPlan`] and its descriptors, and `AttestNetwork`, each on a
+//!    thread of its own, so that the plan is staged while the sidecar
+//!    attests;
+//! 7. for `Start`: reopens every descriptor inside the Domain mount
+//!    namespace, checking each is the object the coordinator opened;
+//!    stages the filesystem (root overlay, State Anchor overlays, volumes,
 //!    control area) on a private tmpfs, mounts the routed workspace there
 //!    and starts its Workspace Router, reports the router, and writes the
 //!    OCI bundle;
-//! 8. on `AttestNetwork`, starts the Network Sidecar in the enforcement
-//!    namespace with CAP_NET_ADMIN alone and relays its attestation;
-//! 9. on `RunSandbox`, and only after an attestation, runs
-//!    `runsc run -detach`;
+//! 8. for `AttestNetwork`: hands the sidecar (in the enforcement
+//!    namespace, with CAP_NET_ADMIN alone) the policy and relays its
+//!    attestation;
+//! 9. on `RunSandbox`, and only with the plan staged and an attestation
+//!    relayed, runs `runsc run -detach`;
 //! 10. reports the pidfds of the runsc sandbox and gofer, which are now its
 //!    children, and reaps every orphan at once from then on;
 //! 11. on `Stop`, or when the coordinator vanishes, exits: the kernel ends
@@ -175,29 +180,8 @@ fn pid1() -> ExitCode {
         Ok(net_fd) => net_fd,
         Err(error) => return fail(&channel, error),
     };
-    let Received { message, fds } = match channel.recv() {
-        Ok(received) => received,
-        Err(e) => {
-            tracing::error!("no plan from the coordinator: {}", chain(&e));
-            return ExitCode::FAILURE;
-        }
-    };
-    let plan = match message {
-        SupervisorRequest::Start(plan) => plan,
-        // The coordinator failed before it had a plan to send.
-        SupervisorRequest::Stop => {
-            let _ = channel.send(&SupervisorReport::Stopped, &[]);
-            return ExitCode::SUCCESS;
-        }
-        other => {
-            let error = failed(
-                SupervisorStep::Request,
-                format!("the first request must be Start, not {other:?}"),
-            );
-            return fail(&channel, error);
-        }
-    };
-    match start(&channel, &plan, &fds, net_fd) {
+    let network = Arc::new(net_fd);
+    match prepare_and_run(&channel, &network) {
         Ok(Some(running)) => serve(Arc::new(channel), &running, exec::Reaper::start()),
         Ok(None) => {
             let _ = channel.send(&SupervisorReport::Stopped, &[]);
@@ -209,8 +193,7 @@ fn pid1() -> ExitCode {
 
 /// Logs and reports `error`; the exit code of a failed supervisor.
 fn fail(channel: &Channel, error: SupervisorError) -> ExitCode {
-    tracing::error!("{:?} failed: {}", error.step, error.detail);
-    let _ = channel.send(&SupervisorReport::Failed(error), &[]);
+    report_failure(channel, error);
     ExitCode::FAILURE
 }
 
@@ -274,14 +257,123 @@ impl Running {
     }
 }
 
-/// Prepares the sandbox, waits for an attested network, and runs it;
-/// `None` when stopped before it ran.
-fn start(
+/// Serves the requests before the sandbox runs: `Start` once, with the
+/// plan, staged on a thread of its own; `AttestNetwork` at any time, each
+/// attested on a thread of its own, so the sidecar works while the plan is
+/// staged; then `RunSandbox`, which needs the plan staged and an
+/// attestation made. Each thread reports its own failure (the coordinator
+/// then stops this supervisor). `None` when asked to stop first.
+fn prepare_and_run(
+    channel: &Channel,
+    network: &Arc<OwnedFd>,
+) -> Result<Option<Running>, SupervisorError> {
+    // The first sidecar starts now, while nothing is asked of it yet.
+    let mut sidecar = Some(network::start_sidecar());
+    std::thread::scope(|scope| {
+        let mut preparing: Option<std::thread::ScopedJoinHandle<'_, Option<Prepared>>> = None;
+        let mut attesting: Option<std::thread::ScopedJoinHandle<'_, bool>> = None;
+        let mut attested = false;
+        loop {
+            let Received { message, fds } = channel
+                .recv()
+                .map_err(|e| failed(SupervisorStep::Request, chain(&e)))?;
+            match message {
+                SupervisorRequest::Start(plan) if preparing.is_none() => {
+                    preparing = Some(scope.spawn(move || {
+                        prepare(channel, &plan, &fds)
+                            .map_err(|error| report_failure(channel, error))
+                            .ok()
+                    }));
+                }
+                SupervisorRequest::AttestNetwork { parameters, policy } => {
+                    let policy = fd_at(&fds, policy)?.try_clone_to_owned().map_err(|e| {
+                        failed(SupervisorStep::Request, format!("the policy memfd: {e}"))
+                    })?;
+                    // One attestation at a time, in the order asked.
+                    if let Some(earlier) = attesting.take() {
+                        attested |= earlier.join().unwrap_or(false);
+                    }
+                    let started = sidecar.take().unwrap_or_else(network::start_sidecar);
+                    attesting = Some(
+                        scope.spawn(move || attest(channel, started, network, &policy, parameters)),
+                    );
+                }
+                SupervisorRequest::RunSandbox => {
+                    if let Some(last) = attesting.take() {
+                        attested |= last.join().unwrap_or(false);
+                    }
+                    let prepared = preparing.take().and_then(|t| t.join().ok().flatten());
+                    let Some(prepared) = prepared else {
+                        return Err(failed(
+                            SupervisorStep::Request,
+                            "the sandbox cannot run before its plan is staged",
+                        ));
+                    };
+                    if !attested {
+                        return Err(failed(
+                            SupervisorStep::Request,
+                            "the sandbox cannot run before its network is attested",
+                        ));
+                    }
+                    return run_sandbox(channel, prepared, network).map(Some);
+                }
+                SupervisorRequest::Stop => return Ok(None),
+                other => {
+                    return Err(failed(
+                        SupervisorStep::Request,
+                        format!("unexpected request before the sandbox runs: {other:?}"),
+                    ));
+                }
+            }
+        }
+    })
+}
+
+/// Has the Network Sidecar install and attest the policy, and reports
+/// what it attested or why it could not (the coordinator then stops this
+/// supervisor); whether it attested.
+fn attest(
+    channel: &Channel,
+    sidecar: Result<network::Sidecar, String>,
+    network: &OwnedFd,
+    policy: &OwnedFd,
+    parameters: lazaret_proto::sidecar::AttestParameters,
+) -> bool {
+    let attested = sidecar
+        .and_then(|sidecar| network::attest(sidecar, parameters, network.as_fd(), policy.as_fd()));
+    match attested {
+        Ok(attestation) => {
+            let report = SupervisorReport::NetworkAttested(Box::new(attestation));
+            send(channel, SupervisorStep::Network, &report, &[]).is_ok()
+        }
+        Err(detail) => {
+            report_failure(channel, failed(SupervisorStep::Network, detail));
+            false
+        }
+    }
+}
+
+/// Logs and reports the failure of a step that runs beside the request
+/// loop; the coordinator then stops this supervisor.
+fn report_failure(channel: &Channel, error: SupervisorError) {
+    tracing::error!("{:?} failed: {}", error.step, error.detail);
+    let _ = channel.send(&SupervisorReport::Failed(error), &[]);
+}
+
+/// The plan, staged: what running the sandbox needs.
+struct Prepared {
+    staged: mounts::Staged,
+    runsc: PathBuf,
+    container_id: String,
+}
+
+/// Stages the plan: the mounts, the Workspace Router (reported) and the
+/// bundle.
+fn prepare(
     channel: &Channel,
     plan: &SandboxPlan,
     fds: &[OwnedFd],
-    net_fd: OwnedFd,
-) -> Result<Option<Running>, SupervisorError> {
+) -> Result<Prepared, SupervisorError> {
     // The coordinator's descriptors name host mounts; reopen each mount
     // source as the same object inside the Domain mount namespace.
     let rebased = |index: FdIndex, what: &str| {
@@ -356,14 +448,29 @@ fn start(
     drop(routed);
     bundle::write(&staged, "lazaret", &environment)
         .map_err(|e| failed(SupervisorStep::Bundle, e))?;
-    if !await_network(channel, net_fd.as_fd())? {
-        return Ok(None);
-    }
+    Ok(Prepared {
+        staged,
+        runsc,
+        container_id: plan.container_id.to_string(),
+    })
+}
+
+/// Runs the sandbox and reports its processes and mailbox.
+fn run_sandbox(
+    channel: &Channel,
+    prepared: Prepared,
+    network: &Arc<OwnedFd>,
+) -> Result<Running, SupervisorError> {
+    let Prepared {
+        staged,
+        runsc,
+        container_id,
+    } = prepared;
     let running = Running {
         runsc,
         runsc_root: staged.runsc_root.clone(),
-        container_id: plan.container_id.to_string(),
-        network: Arc::new(net_fd),
+        container_id,
+        network: Arc::clone(network),
     };
     let began = std::time::Instant::now();
     running
@@ -397,47 +504,7 @@ fn start(
         mailbox: mailbox_index,
     };
     send(channel, SupervisorStep::Identities, &report, fds.as_slice())?;
-    Ok(Some(running))
-}
-
-/// Serves the requests before the sandbox runs: `AttestNetwork` (any
-/// number of times), then `RunSandbox`, which needs an attestation. False
-/// when asked to stop instead.
-fn await_network(channel: &Channel, namespace: BorrowedFd<'_>) -> Result<bool, SupervisorError> {
-    let mut attested = false;
-    loop {
-        let Received { message, fds } = channel
-            .recv()
-            .map_err(|e| failed(SupervisorStep::Request, chain(&e)))?;
-        match message {
-            SupervisorRequest::AttestNetwork { parameters, policy } => {
-                let policy = fd_at(&fds, policy)?;
-                let attestation = network::attest(parameters, namespace, policy)
-                    .map_err(|detail| failed(SupervisorStep::Network, detail))?;
-                send(
-                    channel,
-                    SupervisorStep::Network,
-                    &SupervisorReport::NetworkAttested(Box::new(attestation)),
-                    &[],
-                )?;
-                attested = true;
-            }
-            SupervisorRequest::RunSandbox if attested => return Ok(true),
-            SupervisorRequest::RunSandbox => {
-                return Err(failed(
-                    SupervisorStep::Request,
-                    "the sandbox cannot run before its network is attested",
-                ));
-            }
-            SupervisorRequest::Stop => return Ok(false),
-            other => {
-                return Err(failed(
-                    SupervisorStep::Request,
-                    format!("unexpected request before the sandbox runs: {other:?}"),
-                ));
-            }
-        }
-    }
+    Ok(running)
 }
 
 /// Sends a report made at `step`; a failure to send fails that step.

@@ -25,20 +25,29 @@ use crate::helper::Helper;
 /// How long installing and probing may take, DNS timeout included.
 const ATTEST_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Runs the sidecar on `policy` in `namespace`, the network namespace
-/// this process runs in, and returns its attestation, or why there is
-/// none.
-pub fn attest(
-    parameters: AttestParameters,
-    namespace: BorrowedFd<'_>,
-    policy: BorrowedFd<'_>,
-) -> Result<NetworkReadinessAttestation, String> {
-    let sidecar = Helper::<SidecarRequest, SidecarReport>::start(
+/// A started Network Sidecar, waiting for its one request.
+pub type Sidecar = Helper<SidecarRequest, SidecarReport>;
+
+/// Starts a sidecar in the network namespace this process runs in. The
+/// supervisor starts the first before it is asked to attest, so that the
+/// attestation does not wait for the sidecar to start.
+pub fn start_sidecar() -> Result<Sidecar, String> {
+    Sidecar::start(
         "lazaret-netsidecar",
         "the sidecar",
         CapabilitySet::NET_ADMIN,
         false,
-    )?;
+    )
+}
+
+/// Runs `sidecar` on `policy` in `namespace`, the network namespace this
+/// process runs in, and returns its attestation, or why there is none.
+pub fn attest(
+    sidecar: Sidecar,
+    parameters: AttestParameters,
+    namespace: BorrowedFd<'_>,
+    policy: BorrowedFd<'_>,
+) -> Result<NetworkReadinessAttestation, String> {
     let request = SidecarRequest::Attest(AttestRequest {
         parameters,
         namespace: FdIndex(0),
@@ -64,12 +73,7 @@ pub fn observe(
     parameters: ObserveParameters,
     namespace: BorrowedFd<'_>,
 ) -> Result<NetworkObservation, String> {
-    let sidecar = Helper::<SidecarRequest, SidecarReport>::start(
-        "lazaret-netsidecar",
-        "the sidecar",
-        CapabilitySet::NET_ADMIN,
-        false,
-    )?;
+    let sidecar = start_sidecar()?;
     let request = SidecarRequest::Observe(ObserveRequest {
         parameters,
         namespace: FdIndex(0),

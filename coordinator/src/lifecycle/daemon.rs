@@ -712,17 +712,16 @@ fn bring_up(
         crate::programs::role_binary("lazaret-supervisor").map_err(sandbox_failure)?;
     let runsc = crate::programs::runsc().map_err(sandbox_failure)?;
     let container_id = ContainerId(session::random_bytes());
-    let mut helper = recorder.intent(
-        Slot::SUPERVISOR,
-        StartupStep::Sandbox,
-        ParticipantOwnership::Helper(HelperOwnership::default()),
-    )?;
     // The supervisor's pid 1 holds the Domain namespaces; it is recorded
-    // before the supervisor, which starts it at once.
-    let holder_record = recorder.intent(
-        Slot::NAMESPACE_HOLDER,
+    // with the supervisor, which starts it at once.
+    let [mut helper, holder_record] = recorder.intents(
         StartupStep::Sandbox,
-        ParticipantOwnership::Helper(HelperOwnership::default()),
+        [Slot::SUPERVISOR, Slot::NAMESPACE_HOLDER].map(|slot| {
+            (
+                slot,
+                ParticipantOwnership::Helper(HelperOwnership::default()),
+            )
+        }),
     )?;
     let supervisor: &Supervisor = starting
         .supervisor
@@ -750,6 +749,7 @@ fn bring_up(
             let attached = attach_network(
                 reporter,
                 &recorder,
+                (generation, resolved),
                 supervisor,
                 holder_record,
                 planned,
@@ -796,8 +796,8 @@ fn bring_up(
         mut sandbox_record,
         environment,
     } = storage?;
-    let (namespaces, attached) = network?;
-    // While the router and the network are awaited, the control and
+    let (namespaces, requested) = network?;
+    // While the router and the attestation are awaited, the control and
     // session sockets are published: no session is served before `up` has
     // finished, so a client that connects early waits.
     let (network, published) = std::thread::scope(|scope| {
@@ -807,15 +807,9 @@ fn bring_up(
         });
         let network = (|| {
             reporter.progress(StartupStep::Workspace, "starting the Workspace Router");
-            let routed = super::workspace::await_router(supervisor, resolved, storage.workspace)?;
-            let network = super::network::attest(
-                reporter,
-                generation,
-                resolved,
-                supervisor,
-                &namespaces,
-                attached,
-            )?;
+            let (routed, attestation) = supervisor.two_reports()?;
+            let routed = super::workspace::routed(resolved, storage.workspace, routed)?;
+            let network = super::network::verify(reporter, requested, attestation)?;
             Ok((routed, network))
         })();
         let published = publishing.join().unwrap_or_else(|_| {
@@ -1062,17 +1056,20 @@ fn send_plan(
     })
 }
 
-/// Takes the namespaces the supervisor reports, records their holder, and
-/// attaches the connectivity helper to the enforcement namespace.
+/// Takes the namespaces the supervisor reports, records their holder,
+/// attaches the connectivity helper to the enforcement namespace, and asks
+/// for the policy's attestation.
+#[allow(clippy::too_many_arguments)]
 fn attach_network(
     reporter: &Reporter,
     recorder: &Recorder,
+    (generation, resolved): (&Generation, &ResolvedDomainConfiguration),
     supervisor: &Supervisor,
     holder_record: super::record::Intent,
     planned: PlannedNetwork,
     generation_dir: &RetainedDir,
     helper: &mut Option<ConnectivityHelper>,
-) -> Result<(super::supervisor::Namespaces, super::network::Attached), Failure> {
+) -> Result<(super::supervisor::Namespaces, super::network::Requested), Failure> {
     let namespaces = supervisor.namespaces()?;
     holder_record.active_as(ParticipantOwnership::Helper(HelperOwnership {
         runtime_supervisor: namespaces.holder.committed(),
@@ -1086,7 +1083,15 @@ fn attach_network(
         generation_dir,
         helper,
     )?;
-    Ok((namespaces, attached))
+    let requested = super::network::request(
+        reporter,
+        generation,
+        resolved,
+        supervisor,
+        &namespaces,
+        attached,
+    )?;
+    Ok((namespaces, requested))
 }
 
 /// What [`publish`] made: the control socket, and the Session

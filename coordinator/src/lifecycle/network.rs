@@ -18,8 +18,8 @@ use lazaret_proto::control::{NetworkRecheck, NetworkStatus, StartupStep};
 use crate::network::PlannedNetwork;
 use lazaret_proto::ids::{NetworkSidecarId, Sha256Digest};
 use lazaret_proto::network::{
-    ConnectivityLink, DnsOutcome, NetworkReachabilityProbe, NetworkReadinessIdentity,
-    NetworkReadinessIdentitySchemaId,
+    ConnectivityLink, DnsOutcome, NetworkReachabilityProbe, NetworkReadinessAttestation,
+    NetworkReadinessIdentity, NetworkReadinessIdentitySchemaId,
 };
 use lazaret_proto::ownership::{HelperOwnership, NetworkOwnership, ParticipantOwnership};
 use lazaret_proto::process::{PersistedHostProcessOwnership, PidfsProcessIdentityV1};
@@ -68,11 +68,6 @@ pub(super) fn attach(
         owning_user_namespace: Some(namespaces.user_namespace),
         ..NetworkOwnership::default()
     };
-    let network_intent = recorder.intent(
-        Slot::NETWORK,
-        STEP,
-        ParticipantOwnership::Network(network.clone()),
-    )?;
     let network_sidecar_id = NetworkSidecarId(session::random_bytes());
     let helper_record = |process| {
         ParticipantOwnership::Helper(HelperOwnership {
@@ -81,10 +76,18 @@ pub(super) fn attach(
             ..HelperOwnership::default()
         })
     };
-    let mut helper_intent = recorder.intent(
-        Slot::CONNECTIVITY_HELPER,
+    let [network_intent, mut helper_intent] = recorder.intents(
         STEP,
-        helper_record(PersistedHostProcessOwnership::Unassigned),
+        [
+            (
+                Slot::NETWORK,
+                ParticipantOwnership::Network(network.clone()),
+            ),
+            (
+                Slot::CONNECTIVITY_HELPER,
+                helper_record(PersistedHostProcessOwnership::Unassigned),
+            ),
+        ],
     )?;
 
     reporter.progress(STEP, "attaching slirp4netns to the enforcement namespace");
@@ -121,24 +124,35 @@ pub(super) fn attach(
     })
 }
 
-/// Has the supervisor's Network Sidecar install the policy and attest it,
-/// verifies the attestation against the identity this coordinator expects
-/// and the policy itself, and records it.
-pub(super) fn attest(
+/// The network once its attestation is asked for: what [`verify`] checks
+/// the attestation against.
+pub(super) struct Requested {
+    policy: lazaret_proto::network::DerivedNetworkPolicy,
+    platform_deny: Vec<lazaret_proto::network::IpPrefix>,
+    expected: NetworkReadinessIdentity,
+    network: NetworkOwnership,
+    network_intent: Intent,
+    link: ConnectivityLink,
+    helper: PidfsProcessIdentityV1,
+}
+
+/// Asks the supervisor's Network Sidecar to install the policy and attest
+/// it; the attestation comes while the supervisor stages the plan.
+pub(super) fn request(
     reporter: &Reporter,
     generation: &Generation,
     resolved: &ResolvedDomainConfiguration,
     supervisor: &Supervisor,
     namespaces: &Namespaces,
     attached: Attached,
-) -> Result<NetworkStatus, Failure> {
+) -> Result<Requested, Failure> {
     let Attached {
         planned: PlannedNetwork {
             policy,
             platform_deny,
         },
         policy_digest,
-        mut network,
+        network,
         network_intent,
         network_sidecar_id,
         link,
@@ -154,7 +168,7 @@ pub(super) fn attest(
         enforcement_namespace: namespaces.network_namespace,
     };
     let memfd = policy_memfd(&policy).map_err(|m| failure(STEP, m))?;
-    let attestation = supervisor.attest(
+    supervisor.request_attestation(
         AttestParameters {
             probe: NetworkReachabilityProbe {
                 domain_id: expected.domain_id,
@@ -166,6 +180,33 @@ pub(super) fn attest(
         },
         memfd.as_fd(),
     )?;
+    Ok(Requested {
+        policy,
+        platform_deny,
+        expected,
+        network,
+        network_intent,
+        link,
+        helper,
+    })
+}
+
+/// Verifies the Network Sidecar's attestation against the identity this
+/// coordinator expects and the policy itself, and records it.
+pub(super) fn verify(
+    reporter: &Reporter,
+    requested: Requested,
+    attestation: NetworkReadinessAttestation,
+) -> Result<NetworkStatus, Failure> {
+    let Requested {
+        policy,
+        platform_deny,
+        expected,
+        mut network,
+        network_intent,
+        link,
+        helper,
+    } = requested;
     attestation.verify(&expected, &policy, &link).map_err(|e| {
         failure(
             STEP,

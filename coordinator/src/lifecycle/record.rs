@@ -49,7 +49,18 @@ impl Recorder {
         step: StartupStep,
         ownership: ParticipantOwnership,
     ) -> Result<Intent, Failure> {
-        let intent = Intent {
+        let [intent] = self.intents(step, [(slot, ownership)])?;
+        Ok(intent)
+    }
+
+    /// Commits the intents to create several participants, in one
+    /// transaction; a failure is one of `step`.
+    pub(super) fn intents<const N: usize>(
+        &self,
+        step: StartupStep,
+        participants: [(Slot, ParticipantOwnership); N],
+    ) -> Result<[Intent; N], Failure> {
+        let intents = participants.map(|(slot, ownership)| Intent {
             recorder: self.clone(),
             slot,
             step,
@@ -59,10 +70,15 @@ impl Recorder {
                 state: ParticipantState::Intent,
                 ownership,
             },
-        };
-        intent.put()?;
-        crate::fault::point("intent", &slot.name());
-        Ok(intent)
+        });
+        let rows: Vec<_> = intents.iter().map(|i| (i.slot, &i.participant)).collect();
+        self.store
+            .put_participants(&rows)
+            .map_err(|e| at(step)(&e))?;
+        for intent in &intents {
+            crate::fault::point("intent", &intent.slot.name());
+        }
+        Ok(intents)
     }
 }
 
@@ -190,6 +206,41 @@ mod tests {
         assert_eq!(
             recorded(&store, Slot::PREPARED_LOWER).state,
             ParticipantState::LeaseHeld
+        );
+    }
+
+    #[test]
+    fn intents_recorded_together_are_each_recorded_and_each_guarded() {
+        let (_dir, store) = store();
+        let recorder = Recorder::new(Arc::clone(&store), GenerationId(3));
+        let helper = || ParticipantOwnership::Helper(Default::default());
+        let [supervisor, holder] = recorder
+            .intents(
+                StartupStep::Sandbox,
+                [
+                    (Slot::SUPERVISOR, helper()),
+                    (Slot::NAMESPACE_HOLDER, helper()),
+                ],
+            )
+            .unwrap();
+        for slot in [Slot::SUPERVISOR, Slot::NAMESPACE_HOLDER] {
+            let row = recorded(&store, slot);
+            assert_eq!(row.state, ParticipantState::Intent);
+            assert_eq!(row.generation_id, GenerationId(3));
+        }
+        holder.active().unwrap();
+        assert_eq!(
+            recorded(&store, Slot::NAMESPACE_HOLDER).state,
+            ParticipantState::Active
+        );
+        assert_eq!(
+            recorded(&store, Slot::SUPERVISOR).state,
+            ParticipantState::Intent
+        );
+        supervisor.active().unwrap();
+        assert_eq!(
+            recorded(&store, Slot::SUPERVISOR).state,
+            ParticipantState::Active
         );
     }
 }

@@ -194,26 +194,53 @@ impl Supervisor {
             .map_err(|e| at(StartupStep::Sandbox)(&e))
     }
 
-    /// Hands the Network Sidecar the policy (a sealed memfd) to install and
-    /// attest in the enforcement namespace; the attestation, unverified.
-    pub(super) fn attest(
+    /// Asks the supervisor's Network Sidecar to install the policy (a
+    /// sealed memfd) and attest it in the enforcement namespace; the
+    /// attestation comes as a report (see [`Supervisor::two_reports`]).
+    pub(super) fn request_attestation(
         &self,
         parameters: AttestParameters,
         policy: BorrowedFd<'_>,
-    ) -> Result<NetworkReadinessAttestation, Failure> {
-        let step = StartupStep::Network;
+    ) -> Result<(), Failure> {
         let request = SupervisorRequest::AttestNetwork {
             parameters,
             policy: FdIndex(0),
         };
         self.channel
             .send(&request, &[policy])
-            .map_err(|e| at(step)(&e))?;
-        let Received { message, .. } = await_report(&self.channel, step)?;
-        match message {
-            SupervisorReport::NetworkAttested(attestation) => Ok(*attestation),
-            other => Err(unexpected(step, &other)),
+            .map_err(|e| at(StartupStep::Network)(&e))
+    }
+
+    /// The router's report (`WorkspaceRouted`) and the attestation
+    /// (`NetworkAttested`), which come in either order: the supervisor
+    /// stages the plan while its sidecar attests. A failure is one of the
+    /// step the supervisor names.
+    pub(super) fn two_reports(
+        &self,
+    ) -> Result<(Received<SupervisorReport>, NetworkReadinessAttestation), Failure> {
+        let mut routed = None;
+        let mut attested = None;
+        while routed.is_none() || attested.is_none() {
+            let step = if routed.is_none() {
+                StartupStep::Workspace
+            } else {
+                StartupStep::Network
+            };
+            let received = await_report(&self.channel, step)?;
+            match received.message {
+                SupervisorReport::WorkspaceRouted { .. } if routed.is_none() => {
+                    routed = Some(received);
+                }
+                SupervisorReport::NetworkAttested(attestation) if attested.is_none() => {
+                    attested = Some(*attestation);
+                }
+                other => return Err(unexpected(step, &other)),
+            }
         }
+        Ok((
+            routed.expect("received above"),
+            attested.expect("received above"),
+        ))
     }
 
     /// Runs the sandbox, now that its network is proven.
@@ -222,12 +249,6 @@ impl Supervisor {
             .send(&SupervisorRequest::RunSandbox, &[])
             .map_err(|e| at(StartupStep::Sandbox)(&e))?;
         await_sandbox(&self.channel)
-    }
-
-    /// The next report, for a step that waits on one this client does not
-    /// name (the Workspace Router's).
-    pub(super) fn report(&self, step: StartupStep) -> Result<Received<SupervisorReport>, Failure> {
-        await_report(&self.channel, step)
     }
 }
 
@@ -248,8 +269,14 @@ pub(super) fn await_report(
         e => at(step)(&e),
     })?;
     match received.message {
+        // The step the supervisor names, where it is one of start-up's
+        // own: the sidecar attests while the plan is staged.
         SupervisorReport::Failed(error) => Err(failure(
-            step,
+            match error.step {
+                lazaret_proto::supervisor::SupervisorStep::Network => StartupStep::Network,
+                lazaret_proto::supervisor::SupervisorStep::Workspace => StartupStep::Workspace,
+                _ => step,
+            },
             format!(
                 "the Runtime Supervisor failed ({:?}): {}",
                 error.step, error.detail

@@ -29,7 +29,7 @@ use sha2::{Digest, Sha256};
 
 use super::daemon::{Failure, Reporter, at, failure};
 use super::record::{Intent, Recorder};
-use super::supervisor::{Supervisor, unexpected};
+use super::supervisor::unexpected;
 use crate::config::{HostEnvironment, ResolvedDomainConfiguration, RetainedDir};
 use crate::process::HeldProcess;
 use crate::store::Slot;
@@ -188,13 +188,14 @@ pub(super) fn prepare(
     })
 }
 
-/// Waits for the supervisor's report of the router and records it.
-pub(super) fn await_router(
-    supervisor: &Supervisor,
+/// Takes the supervisor's report of the router (`WorkspaceRouted`) and
+/// records it.
+pub(super) fn routed(
     resolved: &ResolvedDomainConfiguration,
     prepared: Prepared,
+    report: Received<SupervisorReport>,
 ) -> Result<Routed, Failure> {
-    let Received { message, fds } = supervisor.report(STEP)?;
+    let Received { message, fds } = report;
     let SupervisorReport::WorkspaceRouted { router, summary } = message else {
         return Err(unexpected(STEP, &message));
     };

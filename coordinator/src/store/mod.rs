@@ -343,11 +343,21 @@ impl DomainStore {
 
     /// Writes a participant row.
     pub fn put_participant(&self, slot: Slot, participant: &Participant) -> Result<(), StoreError> {
+        self.put_participants(&[(slot, participant)])
+    }
+
+    /// Writes several participants' rows in one transaction: all or none.
+    pub fn put_participants(&self, rows: &[(Slot, &Participant)]) -> Result<(), StoreError> {
         let txn = self.db.begin_write()?;
-        txn.open_table(tables::PARTICIPANTS)?.insert(
-            (participant.generation_id.0, slot.0),
-            encode(participant)?.as_slice(),
-        )?;
+        {
+            let mut table = txn.open_table(tables::PARTICIPANTS)?;
+            for &(slot, participant) in rows {
+                table.insert(
+                    (participant.generation_id.0, slot.0),
+                    encode(participant)?.as_slice(),
+                )?;
+            }
+        }
         txn.commit()?;
         Ok(())
     }
