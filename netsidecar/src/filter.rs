@@ -31,10 +31,50 @@ fn error(detail: impl std::fmt::Display) -> SidecarError {
     failed(SidecarStep::Filter, detail)
 }
 
-/// Starts installing `filter` as the namespace's only ruleset; the
-/// [`Nft`] run it returns is waited for with [`Nft::finish`], so other
-/// work (the routes) goes on meanwhile.
-pub fn install(filter: &[FilterRule]) -> Result<Nft, SidecarError> {
+/// Two runs of `nft -j -f -`, started before the request comes and
+/// waiting for their input: starting `nft` (loading its libraries) takes
+/// longer than what it then does, so neither the installation nor the
+/// read-back waits for it.
+pub struct Runs {
+    install: Nft,
+    list: Nft,
+}
+
+impl Runs {
+    /// Starts both runs.
+    pub fn start() -> Result<Self, SidecarError> {
+        Ok(Self {
+            install: Nft::spawn(&["-j", "-f", "-"])?,
+            list: Nft::spawn(&["-j", "-f", "-"])?,
+        })
+    }
+
+    /// Starts installing `filter` as the namespace's only ruleset; the
+    /// [`Nft`] run it returns is waited for with [`Nft::finish`], so other
+    /// work (the routes) goes on meanwhile. The other run is kept for
+    /// [`Listing::start`].
+    pub fn install(self, filter: &[FilterRule]) -> Result<(Nft, ListRun), SidecarError> {
+        let installing = self
+            .install
+            .feed(install_document(filter).as_bytes(), "install")?;
+        Ok((installing, ListRun(self.list)))
+    }
+
+    /// The run kept for a read-back, the other given up.
+    pub fn for_listing(self) -> ListRun {
+        ListRun(self.list)
+    }
+}
+
+/// One waiting run of `nft -j -f -`, kept for a listing.
+pub struct ListRun(Nft);
+
+/// The whole ruleset, as `nft -j list ruleset` lists it.
+const LIST_RULESET: &[u8] = br#"{"nftables": [{"list": {"ruleset": null}}]}"#;
+
+/// The JSON document that installs `filter` as the namespace's only
+/// ruleset.
+fn install_document(filter: &[FilterRule]) -> String {
     let mut commands = vec![json!({"add": {"table": {"family": FAMILY, "name": TABLE}}})];
     commands.extend(["output", "input"].map(|hook| {
         json!({"add": {"chain": {
@@ -45,8 +85,7 @@ pub fn install(filter: &[FilterRule]) -> Result<Nft, SidecarError> {
     let rule = |chain: &str, expr: Value| json!({"add": {"rule": {"family": FAMILY, "table": TABLE, "chain": chain, "expr": expr}}});
     commands.extend(input_rules().into_iter().map(|e| rule("input", e)));
     commands.extend(filter.iter().flat_map(exprs).map(|e| rule("output", e)));
-    let document = json!({"nftables": commands}).to_string();
-    Nft::start(&["-j", "-f", "-"], Some(document.as_bytes()))
+    json!({"nftables": commands}).to_string()
 }
 
 /// The `input` chain's rules: loopback, and replies.
@@ -101,15 +140,16 @@ fn destination(network: &IpPrefix) -> Value {
     }
 }
 
-/// Starts listing the whole ruleset; [`Listing::rules`] reads it.
-pub fn list() -> Result<Listing, SidecarError> {
-    Nft::start(&["-j", "list", "ruleset"], None).map(Listing)
-}
-
 /// The ruleset being listed.
 pub struct Listing(Nft);
 
 impl Listing {
+    /// Starts listing the whole ruleset with `run`; [`Listing::rules`]
+    /// reads it.
+    pub fn start(run: ListRun) -> Result<Self, SidecarError> {
+        run.0.feed(LIST_RULESET, "list ruleset").map(Listing)
+    }
+
     /// The output chain's [`FilterRule`]s of the listed ruleset, after
     /// checking that it holds nothing but this table, its two chains as
     /// installed, and the input chain's two rules.
@@ -118,10 +158,10 @@ impl Listing {
     }
 }
 
-/// Lists the whole ruleset and turns it back into [`FilterRule`]s, as
-/// [`Listing::rules`] does.
-pub fn read_back() -> Result<Vec<FilterRule>, SidecarError> {
-    list()?.rules()
+/// Lists the whole ruleset with `run` and turns it back into
+/// [`FilterRule`]s, as [`Listing::rules`] does.
+pub fn read_back(run: ListRun) -> Result<Vec<FilterRule>, SidecarError> {
+    Listing::start(run)?.rules()
 }
 
 fn rules_of_ruleset(listed: &[u8]) -> Result<Vec<FilterRule>, SidecarError> {
@@ -229,38 +269,42 @@ pub struct Nft {
 }
 
 impl Nft {
-    /// Starts `nft ARGS` with `input` on its standard input.
-    fn start(args: &[&str], input: Option<&[u8]>) -> Result<Self, SidecarError> {
+    /// Starts `nft ARGS`, waiting for its input ([`Nft::feed`]).
+    fn spawn(args: &[&str]) -> Result<Self, SidecarError> {
         let program = NFT
             .iter()
             .find(|p| std::path::Path::new(p).is_file())
             .ok_or_else(|| {
                 error("nft is not installed; install it with `apt-get install nftables`")
             })?;
-        let mut child = Command::new(program)
+        let child = Command::new(program)
             .args(args)
             .env_clear()
-            .stdin(if input.is_some() {
-                Stdio::piped()
-            } else {
-                Stdio::null()
-            })
+            .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
             .map_err(|e| error(format!("cannot run {program}: {e}")))?;
-        if let (Some(bytes), Some(mut stdin)) = (input, child.stdin.take()) {
-            // nft reads its whole input before it writes anything, so this
-            // cannot wait on a full output pipe; the input is a few KiB.
-            stdin
-                .write_all(bytes)
-                .map_err(|e| error(format!("cannot write to {program}: {e}")))?;
-        }
         Ok(Self {
             child: Some(child),
             program,
             args: args.join(" "),
         })
+    }
+
+    /// Gives the run its whole input: it reads to the end before it does
+    /// anything.
+    fn feed(mut self, input: &[u8], what: &str) -> Result<Self, SidecarError> {
+        let program = self.program;
+        self.args = format!("{} ({what})", self.args);
+        let stdin = self.child.as_mut().and_then(|c| c.stdin.take());
+        let mut stdin = stdin.ok_or_else(|| error(format!("{program} was fed already")))?;
+        // nft reads its whole input before it writes anything, so this
+        // cannot wait on a full output pipe; the input is a few KiB.
+        stdin
+            .write_all(input)
+            .map_err(|e| error(format!("cannot write to {program}: {e}")))?;
+        Ok(self)
     }
 
     /// Waits for the run: its standard output, or an error with what it

@@ -106,15 +106,18 @@ pub fn run() -> ExitCode {
 /// Takes the one request and carries it out.
 fn serve(channel: &Channel) -> Result<SidecarReport, SidecarError> {
     check_privileges()?;
+    // `nft` starts while the request is awaited (the supervisor starts the
+    // first sidecar before it is asked to attest).
+    let runs = filter::Runs::start()?;
     let Received { message, fds } = channel
         .recv()
         .map_err(|e| failed(SidecarStep::Request, chain(&e)))?;
     match message {
         SidecarRequest::Attest(request) => {
-            attest(request, &fds).map(|a| SidecarReport::Attested(Box::new(a)))
+            attest(request, &fds, runs).map(|a| SidecarReport::Attested(Box::new(a)))
         }
         SidecarRequest::Observe(request) => {
-            observe(request, &fds).map(|o| SidecarReport::Observed(Box::new(o)))
+            observe(request, &fds, runs.for_listing()).map(|o| SidecarReport::Observed(Box::new(o)))
         }
     }
 }
@@ -149,6 +152,7 @@ fn netlink_runtime() -> Result<tokio::runtime::Runtime, SidecarError> {
 fn observe(
     request: ObserveRequest,
     fds: &[std::os::fd::OwnedFd],
+    list: filter::ListRun,
 ) -> Result<NetworkObservation, SidecarError> {
     let parameters = request.parameters;
     check_namespace(
@@ -165,13 +169,14 @@ fn observe(
         helper_ready: readback.tap_up,
         observed_routes: readback.routes,
         ipv6_disabled: readback.ipv6_disabled,
-        observed_filter: filter::read_back()?,
+        observed_filter: filter::read_back(list)?,
     })
 }
 
 fn attest(
     request: AttestRequest,
     fds: &[std::os::fd::OwnedFd],
+    runs: filter::Runs,
 ) -> Result<NetworkReadinessAttestation, SidecarError> {
     let AttestRequest {
         parameters,
@@ -192,13 +197,13 @@ fn attest(
     // netlink, and its readback while the probes run: each is its own
     // process, and neither depends on the other's result.
     let began = std::time::Instant::now();
-    let filtering = filter::install(&policy.expected_filter())?;
+    let (filtering, list) = runs.install(&policy.expected_filter())?;
     let readback = netlink_runtime()?.block_on(install::install(&policy, link));
     let filtered = filtering.finish();
     let readback = readback?;
     filtered?;
     let installed = began.elapsed();
-    let listing = filter::list()?;
+    let listing = filter::Listing::start(list)?;
     let probes = probe::run(&policy, link);
     let observed_filter = listing.rules()?;
     tracing::info!(
