@@ -740,56 +740,50 @@ fn bring_up(
     // While the image, state and workspace are prepared and the plan is
     // sent, slirp4netns attaches to the enforcement namespace as soon as
     // the supervisor reports it.
-    let span = tracing::Span::current();
     let network_policy = planned.policy.clone();
     let helper_slot = &mut starting.helper;
-    let (storage, network) = std::thread::scope(|scope| {
-        let attaching = scope.spawn(|| {
-            let _span = span.enter();
-            let attached = attach_network(
+    let (storage, network) = side_by_side(
+        reporter,
+        (StartupStep::Network, "attaching the network"),
+        || {
+            attach_network(
                 reporter,
                 &recorder,
-                (generation, resolved),
+                generation,
+                resolved,
                 supervisor,
                 holder_record,
                 planned,
                 &generation_dir,
                 helper_slot,
-            );
-            reporter.finish_phase();
-            attached
-        });
-        let storage = prepare_storage(
-            reporter,
-            owned,
-            resolved,
-            generation,
-            &recorder,
-            &source,
-            &generation_dir,
-            rules,
-        )
-        .and_then(|storage| {
-            send_plan(
+            )
+        },
+        || {
+            prepare_storage(
+                reporter,
+                owned,
                 resolved,
                 generation,
                 &recorder,
-                supervisor,
-                storage,
+                &source,
                 &generation_dir,
-                &runsc,
-                container_id,
-                &network_policy,
+                rules,
             )
-        });
-        let network = attaching.join().unwrap_or_else(|_| {
-            Err(failure(
-                StartupStep::Network,
-                "attaching the network failed unexpectedly",
-            ))
-        });
-        (storage, network)
-    });
+            .and_then(|storage| {
+                send_plan(
+                    resolved,
+                    generation,
+                    &recorder,
+                    supervisor,
+                    storage,
+                    &generation_dir,
+                    &runsc,
+                    container_id,
+                    &network_policy,
+                )
+            })
+        },
+    );
     let Planned {
         storage,
         sandbox,
@@ -800,26 +794,18 @@ fn bring_up(
     // While the router and the attestation are awaited, the control and
     // session sockets are published: no session is served before `up` has
     // finished, so a client that connects early waits.
-    let (network, published) = std::thread::scope(|scope| {
-        let publishing = scope.spawn(|| {
-            let _span = span.enter();
-            publish(resolved, generation, &recorder)
-        });
-        let network = (|| {
+    let (network, published) = side_by_side(
+        reporter,
+        (StartupStep::Sandbox, "publishing the sessions"),
+        || publish(resolved, generation, &recorder),
+        || {
             reporter.progress(StartupStep::Workspace, "starting the Workspace Router");
             let (routed, attestation) = supervisor.two_reports()?;
             let routed = super::workspace::routed(resolved, storage.workspace, routed)?;
             let network = super::network::verify(reporter, requested, attestation)?;
             Ok((routed, network))
-        })();
-        let published = publishing.join().unwrap_or_else(|_| {
-            Err(failure(
-                StartupStep::Sandbox,
-                "publishing the sessions failed unexpectedly",
-            ))
-        });
-        (network, published)
-    });
+        },
+    );
     let (routed, network) = network?;
     let Published {
         listener,
@@ -876,6 +862,34 @@ fn bring_up(
         router: routed.router,
         workspace: routed.status,
         uppers: storage.uppers,
+    })
+}
+
+/// Runs `side` on a thread of its own, in this thread's span, while `main`
+/// runs here, and returns both results once both are done. A `side` that
+/// panics fails `step`, naming `what`.
+fn side_by_side<A, B: Send>(
+    reporter: &Reporter,
+    (step, what): (StartupStep, &str),
+    side: impl FnOnce() -> Result<B, Failure> + Send,
+    main: impl FnOnce() -> A,
+) -> (A, Result<B, Failure>) {
+    let span = tracing::Span::current();
+    std::thread::scope(|scope| {
+        let beside = scope.spawn(|| {
+            let _span = span.enter();
+            let done = side();
+            reporter.finish_phase();
+            done
+        });
+        let here = main();
+        let there = beside.join().unwrap_or_else(|_| {
+            Err(failure(
+                step,
+                format!("{what} failed unexpectedly (its thread panicked); see the Domain log"),
+            ))
+        });
+        (here, there)
     })
 }
 
@@ -1063,7 +1077,8 @@ fn send_plan(
 fn attach_network(
     reporter: &Reporter,
     recorder: &Recorder,
-    (generation, resolved): (&Generation, &ResolvedDomainConfiguration),
+    generation: &Generation,
+    resolved: &ResolvedDomainConfiguration,
     supervisor: &Supervisor,
     holder_record: super::record::Intent,
     planned: PlannedNetwork,
