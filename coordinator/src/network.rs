@@ -15,19 +15,15 @@
 use std::net::{IpAddr, Ipv4Addr};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use lazaret_proto::codec;
 use lazaret_proto::network::{ConnectivityLink, DerivedNetworkPolicy, IpPrefix};
-use rustix::event::{PollFd, PollFlags, Timespec, poll};
 use rustix::fs::{Mode, OFlags};
 
 use crate::config::EffectiveNetworkPolicy;
 use crate::process::{HeldProcess, kill_and_wait, pidfd_of_child, wait_exit};
 use crate::sys::{ChildSetup, spawn_inheriting};
-
-/// How long slirp4netns may take to attach.
-const READY_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The special-purpose IPv4 ranges the platform denies whatever a profile
 /// allows (`allow_egress = ["0.0.0.0/0"]` included): only a strictly
@@ -175,7 +171,8 @@ pub fn policy_memfd(policy: &DerivedNetworkPolicy) -> Result<OwnedFd, String> {
         .map_err(|e| format!("cannot seal the policy in a memfd: {e}"))
 }
 
-/// A running slirp4netns attached to a generation's enforcement namespace.
+/// A running slirp4netns attached (or attaching) to a generation's
+/// enforcement namespace.
 #[derive(Debug)]
 pub struct ConnectivityHelper {
     child: Child,
@@ -184,21 +181,24 @@ pub struct ConnectivityHelper {
     /// The write end of its exit pipe: closing it (or this process dying)
     /// ends slirp4netns.
     exit: OwnedFd,
+    /// What it writes, kept for the error that explains its failure.
+    log: OwnedFd,
 }
 
 impl ConnectivityHelper {
     /// Starts slirp4netns with host loopback disabled and its seccomp
     /// filter on, joined to `user_namespace` and attached to
-    /// `network_namespace` with `link`'s tap device and MTU, and waits until
-    /// it reports the tap attached. Its output goes to an unlinked file in
-    /// `log_dir`, shown in the error if it fails. `on_spawn` records the
-    /// process before it is waited for.
+    /// `network_namespace` with `link`'s tap device and MTU. It writes `1`
+    /// to `ready` (the write end of a pipe) once the tap device is
+    /// attached: the Network Sidecar, which holds the read end, waits for
+    /// that, so this does not. Its output goes to an unlinked file in
+    /// `log_dir`, shown by [`ConnectivityHelper::explain`].
     pub fn start(
         user_namespace: BorrowedFd<'_>,
         network_namespace: BorrowedFd<'_>,
         link: &ConnectivityLink,
         log_dir: BorrowedFd<'_>,
-        on_spawn: impl FnOnce(&HeldProcess) -> Result<(), String>,
+        ready: OwnedFd,
     ) -> Result<Self, String> {
         let binary = crate::programs::slirp4netns()?;
         let log: OwnedFd = rustix::fs::openat(
@@ -208,8 +208,6 @@ impl ConnectivityHelper {
             Mode::from_raw_mode(0o600),
         )
         .map_err(|e| format!("cannot make slirp4netns's log file: {e}"))?;
-        let (ready_read, ready_write) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
-            .map_err(|e| format!("cannot make a pipe: {e}"))?;
         let (exit_read, exit_write) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
             .map_err(|e| format!("cannot make a pipe: {e}"))?;
         // The child inherits these under the same numbers.
@@ -223,7 +221,7 @@ impl ConnectivityHelper {
             .arg("--enable-seccomp")
             .arg("--enable-sandbox")
             .arg(format!("--mtu={}", link.mtu))
-            .arg(format!("--ready-fd={}", number(&ready_write)))
+            .arg(format!("--ready-fd={}", number(&ready)))
             .arg(format!("--exit-fd={}", number(&exit_read)))
             .arg(path(network_namespace))
             .arg(&link.tap_name)
@@ -238,66 +236,34 @@ impl ConnectivityHelper {
         let child = spawn_inheriting(
             &mut command,
             ChildSetup {
-                fds: &[network_namespace, ready_write.as_fd(), exit_read.as_fd()],
+                fds: &[network_namespace, ready.as_fd(), exit_read.as_fd()],
                 user_namespace: Some(user_namespace),
                 die_with_parent: false,
             },
         )
         .map_err(|e| format!("cannot start {}: {e}", binary.display()))?;
-        drop((ready_write, exit_read));
+        // Only slirp4netns holds the write end now: its exit is the end
+        // of the pipe.
+        drop((ready, exit_read));
+        // Failing here drops the exit pipe's write end, which ends it.
         let held = pidfd_of_child(&child)
             .and_then(HeldProcess::from_pidfd)
             .map_err(|e| format!("cannot hold slirp4netns: {e}"))?;
-        let helper = Self {
+        Ok(Self {
             child,
             held,
             exit: exit_write,
-        };
-        let waited = on_spawn(&helper.held).and_then(|()| helper.await_ready(&ready_read));
-        match waited {
-            Ok(()) => Ok(helper),
-            Err(why) => {
-                helper.stop();
-                Err(format!("{why}{}", output_of(&log)))
-            }
-        }
+            log,
+        })
     }
 
-    /// Waits for slirp4netns to write `1` to its ready pipe.
-    fn await_ready(&self, ready: &OwnedFd) -> Result<(), String> {
-        let deadline = Instant::now() + READY_TIMEOUT;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Err(format!(
-                    "slirp4netns did not attach within {} s",
-                    READY_TIMEOUT.as_secs()
-                ));
-            }
-            let spec = Timespec::try_from(left).unwrap_or(Timespec {
-                tv_sec: 1,
-                tv_nsec: 0,
-            });
-            let mut fds = [
-                PollFd::new(ready, PollFlags::IN),
-                PollFd::new(&self.held.pidfd, PollFlags::IN),
-            ];
-            match poll(&mut fds, Some(&spec)) {
-                Err(rustix::io::Errno::INTR) => continue,
-                Err(e) => return Err(format!("cannot wait for slirp4netns: {e}")),
-                Ok(_) => {}
-            }
-            if !fds[0].revents().is_empty() {
-                let mut byte = [0u8; 1];
-                return match rustix::io::read(ready, &mut byte) {
-                    Ok(1) if byte[0] == b'1' => Ok(()),
-                    _ => Err("slirp4netns exited before it attached".into()),
-                };
-            }
-            if !fds[1].revents().is_empty() {
-                return Err("slirp4netns exited before it attached".into());
-            }
-        }
+    /// Why it failed to attach, if it has exited: what it wrote. Its ready
+    /// pipe closes a moment before its pidfd reports the exit, so a failure
+    /// seen there gives it a little time.
+    pub fn explain(&self) -> Option<String> {
+        let exited =
+            wait_exit(self.held.pidfd.as_fd(), Duration::from_millis(200)).unwrap_or(false);
+        exited.then(|| format!("slirp4netns exited{}", output_of(&self.log)))
     }
 
     /// Ends slirp4netns: closes its exit pipe, then kills it through its
@@ -307,6 +273,7 @@ impl ConnectivityHelper {
             mut child,
             held,
             exit,
+            log: _,
         } = self;
         drop(exit);
         let exited = wait_exit(held.pidfd.as_fd(), Duration::from_millis(500)).unwrap_or(false);

@@ -5,16 +5,18 @@
 //! capability. It then:
 //! 1. checks those are exactly its privileges;
 //! 2. takes its channel, receives one [`AttestRequest`] with the namespace
-//!    descriptor and the sealed policy memfd;
+//!    descriptor, the sealed policy memfd and the connectivity helper's
+//!    ready pipe;
 //! 3. proves the descriptor names the namespace it runs in and the one the
 //!    probe names (it holds no CAP_SYS_ADMIN, so it cannot enter another);
 //! 4. reads the policy from the memfd, refusing one that is not sealed or
 //!    does not validate;
-//! 5. with rtnetlink: brings up loopback, disables IPv6, configures the
-//!    connectivity helper's tap device, installs one route per policy rule
-//!    and one per resolver, and reads the namespace back; then, with
-//!    `nft`, installs the packet filter that enforces the policy a second
-//!    time and reads it back;
+//! 5. with `nft`, installs the packet filter that enforces the policy a
+//!    second time while the connectivity helper attaches; once the helper
+//!    writes `1` to its ready pipe (within [`HELPER_READY_TIMEOUT`]), with
+//!    rtnetlink: brings up loopback, disables IPv6, configures the
+//!    helper's tap device, installs one route per policy rule and one per
+//!    resolver, and reads the namespace back; then reads the filter back;
 //! 6. probes the policy's destinations and its resolvers;
 //! 7. answers with a [`NetworkReadinessAttestation`] built only from what it
 //!    observed, and exits.
@@ -35,6 +37,7 @@ mod probe;
 
 use std::os::fd::BorrowedFd;
 use std::process::ExitCode;
+use std::time::{Duration, Instant};
 
 use lazaret_proto::channel::{Endpoint, Received};
 use lazaret_proto::codec::{self, WireRecord};
@@ -53,6 +56,9 @@ use lazaret_proto::supervisor::FdIndex;
 use rustix::thread::CapabilitySet;
 
 type Channel = Endpoint<SidecarReport, SidecarRequest>;
+
+/// How long the connectivity helper may take to attach its device.
+pub const HELPER_READY_TIMEOUT: Duration = Duration::from_secs(10);
 
 fn failed(step: SidecarStep, detail: impl std::fmt::Display) -> SidecarError {
     SidecarError {
@@ -182,6 +188,7 @@ fn attest(
         parameters,
         namespace,
         policy,
+        helper_ready,
     } = request;
     let fd = |index: FdIndex| descriptor(fds, index);
     check_namespace(fd(namespace)?, parameters.probe.enforcement_namespace)?;
@@ -193,11 +200,15 @@ fn attest(
     link.validate()
         .map_err(|e| failed(SidecarStep::Request, format!("link: {e}")))?;
 
-    // The filter's `nft` runs while the routes are installed over
-    // netlink, and its readback while the probes run: each is its own
-    // process, and neither depends on the other's result.
-    let began = std::time::Instant::now();
+    // The filter's `nft` runs while the connectivity helper attaches and
+    // the routes are installed over netlink, and its readback while the
+    // probes run: each is its own process, and neither depends on the
+    // other's result. The filter needs no device; the routes need the
+    // helper's.
+    let began = Instant::now();
     let (filtering, list) = runs.install(&policy.expected_filter())?;
+    await_helper(fd(helper_ready)?)?;
+    let attached = began.elapsed();
     let readback = netlink_runtime()?.block_on(install::install(&policy, link));
     let filtered = filtering.finish();
     let readback = readback?;
@@ -207,6 +218,7 @@ fn attest(
     let probes = probe::run(&policy, link);
     let observed_filter = listing.rules()?;
     tracing::info!(
+        helper_wait_us = attached.as_micros() as u64,
         install_us = installed.as_micros() as u64,
         probes_us = (began.elapsed() - installed).as_micros() as u64,
         "policy installed, probed and read back"
@@ -231,6 +243,40 @@ fn attest(
         dns_observations: probes.dns,
         observed_at: UnixTimeNs::now(),
     })
+}
+
+/// Waits for the connectivity helper to write `1` to its ready pipe: its
+/// device is attached. End of file means it exited first.
+fn await_helper(ready: BorrowedFd<'_>) -> Result<(), SidecarError> {
+    let step = SidecarStep::Link;
+    let readable =
+        lazaret_proto::channel::readable_within(ready, HELPER_READY_TIMEOUT).map_err(|e| {
+            failed(
+                step,
+                format!("cannot wait for the connectivity helper: {e}"),
+            )
+        })?;
+    if !readable {
+        return Err(failed(
+            step,
+            format!(
+                "the connectivity helper did not attach within {} s",
+                HELPER_READY_TIMEOUT.as_secs()
+            ),
+        ));
+    }
+    let mut byte = [0u8; 1];
+    match rustix::io::read(ready, &mut byte) {
+        Ok(1) if byte[0] == b'1' => Ok(()),
+        Ok(_) => Err(failed(
+            step,
+            "the connectivity helper exited before it attached",
+        )),
+        Err(e) => Err(failed(
+            step,
+            format!("cannot read the connectivity helper's ready pipe: {e}"),
+        )),
+    }
 }
 
 /// Refuses to act with any capability but CAP_NET_ADMIN, or without it.

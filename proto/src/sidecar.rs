@@ -41,6 +41,10 @@ pub struct AttestRequest {
     /// The sealed memfd holding the encoded
     /// [`DerivedNetworkPolicy`](crate::network::DerivedNetworkPolicy).
     pub policy: FdIndex,
+    /// The read end of the connectivity helper's ready pipe, where the
+    /// helper writes `1` once its device is attached; end of file means
+    /// it exited first.
+    pub helper_ready: FdIndex,
 }
 
 /// What a read-back is asked for: the namespace it must run in and the
@@ -151,6 +155,7 @@ mod tests {
             },
             namespace: FdIndex(0),
             policy: FdIndex(1),
+            helper_ready: FdIndex(2),
         });
         round_trip(&request);
         assert_rejects_bad_envelopes(&request);

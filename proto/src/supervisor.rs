@@ -234,6 +234,10 @@ pub enum SupervisorRequest {
         parameters: AttestParameters,
         /// The sealed policy memfd.
         policy: FdIndex,
+        /// The read end of the connectivity helper's ready pipe: the
+        /// sidecar installs the filter while the helper attaches, and
+        /// configures the helper's device once it reads `1` there.
+        helper_ready: FdIndex,
     },
     /// Run the sandbox: the Host Coordinator accepted the attestation.
     RunSandbox,

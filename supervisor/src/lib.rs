@@ -14,8 +14,9 @@
 //! 5. reports the namespaces, with descriptors of the user and network
 //!    namespaces for the connectivity helper, and its own pidfd, at once:
 //!    the coordinator prepares the image and state meanwhile;
-//! 6. starts the first Network Sidecar, then serves the requests that come
-//!    before the sandbox runs, in the order they come: `Start` with the
+//! 6. starts the first Network Sidecar and the Workspace Router, then
+//!    serves the requests that come before the sandbox runs, in the order
+//!    they come: `Start` with the
 //!    [`SandboxPlan`] and its descriptors, and `AttestNetwork`, each on a
 //!    thread of its own, so that the plan is staged while the sidecar
 //!    attests;
@@ -26,8 +27,8 @@
 //!    and starts its Workspace Router, reports the router, and writes the
 //!    OCI bundle;
 //! 8. for `AttestNetwork`: hands the sidecar (in the enforcement
-//!    namespace, with CAP_NET_ADMIN alone) the policy and relays its
-//!    attestation;
+//!    namespace, with CAP_NET_ADMIN alone) the policy and the connectivity
+//!    helper's ready pipe, and relays its attestation;
 //! 9. on `RunSandbox`, and only with the plan staged and an attestation
 //!    relayed, runs `runsc run -detach`;
 //! 10. reports the pidfds of the runsc sandbox and gofer, which are now its
@@ -267,8 +268,10 @@ fn prepare_and_run(
     channel: &Channel,
     network: &Arc<OwnedFd>,
 ) -> Result<Option<Running>, SupervisorError> {
-    // The first sidecar starts now, while nothing is asked of it yet.
+    // The first sidecar and the router start now, while nothing is asked
+    // of them yet.
     let mut sidecar = Some(network::start_sidecar());
+    let mut router = Some(workspace::start_router());
     std::thread::scope(|scope| {
         let mut preparing: Option<std::thread::ScopedJoinHandle<'_, Option<Prepared>>> = None;
         let mut attesting: Option<std::thread::ScopedJoinHandle<'_, bool>> = None;
@@ -279,24 +282,39 @@ fn prepare_and_run(
                 .map_err(|e| failed(SupervisorStep::Request, chain(&e)))?;
             match message {
                 SupervisorRequest::Start(plan) if preparing.is_none() => {
+                    let router = router.take().unwrap_or_else(workspace::start_router);
                     preparing = Some(scope.spawn(move || {
-                        prepare(channel, &plan, &fds)
+                        prepare(channel, &plan, &fds, router)
                             .map_err(|error| report_failure(channel, error))
                             .ok()
                     }));
                 }
-                SupervisorRequest::AttestNetwork { parameters, policy } => {
-                    let policy = fd_at(&fds, policy)?.try_clone_to_owned().map_err(|e| {
-                        failed(SupervisorStep::Request, format!("the policy memfd: {e}"))
-                    })?;
+                SupervisorRequest::AttestNetwork {
+                    parameters,
+                    policy,
+                    helper_ready,
+                } => {
+                    let owned = |index: FdIndex, what: &str| {
+                        fd_at(&fds, index)?
+                            .try_clone_to_owned()
+                            .map_err(|e| failed(SupervisorStep::Request, format!("{what}: {e}")))
+                    };
+                    let policy = owned(policy, "the policy memfd")?;
+                    let helper_ready = owned(helper_ready, "the helper's ready pipe")?;
                     // One attestation at a time, in the order asked.
                     if let Some(earlier) = attesting.take() {
                         attested |= earlier.join().unwrap_or(false);
                     }
                     let started = sidecar.take().unwrap_or_else(network::start_sidecar);
-                    attesting = Some(
-                        scope.spawn(move || attest(channel, started, network, &policy, parameters)),
-                    );
+                    attesting = Some(scope.spawn(move || {
+                        attest(
+                            channel,
+                            started,
+                            network,
+                            [&policy, &helper_ready],
+                            parameters,
+                        )
+                    }));
                 }
                 SupervisorRequest::RunSandbox => {
                     if let Some(last) = attesting.take() {
@@ -336,11 +354,16 @@ fn attest(
     channel: &Channel,
     sidecar: Result<network::Sidecar, String>,
     network: &OwnedFd,
-    policy: &OwnedFd,
+    [policy, helper_ready]: [&OwnedFd; 2],
     parameters: lazaret_proto::sidecar::AttestParameters,
 ) -> bool {
-    let attested = sidecar
-        .and_then(|sidecar| network::attest(sidecar, parameters, network.as_fd(), policy.as_fd()));
+    let attested = sidecar.and_then(|sidecar| {
+        network::attest(
+            sidecar,
+            parameters,
+            [network, policy, helper_ready].map(AsFd::as_fd),
+        )
+    });
     match attested {
         Ok(attestation) => {
             let report = SupervisorReport::NetworkAttested(Box::new(attestation));
@@ -373,6 +396,7 @@ fn prepare(
     channel: &Channel,
     plan: &SandboxPlan,
     fds: &[OwnedFd],
+    router: Result<workspace::Router, String>,
 ) -> Result<Prepared, SupervisorError> {
     // The coordinator's descriptors name host mounts; reopen each mount
     // source as the same object inside the Domain mount namespace.
@@ -429,6 +453,7 @@ fn prepare(
     let staged = mounts::stage(runtime_dir, &sources, &plan.resolvers)
         .map_err(|e| failed(SupervisorStep::Mounts, chain(&e)))?;
     let routed = workspace::route(
+        router,
         &staged.workspace,
         workspace.as_fd(),
         isolated.as_fd(),

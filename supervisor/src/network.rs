@@ -4,8 +4,9 @@
 //! Owns the sidecar's launch: the binary beside the supervisor's own (the
 //! supervisor's install path, never `PATH`), inside the enforcement network
 //! namespace this process holds, with CAP_NET_ADMIN alone, its channel on
-//! standard input. It hands the sidecar the namespace descriptor and the
-//! Host Coordinator's sealed policy memfd, waits for the one report, and
+//! standard input. It hands the sidecar the namespace descriptor, the
+//! Host Coordinator's sealed policy memfd and the connectivity helper's
+//! ready pipe, waits for the one report, and
 //! reaps it. Trusts the Host Coordinator's request; does not trust the
 //! sidecar's report beyond relaying it (the Host Coordinator verifies it).
 
@@ -41,20 +42,21 @@ pub fn start_sidecar() -> Result<Sidecar, String> {
 }
 
 /// Runs `sidecar` on `policy` in `namespace`, the network namespace this
-/// process runs in, and returns its attestation, or why there is none.
+/// process runs in, with the connectivity helper's ready pipe, and
+/// returns its attestation, or why there is none.
 pub fn attest(
     sidecar: Sidecar,
     parameters: AttestParameters,
-    namespace: BorrowedFd<'_>,
-    policy: BorrowedFd<'_>,
+    [namespace, policy, helper_ready]: [BorrowedFd<'_>; 3],
 ) -> Result<NetworkReadinessAttestation, String> {
     let request = SidecarRequest::Attest(AttestRequest {
         parameters,
         namespace: FdIndex(0),
         policy: FdIndex(1),
+        helper_ready: FdIndex(2),
     });
     let result = sidecar
-        .send(&request, &[namespace, policy])
+        .send(&request, &[namespace, policy, helper_ready])
         .and_then(|()| sidecar.report(ATTEST_TIMEOUT))
         .and_then(|report| match report {
             SidecarReport::Attested(attestation) => Ok(*attestation),

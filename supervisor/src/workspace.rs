@@ -2,7 +2,8 @@
 //! `/workspace` is staged, served by the generation's Workspace Router.
 //!
 //! Owns the mount and the router's launch: `/dev/fuse` opened and mounted
-//! here, in the Domain mount namespace; the router started beside this
+//! here, in the Domain mount namespace; the router started (before the plan
+//! comes) beside this
 //! executable (never through `PATH`), in a network namespace of its own
 //! with no interface, with CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH and
 //! CAP_FOWNER alone; handed the connection, the host workspace, the
@@ -49,14 +50,26 @@ fn open_fuse() -> Result<OwnedFd, String> {
     })
 }
 
-/// Mounts the workspace at `target` and starts its router on `host`,
+/// A started Workspace Router, waiting for its one request.
+pub type Router = Helper<RouterRequest, RouterReport>;
+
+/// Starts a router. The supervisor starts it before the plan comes, so
+/// that serving the workspace does not wait for a process to start; one
+/// never sent a request exits when its channel closes.
+pub fn start_router() -> Result<Router, String> {
+    Router::start("lazaret-router", "the router", ROUTER_CAPABILITIES, true)
+}
+
+/// Mounts the workspace at `target` and has `router` serve it on `host`,
 /// `isolated` and the `rules` memfd.
 pub fn route(
+    router: Result<Router, String>,
     target: &Path,
     host: BorrowedFd<'_>,
     isolated: BorrowedFd<'_>,
     rules: BorrowedFd<'_>,
 ) -> Result<Routed, String> {
+    let router = router?;
     let fuse = open_fuse()?;
     let options = format!(
         "fd={},rootmode=40000,user_id=0,group_id=0,allow_other",
@@ -71,12 +84,6 @@ pub fn route(
     )
     .map_err(|e| chain(&e))?;
 
-    let router = Helper::<RouterRequest, RouterReport>::start(
-        "lazaret-router",
-        "the router",
-        ROUTER_CAPABILITIES,
-        true,
-    )?;
     let request = RouterRequest::Serve(ServeRequest {
         fuse: FdIndex(0),
         host: FdIndex(1),

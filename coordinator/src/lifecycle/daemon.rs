@@ -44,7 +44,6 @@ use lazaret_proto::ownership::{
     HelperOwnership, ParticipantOwnership, PreparedLowerOwnership, PublicationOwnership,
     SandboxOwnership, StateAnchorOwnership,
 };
-use lazaret_proto::process::PersistedHostProcessOwnership;
 use lazaret_proto::store::{Domain, Generation, GenerationState, ParticipantState};
 use lazaret_proto::trust::{GenerationIdentity, ProtocolCredential, TrustManifest};
 use rustix::fs::{Mode, OFlags};
@@ -549,6 +548,17 @@ fn begin_generation(
     Ok((generation, me))
 }
 
+/// What every start-up step of one generation works with.
+#[derive(Clone, Copy)]
+pub(super) struct Context<'a> {
+    pub(super) reporter: &'a Reporter,
+    pub(super) recorder: &'a Recorder,
+    pub(super) resolved: &'a ResolvedDomainConfiguration,
+    pub(super) generation: &'a Generation,
+    /// The generation's runtime directory, `gen-N`.
+    pub(super) generation_dir: &'a RetainedDir,
+}
+
 /// What a generation that is still starting holds, for stopping it if
 /// starting fails.
 #[derive(Default)]
@@ -714,7 +724,7 @@ fn bring_up(
     let container_id = ContainerId(session::random_bytes());
     // The supervisor's pid 1 holds the Domain namespaces; it is recorded
     // with the supervisor, which starts it at once.
-    let [mut helper, holder_record] = recorder.intents(
+    let [helper, holder_record] = recorder.intents(
         StartupStep::Sandbox,
         [Slot::SUPERVISOR, Slot::NAMESPACE_HOLDER].map(|slot| {
             (
@@ -732,9 +742,8 @@ fn bring_up(
             ..HelperOwnership::default()
         })
     };
-    helper.stage(supervisor_record(PersistedHostProcessOwnership::Staged(
-        supervisor.held.record(),
-    )))?;
+    // Nothing is waited for between its start and this record, so it is
+    // recorded as running at once (a pidfd names it already).
     helper.active_as(supervisor_record(supervisor.held.committed()))?;
 
     // While the image, state and workspace are prepared and the plan is
@@ -742,41 +751,23 @@ fn bring_up(
     // the supervisor reports it.
     let network_policy = planned.policy.clone();
     let helper_slot = &mut starting.helper;
+    let cx = Context {
+        reporter,
+        recorder: &recorder,
+        resolved,
+        generation,
+        generation_dir: &generation_dir,
+    };
     let (storage, network) = side_by_side(
         reporter,
         (StartupStep::Network, "attaching the network"),
+        || attach_network(cx, supervisor, holder_record, planned, helper_slot),
         || {
-            attach_network(
-                reporter,
-                &recorder,
-                generation,
-                resolved,
-                supervisor,
-                holder_record,
-                planned,
-                &generation_dir,
-                helper_slot,
-            )
-        },
-        || {
-            prepare_storage(
-                reporter,
-                owned,
-                resolved,
-                generation,
-                &recorder,
-                &source,
-                &generation_dir,
-                rules,
-            )
-            .and_then(|storage| {
+            prepare_storage(cx, owned, &source, rules).and_then(|storage| {
                 send_plan(
-                    resolved,
-                    generation,
-                    &recorder,
+                    cx,
                     supervisor,
                     storage,
-                    &generation_dir,
                     &runsc,
                     container_id,
                     &network_policy,
@@ -794,13 +785,16 @@ fn bring_up(
     // While the router and the attestation are awaited, the control and
     // session sockets are published: no session is served before `up` has
     // finished, so a client that connects early waits.
+    let helper = starting.helper.as_ref();
     let (network, published) = side_by_side(
         reporter,
         (StartupStep::Sandbox, "publishing the sessions"),
         || publish(resolved, generation, &recorder),
         || {
             reporter.progress(StartupStep::Workspace, "starting the Workspace Router");
-            let (routed, attestation) = supervisor.two_reports()?;
+            let (routed, attestation) = supervisor
+                .two_reports()
+                .map_err(|failure| helper_failed(failure, helper))?;
             let routed = super::workspace::routed(resolved, storage.workspace, routed)?;
             let network = super::network::verify(reporter, requested, attestation)?;
             Ok((routed, network))
@@ -865,6 +859,20 @@ fn bring_up(
     })
 }
 
+/// A network failure the connectivity helper's exit explains says so, with
+/// what the helper wrote: the sidecar sees only that it never attached.
+fn helper_failed(mut failure: Failure, helper: Option<&ConnectivityHelper>) -> Failure {
+    if failure.step == StartupStep::Network
+        && let Some(why) = helper.and_then(ConnectivityHelper::explain)
+    {
+        failure.message = format!(
+            "the connectivity helper could not attach: {why} ({})",
+            failure.message
+        );
+    }
+    failure
+}
+
 /// Runs `side` on a thread of its own, in this thread's span, while `main`
 /// runs here, and returns both results once both are done. A `side` that
 /// panics fails `step`, naming `what`.
@@ -904,17 +912,19 @@ struct Storage {
 
 /// Leases the image, makes the State Anchor directories and prepares the
 /// workspace routing, recording each.
-#[allow(clippy::too_many_arguments)]
 fn prepare_storage(
-    reporter: &Reporter,
+    cx: Context<'_>,
     owned: &Owned,
-    resolved: &ResolvedDomainConfiguration,
-    generation: &Generation,
-    recorder: &Recorder,
     source: &crate::image::ImageSource,
-    generation_dir: &RetainedDir,
     rules: super::workspace::Rules,
 ) -> Result<Storage, Failure> {
+    let Context {
+        reporter,
+        recorder,
+        resolved,
+        generation,
+        generation_dir,
+    } = cx;
     let auth = resolved.authorities();
     let uid = rustix::process::getuid().as_raw();
     // The image, leased for this generation.
@@ -1016,18 +1026,21 @@ struct Planned {
 }
 
 /// Records the sandbox's intent and sends the supervisor its plan.
-#[allow(clippy::too_many_arguments)]
 fn send_plan(
-    resolved: &ResolvedDomainConfiguration,
-    generation: &Generation,
-    recorder: &Recorder,
+    cx: Context<'_>,
     supervisor: &Supervisor,
     storage: Storage,
-    generation_dir: &RetainedDir,
     runsc: &Path,
     container_id: ContainerId,
     policy: &lazaret_proto::network::DerivedNetworkPolicy,
 ) -> Result<Planned, Failure> {
+    let Context {
+        recorder,
+        resolved,
+        generation,
+        generation_dir,
+        ..
+    } = cx;
     // The sandbox.
     let sandbox_record = SandboxOwnership {
         container_id: Some(container_id),
@@ -1073,16 +1086,11 @@ fn send_plan(
 /// Takes the namespaces the supervisor reports, records their holder,
 /// attaches the connectivity helper to the enforcement namespace, and asks
 /// for the policy's attestation.
-#[allow(clippy::too_many_arguments)]
 fn attach_network(
-    reporter: &Reporter,
-    recorder: &Recorder,
-    generation: &Generation,
-    resolved: &ResolvedDomainConfiguration,
+    cx: Context<'_>,
     supervisor: &Supervisor,
     holder_record: super::record::Intent,
     planned: PlannedNetwork,
-    generation_dir: &RetainedDir,
     helper: &mut Option<ConnectivityHelper>,
 ) -> Result<(super::supervisor::Namespaces, super::network::Requested), Failure> {
     let namespaces = supervisor.namespaces()?;
@@ -1090,22 +1098,7 @@ fn attach_network(
         runtime_supervisor: namespaces.holder.committed(),
         ..HelperOwnership::default()
     }))?;
-    let attached = super::network::attach(
-        reporter,
-        recorder,
-        &namespaces,
-        planned,
-        generation_dir,
-        helper,
-    )?;
-    let requested = super::network::request(
-        reporter,
-        generation,
-        resolved,
-        supervisor,
-        &namespaces,
-        attached,
-    )?;
+    let requested = super::network::attach(cx, supervisor, &namespaces, planned, helper)?;
     Ok((namespaces, requested))
 }
 

@@ -2,9 +2,10 @@
 //! namespaces existing and the sandbox running.
 //!
 //! Owns the order that makes the attestation mean something: the network
-//! participant and the helper are recorded before anything starts;
-//! slirp4netns attaches to the enforcement namespace; the supervisor's
-//! Network Sidecar installs the sealed policy and probes it; the
+//! participant and the helper are recorded before anything starts; the
+//! supervisor's Network Sidecar installs the sealed policy's packet filter
+//! while slirp4netns attaches to the enforcement namespace, then its
+//! routes once slirp4netns is attached, and probes them; the
 //! attestation is verified against the identity this coordinator expects
 //! (Domain, generation, sidecar, policy digest, namespace) and the policy
 //! itself, and only then recorded. Trusts the supervisor's namespace
@@ -16,7 +17,7 @@ use std::os::fd::AsFd;
 use lazaret_proto::control::{NetworkRecheck, NetworkStatus, StartupStep};
 
 use crate::network::PlannedNetwork;
-use lazaret_proto::ids::{NetworkSidecarId, Sha256Digest};
+use lazaret_proto::ids::NetworkSidecarId;
 use lazaret_proto::network::{
     ConnectivityLink, DnsOutcome, NetworkReachabilityProbe, NetworkReadinessAttestation,
     NetworkReadinessIdentity, NetworkReadinessIdentitySchemaId,
@@ -24,44 +25,54 @@ use lazaret_proto::network::{
 use lazaret_proto::ownership::{HelperOwnership, NetworkOwnership, ParticipantOwnership};
 use lazaret_proto::process::{PersistedHostProcessOwnership, PidfsProcessIdentityV1};
 use lazaret_proto::sidecar::AttestParameters;
-use lazaret_proto::store::Generation;
 
-use super::daemon::{Failure, Reporter, at, failure};
-use super::record::{Intent, Recorder};
+use super::daemon::{Context, Failure, Reporter, at, failure};
+use super::record::Intent;
 use super::supervisor::{Namespaces, Supervisor};
-use crate::config::{ResolvedDomainConfiguration, RetainedDir};
 use crate::network::{ConnectivityHelper, policy_memfd};
 use crate::session;
 use crate::store::Slot;
 
 const STEP: StartupStep = StartupStep::Network;
 
-/// The network between its connectivity helper attaching and its policy
-/// being attested: what [`attest`] goes on with.
-pub(super) struct Attached {
-    planned: PlannedNetwork,
-    policy_digest: Sha256Digest,
+/// The network once its attestation is asked for: what [`verify`] checks
+/// the attestation against.
+pub(super) struct Requested {
+    policy: lazaret_proto::network::DerivedNetworkPolicy,
+    platform_deny: Vec<lazaret_proto::network::IpPrefix>,
+    expected: NetworkReadinessIdentity,
     network: NetworkOwnership,
     network_intent: Intent,
-    network_sidecar_id: NetworkSidecarId,
     link: ConnectivityLink,
     helper: PidfsProcessIdentityV1,
 }
 
-/// Records the network participant and the helper, and attaches
-/// slirp4netns to the enforcement namespace. The helper is left in
-/// `helper` as soon as it runs, so a failure later still stops it. Nothing
-/// of the sandbox runs yet: the policy is installed by [`attest`] before
-/// it does.
+/// Records the network participant and the helper, asks the supervisor's
+/// Network Sidecar to install the policy and attest it, and starts
+/// slirp4netns on the enforcement namespace. The sidecar installs the
+/// packet filter while slirp4netns attaches, and configures its device
+/// once slirp4netns says, on the ready pipe the sidecar holds, that it is
+/// attached; the attestation comes while the supervisor stages the plan.
+/// The helper is left in `helper` as soon as it runs, so a failure later
+/// still stops it. Nothing of the sandbox runs yet.
 pub(super) fn attach(
-    reporter: &Reporter,
-    recorder: &Recorder,
+    cx: Context<'_>,
+    supervisor: &Supervisor,
     namespaces: &Namespaces,
-    planned: PlannedNetwork,
-    generation_dir: &RetainedDir,
+    PlannedNetwork {
+        policy,
+        platform_deny,
+    }: PlannedNetwork,
     helper: &mut Option<ConnectivityHelper>,
-) -> Result<Attached, Failure> {
-    let policy_digest = planned.policy.digest().map_err(|e| at(STEP)(&e))?;
+) -> Result<Requested, Failure> {
+    let Context {
+        reporter,
+        recorder,
+        resolved,
+        generation,
+        generation_dir,
+    } = cx;
+    let policy_digest = policy.digest().map_err(|e| at(STEP)(&e))?;
     let network = NetworkOwnership {
         derived_policy_digest: Some(policy_digest),
         enforcement_namespace: Some(namespaces.network_namespace),
@@ -76,7 +87,7 @@ pub(super) fn attach(
             ..HelperOwnership::default()
         })
     };
-    let [network_intent, mut helper_intent] = recorder.intents(
+    let [network_intent, helper_intent] = recorder.intents(
         STEP,
         [
             (
@@ -90,74 +101,6 @@ pub(super) fn attach(
         ],
     )?;
 
-    reporter.progress(STEP, "attaching slirp4netns to the enforcement namespace");
-    let link = ConnectivityLink::slirp4netns();
-    let started = ConnectivityHelper::start(
-        namespaces.user_fd.as_fd(),
-        namespaces.network_fd.as_fd(),
-        &link,
-        generation_dir.fd(),
-        |held| {
-            helper_intent
-                .stage(helper_record(PersistedHostProcessOwnership::Staged(
-                    held.record(),
-                )))
-                .map_err(|f| f.message)
-        },
-    )
-    .map_err(|message| {
-        failure(
-            STEP,
-            format!("the connectivity helper could not attach: {message}"),
-        )
-    })?;
-    let running = helper.insert(started);
-    helper_intent.active_as(helper_record(running.held.committed()))?;
-    Ok(Attached {
-        planned,
-        policy_digest,
-        network,
-        network_intent,
-        network_sidecar_id,
-        link,
-        helper: running.held.identity,
-    })
-}
-
-/// The network once its attestation is asked for: what [`verify`] checks
-/// the attestation against.
-pub(super) struct Requested {
-    policy: lazaret_proto::network::DerivedNetworkPolicy,
-    platform_deny: Vec<lazaret_proto::network::IpPrefix>,
-    expected: NetworkReadinessIdentity,
-    network: NetworkOwnership,
-    network_intent: Intent,
-    link: ConnectivityLink,
-    helper: PidfsProcessIdentityV1,
-}
-
-/// Asks the supervisor's Network Sidecar to install the policy and attest
-/// it; the attestation comes while the supervisor stages the plan.
-pub(super) fn request(
-    reporter: &Reporter,
-    generation: &Generation,
-    resolved: &ResolvedDomainConfiguration,
-    supervisor: &Supervisor,
-    namespaces: &Namespaces,
-    attached: Attached,
-) -> Result<Requested, Failure> {
-    let Attached {
-        planned: PlannedNetwork {
-            policy,
-            platform_deny,
-        },
-        policy_digest,
-        network,
-        network_intent,
-        network_sidecar_id,
-        link,
-        helper,
-    } = attached;
     reporter.progress(STEP, "installing and attesting the policy");
     let expected = NetworkReadinessIdentity {
         schema_id: NetworkReadinessIdentitySchemaId,
@@ -167,7 +110,10 @@ pub(super) fn request(
         derived_policy_digest: policy_digest,
         enforcement_namespace: namespaces.network_namespace,
     };
+    let link = ConnectivityLink::slirp4netns();
     let memfd = policy_memfd(&policy).map_err(|m| failure(STEP, m))?;
+    let (ready_read, ready_write) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
+        .map_err(|e| failure(STEP, format!("cannot make a pipe: {e}")))?;
     supervisor.request_attestation(
         AttestParameters {
             probe: NetworkReachabilityProbe {
@@ -179,7 +125,26 @@ pub(super) fn request(
             link: link.clone(),
         },
         memfd.as_fd(),
+        ready_read.as_fd(),
     )?;
+    drop(ready_read);
+
+    reporter.progress(STEP, "attaching slirp4netns to the enforcement namespace");
+    let started = ConnectivityHelper::start(
+        namespaces.user_fd.as_fd(),
+        namespaces.network_fd.as_fd(),
+        &link,
+        generation_dir.fd(),
+        ready_write,
+    )
+    .map_err(|message| {
+        failure(
+            STEP,
+            format!("the connectivity helper could not attach: {message}"),
+        )
+    })?;
+    let running = helper.insert(started);
+    helper_intent.active_as(helper_record(running.held.committed()))?;
     Ok(Requested {
         policy,
         platform_deny,
@@ -187,7 +152,7 @@ pub(super) fn request(
         network,
         network_intent,
         link,
-        helper,
+        helper: running.held.identity,
     })
 }
 

@@ -90,13 +90,6 @@ impl Intent {
             .map_err(|e| at(self.step)(&e))
     }
 
-    /// Records more of the participant while it is still being created (a
-    /// process staged before it is proven to be the one intended).
-    pub(super) fn stage(&mut self, ownership: ParticipantOwnership) -> Result<(), Failure> {
-        self.participant.ownership = ownership;
-        self.put()
-    }
-
     /// Records the participant as created and active, owned as intended.
     pub(super) fn active(self) -> Result<(), Failure> {
         let ownership = self.participant.ownership.clone();
@@ -181,17 +174,12 @@ mod tests {
         assert_eq!(then.state, ParticipantState::Active);
         assert_eq!(then.ownership, publication("/run/a.sock"));
 
-        let mut lower = recorder
+        let lower = recorder
             .intent(
                 Slot::PREPARED_LOWER,
                 StartupStep::Image,
                 ParticipantOwnership::PreparedLower(PreparedLowerOwnership::default()),
             )
-            .unwrap();
-        lower
-            .stage(ParticipantOwnership::PreparedLower(
-                PreparedLowerOwnership::default(),
-            ))
             .unwrap();
         assert_eq!(
             recorded(&store, Slot::PREPARED_LOWER).state,

@@ -195,19 +195,23 @@ impl Supervisor {
     }
 
     /// Asks the supervisor's Network Sidecar to install the policy (a
-    /// sealed memfd) and attest it in the enforcement namespace; the
-    /// attestation comes as a report (see [`Supervisor::two_reports`]).
+    /// sealed memfd) and attest it in the enforcement namespace once the
+    /// connectivity helper writes to its ready pipe (`helper_ready`, the
+    /// read end); the attestation comes as a report (see
+    /// [`Supervisor::two_reports`]).
     pub(super) fn request_attestation(
         &self,
         parameters: AttestParameters,
         policy: BorrowedFd<'_>,
+        helper_ready: BorrowedFd<'_>,
     ) -> Result<(), Failure> {
         let request = SupervisorRequest::AttestNetwork {
             parameters,
             policy: FdIndex(0),
+            helper_ready: FdIndex(1),
         };
         self.channel
-            .send(&request, &[policy])
+            .send(&request, &[policy, helper_ready])
             .map_err(|e| at(StartupStep::Network)(&e))
     }
 
