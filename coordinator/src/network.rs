@@ -257,12 +257,12 @@ impl ConnectivityHelper {
         })
     }
 
-    /// Why it failed to attach, if it has exited: what it wrote. Its ready
-    /// pipe closes a moment before its pidfd reports the exit, so a failure
-    /// seen there gives it a little time.
+    /// Why it failed to attach, if it has exited: what it wrote. Asked once
+    /// a failure has come back through the sidecar and the supervisor, long
+    /// after its pidfd reported the exit that closed its ready pipe, so
+    /// this does not wait.
     pub fn explain(&self) -> Option<String> {
-        let exited =
-            wait_exit(self.held.pidfd.as_fd(), Duration::from_millis(200)).unwrap_or(false);
+        let exited = wait_exit(self.held.pidfd.as_fd(), Duration::ZERO).unwrap_or(false);
         exited.then(|| format!("slirp4netns exited{}", output_of(&self.log)))
     }
 

@@ -65,13 +65,6 @@ pub(super) fn attach(
     }: PlannedNetwork,
     helper: &mut Option<ConnectivityHelper>,
 ) -> Result<Requested, Failure> {
-    let Context {
-        reporter,
-        recorder,
-        resolved,
-        generation,
-        generation_dir,
-    } = cx;
     let policy_digest = policy.digest().map_err(|e| at(STEP)(&e))?;
     let network = NetworkOwnership {
         derived_policy_digest: Some(policy_digest),
@@ -87,7 +80,7 @@ pub(super) fn attach(
             ..HelperOwnership::default()
         })
     };
-    let [network_intent, helper_intent] = recorder.intents(
+    let [network_intent, helper_intent] = cx.recorder.intents(
         STEP,
         [
             (
@@ -101,11 +94,12 @@ pub(super) fn attach(
         ],
     )?;
 
-    reporter.progress(STEP, "installing and attesting the policy");
+    cx.reporter
+        .progress(STEP, "installing and attesting the policy");
     let expected = NetworkReadinessIdentity {
         schema_id: NetworkReadinessIdentitySchemaId,
-        domain_id: resolved.domain_id(),
-        generation_id: generation.generation_id,
+        domain_id: cx.resolved.domain_id(),
+        generation_id: cx.generation.generation_id,
         network_sidecar_id,
         derived_policy_digest: policy_digest,
         enforcement_namespace: namespaces.network_namespace,
@@ -129,12 +123,13 @@ pub(super) fn attach(
     )?;
     drop(ready_read);
 
-    reporter.progress(STEP, "attaching slirp4netns to the enforcement namespace");
+    cx.reporter
+        .progress(STEP, "attaching slirp4netns to the enforcement namespace");
     let started = ConnectivityHelper::start(
         namespaces.user_fd.as_fd(),
         namespaces.network_fd.as_fd(),
         &link,
-        generation_dir.fd(),
+        cx.generation_dir.fd(),
         ready_write,
     )
     .map_err(|message| {
