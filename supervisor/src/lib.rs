@@ -23,9 +23,10 @@
 //! 7. for `Start`: reopens every descriptor inside the Domain mount
 //!    namespace, checking each is the object the coordinator opened;
 //!    stages the filesystem (root overlay, State Anchor overlays, volumes,
-//!    control area) on a private tmpfs, mounts the routed workspace there
-//!    and starts its Workspace Router, reports the router, and writes the
-//!    OCI bundle;
+//!    control area) on a private tmpfs while, beside it, the routed
+//!    workspace's mount is made detached and its Workspace Router starts
+//!    serving it; attaches that mount in the staging, reports the router,
+//!    and writes the OCI bundle;
 //! 8. for `AttestNetwork`: hands the sidecar (in the enforcement
 //!    namespace, with CAP_NET_ADMIN alone) the policy and the connectivity
 //!    helper's ready pipe, and relays its attestation;
@@ -450,16 +451,32 @@ fn prepare(
     let runtime_dir = Path::new(plan.runtime_dir.as_os_str());
     let runsc = PathBuf::from(plan.runsc.as_os_str());
 
-    let staged = mounts::stage(runtime_dir, &sources, &plan.resolvers)
-        .map_err(|e| failed(SupervisorStep::Mounts, chain(&e)))?;
-    let routed = workspace::route(
-        router,
-        &staged.workspace,
-        workspace.as_fd(),
-        isolated.as_fd(),
-        fd_at(fds, plan.workspace_rules)?,
-    )
-    .map_err(|detail| failed(SupervisorStep::Workspace, detail))?;
+    // The router serves the workspace's mount, attached nowhere yet,
+    // while the rest is staged.
+    let (staged, served) = std::thread::scope(|scope| {
+        let serving = scope.spawn(|| {
+            workspace::serve(
+                router,
+                workspace.as_fd(),
+                isolated.as_fd(),
+                fd_at(fds, plan.workspace_rules)?,
+            )
+            .map_err(|detail| failed(SupervisorStep::Workspace, detail))
+        });
+        let staged = mounts::stage(runtime_dir, &sources, &plan.resolvers)
+            .map_err(|e| failed(SupervisorStep::Mounts, chain(&e)));
+        let served = serving.join().unwrap_or_else(|_| {
+            Err(failed(
+                SupervisorStep::Workspace,
+                "serving the workspace failed unexpectedly (its thread panicked)",
+            ))
+        });
+        (staged, served)
+    });
+    let staged = staged?;
+    let routed = served?
+        .attach(&staged.workspace)
+        .map_err(|detail| failed(SupervisorStep::Workspace, detail))?;
     let report = SupervisorReport::WorkspaceRouted {
         router: FdIndex(0),
         summary: routed.summary,

@@ -471,7 +471,7 @@ pub fn stage(
         anchors.push((anchor.sandbox_path.to_owned(), target));
     }
 
-    // The routed workspace is mounted here by `workspace::route`.
+    // The routed workspace is attached here by `workspace::Served::attach`.
     let workspace = scratch.join("workspace");
     create_dir(&workspace)?;
 

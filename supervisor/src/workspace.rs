@@ -2,7 +2,9 @@
 //! `/workspace` is staged, served by the generation's Workspace Router.
 //!
 //! Owns the mount and the router's launch: `/dev/fuse` opened and mounted
-//! here, in the Domain mount namespace; the router started (before the plan
+//! here, in the Domain mount namespace (detached while the rest of the
+//! plan is staged, then attached where `/workspace` is staged); the router
+//! started (before the plan
 //! comes) beside this
 //! executable (never through `PATH`), in a network namespace of its own
 //! with no interface, with CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH and
@@ -17,13 +19,12 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::Path;
 use std::time::Duration;
 
-use lazaret_proto::error_chain as chain;
 use lazaret_proto::router::{
     ROUTER_CAPABILITIES, RouterReport, RouterRequest, RoutingSummary, ServeRequest,
 };
 use lazaret_proto::supervisor::FdIndex;
 use rustix::fs::{Mode, OFlags};
-use rustix::mount::MountFlags;
+use rustix::mount::{FsMountFlags, FsOpenFlags, MountAttrFlags, MoveMountFlags};
 
 use crate::helper::Helper;
 
@@ -60,29 +61,48 @@ pub fn start_router() -> Result<Router, String> {
     Router::start("lazaret-router", "the router", ROUTER_CAPABILITIES, true)
 }
 
-/// Mounts the workspace at `target` and has `router` serve it on `host`,
-/// `isolated` and the `rules` memfd.
-pub fn route(
+/// The workspace's FUSE mount, served and not yet attached anywhere.
+#[derive(Debug)]
+pub struct Served {
+    /// The detached mount (`fsmount`).
+    mount: OwnedFd,
+    /// The router serving it.
+    routed: Routed,
+}
+
+impl Served {
+    /// Attaches the mount at `target`; the router that serves it.
+    pub fn attach(self, target: &Path) -> Result<Routed, String> {
+        rustix::mount::move_mount(
+            self.mount.as_fd(),
+            "",
+            rustix::fs::CWD,
+            target,
+            MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH,
+        )
+        .map_err(|e| {
+            format!(
+                "cannot attach the routed workspace at {}: {e}",
+                target.display()
+            )
+        })?;
+        Ok(self.routed)
+    }
+}
+
+/// Makes the workspace's FUSE mount, detached (so that it is made while
+/// the rest is staged), and has `router` serve it on `host`, `isolated`
+/// and the `rules` memfd.
+pub fn serve(
     router: Result<Router, String>,
-    target: &Path,
     host: BorrowedFd<'_>,
     isolated: BorrowedFd<'_>,
     rules: BorrowedFd<'_>,
-) -> Result<Routed, String> {
+) -> Result<Served, String> {
     let router = router?;
     let fuse = open_fuse()?;
-    let options = format!(
-        "fd={},rootmode=40000,user_id=0,group_id=0,allow_other",
-        fuse.as_raw_fd()
-    );
-    crate::mounts::mount(
-        "the routed workspace",
-        target,
-        "fuse",
-        MountFlags::NOSUID | MountFlags::NODEV,
-        &options,
-    )
-    .map_err(|e| chain(&e))?;
+    let mount = detached_mount(fuse.as_fd())
+        .map_err(|e| format!("cannot mount the routed workspace: {e}"))?;
 
     let request = RouterRequest::Serve(ServeRequest {
         fuse: FdIndex(0),
@@ -104,5 +124,29 @@ pub fn route(
             error.step, error.detail
         )),
     });
-    router.keep_if_ok(result)
+    router
+        .keep_if_ok(result)
+        .map(|routed| Served { mount, routed })
+}
+
+/// A FUSE superblock on the connection `fuse`, as a mount attached
+/// nowhere: `nosuid`, `nodev`, every file as root's to the kernel (the
+/// router decides access), open to the sandbox's other users.
+fn detached_mount(fuse: BorrowedFd<'_>) -> rustix::io::Result<OwnedFd> {
+    let context = rustix::mount::fsopen("fuse", FsOpenFlags::FSOPEN_CLOEXEC)?;
+    for (key, value) in [
+        ("fd", fuse.as_raw_fd().to_string()),
+        ("rootmode", "40000".to_owned()),
+        ("user_id", "0".to_owned()),
+        ("group_id", "0".to_owned()),
+    ] {
+        rustix::mount::fsconfig_set_string(context.as_fd(), key, value)?;
+    }
+    rustix::mount::fsconfig_set_flag(context.as_fd(), "allow_other")?;
+    rustix::mount::fsconfig_create(context.as_fd())?;
+    rustix::mount::fsmount(
+        context.as_fd(),
+        FsMountFlags::FSMOUNT_CLOEXEC,
+        MountAttrFlags::MOUNT_ATTR_NOSUID | MountAttrFlags::MOUNT_ATTR_NODEV,
+    )
 }
