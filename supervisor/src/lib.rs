@@ -468,7 +468,7 @@ fn prepare(
         let served = serving.join().unwrap_or_else(|_| {
             Err(failed(
                 SupervisorStep::Workspace,
-                "serving the workspace failed unexpectedly (its thread panicked)",
+                "serving the workspace failed unexpectedly (its thread panicked); see the Domain log",
             ))
         });
         (staged, served)

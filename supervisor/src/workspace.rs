@@ -4,10 +4,8 @@
 //! Owns the mount and the router's launch: `/dev/fuse` opened and mounted
 //! here, in the Domain mount namespace (detached while the rest of the
 //! plan is staged, then attached where `/workspace` is staged); the router
-//! started (before the plan
-//! comes) beside this
-//! executable (never through `PATH`), in a network namespace of its own
-//! with no interface, with CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH and
+//! started (before the plan comes) beside this executable (never through
+//! `PATH`), in a network namespace of its own with no interface, with CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH and
 //! CAP_FOWNER alone; handed the connection, the host workspace, the
 //! Domain's isolated directory and the sealed rules memfd over its
 //! channel. This process then closes its own copy of the connection, so
@@ -101,8 +99,13 @@ pub fn serve(
 ) -> Result<Served, String> {
     let router = router?;
     let fuse = open_fuse()?;
-    let mount = detached_mount(fuse.as_fd())
-        .map_err(|e| format!("cannot mount the routed workspace: {e}"))?;
+    let mount = detached_mount(fuse.as_fd()).map_err(|(call, e)| {
+        format!(
+            "cannot mount the routed workspace: {call} failed ({e}); the workspace is \
+             mounted with the kernel's mount API (fsopen, fsconfig, fsmount: Linux 5.2 \
+             or later), as FUSE in the Domain user namespace"
+        )
+    })?;
 
     let request = RouterRequest::Serve(ServeRequest {
         fuse: FdIndex(0),
@@ -131,22 +134,26 @@ pub fn serve(
 
 /// A FUSE superblock on the connection `fuse`, as a mount attached
 /// nowhere: `nosuid`, `nodev`, every file as root's to the kernel (the
-/// router decides access), open to the sandbox's other users.
-fn detached_mount(fuse: BorrowedFd<'_>) -> rustix::io::Result<OwnedFd> {
-    let context = rustix::mount::fsopen("fuse", FsOpenFlags::FSOPEN_CLOEXEC)?;
-    for (key, value) in [
-        ("fd", fuse.as_raw_fd().to_string()),
-        ("rootmode", "40000".to_owned()),
-        ("user_id", "0".to_owned()),
-        ("group_id", "0".to_owned()),
+/// router decides access), open to the sandbox's other users. A failure
+/// names the call that failed.
+fn detached_mount(fuse: BorrowedFd<'_>) -> Result<OwnedFd, (&'static str, rustix::io::Errno)> {
+    let context = rustix::mount::fsopen("fuse", FsOpenFlags::FSOPEN_CLOEXEC)
+        .map_err(|e| ("fsopen(\"fuse\")", e))?;
+    for (call, key, value) in [
+        ("fsconfig(fd)", "fd", fuse.as_raw_fd().to_string()),
+        ("fsconfig(rootmode)", "rootmode", "40000".to_owned()),
+        ("fsconfig(user_id)", "user_id", "0".to_owned()),
+        ("fsconfig(group_id)", "group_id", "0".to_owned()),
     ] {
-        rustix::mount::fsconfig_set_string(context.as_fd(), key, value)?;
+        rustix::mount::fsconfig_set_string(context.as_fd(), key, value).map_err(|e| (call, e))?;
     }
-    rustix::mount::fsconfig_set_flag(context.as_fd(), "allow_other")?;
-    rustix::mount::fsconfig_create(context.as_fd())?;
+    rustix::mount::fsconfig_set_flag(context.as_fd(), "allow_other")
+        .map_err(|e| ("fsconfig(allow_other)", e))?;
+    rustix::mount::fsconfig_create(context.as_fd()).map_err(|e| ("fsconfig(CREATE)", e))?;
     rustix::mount::fsmount(
         context.as_fd(),
         FsMountFlags::FSMOUNT_CLOEXEC,
         MountAttrFlags::MOUNT_ATTR_NOSUID | MountAttrFlags::MOUNT_ATTR_NODEV,
     )
+    .map_err(|e| ("fsmount", e))
 }
