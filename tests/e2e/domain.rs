@@ -586,6 +586,37 @@ fn volumes() -> Result {
         .and_then(|a| a.iter().find(|p| p["sandbox_path"] == "/root"))
         .ok_or(format!("no /root upper in {storage}"))?;
     assert!(root["bytes"].as_u64() >= Some(3 << 20), "{storage}");
+
+    // `up` reports without walking the State Anchor (which would delay it
+    // by up to 200 ms): its final status has the ephemeral upper's figure
+    // alone, and `status` walks.
+    down(&host, &ws)?;
+    let out = host.lazaret(&ws, &["up", "p", "--json"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let ready: Value = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .last()
+        .and_then(|line| serde_json::from_str(line).ok())
+        .ok_or(format!("no outcome line: {}", text(&out)))?;
+    assert_eq!(ready["event"], "ready", "{ready}");
+    let storage = &ready["status"]["storage"];
+    assert_eq!(
+        storage["persistent_uppers"],
+        serde_json::json!([]),
+        "{ready}"
+    );
+    assert_eq!(
+        storage["ephemeral_upper"]["size_bytes"],
+        1u64 << 30,
+        "{ready}"
+    );
+    let storage = host.status(&ws, "p").ok_or("not running")?["storage"].clone();
+    assert!(
+        storage["persistent_uppers"].as_array().is_some_and(|a| a
+            .iter()
+            .any(|p| p["sandbox_path"] == "/root" && p["bytes"].as_u64() >= Some(3 << 20))),
+        "{storage}"
+    );
     down(&host, &ws)?;
     Ok(())
 }

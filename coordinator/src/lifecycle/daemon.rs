@@ -508,6 +508,7 @@ pub fn start(args: Args) -> ExitCode {
         &generation,
         Vec::new(),
         lazaret_proto::control::NetworkRecheck::NotChecked,
+        super::usage::Walk::EphemeralOnly,
     );
     reporter.finish_phase();
     reporter.send(StartupEvent::Ready(Box::new(status)));
@@ -628,6 +629,7 @@ impl Live {
         generation: &Generation,
         sessions: Vec<lazaret_proto::control::SessionSummary>,
         recheck: lazaret_proto::control::NetworkRecheck,
+        walk: super::usage::Walk,
     ) -> DomainStatus {
         DomainStatus {
             domain_id: resolved.domain_id(),
@@ -651,7 +653,7 @@ impl Live {
                 ..self.network.clone()
             },
             workspace_routing: self.workspace.clone(),
-            storage: self.uppers.measure(self.holder.identity.host_pid),
+            storage: self.uppers.measure(self.holder.identity.host_pid, walk),
         }
     }
 }

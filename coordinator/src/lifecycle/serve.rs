@@ -386,7 +386,13 @@ fn answer(
     if waiting.is_empty() {
         return;
     }
-    let status = live.status(resolved, generation, hub.sessions(), recheck.clone());
+    let status = live.status(
+        resolved,
+        generation,
+        hub.sessions(),
+        recheck.clone(),
+        super::usage::Walk::Persistent,
+    );
     for peer in waiting.drain(..) {
         let response = ControlResponse::Status(Box::new(status.clone()));
         tokio::spawn(async move {
