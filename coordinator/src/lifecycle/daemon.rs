@@ -699,9 +699,9 @@ fn bring_up(
         .map_err(|message| failure(StartupStep::Network, message))?;
     let planned = PlannedNetwork::new(resolved.network(), &host_addresses)
         .map_err(|message| invalid(StartupStep::Network, message))?;
-    // So do the workspace's git rules, a host program the sandbox could
-    // replace, and an image reference that is not one.
-    let rules = super::workspace::take_rules(reporter, resolved)?;
+    // So do a host program the sandbox could replace and an image
+    // reference that is not one. The workspace's git rules, which take a
+    // walk of the workspace, are taken below, while the rest starts.
     let source = parse_reference(&resolved.record().image)
         .map_err(|e| invalid(StartupStep::Image, chain(&e)))?;
     programs_outside_the_sandbox(auth)
@@ -765,15 +765,23 @@ fn bring_up(
         (StartupStep::Network, "attaching the network"),
         || attach_network(cx, supervisor, holder_record, planned, helper_slot),
         || {
-            prepare_storage(cx, owned, &source, rules).and_then(|storage| {
-                send_plan(
-                    cx,
-                    supervisor,
-                    storage,
-                    &runsc,
-                    container_id,
-                    &network_policy,
-                )
+            std::thread::scope(|scope| {
+                let rules = beside(
+                    scope,
+                    reporter,
+                    (StartupStep::Workspace, "taking the workspace's git rules"),
+                    || super::workspace::take_rules(reporter, resolved),
+                );
+                prepare_storage(cx, owned, &source, || rules.join()).and_then(|storage| {
+                    send_plan(
+                        cx,
+                        supervisor,
+                        storage,
+                        &runsc,
+                        container_id,
+                        &network_policy,
+                    )
+                })
             })
         },
     );
@@ -880,27 +888,56 @@ fn helper_failed(mut failure: Failure, helper: Option<&ConnectivityHelper>) -> F
 /// panics fails `step`, naming `what`.
 fn side_by_side<A, B: Send>(
     reporter: &Reporter,
-    (step, what): (StartupStep, &str),
+    step: (StartupStep, &'static str),
     side: impl FnOnce() -> Result<B, Failure> + Send,
     main: impl FnOnce() -> A,
 ) -> (A, Result<B, Failure>) {
-    let span = tracing::Span::current();
     std::thread::scope(|scope| {
-        let beside = scope.spawn(|| {
-            let _span = span.enter();
-            let done = side();
-            reporter.finish_phase();
-            done
-        });
+        let there = beside(scope, reporter, step, side);
         let here = main();
-        let there = beside.join().unwrap_or_else(|_| {
-            Err(failure(
-                step,
-                format!("{what} failed unexpectedly (its thread panicked); see the Domain log"),
-            ))
-        });
-        (here, there)
+        (here, there.join())
     })
+}
+
+/// Work started on a thread of a scope by [`beside`].
+struct Beside<'scope, B> {
+    thread: std::thread::ScopedJoinHandle<'scope, Result<B, Failure>>,
+    step: StartupStep,
+    what: &'static str,
+}
+
+impl<B> Beside<'_, B> {
+    /// Waits for the work's result. Work that panicked fails its step,
+    /// naming what it was.
+    fn join(self) -> Result<B, Failure> {
+        self.thread.join().unwrap_or_else(|_| {
+            Err(failure(
+                self.step,
+                format!(
+                    "{} failed unexpectedly (its thread panicked); see the Domain log",
+                    self.what
+                ),
+            ))
+        })
+    }
+}
+
+/// Starts `side` on a thread of `scope`, in this thread's span, its phase
+/// ended when it is done.
+fn beside<'scope, B: Send + 'scope>(
+    scope: &'scope std::thread::Scope<'scope, '_>,
+    reporter: &'scope Reporter,
+    (step, what): (StartupStep, &'static str),
+    side: impl FnOnce() -> Result<B, Failure> + Send + 'scope,
+) -> Beside<'scope, B> {
+    let span = tracing::Span::current();
+    let thread = scope.spawn(move || {
+        let _span = span.enter();
+        let done = side();
+        reporter.finish_phase();
+        done
+    });
+    Beside { thread, step, what }
 }
 
 /// What the sandbox is made of on the host: the leased image, the State
@@ -913,12 +950,13 @@ struct Storage {
 }
 
 /// Leases the image, makes the State Anchor directories and prepares the
-/// workspace routing, recording each.
+/// workspace routing with the git rules `rules` gives (taken meanwhile),
+/// recording each.
 fn prepare_storage(
     cx: Context<'_>,
     owned: &Owned,
     source: &crate::image::ImageSource,
-    rules: super::workspace::Rules,
+    rules: impl FnOnce() -> Result<super::workspace::Rules, Failure>,
 ) -> Result<Storage, Failure> {
     let Context {
         reporter,
@@ -1008,7 +1046,7 @@ fn prepare_storage(
     .map_err(|e| at(StartupStep::State)(&e))?;
 
     // The workspace routing: its rules and isolated directory.
-    let workspace = super::workspace::prepare(recorder, resolved, generation_dir, rules, uid)?;
+    let workspace = super::workspace::prepare(recorder, resolved, generation_dir, rules()?, uid)?;
 
     Ok(Storage {
         prepared,
