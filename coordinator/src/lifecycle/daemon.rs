@@ -765,23 +765,15 @@ fn bring_up(
         (StartupStep::Network, "attaching the network"),
         || attach_network(cx, supervisor, holder_record, planned, helper_slot),
         || {
-            std::thread::scope(|scope| {
-                let rules = beside(
-                    scope,
-                    reporter,
-                    (StartupStep::Workspace, "taking the workspace's git rules"),
-                    || super::workspace::take_rules(reporter, resolved),
-                );
-                prepare_storage(cx, owned, &source, || rules.join()).and_then(|storage| {
-                    send_plan(
-                        cx,
-                        supervisor,
-                        storage,
-                        &runsc,
-                        container_id,
-                        &network_policy,
-                    )
-                })
+            prepare_storage(cx, owned, &source).and_then(|storage| {
+                send_plan(
+                    cx,
+                    supervisor,
+                    storage,
+                    &runsc,
+                    container_id,
+                    &network_policy,
+                )
             })
         },
     );
@@ -950,14 +942,46 @@ struct Storage {
 }
 
 /// Leases the image, makes the State Anchor directories and prepares the
-/// workspace routing with the git rules `rules` gives (taken meanwhile),
-/// recording each.
+/// workspace routing, recording each. The workspace's git rules, which
+/// take a walk of the workspace, are taken on a thread of their own
+/// meanwhile.
 fn prepare_storage(
     cx: Context<'_>,
     owned: &Owned,
     source: &crate::image::ImageSource,
-    rules: impl FnOnce() -> Result<super::workspace::Rules, Failure>,
 ) -> Result<Storage, Failure> {
+    std::thread::scope(|scope| {
+        let rules = beside(
+            scope,
+            cx.reporter,
+            (StartupStep::Workspace, "taking the workspace's git rules"),
+            || super::workspace::take_rules(cx.reporter, cx.resolved),
+        );
+        let (prepared, anchor_dirs, uppers) = lease_and_anchor(cx, owned, source)?;
+        let uid = rustix::process::getuid().as_raw();
+        let workspace = super::workspace::prepare(
+            cx.recorder,
+            cx.resolved,
+            cx.generation_dir,
+            rules.join()?,
+            uid,
+        )?;
+        Ok(Storage {
+            prepared,
+            anchor_dirs,
+            uppers,
+            workspace,
+        })
+    })
+}
+
+/// Leases the image and makes the State Anchor directories, recording
+/// each; what the generation's uppers are.
+fn lease_and_anchor(
+    cx: Context<'_>,
+    owned: &Owned,
+    source: &crate::image::ImageSource,
+) -> Result<(PreparedLower, Vec<RetainedDir>, super::usage::Uppers), Failure> {
     let Context {
         reporter,
         recorder,
@@ -1044,16 +1068,7 @@ fn prepare_storage(
         &anchor_dirs,
     )
     .map_err(|e| at(StartupStep::State)(&e))?;
-
-    // The workspace routing: its rules and isolated directory.
-    let workspace = super::workspace::prepare(recorder, resolved, generation_dir, rules()?, uid)?;
-
-    Ok(Storage {
-        prepared,
-        anchor_dirs,
-        uppers,
-        workspace,
-    })
+    Ok((prepared, anchor_dirs, uppers))
 }
 
 /// The storage, and the sandbox recorded as intended with the plan that
