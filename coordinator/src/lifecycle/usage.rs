@@ -76,15 +76,20 @@ impl Uppers {
                 .saturating_mul(s.f_frsize),
             size_bytes: s.f_blocks.saturating_mul(s.f_frsize),
         });
-        if walk == Walk::EphemeralOnly {
-            return StorageUsage {
-                ephemeral_upper,
-                persistent_uppers: Vec::new(),
-            };
+        StorageUsage {
+            ephemeral_upper,
+            persistent_uppers: match walk {
+                Walk::Persistent => self.walk_persistent(),
+                Walk::EphemeralOnly => Vec::new(),
+            },
         }
+    }
+
+    /// What each persistent dir's upper holds, walked within
+    /// [`WALK_BUDGET`] in all.
+    fn walk_persistent(&self) -> Vec<PersistentUsage> {
         let deadline = Instant::now() + WALK_BUDGET;
-        let persistent_uppers = self
-            .persistent
+        self.persistent
             .iter()
             .filter_map(|(path, anchor)| {
                 let upper =
@@ -98,10 +103,6 @@ impl Uppers {
                     complete,
                 })
             })
-            .collect();
-        StorageUsage {
-            ephemeral_upper,
-            persistent_uppers,
-        }
+            .collect()
     }
 }
