@@ -5,10 +5,10 @@
 //! here, in the Domain mount namespace (detached while the rest of the
 //! plan is staged, then attached where `/workspace` is staged); the router
 //! started (before the plan comes) beside this executable (never through
-//! `PATH`), in a network namespace of its own with no interface, with CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH and
-//! CAP_FOWNER alone; handed the connection, the host workspace, the
-//! Domain's isolated directory and the sealed rules memfd over its
-//! channel. This process then closes its own copy of the connection, so
+//! `PATH`), in a network namespace of its own with no interface, with
+//! CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH and CAP_FOWNER alone; handed the
+//! connection, the host workspace, the Domain's isolated directory and the
+//! sealed rules memfd over its channel. This process then closes its own copy of the connection, so
 //! that the router is its only server: if the router dies, every request
 //! fails at once instead of waiting. Trusts the Host Coordinator's plan and
 //! the router's report only as far as relaying it.
@@ -102,8 +102,9 @@ pub fn serve(
     let mount = detached_mount(fuse.as_fd()).map_err(|(call, e)| {
         format!(
             "cannot mount the routed workspace: {call} failed ({e}); the workspace is \
-             mounted with the kernel's mount API (fsopen, fsconfig, fsmount: Linux 5.2 \
-             or later), as FUSE in the Domain user namespace"
+             mounted with the kernel's mount API (fsopen, fsconfig, fsmount), as FUSE in \
+             the Domain user namespace: Lazaret needs Linux 5.2 or later with FUSE \
+             available (`modprobe fuse` loads it; `grep fuse /proc/filesystems` shows it)"
         )
     })?;
 
