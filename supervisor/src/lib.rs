@@ -5,12 +5,13 @@
 //! 1. arms `PR_SET_PDEATHSIG` so it dies with the coordinator;
 //! 2. enters a new user namespace mapping the invoking user to root, then
 //!    mount, network, pid, ipc and uts namespaces owned by it;
-//! 3. starts itself again (`--pid1`) as the init of the new pid namespace,
-//!    handing over its channel, and waits for it.
+//! 3. forks the init of the new pid namespace, which goes on with the
+//!    channel (no `exec`: the same program, already loaded), and waits for
+//!    it.
 //!
 //! The second, the Domain's pid 1 and namespace holder:
-//! 4. arms `PR_SET_PDEATHSIG`, takes the channel, and mounts a `/proc` of
-//!    the Domain pid namespace;
+//! 4. arms `PR_SET_PDEATHSIG` and mounts a `/proc` of the Domain pid
+//!    namespace;
 //! 5. reports the namespaces, with descriptors of the user and network
 //!    namespaces for the connectivity helper, and its own pidfd, at once:
 //!    the coordinator prepares the image and state meanwhile;
@@ -55,7 +56,7 @@ mod workspace;
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::process::{Command, ExitCode, Stdio};
+use std::process::ExitCode;
 use std::sync::Arc;
 
 use lazaret_proto::channel::{ChannelError, Endpoint, Received};
@@ -69,7 +70,7 @@ use rustix::process::{Pid, PidfdFlags, Signal, pidfd_open};
 
 type Channel = Endpoint<SupervisorReport, SupervisorRequest>;
 
-/// Runs the supervisor (with `--pid1`, its second stage).
+/// Runs the supervisor.
 pub fn run() -> ExitCode {
     // Nothing inherited beyond the standard streams (the channel is
     // standard input) stays open in a role.
@@ -77,18 +78,14 @@ pub fn run() -> ExitCode {
         eprintln!("lazaret-supervisor: cannot close inherited descriptors: {e}");
         return ExitCode::FAILURE;
     }
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    match args.as_slice() {
-        [flag] if flag == "--pid1" => pid1(),
-        [] => enter_namespaces(),
-        _ => {
-            eprintln!(
-                "lazaret-supervisor: started with unexpected arguments; it is started by \
-                 lazaret-coordinator, not by hand"
-            );
-            ExitCode::from(2)
-        }
+    if std::env::args_os().len() > 1 {
+        eprintln!(
+            "lazaret-supervisor: started with unexpected arguments; it is started by \
+             lazaret-coordinator, not by hand"
+        );
+        return ExitCode::from(2);
     }
+    enter_namespaces()
 }
 
 fn failed(step: SupervisorStep, detail: impl std::fmt::Display) -> SupervisorError {
@@ -126,17 +123,30 @@ fn enter_namespaces() -> ExitCode {
         return ExitCode::FAILURE;
     }
     bound_domain_tasks();
-    let child = Command::new("/proc/self/exe")
-        .arg("--pid1")
-        .env_clear()
-        .stdin(Stdio::from(channel.into_fd()))
-        .stdout(Stdio::null())
-        .spawn();
-    match child.and_then(|mut c| c.wait()) {
-        Ok(status) if status.success() => ExitCode::SUCCESS,
-        Ok(_) => ExitCode::FAILURE,
+    match sys::fork_single_threaded() {
+        Ok(sys::Forked::Child) => pid1(channel),
+        Ok(sys::Forked::Parent(child)) => {
+            // Pid 1 is the channel's only holder from here on.
+            drop(channel);
+            match rustix::process::waitid(
+                rustix::process::WaitId::PidFd(child.as_fd()),
+                rustix::process::WaitIdOptions::EXITED,
+            ) {
+                Ok(Some(status)) if status.exit_status() == Some(0) => ExitCode::SUCCESS,
+                Ok(_) => ExitCode::FAILURE,
+                Err(e) => {
+                    tracing::error!("cannot wait for the Domain pid 1: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
         Err(e) => {
-            tracing::error!("cannot run the Domain pid 1: {e}");
+            tracing::error!("cannot start the Domain pid 1: {e}");
+            let error = failed(
+                SupervisorStep::Namespaces,
+                format!("cannot fork pid 1: {e}"),
+            );
+            let _ = channel.send(&SupervisorReport::Failed(error), &[]);
             ExitCode::FAILURE
         }
     }
@@ -164,20 +174,14 @@ fn bound_domain_tasks() {
     }
 }
 
-/// Stage two: the Domain pid namespace's init.
-fn pid1() -> ExitCode {
+/// Stage two: the Domain pid namespace's init, forked from stage one with
+/// its channel.
+fn pid1(channel: Channel) -> ExitCode {
     // Stage one's parent-death signal covers the coordinator; this one
     // covers stage one. Its parent is outside the pid namespace, so
     // `getppid` reads 0 here and cannot be checked.
     let _ = rustix::process::set_parent_process_death_signal(Some(Signal::KILL));
-    lazaret_proto::logging::init();
-    let channel = match Channel::take_role_stdin("lazaret-supervisor", "lazaret") {
-        Ok(channel) => channel.with_limits(PLAN_LIMITS),
-        Err(message) => {
-            tracing::error!("{message}");
-            return ExitCode::FAILURE;
-        }
-    };
+    let channel = channel.with_limits(PLAN_LIMITS);
     let net_fd = match report_namespaces(&channel) {
         Ok(net_fd) => net_fd,
         Err(error) => return fail(&channel, error),
