@@ -400,7 +400,7 @@ fn forgeries() -> Result {
     )?;
     let forged = host.user_dir("project/forged");
     let plant = r#"
-        set -e
+        set -ex
         mine=/run/lazaret/mailbox/$LAZARET_SESSION
         cp $mine/credential /workspace/cred-b
         while [ ! -e /workspace/forged/.ready ]; do sleep 0.1; done
@@ -519,9 +519,20 @@ fn forgeries() -> Result {
     // gVisor keeps a FIFO made on a host directory inside the sandbox:
     // the host's side of B's mailbox never holds one (the coordinator's own
     // refusal of FIFOs is unit-tested), and the link is taken away.
-    let b_id = wait_until(Duration::from_secs(60), "the plants", || {
+    let b_id = match wait_until(Duration::from_secs(60), "the plants", || {
         std::fs::read_to_string(ws.join("planted")).ok()
-    })?;
+    }) {
+        Ok(id) => id,
+        // Show what the plant script did (it traces each command) and
+        // what the coordinator logged.
+        Err(e) => {
+            let b = match session_b.finish(Duration::ZERO) {
+                Ok(out) => text(&out),
+                Err(e) => format!("{e:?}"),
+            };
+            return Err(format!("{e:?}; session B: {b}; the log:\n{}", log(&host)).into());
+        }
+    };
     let supervisor = status["supervisor"]["pid"]
         .as_u64()
         .ok_or("no supervisor pid")?;
