@@ -795,9 +795,8 @@ fn bring_up(
         || {
             reporter.progress(StartupStep::Workspace, "starting the Workspace Router");
             let (routed, attestation) = supervisor
-                .two_reports()
+                .two_reports(|report| super::workspace::routed(resolved, storage.workspace, report))
                 .map_err(|failure| helper_failed(failure, helper))?;
-            let routed = super::workspace::routed(resolved, storage.workspace, routed)?;
             let network = super::network::verify(reporter, requested, attestation)?;
             Ok((routed, network))
         },

@@ -215,36 +215,13 @@ impl Supervisor {
             .map_err(|e| at(StartupStep::Network)(&e))
     }
 
-    /// The router's report (`WorkspaceRouted`) and the attestation
-    /// (`NetworkAttested`), which come in either order: the supervisor
-    /// stages the plan while its sidecar attests. A failure is one of the
-    /// step the supervisor names.
-    pub(super) fn two_reports(
+    /// The router's report and the attestation, as
+    /// [`await_routed_and_attested`] takes them.
+    pub(super) fn two_reports<R>(
         &self,
-    ) -> Result<(Received<SupervisorReport>, NetworkReadinessAttestation), Failure> {
-        let mut routed = None;
-        let mut attested = None;
-        while routed.is_none() || attested.is_none() {
-            let step = if routed.is_none() {
-                StartupStep::Workspace
-            } else {
-                StartupStep::Network
-            };
-            let received = await_report(&self.channel, step)?;
-            match received.message {
-                SupervisorReport::WorkspaceRouted { .. } if routed.is_none() => {
-                    routed = Some(received);
-                }
-                SupervisorReport::NetworkAttested(attestation) if attested.is_none() => {
-                    attested = Some(*attestation);
-                }
-                other => return Err(unexpected(step, &other)),
-            }
-        }
-        Ok((
-            routed.expect("received above"),
-            attested.expect("received above"),
-        ))
+        routed: impl FnOnce(Received<SupervisorReport>) -> Result<R, Failure>,
+    ) -> Result<(R, NetworkReadinessAttestation), Failure> {
+        await_routed_and_attested(&self.channel, routed)
     }
 
     /// Runs the sandbox, now that its network is proven.
@@ -253,6 +230,45 @@ impl Supervisor {
             .send(&SupervisorRequest::RunSandbox, &[])
             .map_err(|e| at(StartupStep::Sandbox)(&e))?;
         await_sandbox(&self.channel)
+    }
+}
+
+/// The router's report (`WorkspaceRouted`), handed to `routed` as soon as
+/// it comes, and the attestation (`NetworkAttested`). They come in either
+/// order, since the supervisor stages the plan while its sidecar attests;
+/// the router is usually ready first, so what `routed` does (recording the
+/// router) is done while the attestation is awaited. A failure is one of
+/// the step the supervisor names, or `routed`'s.
+fn await_routed_and_attested<R>(
+    supervisor: &SupervisorChannel,
+    routed: impl FnOnce(Received<SupervisorReport>) -> Result<R, Failure>,
+) -> Result<(R, NetworkReadinessAttestation), Failure> {
+    // The router, or what takes its report until it comes.
+    let mut router = Err(routed);
+    let mut attested = None;
+    loop {
+        let step = if router.is_err() {
+            StartupStep::Workspace
+        } else {
+            StartupStep::Network
+        };
+        let received = await_report(supervisor, step)?;
+        match received.message {
+            SupervisorReport::WorkspaceRouted { .. } if router.is_err() => {
+                router = match router {
+                    Err(take) => Ok(take(received)?),
+                    taken => taken,
+                };
+            }
+            SupervisorReport::NetworkAttested(attestation) if attested.is_none() => {
+                attested = Some(*attestation);
+            }
+            other => return Err(unexpected(step, &other)),
+        }
+        (router, attested) = match (router, attested) {
+            (Ok(router), Some(attestation)) => return Ok((router, attestation)),
+            waiting => waiting,
+        };
     }
 }
 
@@ -404,7 +420,7 @@ mod tests {
         FdIndex, FdList, SupervisorError, SupervisorReport, SupervisorRequest, SupervisorStep,
     };
 
-    use super::{await_namespaces, await_report, await_sandbox};
+    use super::{await_namespaces, await_report, await_routed_and_attested, await_sandbox};
     use lazaret_proto::common::HostPath;
     use lazaret_proto::control::StartupStep;
 
@@ -555,6 +571,113 @@ mod tests {
             .send(&SupervisorReport::NetworkObserved(Err("x".into())), &[])
             .unwrap();
         let failure = await_sandbox(&ours).unwrap_err();
+        assert!(
+            failure.message.contains("unexpected"),
+            "{}",
+            failure.message
+        );
+    }
+
+    /// An attestation as the sidecar's; nothing here verifies it.
+    fn attestation() -> lazaret_proto::network::NetworkReadinessAttestation {
+        use lazaret_proto::ids::{DomainId, GenerationId, NetworkSidecarId, Sha256Digest};
+        use lazaret_proto::network::{
+            NetworkObservation, NetworkReadinessAttestation, NetworkReadinessAttestationSchemaId,
+            PolicyDelivery,
+        };
+        NetworkReadinessAttestation {
+            schema_id: NetworkReadinessAttestationSchemaId,
+            domain_id: DomainId([1; 32]),
+            generation_id: GenerationId(2),
+            network_sidecar_id: NetworkSidecarId([3; 16]),
+            derived_policy_digest: Sha256Digest([4; 32]),
+            enforcement_namespace: NamespaceIdentity {
+                device: 5,
+                inode: 6,
+            },
+            observation: NetworkObservation {
+                policy_delivery: PolicyDelivery::SealedMemfd,
+                helper_ready: true,
+                observed_routes: Vec::new(),
+                ipv6_disabled: true,
+                observed_filter: Vec::new(),
+            },
+            denied_destinations: Vec::new(),
+            permitted_destinations: Vec::new(),
+            dns_observations: Vec::new(),
+            observed_at: lazaret_proto::common::UnixTimeNs(7),
+        }
+    }
+
+    fn routed_report() -> SupervisorReport {
+        SupervisorReport::WorkspaceRouted {
+            router: FdIndex(0),
+            summary: lazaret_proto::router::RoutingSummary::default(),
+        }
+    }
+
+    fn attested_report() -> SupervisorReport {
+        SupervisorReport::NetworkAttested(Box::new(attestation()))
+    }
+
+    #[test]
+    fn the_router_is_taken_when_its_report_comes_not_after_the_attestation() {
+        let (ours, theirs) = pair();
+        let (taken, was_taken) = std::sync::mpsc::channel();
+        let peer = std::thread::spawn(move || {
+            theirs.send(&routed_report(), &[]).unwrap();
+            // The attestation only once the router is taken (or, if it
+            // never is, after a while, which fails the test).
+            let first = was_taken
+                .recv_timeout(std::time::Duration::from_secs(10))
+                .is_ok();
+            theirs.send(&attested_report(), &[]).unwrap();
+            first
+        });
+        let (router, attestation) = await_routed_and_attested(&ours, |report| {
+            taken.send(()).unwrap();
+            Ok(report.message)
+        })
+        .unwrap();
+        assert!(
+            peer.join().unwrap(),
+            "the router was taken after the attestation"
+        );
+        assert!(matches!(router, SupervisorReport::WorkspaceRouted { .. }));
+        assert_eq!(attestation, self::attestation());
+    }
+
+    #[test]
+    fn the_two_reports_are_taken_in_either_order() {
+        let (ours, theirs) = pair();
+        theirs.send(&attested_report(), &[]).unwrap();
+        theirs.send(&routed_report(), &[]).unwrap();
+        let (router, attestation) =
+            await_routed_and_attested(&ours, |report| Ok(report.message)).unwrap();
+        assert!(matches!(router, SupervisorReport::WorkspaceRouted { .. }));
+        assert_eq!(attestation, self::attestation());
+    }
+
+    #[test]
+    fn a_router_that_cannot_be_taken_fails_without_waiting_for_the_attestation() {
+        let (ours, theirs) = pair();
+        theirs.send(&routed_report(), &[]).unwrap();
+        let failure = await_routed_and_attested(&ours, |_| -> Result<(), _> {
+            Err(super::failure(StartupStep::Workspace, "other rules"))
+        })
+        .unwrap_err();
+        assert_eq!(failure.step, StartupStep::Workspace);
+        assert_eq!(failure.message, "other rules");
+        drop(theirs);
+    }
+
+    #[test]
+    fn a_second_attestation_instead_of_the_router_is_unexpected() {
+        let (ours, theirs) = pair();
+        theirs.send(&attested_report(), &[]).unwrap();
+        theirs.send(&attested_report(), &[]).unwrap();
+        let failure = await_routed_and_attested(&ours, |report| Ok(report.message)).unwrap_err();
+        assert_eq!(failure.step, StartupStep::Workspace);
         assert!(
             failure.message.contains("unexpected"),
             "{}",
