@@ -1148,11 +1148,18 @@ fn attach_network(
     helper: &mut Option<ConnectivityHelper>,
 ) -> Result<(super::supervisor::Namespaces, super::network::Requested), Failure> {
     let namespaces = supervisor.namespaces()?;
-    holder_record.active_as(ParticipantOwnership::Helper(HelperOwnership {
+    let holder = ParticipantOwnership::Helper(HelperOwnership {
         runtime_supervisor: namespaces.holder.committed(),
         ..HelperOwnership::default()
-    }))?;
-    let requested = super::network::attach(cx, supervisor, &namespaces, planned, helper)?;
+    });
+    let requested = super::network::attach(
+        cx,
+        supervisor,
+        &namespaces,
+        (holder_record, holder),
+        planned,
+        helper,
+    )?;
     Ok((namespaces, requested))
 }
 

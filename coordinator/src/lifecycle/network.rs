@@ -47,7 +47,9 @@ pub(super) struct Requested {
     helper: PidfsProcessIdentityV1,
 }
 
-/// Records the network participant and the helper, asks the supervisor's
+/// Records the namespace holder `holder` as running (it reported the
+/// namespaces) together with the intents of the network participant and
+/// the helper, asks the supervisor's
 /// Network Sidecar to install the policy and attest it, and starts
 /// slirp4netns on the enforcement namespace. The sidecar installs the
 /// packet filter while slirp4netns attaches, and configures its device
@@ -59,6 +61,7 @@ pub(super) fn attach(
     cx: Context<'_>,
     supervisor: &Supervisor,
     namespaces: &Namespaces,
+    (holder, holder_ownership): (Intent, ParticipantOwnership),
     PlannedNetwork {
         policy,
         platform_deny,
@@ -80,7 +83,10 @@ pub(super) fn attach(
             ..HelperOwnership::default()
         })
     };
-    let [network_intent, helper_intent] = cx.recorder.intents(
+    // The namespace holder's record (it runs, reported) goes with these
+    // intents: one commit on the way to the attestation.
+    let [network_intent, helper_intent] = holder.active_then(
+        holder_ownership,
         STEP,
         [
             (

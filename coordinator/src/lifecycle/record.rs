@@ -60,6 +60,17 @@ impl Recorder {
         step: StartupStep,
         participants: [(Slot, ParticipantOwnership); N],
     ) -> Result<[Intent; N], Failure> {
+        self.commit(step, None, participants)
+    }
+
+    /// Commits, in one transaction, what `done` became (if any) and the
+    /// intents to create `participants`.
+    fn commit<const N: usize>(
+        &self,
+        step: StartupStep,
+        done: Option<&Intent>,
+        participants: [(Slot, ParticipantOwnership); N],
+    ) -> Result<[Intent; N], Failure> {
         let intents = participants.map(|(slot, ownership)| Intent {
             recorder: self.clone(),
             slot,
@@ -71,10 +82,17 @@ impl Recorder {
                 ownership,
             },
         });
-        let rows: Vec<_> = intents.iter().map(|i| (i.slot, &i.participant)).collect();
+        let rows: Vec<_> = done
+            .into_iter()
+            .chain(&intents)
+            .map(|i| (i.slot, &i.participant))
+            .collect();
         self.store
             .put_participants(&rows)
             .map_err(|e| at(step)(&e))?;
+        if let Some(done) = done {
+            crate::fault::point("active", &done.slot.name());
+        }
         for intent in &intents {
             crate::fault::point("intent", &intent.slot.name());
         }
@@ -99,6 +117,21 @@ impl Intent {
     /// Records the participant as created, active and owned as `ownership`.
     pub(super) fn active_as(self, ownership: ParticipantOwnership) -> Result<(), Failure> {
         self.became(ParticipantState::Active, ownership)
+    }
+
+    /// Records the participant as created, active and owned as
+    /// `ownership`, and commits the intents to create `next` in the same
+    /// transaction (one disk flush instead of two, in the order recovery
+    /// needs: nothing of `next` exists yet); a failure is one of `step`.
+    pub(super) fn active_then<const N: usize>(
+        mut self,
+        ownership: ParticipantOwnership,
+        step: StartupStep,
+        next: [(Slot, ParticipantOwnership); N],
+    ) -> Result<[Intent; N], Failure> {
+        self.participant.state = ParticipantState::Active;
+        self.participant.ownership = ownership;
+        self.recorder.commit(step, Some(&self), next)
     }
 
     /// Records what the participant became: `state`, owned as `ownership`.
@@ -228,6 +261,44 @@ mod tests {
         supervisor.active().unwrap();
         assert_eq!(
             recorded(&store, Slot::SUPERVISOR).state,
+            ParticipantState::Active
+        );
+    }
+
+    #[test]
+    fn active_then_records_what_one_became_and_the_next_intents_together() {
+        let (_dir, store) = store();
+        let recorder = Recorder::new(Arc::clone(&store), GenerationId(3));
+        let helper = |pid| {
+            ParticipantOwnership::Helper(lazaret_proto::ownership::HelperOwnership {
+                network_sidecar_id: pid,
+                ..Default::default()
+            })
+        };
+        let holder = recorder
+            .intent(Slot::NAMESPACE_HOLDER, StartupStep::Sandbox, helper(None))
+            .unwrap();
+        let running = helper(Some(lazaret_proto::ids::NetworkSidecarId([9; 16])));
+        let [network] = holder
+            .active_then(
+                running.clone(),
+                StartupStep::Network,
+                [(
+                    Slot::NETWORK,
+                    ParticipantOwnership::Network(Default::default()),
+                )],
+            )
+            .unwrap();
+        let row = recorded(&store, Slot::NAMESPACE_HOLDER);
+        assert_eq!(row.state, ParticipantState::Active);
+        assert_eq!(row.ownership, running);
+        assert_eq!(
+            recorded(&store, Slot::NETWORK).state,
+            ParticipantState::Intent
+        );
+        network.active().unwrap();
+        assert_eq!(
+            recorded(&store, Slot::NETWORK).state,
             ParticipantState::Active
         );
     }
