@@ -49,14 +49,14 @@ pub(super) struct Requested {
 
 /// Records the namespace holder `holder` as running (it reported the
 /// namespaces) together with the intents of the network participant and
-/// the helper, asks the supervisor's
-/// Network Sidecar to install the policy and attest it, and starts
-/// slirp4netns on the enforcement namespace. The sidecar installs the
-/// packet filter while slirp4netns attaches, and configures its device
-/// once slirp4netns says, on the ready pipe the sidecar holds, that it is
-/// attached; the attestation comes while the supervisor stages the plan.
-/// The helper is left in `helper` as soon as it runs, so a failure later
-/// still stops it. Nothing of the sandbox runs yet.
+/// the helper, asks the supervisor's Network Sidecar to install the policy
+/// and attest it, and starts slirp4netns on the enforcement namespace.
+/// The sidecar installs the packet filter while slirp4netns attaches, and
+/// configures its device once slirp4netns says, on the ready pipe the
+/// sidecar holds, that it is attached; the attestation comes while the
+/// supervisor stages the plan. The helper is left in `helper` as soon as
+/// it runs, so a failure later still stops it. Nothing of the sandbox runs
+/// yet.
 pub(super) fn attach(
     cx: Context<'_>,
     supervisor: &Supervisor,

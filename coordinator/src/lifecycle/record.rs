@@ -269,9 +269,9 @@ mod tests {
     fn active_then_records_what_one_became_and_the_next_intents_together() {
         let (_dir, store) = store();
         let recorder = Recorder::new(Arc::clone(&store), GenerationId(3));
-        let helper = |pid| {
+        let helper = |sidecar| {
             ParticipantOwnership::Helper(lazaret_proto::ownership::HelperOwnership {
-                network_sidecar_id: pid,
+                network_sidecar_id: sidecar,
                 ..Default::default()
             })
         };
