@@ -1148,18 +1148,8 @@ fn attach_network(
     helper: &mut Option<ConnectivityHelper>,
 ) -> Result<(super::supervisor::Namespaces, super::network::Requested), Failure> {
     let namespaces = supervisor.namespaces()?;
-    let holder = ParticipantOwnership::Helper(HelperOwnership {
-        runtime_supervisor: namespaces.holder.committed(),
-        ..HelperOwnership::default()
-    });
-    let requested = super::network::attach(
-        cx,
-        supervisor,
-        &namespaces,
-        (holder_record, holder),
-        planned,
-        helper,
-    )?;
+    let requested =
+        super::network::attach(cx, supervisor, &namespaces, holder_record, planned, helper)?;
     Ok((namespaces, requested))
 }
 

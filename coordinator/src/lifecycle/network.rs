@@ -47,8 +47,8 @@ pub(super) struct Requested {
     helper: PidfsProcessIdentityV1,
 }
 
-/// Records the namespace holder `holder` as running (it reported the
-/// namespaces) together with the intents of the network participant and
+/// Records the namespace holder `holder` as running (it reported
+/// `namespaces`, with its pidfd) together with the intents of the network participant and
 /// the helper, asks the supervisor's Network Sidecar to install the policy
 /// and attest it, and starts slirp4netns on the enforcement namespace.
 /// The sidecar installs the packet filter while slirp4netns attaches, and
@@ -61,7 +61,7 @@ pub(super) fn attach(
     cx: Context<'_>,
     supervisor: &Supervisor,
     namespaces: &Namespaces,
-    (holder, holder_ownership): (Intent, ParticipantOwnership),
+    holder: Intent,
     PlannedNetwork {
         policy,
         platform_deny,
@@ -86,7 +86,10 @@ pub(super) fn attach(
     // The namespace holder's record (it runs, reported) goes with these
     // intents: one commit on the way to the attestation.
     let [network_intent, helper_intent] = holder.active_then(
-        holder_ownership,
+        ParticipantOwnership::Helper(HelperOwnership {
+            runtime_supervisor: namespaces.holder.committed(),
+            ..HelperOwnership::default()
+        }),
         STEP,
         [
             (
