@@ -144,7 +144,11 @@ fn enter_namespaces() -> ExitCode {
             tracing::error!("cannot start the Domain pid 1: {e}");
             let error = failed(
                 SupervisorStep::Namespaces,
-                format!("cannot fork pid 1: {e}"),
+                format!(
+                    "cannot fork the Domain's pid 1 ({e}); if the invoking user's process \
+                     limit is reached (`ulimit -u`), end some of its processes and run \
+                     `lazaret up` again"
+                ),
             );
             let _ = channel.send(&SupervisorReport::Failed(error), &[]);
             ExitCode::FAILURE

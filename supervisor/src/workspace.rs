@@ -8,10 +8,11 @@
 //! `PATH`), in a network namespace of its own with no interface, with
 //! CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH and CAP_FOWNER alone; handed the
 //! connection, the host workspace, the Domain's isolated directory and the
-//! sealed rules memfd over its channel. This process then closes its own copy of the connection, so
-//! that the router is its only server: if the router dies, every request
-//! fails at once instead of waiting. Trusts the Host Coordinator's plan and
-//! the router's report only as far as relaying it.
+//! sealed rules memfd over its channel. This process then closes its own
+//! copy of the connection, so that the router is its only server: if the
+//! router dies, every request fails at once instead of waiting. Trusts the
+//! Host Coordinator's plan and the router's report only as far as relaying
+//! it.
 
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::Path;
