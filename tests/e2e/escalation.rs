@@ -264,8 +264,10 @@ fn interactive_approval() -> Result {
     let (_, gid) = lazaret_tests::domain::test_user();
     b.wait_for_line(&gid.to_string())?;
 
+    // The first prompt stays on the screen until `clear` has run: only a
+    // screen without its answer shows the second prompt.
     b.type_line("clear; lazaret-escalate /usr/bin/id -g; echo rc=$?")?;
-    match b.poll(WAIT, asks)? {
+    match b.poll(WAIT, |s| asks(s) && !s.contains("approved: running it"))? {
         Ok(_) => {}
         Err(screen) => return Err(format!("no second prompt:\n{screen}").into()),
     }
