@@ -817,12 +817,9 @@ fn bring_up(
     sandbox_record.container_process = running.process.committed();
     sandbox_record.runtime_root = Some(running.runtime_root.clone());
     sandbox_record.user_namespace = Some(namespaces.user_namespace);
-    sandbox.active_as(ParticipantOwnership::Sandbox(sandbox_record))?;
-
+    // The sandbox runs, and so does the generation: one commit.
     generation.state = GenerationState::Running;
-    store
-        .put_generation(generation)
-        .map_err(|e| at(StartupStep::Sandbox)(&e))?;
+    sandbox.active_with(ParticipantOwnership::Sandbox(sandbox_record), generation)?;
     let supervisor = starting
         .supervisor
         .take()

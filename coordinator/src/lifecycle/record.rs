@@ -12,7 +12,7 @@ use std::sync::Arc;
 use lazaret_proto::control::StartupStep;
 use lazaret_proto::ids::GenerationId;
 use lazaret_proto::ownership::ParticipantOwnership;
-use lazaret_proto::store::{Participant, ParticipantState};
+use lazaret_proto::store::{Generation, Participant, ParticipantState};
 
 use super::daemon::{Failure, at};
 use crate::store::{DomainStore, Slot};
@@ -132,6 +132,24 @@ impl Intent {
         self.participant.state = ParticipantState::Active;
         self.participant.ownership = ownership;
         self.recorder.commit(step, Some(&self), next)
+    }
+
+    /// Records the participant as created, active and owned as
+    /// `ownership`, and `generation` as it now is, in one transaction (one
+    /// disk flush instead of two).
+    pub(super) fn active_with(
+        mut self,
+        ownership: ParticipantOwnership,
+        generation: &Generation,
+    ) -> Result<(), Failure> {
+        self.participant.state = ParticipantState::Active;
+        self.participant.ownership = ownership;
+        self.recorder
+            .store
+            .put_participant_and_generation(self.slot, &self.participant, generation)
+            .map_err(|e| at(self.step)(&e))?;
+        crate::fault::point("active", &self.slot.name());
+        Ok(())
     }
 
     /// Records what the participant became: `state`, owned as `ownership`.
@@ -301,5 +319,46 @@ mod tests {
             recorded(&store, Slot::NETWORK).state,
             ParticipantState::Active
         );
+    }
+
+    #[test]
+    fn active_with_records_the_participant_and_its_generation_together() {
+        use lazaret_proto::common::UnixTimeNs;
+        use lazaret_proto::ids::ConfigurationFingerprint;
+        use lazaret_proto::process::PersistedHostProcessOwnership;
+        use lazaret_proto::store::GenerationState;
+
+        let (_dir, store) = store();
+        let mut generation = Generation {
+            domain_id: DomainId([7; 32]),
+            generation_id: GenerationId(3),
+            configuration_fingerprint: ConfigurationFingerprint([1; 32]),
+            state: GenerationState::Starting,
+            host_coordinator: PersistedHostProcessOwnership::Unassigned,
+            started_at: UnixTimeNs::now(),
+            closed_at: None,
+        };
+        store.put_generation(&generation).unwrap();
+        let recorder = Recorder::new(Arc::clone(&store), GenerationId(3));
+        let sandbox = recorder
+            .intent(
+                Slot::SANDBOX,
+                StartupStep::Sandbox,
+                ParticipantOwnership::Sandbox(Default::default()),
+            )
+            .unwrap();
+        generation.state = GenerationState::Running;
+        sandbox
+            .active_with(
+                ParticipantOwnership::Sandbox(Default::default()),
+                &generation,
+            )
+            .unwrap();
+        assert_eq!(
+            recorded(&store, Slot::SANDBOX).state,
+            ParticipantState::Active
+        );
+        let stored = store.latest_generation().unwrap().expect("the generation");
+        assert_eq!(stored.state, GenerationState::Running);
     }
 }

@@ -348,6 +348,25 @@ impl DomainStore {
 
     /// Writes several participants' rows in one transaction: all or none.
     pub fn put_participants(&self, rows: &[(Slot, &Participant)]) -> Result<(), StoreError> {
+        self.put_rows(rows, None)
+    }
+
+    /// Writes a participant's row and its generation's in one
+    /// transaction: both or neither.
+    pub fn put_participant_and_generation(
+        &self,
+        slot: Slot,
+        participant: &Participant,
+        generation: &Generation,
+    ) -> Result<(), StoreError> {
+        self.put_rows(&[(slot, participant)], Some(generation))
+    }
+
+    fn put_rows(
+        &self,
+        rows: &[(Slot, &Participant)],
+        generation: Option<&Generation>,
+    ) -> Result<(), StoreError> {
         let txn = self.db.begin_write()?;
         {
             let mut table = txn.open_table(tables::PARTICIPANTS)?;
@@ -357,6 +376,10 @@ impl DomainStore {
                     encode(participant)?.as_slice(),
                 )?;
             }
+        }
+        if let Some(generation) = generation {
+            txn.open_table(tables::GENERATIONS)?
+                .insert(generation.generation_id.0, encode(generation)?.as_slice())?;
         }
         txn.commit()?;
         Ok(())
