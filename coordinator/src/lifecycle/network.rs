@@ -47,11 +47,12 @@ pub(super) struct Requested {
     helper: PidfsProcessIdentityV1,
 }
 
-/// Records the namespace holder `holder` as running (it reported
-/// `namespaces`, with its pidfd) together with the intents of the network participant and
-/// the helper, asks the supervisor's Network Sidecar to install the policy
-/// and attest it, and starts slirp4netns on the enforcement namespace.
-/// The sidecar installs the packet filter while slirp4netns attaches, and
+/// Asks the supervisor's Network Sidecar to install the policy and attest
+/// it; records the namespace holder `holder` as running (it reported
+/// `namespaces`, with its pidfd) together with the intents of the network
+/// participant and the helper; then starts slirp4netns on the enforcement
+/// namespace. The sidecar, inside the Domain, installs the packet filter
+/// while the records are committed and slirp4netns attaches, and
 /// configures its device once slirp4netns says, on the ready pipe the
 /// sidecar holds, that it is attached; the attestation comes while the
 /// supervisor stages the plan. The helper is left in `helper` as soon as
@@ -83,26 +84,6 @@ pub(super) fn attach(
             ..HelperOwnership::default()
         })
     };
-    // The namespace holder's record (it runs, reported) goes with these
-    // intents: one commit on the way to the attestation.
-    let [network_intent, helper_intent] = holder.active_then(
-        ParticipantOwnership::Helper(HelperOwnership {
-            runtime_supervisor: namespaces.holder.committed(),
-            ..HelperOwnership::default()
-        }),
-        STEP,
-        [
-            (
-                Slot::NETWORK,
-                ParticipantOwnership::Network(network.clone()),
-            ),
-            (
-                Slot::CONNECTIVITY_HELPER,
-                helper_record(PersistedHostProcessOwnership::Unassigned),
-            ),
-        ],
-    )?;
-
     cx.reporter
         .progress(STEP, "installing and attesting the policy");
     let expected = NetworkReadinessIdentity {
@@ -131,6 +112,28 @@ pub(super) fn attach(
         ready_read.as_fd(),
     )?;
     drop(ready_read);
+
+    // The sidecar works on the filter while the namespace holder's record
+    // (it runs, reported) and these intents are committed: one commit,
+    // before slirp4netns, the first process of the network outside the
+    // Domain, exists.
+    let [network_intent, helper_intent] = holder.active_then(
+        ParticipantOwnership::Helper(HelperOwnership {
+            runtime_supervisor: namespaces.holder.committed(),
+            ..HelperOwnership::default()
+        }),
+        STEP,
+        [
+            (
+                Slot::NETWORK,
+                ParticipantOwnership::Network(network.clone()),
+            ),
+            (
+                Slot::CONNECTIVITY_HELPER,
+                helper_record(PersistedHostProcessOwnership::Unassigned),
+            ),
+        ],
+    )?;
 
     cx.reporter
         .progress(STEP, "attaching slirp4netns to the enforcement namespace");
