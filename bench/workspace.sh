@@ -64,14 +64,17 @@ variants=(bare routed shared)
 status=$("$lazaret" status bench --json)
 domain_exec
 exec_routed=("${exec_cmd[@]}")
+# The dentry cache Lazaret sized for its sandbox, which the bare one gets too.
+sandbox=$(pgrep -n -f -- "runsc-sandbox --root=$(field "['runsc_root']")")
+dcache=$(tr '\0' '\n' < "/proc/$sandbox/cmdline" | grep -- '^--dcache=')
 "$lazaret" up shared >/dev/null 2>&1
 status=$("$lazaret" status shared --json)
 domain_exec
 exec_shared=("${exec_cmd[@]}")
 
-# The bare baseline: the same unpacked image, rootless runsc in a fresh
-# user, mount and network namespace (held by a sleeping shell), with
-# /workspace a plain bind mount.
+# The bare baseline: the same unpacked image and runsc flags, rootless
+# runsc in a fresh user, mount and network namespace (held by a sleeping
+# shell), with /workspace a plain bind mount.
 rootfs=$(ls -d "$HOME"/.local/share/lazaret/catalog/artifacts/*/rootfs | head -n 1)
 mkdir -p "$scratch/bare" "$scratch/bare-workspace"
 cat > "$scratch/bare/config.json" <<JSON
@@ -82,7 +85,7 @@ cat > "$scratch/bare/config.json" <<JSON
   {"destination":"/workspace","type":"bind","source":"$scratch/bare-workspace","options":["rbind","rw"]}],
  "linux":{"namespaces":[{"type":"pid"},{"type":"ipc"},{"type":"uts"},{"type":"mount"}]}}
 JSON
-bare_runsc=(runsc --rootless --ignore-cgroups --network=host --root "$scratch/bare/state")
+bare_runsc=(runsc --rootless --ignore-cgroups --network=host "$dcache" --root "$scratch/bare/state")
 # bare_stop: ends the bare sandbox and the shell that holds its namespaces.
 bare_stop() {
     local in_ns=(nsenter -t "$bare_holder" -U -m -n --preserve-credentials --)

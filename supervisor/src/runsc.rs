@@ -3,7 +3,8 @@
 //! Owns the command lines: `--rootless --ignore-cgroups --network=host`
 //! (the sandbox's sockets live in the Domain network namespace runsc is
 //! started in) and a per-generation `--root` state directory. `runsc create`
-//! is refused in rootless mode, so the sandbox starts with `run -detach`.
+//! is refused in rootless mode, so the sandbox starts with `run -detach`,
+//! with a dentry cache sized to the descriptor limit ([`dentry_cache`]).
 //! Trusts the runsc executable the Host Coordinator named.
 
 use std::fs::File;
@@ -119,6 +120,49 @@ impl Runsc<'_> {
     /// once its init runs.
     pub fn run_detached(&self, bundle: &Path) -> Result<(), RunscError> {
         let bundle = bundle.display().to_string();
-        self.run(&["run", "-detach", "--bundle", &bundle, self.container_id])
+        let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile).maximum;
+        let dcache = format!("--dcache={}", dentry_cache(limit));
+        let args = ["run", "-detach", "--bundle", &bundle, self.container_id];
+        self.run(
+            &[&dcache as &str]
+                .into_iter()
+                .chain(args)
+                .collect::<Vec<_>>(),
+        )
+    }
+}
+
+/// The most dentries gVisor keeps cached for the whole sandbox
+/// (`--dcache`), given the hard limit on open descriptors.
+///
+/// runsc's default is 1,000 per mount. A dentry it has dropped costs a
+/// syscall to find again on a bind mount, but on the routed workspace two
+/// FUSE round trips (the gofer opens each file it walks: `OPEN`, then
+/// `RELEASE`), and a tree larger than the cache misses on every walk, so
+/// `find` over 5,000 files sent the router 15,000 requests instead of
+/// 2,700. Each cached dentry holds up to two descriptors in the gofer (its
+/// own and a data handle) and one in the router: a third of the limit
+/// leaves the gofer a third for files the sandbox holds open. Never below
+/// the default's 1,000, and at most 32,768: each costs the sandbox about
+/// 2.5 KiB of memory (5,000 files walked raised its RSS from 37 to 51 MB).
+fn dentry_cache(hard_limit: Option<u64>) -> u64 {
+    hard_limit
+        .map_or(MAX_DENTRIES, |limit| limit / 3)
+        .clamp(MIN_DENTRIES, MAX_DENTRIES)
+}
+
+const MIN_DENTRIES: u64 = 1_000;
+const MAX_DENTRIES: u64 = 32_768;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_dentry_cache_is_a_third_of_the_descriptor_limit_within_bounds() {
+        assert_eq!(dentry_cache(Some(20_000)), 6_666);
+        assert_eq!(dentry_cache(Some(1_024)), MIN_DENTRIES);
+        assert_eq!(dentry_cache(Some(524_288)), MAX_DENTRIES);
+        assert_eq!(dentry_cache(None), MAX_DENTRIES);
     }
 }
