@@ -25,12 +25,21 @@ use crate::tree::{SetAttr, SetTime, Tree};
 
 /// How long the kernel may keep names and attributes without asking
 /// again: short, so the developer's edits on the host show up inside
-/// promptly. File contents are not cached in the kernel at all
-/// (`FOPEN_DIRECT_IO`): every read and write reaches the host file, in
-/// requests of up to 1 MiB (the page cache would split reads into 128 KiB
-/// readahead requests and could serve stale data after a host edit);
-/// shared mappings still work (`FUSE_DIRECT_IO_ALLOW_MMAP`).
+/// promptly. The same bound holds for cached contents: when a refreshed
+/// attribute shows a new size or mtime, the kernel drops the file's
+/// pages (`FUSE_AUTO_INVAL_DATA`).
 const TTL: Duration = Duration::from_secs(1);
+
+/// The largest file whose contents go through the kernel's page cache.
+/// One read then fetches the whole file in one request, where direct I/O
+/// would send one request per read the sandbox makes (the common case:
+/// source files read in small pieces, again and again). A larger file is
+/// opened with `FOPEN_DIRECT_IO`: every read and write reaches the host
+/// file in requests of up to 1 MiB, where the page cache would split it
+/// into 128 KiB readahead requests. Contents are never kept past the
+/// open that read them (no `FOPEN_KEEP_CACHE`); shared mappings work in
+/// both modes (`FUSE_DIRECT_IO_ALLOW_MMAP`).
+const CACHED_MAX: u64 = 128 << 10;
 
 /// The largest read or write one request carries.
 const MAX_IO: u32 = 1 << 20;
@@ -119,11 +128,12 @@ fn empty(reply: ReplyEmpty, result: crate::tree::Result<()>) {
     }
 }
 
-/// Answers a request that opens a file or directory.
-fn opened(reply: ReplyOpen, result: crate::tree::Result<u64>) {
-    match result {
-        Ok(handle) => reply.opened(FileHandle(handle), FopenFlags::FOPEN_DIRECT_IO),
-        Err(e) => reply.error(errno(e)),
+/// How a file of `size` bytes is opened (see [`CACHED_MAX`]).
+fn open_mode(size: u64) -> FopenFlags {
+    if size <= CACHED_MAX {
+        FopenFlags::empty()
+    } else {
+        FopenFlags::FOPEN_DIRECT_IO
     }
 }
 
@@ -297,7 +307,10 @@ impl Filesystem for Router {
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        opened(reply, self.tree.open(ino.0, flags.0));
+        match self.tree.open(ino.0, flags.0) {
+            Ok(file) => reply.opened(FileHandle(file.handle), open_mode(file.size)),
+            Err(e) => reply.error(errno(e)),
+        }
     }
 
     fn read(

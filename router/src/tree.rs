@@ -95,6 +95,15 @@ pub struct DirEntry {
     pub ino: u64,
 }
 
+/// A regular file `open` opened.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Opened {
+    /// Its handle, until `release`.
+    pub handle: u64,
+    /// Its size when it was opened.
+    pub size: u64,
+}
+
 /// A directory's entries, as listed when it was opened.
 #[derive(Debug)]
 pub struct Listing {
@@ -1018,7 +1027,7 @@ impl Tree {
     }
 
     /// `open`: a regular file, writable only if not protected.
-    pub fn open(&self, ino: u64, flags: i32) -> Result<u64> {
+    pub fn open(&self, ino: u64, flags: i32) -> Result<Opened> {
         let node = self.node(ino)?;
         let flags = open_flags(flags) & !(OFlags::EXCL);
         if writes(flags) && node.protection != Protection::None {
@@ -1031,10 +1040,14 @@ impl Tree {
             flags | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
             Mode::empty(),
         )?;
-        if kind_of(&rustix::fs::fstat(&fd)?) != Kind::File {
+        let stat = rustix::fs::fstat(&fd)?;
+        if kind_of(&stat) != Kind::File {
             return Err(Errno::INVAL);
         }
-        Ok(self.keep_file(fd))
+        Ok(Opened {
+            handle: self.keep_file(fd),
+            size: u64::try_from(stat.st_size).unwrap_or(0),
+        })
     }
 
     fn keep_file(&self, fd: OwnedFd) -> u64 {

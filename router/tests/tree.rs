@@ -141,7 +141,9 @@ fn libc_wronly() -> i32 {
 }
 
 fn read(tree: &Tree, path: &str) -> Result<Vec<u8>, Errno> {
-    let handle = tree.open(ino(tree, path)?, OFlags::RDONLY.bits() as i32)?;
+    let handle = tree
+        .open(ino(tree, path)?, OFlags::RDONLY.bits() as i32)?
+        .handle;
     let mut data = Vec::new();
     let read = tree.read(handle, 0, 1 << 16, &mut data);
     tree.release(handle);

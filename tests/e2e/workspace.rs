@@ -184,6 +184,22 @@ fn ignored_paths_are_isolated() -> Result {
     })?;
     assert_eq!(from_host, "from the host\n");
 
+    // A host edit that keeps the length (and so needs the new mtime to be
+    // noticed) shows up inside too, after the sandbox read, and the kernel
+    // may have cached, the old contents.
+    let edited = "hello from the host\nedited inside\n";
+    assert_eq!(inside(&host, &status, "cat /workspace/README")?, edited);
+    sh(
+        &host,
+        &ws,
+        "printf 'HELLO FROM THE HOST\\nEDITED INSIDE\\n' > README",
+    );
+    let upper = edited.to_uppercase();
+    wait_until(Duration::from_secs(5), "the host's edit inside", || {
+        let out = host.exec(&status, "cat /workspace/README");
+        (out.stdout == upper.as_bytes()).then_some(())
+    })?;
+
     // What the sandbox writes to ignored paths stays in the Domain.
     inside(
         &host,
