@@ -94,7 +94,7 @@ Maintainer: Lazaret developers <lazaret@localhost>
 Installed-Size: $size
 Section: devel
 Priority: optional
-Depends: runsc, slirp4netns, nftables, util-linux, procps
+Depends: runsc, slirp4netns, util-linux, procps
 Recommends: busybox-static, umoci, skopeo, git, man-db, bash-completion
 Description: run an AI coding agent on your project inside a gVisor sandbox
  Lazaret starts a rootless gVisor sandbox for a project (lazaret up), opens

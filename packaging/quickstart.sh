@@ -18,11 +18,10 @@ as_root apt-get update -q
 # runsc is gVisor; busybox-static and umoci build the default image;
 # skopeo fetches registry images; gcc and libc6-dev link the static
 # escalation client; util-linux and procps give nsenter, setpriv and ps;
-# slirp4netns is the sandbox's only way out to the network; nftables
-# gives the packet filter that enforces the policy a second time.
+# slirp4netns is the sandbox's only way out to the network.
 as_root apt-get install -y -q --no-install-recommends \
     ca-certificates gcc libc6-dev util-linux binutils procps \
-    runsc busybox-static umoci skopeo slirp4netns nftables
+    runsc busybox-static umoci skopeo slirp4netns
 bash packaging/device-access.sh
 
 packaging/build.sh

@@ -1,214 +1,507 @@
 //! The second enforcement layer: an nftables filter in the enforcement
-//! namespace, installed and read back with `nft` and its JSON interface.
+//! namespace, installed and read back over netlink ([`crate::nfnetlink`]).
 //!
 //! One table, `inet lazaret`, with two base chains that drop by default:
 //! `output` holds the policy's [`FilterRule`]s in order (first match wins),
 //! `input` accepts only loopback and replies to what left. The routes
 //! already decide every destination; the filter decides again, so a route
 //! changed from outside the sandbox (or a bug in how routes are installed)
-//! opens nothing. The readback lists the whole ruleset and turns it back
-//! into [`FilterRule`]s, refusing anything it does not recognise: what the
-//! attestation reports is what the kernel holds. Trusts `nft` at its fixed
-//! path, as installed by the host's package manager.
+//! opens nothing. The table, its chains and its rules are added in one
+//! transaction. The readback dumps every table, chain, rule, set, stateful
+//! object and flowtable of the namespace and turns the rules back into
+//! [`FilterRule`]s, refusing anything it does not recognise: what the
+//! attestation reports is what the kernel holds. Trusts only the kernel.
 
-use std::io::Write;
 use std::net::{IpAddr, Ipv4Addr};
-use std::process::{Command, Stdio};
 
 use lazaret_proto::network::{FilterRule, IpPrefix, PolicyAction};
 use lazaret_proto::sidecar::{SidecarError, SidecarStep};
-use serde_json::{Value, json};
 
 use crate::failed;
+use crate::nfnetlink::{
+    Attrs, Batch, Kind, Malformed, NLM_F_APPEND, NLM_F_CREATE, NLM_F_EXCL, Socket, be_u32, parse,
+    string,
+};
 
-/// Where `nft` is, in the order tried; never looked up through `PATH`.
-const NFT: &[&str] = &["/usr/sbin/nft", "/sbin/nft"];
-
-const FAMILY: &str = "inet";
 const TABLE: &str = "lazaret";
+
+/// `NFPROTO_INET` and `NFPROTO_IPV4`.
+const FAMILY_INET: u8 = 1;
+const NFPROTO_IPV4: u8 = 2;
+/// The hooks of the two chains: `NF_INET_LOCAL_IN`, `NF_INET_LOCAL_OUT`.
+const HOOK_INPUT: u32 = 1;
+const HOOK_OUTPUT: u32 = 3;
+/// Verdicts: `NF_DROP`, `NF_ACCEPT`.
+const DROP: u32 = 0;
+const ACCEPT: u32 = 1;
+
+/// The attributes of tables, chains, hooks and rules (`NFTA_*`).
+const TABLE_NAME: u16 = 1;
+const CHAIN_TABLE: u16 = 1;
+const CHAIN_NAME: u16 = 3;
+const CHAIN_HOOK: u16 = 4;
+const CHAIN_POLICY: u16 = 5;
+const CHAIN_TYPE: u16 = 7;
+const HOOK_NUMBER: u16 = 1;
+const HOOK_PRIORITY: u16 = 2;
+const RULE_TABLE: u16 = 1;
+const RULE_CHAIN: u16 = 2;
+const RULE_EXPRESSIONS: u16 = 4;
+const LIST_ELEMENT: u16 = 1;
+const EXPR_NAME: u16 = 1;
+const EXPR_DATA: u16 = 2;
+const DATA_VALUE: u16 = 1;
+const DATA_VERDICT: u16 = 2;
+const VERDICT_CODE: u16 = 1;
+
+/// The one data register every match uses (`NFT_REG_1`), and the verdict
+/// register (`NFT_REG_VERDICT`).
+const REGISTER: u32 = 1;
+const VERDICT_REGISTER: u32 = 0;
+
+/// Meta keys (`NFT_META_*`), the conntrack state key (`NFT_CT_STATE`),
+/// payload bases (`NFT_PAYLOAD_*_HEADER`), comparisons (`NFT_CMP_*`).
+const META_IIFNAME: u32 = 6;
+const META_OIFNAME: u32 = 7;
+const META_NFPROTO: u32 = 15;
+const META_L4PROTO: u32 = 16;
+const CT_STATE: u32 = 0;
+const NETWORK_HEADER: u32 = 1;
+const TRANSPORT_HEADER: u32 = 2;
+const EQ: u32 = 0;
+const NEQ: u32 = 1;
+
+/// The conntrack states `established` and `related` as a bit mask
+/// (`NF_CT_STATE_BIT`), in host byte order as the kernel keeps it.
+const ESTABLISHED_OR_RELATED: u32 = (1 << 1) | (1 << 2);
 
 fn error(detail: impl std::fmt::Display) -> SidecarError {
     failed(SidecarStep::Filter, detail)
 }
 
-/// Two runs of `nft -j -f -`, started before the request comes and
-/// waiting for their input: starting `nft` (loading its libraries) takes
-/// longer than what it then does, so neither the installation nor the
-/// read-back waits for it.
-pub struct Runs {
-    install: Nft,
-    list: Nft,
+/// One expression of a rule, of the kinds this filter writes. Every match
+/// loads into and compares [`REGISTER`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Expr {
+    /// Loads the packet's meta `key`.
+    Meta(u32),
+    /// Loads `len` bytes at `offset` of header `base`.
+    Payload { base: u32, offset: u32, len: u32 },
+    /// Masks the register: `(r & mask) ^ 0`, over the mask's length.
+    Mask(Vec<u8>),
+    /// Loads the conntrack `key`.
+    Ct(u32),
+    /// Compares the register with `data` by `op`.
+    Cmp { op: u32, data: Vec<u8> },
+    /// The rule's verdict.
+    Verdict(u32),
 }
 
-impl Runs {
-    /// Starts both runs.
-    pub fn start() -> Result<Self, SidecarError> {
-        Ok(Self {
-            install: Nft::spawn(&["-j", "-f", "-"])?,
-            list: Nft::spawn(&["-j", "-f", "-"])?,
-        })
+impl Expr {
+    /// Its name and attributes, as the kernel takes them.
+    fn encode(&self) -> (&'static str, Attrs) {
+        // Expression attribute numbers, by expression (`NFTA_<NAME>_*`).
+        let mut data = Attrs::default();
+        let name = match self {
+            Expr::Meta(key) => {
+                data.u32(1, REGISTER).u32(2, *key);
+                "meta"
+            }
+            Expr::Payload { base, offset, len } => {
+                data.u32(1, REGISTER)
+                    .u32(2, *base)
+                    .u32(3, *offset)
+                    .u32(4, *len);
+                "payload"
+            }
+            Expr::Mask(mask) => {
+                let len = u32::try_from(mask.len()).expect("a short mask");
+                data.u32(1, REGISTER).u32(2, REGISTER).u32(3, len);
+                data.nested(4, |d| {
+                    d.bytes(DATA_VALUE, mask);
+                });
+                data.nested(5, |d| {
+                    d.bytes(DATA_VALUE, &vec![0; mask.len()]);
+                });
+                "bitwise"
+            }
+            Expr::Ct(key) => {
+                data.u32(1, REGISTER).u32(2, *key);
+                "ct"
+            }
+            Expr::Cmp { op, data: value } => {
+                data.u32(1, REGISTER).u32(2, *op).nested(3, |d| {
+                    d.bytes(DATA_VALUE, value);
+                });
+                "cmp"
+            }
+            Expr::Verdict(code) => {
+                data.u32(1, VERDICT_REGISTER).nested(2, |d| {
+                    d.nested(DATA_VERDICT, |v| {
+                        v.u32(VERDICT_CODE, *code);
+                    });
+                });
+                "immediate"
+            }
+        };
+        (name, data)
     }
 
-    /// Starts installing `filter` as the namespace's only ruleset; the
-    /// [`Nft`] run it returns is waited for with [`Nft::finish`], so other
-    /// work (the routes) goes on meanwhile. The other run is kept for
-    /// [`Listing::start`].
-    pub fn install(self, filter: &[FilterRule]) -> Result<(Nft, ListRun), SidecarError> {
-        let installing = self
-            .install
-            .feed(install_document(filter).as_bytes(), "install")?;
-        Ok((installing, ListRun(self.list)))
-    }
-
-    /// The run kept for a read-back, the other given up.
-    pub fn for_listing(self) -> ListRun {
-        ListRun(self.list)
+    /// Reads one dumped expression back, refusing any it does not write:
+    /// another name, another register, an attribute it does not set.
+    fn decode(name: &str, data: &[u8]) -> Result<Self, Malformed> {
+        let attrs = parse(data)?;
+        let get = |kind: u16| attrs.iter().find(|(k, _)| *k == kind).map(|(_, v)| *v);
+        let number = |kind: u16| {
+            get(kind)
+                .ok_or(Malformed("an attribute is missing"))
+                .and_then(be_u32)
+        };
+        let value = |kind: u16| -> Result<Vec<u8>, Malformed> {
+            let nested = parse(get(kind).ok_or(Malformed("an attribute is missing"))?)?;
+            match nested[..] {
+                [(DATA_VALUE, bytes)] => Ok(bytes.to_vec()),
+                _ => Err(Malformed("a data attribute is not a plain value")),
+            }
+        };
+        let only = |allowed: &[u16]| {
+            if attrs.iter().all(|(k, _)| allowed.contains(k)) {
+                Ok(())
+            } else {
+                Err(Malformed(
+                    "an expression holds an attribute the filter never sets",
+                ))
+            }
+        };
+        let register = |kind: u16, expected: u32| match number(kind)? {
+            found if found == expected => Ok(()),
+            _ => Err(Malformed("an expression uses another register")),
+        };
+        let expr = match name {
+            "meta" => {
+                only(&[1, 2])?;
+                register(1, REGISTER)?;
+                Expr::Meta(number(2)?)
+            }
+            "payload" => {
+                only(&[1, 2, 3, 4])?;
+                register(1, REGISTER)?;
+                Expr::Payload {
+                    base: number(2)?,
+                    offset: number(3)?,
+                    len: number(4)?,
+                }
+            }
+            "bitwise" => {
+                // Its operation (`NFTA_BITWISE_OP`), when dumped, must be
+                // the mask-and-xor one.
+                only(&[1, 2, 3, 4, 5, 6])?;
+                register(1, REGISTER)?;
+                register(2, REGISTER)?;
+                if get(6).is_some() && number(6)? != 0 {
+                    return Err(Malformed("a bitwise expression is not a mask"));
+                }
+                let mask = value(4)?;
+                let xor = value(5)?;
+                let len = number(3)? as usize;
+                if mask.len() != len || xor != vec![0; len] {
+                    return Err(Malformed("a bitwise expression is not a plain mask"));
+                }
+                Expr::Mask(mask)
+            }
+            "ct" => {
+                only(&[1, 2])?;
+                register(1, REGISTER)?;
+                Expr::Ct(number(2)?)
+            }
+            "cmp" => {
+                only(&[1, 2, 3])?;
+                register(1, REGISTER)?;
+                Expr::Cmp {
+                    op: number(2)?,
+                    data: value(3)?,
+                }
+            }
+            "immediate" => {
+                only(&[1, 2])?;
+                register(1, VERDICT_REGISTER)?;
+                let data = parse(get(2).ok_or(Malformed("an immediate holds no data"))?)?;
+                let [(DATA_VERDICT, verdict)] = data[..] else {
+                    return Err(Malformed("an immediate holds no verdict"));
+                };
+                let [(VERDICT_CODE, code)] = parse(verdict)?[..] else {
+                    return Err(Malformed("a verdict jumps to a chain"));
+                };
+                Expr::Verdict(be_u32(code)?)
+            }
+            _ => {
+                return Err(Malformed(
+                    "a rule holds an expression the filter never writes",
+                ));
+            }
+        };
+        Ok(expr)
     }
 }
 
-/// One waiting run of `nft -j -f -`, kept for a listing.
-pub struct ListRun(Nft);
-
-/// The whole ruleset, as `nft -j list ruleset` lists it.
-const LIST_RULESET: &[u8] = br#"{"nftables": [{"list": {"ruleset": null}}]}"#;
-
-/// The JSON document that installs `filter` as the namespace's only
-/// ruleset.
-fn install_document(filter: &[FilterRule]) -> String {
-    let mut commands = vec![json!({"add": {"table": {"family": FAMILY, "name": TABLE}}})];
-    commands.extend(["output", "input"].map(|hook| {
-        json!({"add": {"chain": {
-            "family": FAMILY, "table": TABLE, "name": hook,
-            "type": "filter", "hook": hook, "prio": 0, "policy": "drop",
-        }}})
-    }));
-    let rule = |chain: &str, expr: Value| json!({"add": {"rule": {"family": FAMILY, "table": TABLE, "chain": chain, "expr": expr}}});
-    commands.extend(input_rules().into_iter().map(|e| rule("input", e)));
-    commands.extend(filter.iter().flat_map(exprs).map(|e| rule("output", e)));
-    json!({"nftables": commands}).to_string()
+/// An interface name as `meta iifname`/`oifname` loads it: `IFNAMSIZ`
+/// bytes, NUL-padded.
+fn interface(name: &str) -> Vec<u8> {
+    let mut bytes = name.as_bytes().to_vec();
+    bytes.resize(16, 0);
+    bytes
 }
 
-/// The `input` chain's rules: loopback, and replies.
-fn input_rules() -> [Value; 2] {
+/// `meta nfproto ipv4`: what `ip ...` matches need first in an `inet`
+/// table.
+fn ipv4() -> [Expr; 2] {
     [
-        json!([
-            {"match": {"op": "==", "left": {"meta": {"key": "iifname"}}, "right": "lo"}},
-            {"accept": null},
-        ]),
-        json!([
-            {"match": {"op": "in", "left": {"ct": {"key": "state"}}, "right": ["established", "related"]}},
-            {"accept": null},
-        ]),
+        Expr::Meta(META_NFPROTO),
+        Expr::Cmp {
+            op: EQ,
+            data: vec![NFPROTO_IPV4],
+        },
     ]
 }
 
-/// The rule expressions that implement one [`FilterRule`]: DNS takes two
-/// rules (UDP, then TCP), the others one.
-fn exprs(rule: &FilterRule) -> Vec<Value> {
-    let daddr = |right: Value| json!({"match": {"op": "==", "left": {"payload": {"protocol": "ip", "field": "daddr"}}, "right": right}});
-    match *rule {
-        FilterRule::AcceptLoopback => vec![json!([
-            {"match": {"op": "==", "left": {"meta": {"key": "oifname"}}, "right": "lo"}},
-            {"accept": null},
-        ])],
-        FilterRule::AcceptDns { resolver } => ["udp", "tcp"]
+/// `ip daddr NETWORK` (nothing for `/0`, which every IPv4 packet matches).
+fn daddr(address: Ipv4Addr, prefix_len: u8) -> Vec<Expr> {
+    let load = Expr::Payload {
+        base: NETWORK_HEADER,
+        offset: 16,
+        len: 4,
+    };
+    let mask = u32::MAX
+        .checked_shl(32 - u32::from(prefix_len))
+        .unwrap_or(0);
+    let compare = Expr::Cmp {
+        op: EQ,
+        data: (u32::from(address) & mask).to_be_bytes().to_vec(),
+    };
+    match prefix_len {
+        0 => vec![],
+        32 => vec![load, compare],
+        _ => vec![load, Expr::Mask(mask.to_be_bytes().to_vec()), compare],
+    }
+}
+
+/// The rules that implement one [`FilterRule`]: DNS takes two (UDP, then
+/// TCP), the others one. Only IPv4 has rules: IPv6 is disabled in the
+/// namespace and both chains drop it.
+fn rules(rule: &FilterRule) -> Result<Vec<Vec<Expr>>, SidecarError> {
+    let verdict = |action| {
+        Expr::Verdict(match action {
+            PolicyAction::Allow => ACCEPT,
+            PolicyAction::Deny => DROP,
+        })
+    };
+    Ok(match *rule {
+        FilterRule::AcceptLoopback => vec![vec![
+            Expr::Meta(META_OIFNAME),
+            Expr::Cmp {
+                op: EQ,
+                data: interface("lo"),
+            },
+            Expr::Verdict(ACCEPT),
+        ]],
+        FilterRule::AcceptDns { resolver } => [17u8, 6]
             .map(|protocol| {
-                json!([
-                    daddr(json!(resolver.to_string())),
-                    {"match": {"op": "==", "left": {"payload": {"protocol": protocol, "field": "dport"}}, "right": 53}},
-                    {"accept": null},
-                ])
+                let mut exprs = ipv4().to_vec();
+                exprs.extend(daddr(resolver, 32));
+                exprs.extend([
+                    Expr::Meta(META_L4PROTO),
+                    Expr::Cmp {
+                        op: EQ,
+                        data: vec![protocol],
+                    },
+                    Expr::Payload {
+                        base: TRANSPORT_HEADER,
+                        offset: 2,
+                        len: 2,
+                    },
+                    Expr::Cmp {
+                        op: EQ,
+                        data: 53u16.to_be_bytes().to_vec(),
+                    },
+                    Expr::Verdict(ACCEPT),
+                ]);
+                exprs
             })
             .into(),
         FilterRule::Prefix { network, action } => {
-            let verdict = match action {
-                PolicyAction::Allow => json!({"accept": null}),
-                PolicyAction::Deny => json!({"drop": null}),
+            let IpAddr::V4(address) = network.address else {
+                return Err(error(format!(
+                    "the filter holds IPv4 rules only, not one for {}/{}",
+                    network.address, network.prefix_len
+                )));
             };
-            vec![json!([daddr(destination(&network)), verdict])]
+            let mut exprs = ipv4().to_vec();
+            exprs.extend(daddr(address, network.prefix_len));
+            exprs.push(verdict(action));
+            vec![exprs]
+        }
+    })
+}
+
+/// The `input` chain's rules: loopback, and replies.
+fn input_rules() -> [Vec<Expr>; 2] {
+    [
+        vec![
+            Expr::Meta(META_IIFNAME),
+            Expr::Cmp {
+                op: EQ,
+                data: interface("lo"),
+            },
+            Expr::Verdict(ACCEPT),
+        ],
+        vec![
+            Expr::Ct(CT_STATE),
+            Expr::Mask(ESTABLISHED_OR_RELATED.to_ne_bytes().to_vec()),
+            Expr::Cmp {
+                op: NEQ,
+                data: vec![0; 4],
+            },
+            Expr::Verdict(ACCEPT),
+        ],
+    ]
+}
+
+fn socket() -> Result<Socket, SidecarError> {
+    Socket::open().map_err(|e| error(format!("cannot open an nf_tables netlink socket: {e}")))
+}
+
+/// Installs `filter` as the namespace's only ruleset, in one transaction:
+/// the table (refused if it exists), its two chains, their rules.
+pub fn install(filter: &[FilterRule]) -> Result<(), SidecarError> {
+    let mut batch = Batch::new();
+    let mut table = Attrs::default();
+    table.str(TABLE_NAME, TABLE);
+    let create = NLM_F_CREATE | NLM_F_EXCL;
+    batch.add(
+        Kind::Table,
+        FAMILY_INET,
+        create,
+        table,
+        format!("table inet {TABLE}"),
+    );
+    for (name, hook) in [("output", HOOK_OUTPUT), ("input", HOOK_INPUT)] {
+        let mut chain = Attrs::default();
+        chain
+            .str(CHAIN_TABLE, TABLE)
+            .str(CHAIN_NAME, name)
+            .nested(CHAIN_HOOK, |h| {
+                h.u32(HOOK_NUMBER, hook).u32(HOOK_PRIORITY, 0);
+            })
+            .u32(CHAIN_POLICY, DROP)
+            .str(CHAIN_TYPE, "filter");
+        batch.add(
+            Kind::Chain,
+            FAMILY_INET,
+            create,
+            chain,
+            format!("chain {name}"),
+        );
+    }
+    let mut add_rule = |chain: &str, exprs: &[Expr], what: String| {
+        let mut rule = Attrs::default();
+        rule.str(RULE_TABLE, TABLE).str(RULE_CHAIN, chain);
+        rule.nested(RULE_EXPRESSIONS, |list| {
+            for expr in exprs {
+                let (name, data) = expr.encode();
+                list.nested(LIST_ELEMENT, |e| {
+                    e.str(EXPR_NAME, name);
+                    e.nested(EXPR_DATA, |d| *d = data);
+                });
+            }
+        });
+        batch.add(
+            Kind::Rule,
+            FAMILY_INET,
+            NLM_F_CREATE | NLM_F_APPEND,
+            rule,
+            what,
+        );
+    };
+    for (i, exprs) in input_rules().iter().enumerate() {
+        add_rule("input", exprs, format!("input rule {}", i + 1));
+    }
+    for rule in filter {
+        for exprs in rules(rule)? {
+            add_rule("output", &exprs, format!("the output rule for {rule:?}"));
         }
     }
+    socket()?
+        .apply(&batch)
+        .map_err(|e| error(format!("cannot install the filter: {e}")))
 }
 
-/// A destination as `nft` writes it back: a host as a bare address, any
-/// other network as a prefix.
-fn destination(network: &IpPrefix) -> Value {
-    if network.prefix_len == 32 {
-        json!(network.address.to_string())
-    } else {
-        json!({"prefix": {"addr": network.address.to_string(), "len": network.prefix_len}})
+/// Reads the namespace's whole ruleset back and turns the output chain
+/// into [`FilterRule`]s, after checking that it holds nothing but this
+/// table, its two chains as installed, and the input chain's two rules.
+pub fn read_back() -> Result<Vec<FilterRule>, SidecarError> {
+    let mut socket = socket()?;
+    let mut dump = |kind: Kind| {
+        socket
+            .dump(kind)
+            .map_err(|e| error(format!("cannot read the filter back: {e}")))
+    };
+    let malformed =
+        |what: &str, Malformed(why)| error(format!("a dumped {what} is malformed: {why}"));
+    let foreign = |kind: Kind, detail: String| {
+        error(format!(
+            "the namespace holds another {}: {detail}",
+            kind.name()
+        ))
+    };
+
+    let tables = dump(Kind::Table)?;
+    for table in &tables {
+        let attrs = parse(&table.attrs).map_err(|m| malformed("table", m))?;
+        let name = field(&attrs, TABLE_NAME).map_err(|m| malformed("table", m))?;
+        if table.family != FAMILY_INET || string(name).ok() != Some(TABLE) {
+            return Err(foreign(
+                Kind::Table,
+                format!("family {} {:?}", table.family, string(name).unwrap_or("?")),
+            ));
+        }
     }
-}
-
-/// The ruleset being listed.
-pub struct Listing(Nft);
-
-impl Listing {
-    /// Starts listing the whole ruleset with `run`; [`Listing::rules`]
-    /// reads it.
-    pub fn start(run: ListRun) -> Result<Self, SidecarError> {
-        run.0.feed(LIST_RULESET, "list ruleset").map(Listing)
+    if tables.len() != 1 {
+        return Err(error(format!(
+            "the namespace holds {} tables named inet {TABLE}, not one",
+            tables.len()
+        )));
+    }
+    for kind in [Kind::Set, Kind::Object, Kind::Flowtable] {
+        if let Some(object) = dump(kind)?.first() {
+            return Err(foreign(kind, format!("{} bytes", object.attrs.len())));
+        }
     }
 
-    /// The output chain's [`FilterRule`]s of the listed ruleset, after
-    /// checking that it holds nothing but this table, its two chains as
-    /// installed, and the input chain's two rules.
-    pub fn rules(self) -> Result<Vec<FilterRule>, SidecarError> {
-        rules_of_ruleset(&self.0.finish()?)
-    }
-}
-
-/// Lists the whole ruleset with `run` and turns it back into
-/// [`FilterRule`]s, as [`Listing::rules`] does.
-pub fn read_back(run: ListRun) -> Result<Vec<FilterRule>, SidecarError> {
-    Listing::start(run)?.rules()
-}
-
-fn rules_of_ruleset(listed: &[u8]) -> Result<Vec<FilterRule>, SidecarError> {
-    let document: Value =
-        serde_json::from_slice(listed).map_err(|e| error(format!("nft listed no JSON: {e}")))?;
-    let objects = document["nftables"]
-        .as_array()
-        .ok_or_else(|| error("nft listed no `nftables` array"))?;
     let mut chains = Vec::new();
-    let mut input = Vec::new();
-    let mut output = Vec::new();
-    for object in objects {
-        let Some((kind, body)) = object.as_object().and_then(|o| o.iter().next()) else {
-            return Err(error(format!("unexpected ruleset entry {object}")));
-        };
-        let ours = body["family"] == FAMILY && (body["table"] == TABLE || body["name"] == TABLE);
-        match kind.as_str() {
-            "metainfo" => {}
-            "table" if ours && body["name"] == TABLE => {}
-            "chain" if ours => chains.push((
-                body["name"].clone(),
-                body["type"].clone(),
-                body["hook"].clone(),
-                body["prio"].clone(),
-                body["policy"].clone(),
-            )),
-            "rule" if ours && body["chain"] == "input" => input.push(body["expr"].clone()),
-            "rule" if ours && body["chain"] == "output" => output.push(body["expr"].clone()),
-            _ => return Err(error(format!("the namespace holds another {kind}: {body}"))),
-        }
+    for chain in dump(Kind::Chain)? {
+        let attrs = parse(&chain.attrs).map_err(|m| malformed("chain", m))?;
+        chains.push(chain_of(&attrs).map_err(|m| malformed("chain", m))?);
     }
-    chains.sort_by_key(|c| c.0.to_string());
-    let expected_chains: Vec<_> = ["input", "output"]
-        .map(|hook| {
-            (
-                json!(hook),
-                json!("filter"),
-                json!(hook),
-                json!(0),
-                json!("drop"),
-            )
-        })
+    chains.sort();
+    let expected: Vec<_> = [("input", HOOK_INPUT), ("output", HOOK_OUTPUT)]
+        .map(|(name, hook)| (name.to_owned(), hook, 0, DROP, "filter".to_owned()))
         .into();
-    if chains != expected_chains {
+    if chains != expected {
         return Err(error(format!(
             "the filter's chains are not the two drop-by-default base chains: {chains:?}"
         )));
+    }
+
+    let mut input = Vec::new();
+    let mut output = Vec::new();
+    for rule in dump(Kind::Rule)? {
+        let attrs = parse(&rule.attrs).map_err(|m| malformed("rule", m))?;
+        let (table, chain, exprs) = rule_of(&attrs).map_err(|m| malformed("rule", m))?;
+        match (rule.family, table.as_str(), chain.as_str()) {
+            (FAMILY_INET, TABLE, "input") => input.push(exprs),
+            (FAMILY_INET, TABLE, "output") => output.push(exprs),
+            _ => return Err(foreign(Kind::Rule, format!("in {table} {chain}"))),
+        }
     }
     if input != input_rules() {
         return Err(error(format!(
@@ -218,125 +511,102 @@ fn rules_of_ruleset(listed: &[u8]) -> Result<Vec<FilterRule>, SidecarError> {
     rules_of(&output)
 }
 
-/// Turns the output chain's rule expressions back into [`FilterRule`]s.
-fn rules_of(output: &[Value]) -> Result<Vec<FilterRule>, SidecarError> {
-    let mut rules = Vec::new();
+/// The value of attribute `kind`.
+fn field<'a>(attrs: &[(u16, &'a [u8])], kind: u16) -> Result<&'a [u8], Malformed> {
+    attrs
+        .iter()
+        .find(|(k, _)| *k == kind)
+        .map(|(_, v)| *v)
+        .ok_or(Malformed("an attribute is missing"))
+}
+
+/// A dumped chain as (name, hook, priority, policy, type), if it is a base
+/// chain of this table; an error names any other.
+fn chain_of(attrs: &[(u16, &[u8])]) -> Result<(String, u32, u32, u32, String), Malformed> {
+    let text = |kind| field(attrs, kind).and_then(string).map(str::to_owned);
+    if text(CHAIN_TABLE)? != TABLE {
+        return Err(Malformed("a chain belongs to another table"));
+    }
+    let hook = parse(field(attrs, CHAIN_HOOK)?)?;
+    Ok((
+        text(CHAIN_NAME)?,
+        be_u32(field(&hook, HOOK_NUMBER)?)?,
+        be_u32(field(&hook, HOOK_PRIORITY)?)?,
+        be_u32(field(attrs, CHAIN_POLICY)?)?,
+        text(CHAIN_TYPE)?,
+    ))
+}
+
+/// A dumped rule as (table, chain, expressions).
+fn rule_of(attrs: &[(u16, &[u8])]) -> Result<(String, String, Vec<Expr>), Malformed> {
+    let text = |kind| field(attrs, kind).and_then(string).map(str::to_owned);
+    let mut exprs = Vec::new();
+    for (kind, element) in parse(field(attrs, RULE_EXPRESSIONS)?)? {
+        if kind != LIST_ELEMENT {
+            return Err(Malformed("an expression list holds something else"));
+        }
+        let element = parse(element)?;
+        let name = string(field(&element, EXPR_NAME)?)?;
+        exprs.push(Expr::decode(name, field(&element, EXPR_DATA)?)?);
+    }
+    Ok((text(RULE_TABLE)?, text(RULE_CHAIN)?, exprs))
+}
+
+/// Turns the output chain's rules back into [`FilterRule`]s: each must be
+/// exactly what [`rules`] writes for one.
+fn rules_of(output: &[Vec<Expr>]) -> Result<Vec<FilterRule>, SidecarError> {
+    let mut found = Vec::new();
     let mut rest = output;
-    while let Some((first, tail)) = rest.split_first() {
-        rest = tail;
-        if *first == exprs(&FilterRule::AcceptLoopback)[0] {
-            rules.push(FilterRule::AcceptLoopback);
-            continue;
-        }
-        let destination = first[0]["match"]["right"].clone();
-        let address = destination
-            .as_str()
-            .and_then(|a| a.parse::<Ipv4Addr>().ok());
-        if let Some(resolver) = address {
-            let dns = FilterRule::AcceptDns { resolver };
-            let [udp, tcp] = <[Value; 2]>::try_from(exprs(&dns)).unwrap_or_default();
-            if *first == udp && tail.first() == Some(&tcp) {
-                rest = &tail[1..];
-                rules.push(dns);
-                continue;
-            }
-        }
-        let network = match (&address, &destination["prefix"]) {
-            (Some(host), _) => IpPrefix::host(IpAddr::V4(*host)),
-            (None, prefix) => prefix["addr"]
-                .as_str()
-                .and_then(|a| a.parse::<Ipv4Addr>().ok())
-                .zip(prefix["len"].as_u64().and_then(|l| u8::try_from(l).ok()))
-                .and_then(|(addr, len)| IpPrefix::ipv4(addr.octets(), len))
-                .ok_or_else(|| error(format!("unrecognised output rule {first}")))?,
+    while !rest.is_empty() {
+        let candidates = candidates(&rest[0]);
+        let matched = candidates.into_iter().find_map(|rule| {
+            let written = rules(&rule).ok()?;
+            rest.starts_with(&written).then_some((rule, written.len()))
+        });
+        let Some((rule, taken)) = matched else {
+            return Err(error(format!("unrecognised output rule {:?}", rest[0])));
         };
-        let rule = [PolicyAction::Allow, PolicyAction::Deny]
-            .into_iter()
-            .map(|action| FilterRule::Prefix { network, action })
-            .find(|rule| exprs(rule)[0] == *first)
-            .ok_or_else(|| error(format!("unrecognised output rule {first}")))?;
-        rules.push(rule);
+        found.push(rule);
+        rest = &rest[taken..];
     }
-    Ok(rules)
+    Ok(found)
 }
 
-/// One run of `nft`, started and not yet waited for.
-pub struct Nft {
-    /// Until [`Nft::finish`] waits for it.
-    child: Option<std::process::Child>,
-    program: &'static str,
-    args: String,
-}
-
-impl Nft {
-    /// Starts `nft ARGS`, waiting for its input ([`Nft::feed`]).
-    fn spawn(args: &[&str]) -> Result<Self, SidecarError> {
-        let program = NFT
-            .iter()
-            .find(|p| std::path::Path::new(p).is_file())
-            .ok_or_else(|| {
-                error("nft is not installed; install it with `apt-get install nftables`")
-            })?;
-        let child = Command::new(program)
-            .args(args)
-            .env_clear()
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|e| error(format!("cannot run {program}: {e}")))?;
-        Ok(Self {
-            child: Some(child),
-            program,
-            args: args.join(" "),
-        })
-    }
-
-    /// Gives the run its whole input: it reads to the end before it does
-    /// anything.
-    fn feed(mut self, input: &[u8], what: &str) -> Result<Self, SidecarError> {
-        let program = self.program;
-        self.args = format!("{} ({what})", self.args);
-        let stdin = self.child.as_mut().and_then(|c| c.stdin.take());
-        let mut stdin = stdin.ok_or_else(|| error(format!("{program} was fed already")))?;
-        // nft reads its whole input before it writes anything, so this
-        // cannot wait on a full output pipe; the input is a few KiB.
-        stdin
-            .write_all(input)
-            .map_err(|e| error(format!("cannot write to {program}: {e}")))?;
-        Ok(self)
-    }
-
-    /// Waits for the run: its standard output, or an error with what it
-    /// said.
-    pub fn finish(mut self) -> Result<Vec<u8>, SidecarError> {
-        let program = self.program;
-        let output = self
-            .child
-            .take()
-            .ok_or_else(|| error(format!("{program} was waited for already")))?
-            .wait_with_output()
-            .map_err(|e| error(format!("cannot wait for {program}: {e}")))?;
-        if !output.status.success() {
-            return Err(error(format!(
-                "`nft {}` failed ({}): {}",
-                self.args,
-                output.status,
-                String::from_utf8_lossy(&output.stderr).trim()
-            )));
+/// The [`FilterRule`]s a rule could be written for, by the destination it
+/// matches.
+fn candidates(exprs: &[Expr]) -> Vec<FilterRule> {
+    let mut candidates = vec![FilterRule::AcceptLoopback];
+    let network = match exprs {
+        [_, _, Expr::Verdict(_)] => IpPrefix::ipv4([0; 4], 0),
+        [_, _, Expr::Payload { .. }, Expr::Cmp { data, .. }, ..] => <[u8; 4]>::try_from(&data[..])
+            .ok()
+            .and_then(|a| IpPrefix::ipv4(a, 32)),
+        [
+            _,
+            _,
+            Expr::Payload { .. },
+            Expr::Mask(mask),
+            Expr::Cmp { data, .. },
+            ..,
+        ] => {
+            let ones = mask.iter().map(|b| b.count_ones()).sum::<u32>();
+            <[u8; 4]>::try_from(&data[..])
+                .ok()
+                .and_then(|a| IpPrefix::ipv4(a, u8::try_from(ones).ok()?))
         }
-        Ok(output.stdout)
-    }
-}
-
-impl Drop for Nft {
-    /// A run given up on (its caller failed first) is ended and reaped.
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
+        _ => None,
+    };
+    if let Some(network) = network {
+        if let IpAddr::V4(resolver) = network.address
+            && network.prefix_len == 32
+        {
+            candidates.push(FilterRule::AcceptDns { resolver });
+        }
+        for action in [PolicyAction::Allow, PolicyAction::Deny] {
+            candidates.push(FilterRule::Prefix { network, action });
         }
     }
+    candidates
 }
 
 #[cfg(test)]
@@ -350,9 +620,8 @@ mod tests {
         }
     }
 
-    #[test]
-    fn rules_read_back_as_written() {
-        let filter = [
+    fn sample() -> Vec<FilterRule> {
+        vec![
             FilterRule::AcceptLoopback,
             FilterRule::AcceptDns {
                 resolver: Ipv4Addr::new(10, 0, 2, 3),
@@ -360,27 +629,169 @@ mod tests {
             prefix([224, 0, 0, 0], 4, PolicyAction::Deny),
             prefix([255, 255, 255, 255], 32, PolicyAction::Deny),
             prefix([198, 18, 0, 10], 32, PolicyAction::Allow),
+            prefix([10, 0, 0, 0], 8, PolicyAction::Deny),
             prefix([0, 0, 0, 0], 0, PolicyAction::Allow),
-        ];
-        let written: Vec<Value> = filter.iter().flat_map(exprs).collect();
+        ]
+    }
+
+    /// What the kernel dumps back is what was encoded; decoding it gives
+    /// the expression again.
+    fn round_trip(expr: &Expr) -> Expr {
+        let (name, data) = expr.encode();
+        Expr::decode(name, data.as_bytes()).unwrap()
+    }
+
+    #[test]
+    fn rules_read_back_as_written() {
+        let filter = sample();
+        let written: Vec<Vec<Expr>> = filter
+            .iter()
+            .flat_map(|r| rules(r).unwrap())
+            .map(|exprs| exprs.iter().map(round_trip).collect())
+            .collect();
         assert_eq!(written.len(), filter.len() + 1, "DNS takes two rules");
         assert_eq!(rules_of(&written).unwrap(), filter);
+        for exprs in input_rules() {
+            let read: Vec<Expr> = exprs.iter().map(round_trip).collect();
+            assert_eq!(read, exprs);
+        }
     }
 
     #[test]
     fn unknown_rules_are_refused() {
+        let accept = Expr::Verdict(ACCEPT);
+        let to = |op| {
+            let mut exprs = ipv4().to_vec();
+            exprs.extend(daddr(Ipv4Addr::new(1, 2, 3, 4), 32));
+            if let Some(Expr::Cmp { op: o, .. }) = exprs.last_mut() {
+                *o = op;
+            }
+            exprs.push(accept.clone());
+            exprs
+        };
         let foreign = [
-            json!([{"accept": null}]),
-            json!([{"match": {"op": "!=", "left": {"payload": {"protocol": "ip", "field": "daddr"}}, "right": "1.2.3.4"}}, {"accept": null}]),
-            json!([{"match": {"op": "==", "left": {"payload": {"protocol": "ip", "field": "daddr"}}, "right": "1.2.3.4"}}, {"counter": null}, {"accept": null}]),
+            vec![accept.clone()],
+            to(NEQ),
+            // A mask that is not a prefix.
+            {
+                let mut exprs = ipv4().to_vec();
+                exprs.extend(daddr(Ipv4Addr::new(10, 0, 0, 0), 8));
+                exprs[3] = Expr::Mask(vec![0xff, 0, 0xff, 0]);
+                exprs.push(accept.clone());
+                exprs
+            },
         ];
         for rule in foreign {
-            assert!(rules_of(std::slice::from_ref(&rule)).is_err(), "{rule}");
+            assert!(rules_of(std::slice::from_ref(&rule)).is_err(), "{rule:?}");
         }
         // Half of a DNS pair is not DNS.
-        let dns = exprs(&FilterRule::AcceptDns {
+        let dns = rules(&FilterRule::AcceptDns {
             resolver: Ipv4Addr::new(10, 0, 2, 3),
-        });
+        })
+        .unwrap();
         assert!(rules_of(&dns[..1]).is_err());
+        // An expression the filter never writes, or with an attribute it
+        // never sets, does not decode.
+        assert!(Expr::decode("counter", &[]).is_err());
+        let (name, mut data) = Expr::Meta(META_OIFNAME).encode();
+        data.u32(3, REGISTER);
+        assert!(Expr::decode(name, data.as_bytes()).is_err());
+        let (name, _) = Expr::Verdict(ACCEPT).encode();
+        let mut other = Attrs::default();
+        other.u32(1, REGISTER).nested(2, |d| {
+            d.nested(DATA_VERDICT, |v| {
+                v.u32(VERDICT_CODE, ACCEPT);
+            });
+        });
+        assert!(
+            Expr::decode(name, other.as_bytes()).is_err(),
+            "a verdict into a data register"
+        );
+    }
+
+    /// In a user and network namespace of its own (the test re-runs itself
+    /// under `unshare -Urn`), the filter installs, reads back as written,
+    /// and `nft` lists it as the rules it means; a rule or table added
+    /// beside it makes the read-back fail.
+    #[test]
+    fn the_kernel_holds_what_was_installed() {
+        const INNER: &str = "LAZARET_FILTER_TEST_NAMESPACE";
+        let name = "filter::tests::the_kernel_holds_what_was_installed";
+        if std::env::var_os(INNER).is_none() {
+            let out = std::process::Command::new("unshare")
+                .args(["-Urn", "--"])
+                .arg(std::env::current_exe().unwrap())
+                .args(["--exact", name, "--nocapture", "--test-threads=1"])
+                .env(INNER, "1")
+                .output()
+                .expect("run unshare");
+            let text = String::from_utf8_lossy(&out.stdout).into_owned()
+                + &String::from_utf8_lossy(&out.stderr);
+            assert!(out.status.success() && text.contains("1 passed"), "{text}");
+            return;
+        }
+        let filter = sample();
+        install(&filter).unwrap();
+        assert_eq!(read_back().unwrap(), filter);
+        // A second install finds the table there and changes nothing.
+        let again = install(&filter).unwrap_err();
+        assert!(
+            again.detail.contains("table inet lazaret"),
+            "{}",
+            again.detail
+        );
+        assert_eq!(read_back().unwrap(), filter);
+
+        let nft = |args: &[&str]| {
+            let out = std::process::Command::new("nft")
+                .args(args)
+                .output()
+                .expect("run nft");
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            String::from_utf8(out.stdout).unwrap()
+        };
+        let listed = nft(&["list", "ruleset"]);
+        let lines: Vec<&str> = listed.lines().map(str::trim).collect();
+        for expected in [
+            "type filter hook output priority filter; policy drop;",
+            "type filter hook input priority filter; policy drop;",
+            "iifname \"lo\" accept",
+            "ct state established,related accept",
+            "oifname \"lo\" accept",
+            "ip daddr 10.0.2.3 udp dport 53 accept",
+            "ip daddr 10.0.2.3 tcp dport 53 accept",
+            "ip daddr 224.0.0.0/4 drop",
+            "ip daddr 255.255.255.255 drop",
+            "ip daddr 198.18.0.10 accept",
+            "ip daddr 10.0.0.0/8 drop",
+        ] {
+            assert!(
+                lines.contains(&expected),
+                "nft lists no `{expected}`:\n{listed}"
+            );
+        }
+
+        nft(&[
+            "add", "rule", "inet", "lazaret", "output", "counter", "accept",
+        ]);
+        let refused = read_back().unwrap_err();
+        assert!(
+            refused.detail.contains("malformed") || refused.detail.contains("unrecognised"),
+            "{}",
+            refused.detail
+        );
+        nft(&["delete", "table", "inet", "lazaret"]);
+        install(&filter).unwrap();
+        nft(&["add", "table", "ip", "other"]);
+        let refused = read_back().unwrap_err();
+        assert!(
+            refused.detail.contains("another table"),
+            "{}",
+            refused.detail
+        );
     }
 }

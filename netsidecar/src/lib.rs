@@ -11,8 +11,8 @@
 //!    probe names (it holds no CAP_SYS_ADMIN, so it cannot enter another);
 //! 4. reads the policy from the memfd, refusing one that is not sealed or
 //!    does not validate;
-//! 5. with `nft`, installs the packet filter that enforces the policy a
-//!    second time while the connectivity helper attaches; once the helper
+//! 5. over nf_tables netlink, installs the packet filter that enforces the
+//!    policy a second time while the connectivity helper attaches; once the helper
 //!    writes `1` to its ready pipe (within [`HELPER_READY_TIMEOUT`]), with
 //!    rtnetlink: brings up loopback, disables IPv6, configures the
 //!    helper's tap device, installs one route per policy rule and one per
@@ -33,6 +33,7 @@
 
 mod filter;
 mod install;
+mod nfnetlink;
 mod probe;
 
 use std::os::fd::BorrowedFd;
@@ -112,18 +113,15 @@ pub fn run() -> ExitCode {
 /// Takes the one request and carries it out.
 fn serve(channel: &Channel) -> Result<SidecarReport, SidecarError> {
     check_privileges()?;
-    // `nft` starts while the request is awaited (the supervisor starts the
-    // first sidecar before it is asked to attest).
-    let runs = filter::Runs::start()?;
     let Received { message, fds } = channel
         .recv()
         .map_err(|e| failed(SidecarStep::Request, chain(&e)))?;
     match message {
         SidecarRequest::Attest(request) => {
-            attest(request, &fds, runs).map(|a| SidecarReport::Attested(Box::new(a)))
+            attest(request, &fds).map(|a| SidecarReport::Attested(Box::new(a)))
         }
         SidecarRequest::Observe(request) => {
-            observe(request, &fds, runs.for_listing()).map(|o| SidecarReport::Observed(Box::new(o)))
+            observe(request, &fds).map(|o| SidecarReport::Observed(Box::new(o)))
         }
     }
 }
@@ -158,7 +156,6 @@ fn netlink_runtime() -> Result<tokio::runtime::Runtime, SidecarError> {
 fn observe(
     request: ObserveRequest,
     fds: &[std::os::fd::OwnedFd],
-    list: filter::ListRun,
 ) -> Result<NetworkObservation, SidecarError> {
     let parameters = request.parameters;
     check_namespace(
@@ -175,14 +172,13 @@ fn observe(
         helper_ready: readback.tap_up,
         observed_routes: readback.routes,
         ipv6_disabled: readback.ipv6_disabled,
-        observed_filter: filter::read_back(list)?,
+        observed_filter: filter::read_back()?,
     })
 }
 
 fn attest(
     request: AttestRequest,
     fds: &[std::os::fd::OwnedFd],
-    runs: filter::Runs,
 ) -> Result<NetworkReadinessAttestation, SidecarError> {
     let AttestRequest {
         parameters,
@@ -200,23 +196,16 @@ fn attest(
     link.validate()
         .map_err(|e| failed(SidecarStep::Request, format!("link: {e}")))?;
 
-    // The filter's `nft` runs while the connectivity helper attaches and
-    // the routes are installed over netlink, and its readback while the
-    // probes run: each is its own process, and neither depends on the
-    // other's result. The filter needs no device; the routes need the
-    // helper's.
+    // The filter needs no device, so it is installed while the
+    // connectivity helper attaches; the routes need the helper's device.
     let began = Instant::now();
-    let (filtering, list) = runs.install(&policy.expected_filter())?;
+    filter::install(&policy.expected_filter())?;
     await_helper(fd(helper_ready)?)?;
     let attached = began.elapsed();
-    let readback = netlink_runtime()?.block_on(install::install(&policy, link));
-    let filtered = filtering.finish();
-    let readback = readback?;
-    filtered?;
+    let readback = netlink_runtime()?.block_on(install::install(&policy, link))?;
     let installed = began.elapsed();
-    let listing = filter::Listing::start(list)?;
     let probes = probe::run(&policy, link);
-    let observed_filter = listing.rules()?;
+    let observed_filter = filter::read_back()?;
     tracing::info!(
         helper_wait_us = attached.as_micros() as u64,
         install_us = installed.as_micros() as u64,
