@@ -760,20 +760,32 @@ fn bring_up(
         generation,
         generation_dir: &generation_dir,
     };
-    let (storage, network) = side_by_side(
+    // The control and session sockets are published meanwhile too: no
+    // session is served before `up` has finished, so a client that
+    // connects early waits.
+    let ((storage, published), network) = side_by_side(
         reporter,
         (StartupStep::Network, "attaching the network"),
         || attach_network(cx, supervisor, holder_record, planned, helper_slot),
         || {
-            prepare_storage(cx, owned, &source).and_then(|storage| {
-                send_plan(
-                    cx,
-                    supervisor,
-                    storage,
-                    &runsc,
-                    container_id,
-                    &network_policy,
-                )
+            std::thread::scope(|scope| {
+                let published = beside(
+                    scope,
+                    reporter,
+                    (StartupStep::Sandbox, "publishing the sessions"),
+                    || publish(resolved, generation, &recorder),
+                );
+                let storage = prepare_storage(cx, owned, &source).and_then(|storage| {
+                    send_plan(
+                        cx,
+                        supervisor,
+                        storage,
+                        &runsc,
+                        container_id,
+                        &network_policy,
+                    )
+                });
+                (storage, published.join())
             })
         },
     );
@@ -784,24 +796,12 @@ fn bring_up(
         environment,
     } = storage?;
     let (namespaces, requested) = network?;
-    // While the router and the attestation are awaited, the control and
-    // session sockets are published: no session is served before `up` has
-    // finished, so a client that connects early waits.
     let helper = starting.helper.as_ref();
-    let (network, published) = side_by_side(
-        reporter,
-        (StartupStep::Sandbox, "publishing the sessions"),
-        || publish(resolved, generation, &recorder),
-        || {
-            reporter.progress(StartupStep::Workspace, "starting the Workspace Router");
-            let (routed, attestation) = supervisor
-                .two_reports(|report| super::workspace::routed(resolved, storage.workspace, report))
-                .map_err(|failure| helper_failed(failure, helper))?;
-            let network = super::network::verify(reporter, requested, attestation)?;
-            Ok((routed, network))
-        },
-    );
-    let (routed, network) = network?;
+    reporter.progress(StartupStep::Workspace, "starting the Workspace Router");
+    let (routed, attestation) = supervisor
+        .two_reports(|report| super::workspace::routed(resolved, storage.workspace, report))
+        .map_err(|failure| helper_failed(failure, helper))?;
+    let network = super::network::verify(reporter, requested, attestation)?;
     let Published {
         listener,
         sessions,

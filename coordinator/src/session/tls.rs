@@ -600,7 +600,11 @@ fn check_private_dir(dir: &RetainedDir) -> Result<(), TlsError> {
 }
 
 /// Creates `name` in `dir` with exactly `bytes`, mode `0600`, through a
-/// temporary name and a no-replace rename.
+/// temporary name and a no-replace rename, so a reader sees it whole or
+/// not at all. It is not synced: the credential directory is in the
+/// runtime directory, whose files do not outlive the login session (let
+/// alone a power loss), and the generation they serve ends with the
+/// machine too.
 fn write_new_file(dir: &RetainedDir, name: &str, bytes: &[u8]) -> Result<(), TlsError> {
     let path = dir.label().join(name);
     let partial = partial_name(name);
@@ -618,8 +622,6 @@ fn write_new_file(dir: &RetainedDir, name: &str, bytes: &[u8]) -> Result<(), Tls
         let mut file = std::fs::File::from(fd);
         file.write_all(bytes)
             .map_err(|source| io_error("write", &path, source))?;
-        file.sync_all()
-            .map_err(|source| io_error("sync", &path, source))?;
         rustix::fs::renameat_with(dir.fd(), &partial, dir.fd(), name, RenameFlags::NOREPLACE)
             .map_err(|errno| open_error("rename into place", path.clone(), errno))
     })();
