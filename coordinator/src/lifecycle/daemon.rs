@@ -48,7 +48,7 @@ use lazaret_proto::store::{Domain, Generation, GenerationState, ParticipantState
 use lazaret_proto::trust::{GenerationIdentity, ProtocolCredential, TrustManifest};
 use rustix::fs::{Mode, OFlags};
 
-use super::record::Recorder;
+use super::record::{Became, Intent, Recorder};
 use super::recovery::{finish_stale, release_generation};
 use super::supervisor::{PlanInputs, Supervisor};
 use super::{DomainPaths, chain};
@@ -725,15 +725,23 @@ fn bring_up(
     let runsc = crate::programs::runsc().map_err(sandbox_failure)?;
     let container_id = ContainerId(session::random_bytes());
     // The supervisor's pid 1 holds the Domain namespaces; it is recorded
-    // with the supervisor, which starts it at once.
-    let [helper, holder_record] = recorder.intents(
+    // with the supervisor, which starts it at once. The image's lease and
+    // the control and session sockets' publications are recorded in the
+    // same commit: nothing of them exists until the storage is prepared
+    // and the network is attaching.
+    let helper_record = || ParticipantOwnership::Helper(HelperOwnership::default());
+    let [helper, holder_record, lower, control, sessions] = recorder.intents(
         StartupStep::Sandbox,
-        [Slot::SUPERVISOR, Slot::NAMESPACE_HOLDER].map(|slot| {
+        [
+            (Slot::SUPERVISOR, helper_record()),
+            (Slot::NAMESPACE_HOLDER, helper_record()),
             (
-                slot,
-                ParticipantOwnership::Helper(HelperOwnership::default()),
-            )
-        }),
+                Slot::PREPARED_LOWER,
+                ParticipantOwnership::PreparedLower(PreparedLowerOwnership::default()),
+            ),
+            publication(auth, Slot::PUBLICATION),
+            publication(auth, Slot::SESSION_PUBLICATION),
+        ],
     )?;
     let supervisor: &Supervisor = starting
         .supervisor
@@ -760,54 +768,56 @@ fn bring_up(
         generation,
         generation_dir: &generation_dir,
     };
-    // The control and session sockets are published meanwhile too: no
-    // session is served before `up` has finished, so a client that
-    // connects early waits.
-    let ((storage, published), network) = side_by_side(
+    // Once slirp4netns is started, the control and session sockets are
+    // published on the network's thread while the sidecar waits for it to
+    // attach. No session is served before `up` has finished, so a client
+    // that connects early waits.
+    let (storage, network) = side_by_side(
         reporter,
         (StartupStep::Network, "attaching the network"),
-        || attach_network(cx, supervisor, holder_record, planned, helper_slot),
         || {
-            std::thread::scope(|scope| {
-                let published = beside(
-                    scope,
-                    reporter,
-                    (StartupStep::Sandbox, "publishing the sessions"),
-                    || publish(resolved, generation, &recorder),
-                );
-                let storage = prepare_storage(cx, owned, &source).and_then(|storage| {
-                    send_plan(
-                        cx,
-                        supervisor,
-                        storage,
-                        &runsc,
-                        container_id,
-                        &network_policy,
-                    )
-                });
-                (storage, published.join())
+            let attached = attach_network(cx, supervisor, holder_record, planned, helper_slot)?;
+            Ok((attached, publish(resolved, generation, [control, sessions])))
+        },
+        || {
+            prepare_storage(cx, owned, &source, lower).and_then(|storage| {
+                send_plan(
+                    cx,
+                    supervisor,
+                    storage,
+                    &runsc,
+                    container_id,
+                    &network_policy,
+                )
             })
         },
     );
     let Planned {
         storage,
+        routing,
         sandbox,
         mut sandbox_record,
         environment,
     } = storage?;
-    let (namespaces, requested) = network?;
+    let ((namespaces, requested), published) = network?;
     let helper = starting.helper.as_ref();
     reporter.progress(StartupStep::Workspace, "starting the Workspace Router");
-    let (routed, attestation) = supervisor
-        .two_reports(|report| super::workspace::routed(resolved, storage.workspace, report))
+    let ((routed, router_record), attestation) = supervisor
+        .two_reports(|report| {
+            super::workspace::routed(resolved, storage.workspace, routing, report)
+        })
         .map_err(|failure| helper_failed(failure, helper))?;
-    let network = super::network::verify(reporter, requested, attestation)?;
+    let (network, network_record) = super::network::verify(reporter, requested, attestation)?;
+    // The router and the attested network, in one commit before the
+    // sandbox starts.
+    recorder.settle(StartupStep::Network, vec![router_record, network_record])?;
     let Published {
         listener,
         sessions,
         session_server,
         credential,
         manifest,
+        records: published,
     } = published?;
 
     // The sandbox, now that its network is proven.
@@ -817,9 +827,14 @@ fn bring_up(
     sandbox_record.container_process = running.process.committed();
     sandbox_record.runtime_root = Some(running.runtime_root.clone());
     sandbox_record.user_namespace = Some(namespaces.user_namespace);
-    // The sandbox runs, and so does the generation: one commit.
+    // The sandbox runs, and so does the generation, its sockets published:
+    // one commit.
     generation.state = GenerationState::Running;
-    sandbox.active_with(ParticipantOwnership::Sandbox(sandbox_record), generation)?;
+    sandbox.active_with(
+        ParticipantOwnership::Sandbox(sandbox_record),
+        generation,
+        published.map(Intent::becoming_active).into(),
+    )?;
     let supervisor = starting
         .supervisor
         .take()
@@ -933,8 +948,19 @@ fn beside<'scope, B: Send + 'scope>(
 struct Storage {
     prepared: PreparedLower,
     anchor_dirs: Vec<RetainedDir>,
+    /// The State Anchors, made: recorded with the sandbox's intent.
+    anchored: Vec<Became>,
     uppers: super::usage::Uppers,
     workspace: super::workspace::Prepared,
+}
+
+/// The State Anchor directories [`lease_and_anchor`] made, and their
+/// records.
+struct Anchors {
+    dirs: Vec<RetainedDir>,
+    /// What each anchor became, for the caller to record.
+    records: Vec<Became>,
+    uppers: super::usage::Uppers,
 }
 
 /// Leases the image, makes the State Anchor directories and prepares the
@@ -945,6 +971,7 @@ fn prepare_storage(
     cx: Context<'_>,
     owned: &Owned,
     source: &crate::image::ImageSource,
+    lower: Intent,
 ) -> Result<Storage, Failure> {
     std::thread::scope(|scope| {
         let rules = beside(
@@ -953,31 +980,29 @@ fn prepare_storage(
             (StartupStep::Workspace, "taking the workspace's git rules"),
             || super::workspace::take_rules(cx.reporter, cx.resolved),
         );
-        let (prepared, anchor_dirs, uppers) = lease_and_anchor(cx, owned, source)?;
+        let (prepared, anchors) = lease_and_anchor(cx, owned, source, lower)?;
         let uid = rustix::process::getuid().as_raw();
-        let workspace = super::workspace::prepare(
-            cx.recorder,
-            cx.resolved,
-            cx.generation_dir,
-            rules.join()?,
-            uid,
-        )?;
+        let workspace =
+            super::workspace::prepare(cx.resolved, cx.generation_dir, rules.join()?, uid)?;
         Ok(Storage {
             prepared,
-            anchor_dirs,
-            uppers,
+            anchor_dirs: anchors.dirs,
+            anchored: anchors.records,
+            uppers: anchors.uppers,
             workspace,
         })
     })
 }
 
-/// Leases the image and makes the State Anchor directories, recording
-/// each; what the generation's uppers are.
+/// Leases the image (`lower`, recorded as intended) and makes the State
+/// Anchor directories: the lease and the anchors' intents are recorded in
+/// one commit, what the anchors became is left for the sandbox's intent.
 fn lease_and_anchor(
     cx: Context<'_>,
     owned: &Owned,
     source: &crate::image::ImageSource,
-) -> Result<(PreparedLower, Vec<RetainedDir>, super::usage::Uppers), Failure> {
+    lower: Intent,
+) -> Result<(PreparedLower, Anchors), Failure> {
     let Context {
         reporter,
         recorder,
@@ -992,11 +1017,6 @@ fn lease_and_anchor(
         StartupStep::Image,
         format!("resolving {}", resolved.record().image),
     );
-    let lower = recorder.intent(
-        Slot::PREPARED_LOWER,
-        StartupStep::Image,
-        ParticipantOwnership::PreparedLower(PreparedLowerOwnership::default()),
-    )?;
     let prepared = owned
         .catalog
         .prepare_and_lease(
@@ -1012,7 +1032,7 @@ fn lease_and_anchor(
             },
         )
         .map_err(|e| at(StartupStep::Image)(&e))?;
-    lower.became(
+    let leased = lower.becoming(
         ParticipantState::LeaseHeld,
         ParticipantOwnership::PreparedLower(PreparedLowerOwnership {
             prepared_artifact_id: Some(prepared.artifact_id),
@@ -1020,7 +1040,7 @@ fn lease_and_anchor(
             rootfs_path: Some(HostPath::from(&prepared.rootfs_path)),
             ..PreparedLowerOwnership::default()
         }),
-    )?;
+    );
     reporter.progress(
         StartupStep::Image,
         format!("prepared {}", prepared.manifest_digest.to_oci_string()),
@@ -1031,47 +1051,56 @@ fn lease_and_anchor(
         StartupStep::State,
         format!("generation {}", generation.generation_id),
     );
-    let mut anchor_dirs = Vec::new();
-    for (i, dir) in resolved.record().persistent_dirs.iter().enumerate() {
-        let name = Path::new(ANCHORS_DIR).join(anchor_name(dir));
-        let state_dir = auth.domain_storage.label().join(&name);
-        let anchor = recorder.intent(
-            Slot::state_anchor(i),
-            StartupStep::State,
-            ParticipantOwnership::StateAnchor(StateAnchorOwnership {
+    let persistent_dirs = &resolved.record().persistent_dirs;
+    let names: Vec<PathBuf> = persistent_dirs
+        .iter()
+        .map(|dir| Path::new(ANCHORS_DIR).join(anchor_name(dir)))
+        .collect();
+    let intents = persistent_dirs
+        .iter()
+        .zip(&names)
+        .enumerate()
+        .map(|(i, (dir, name))| {
+            let state_dir = auth.domain_storage.label().join(name);
+            let ownership = ParticipantOwnership::StateAnchor(StateAnchorOwnership {
                 lower_artifact_id: Some(prepared.artifact_id),
                 upper_path: Some(HostPath::from(&state_dir.join(UPPER_DIR))),
                 work_path: Some(HostPath::from(&state_dir.join(WORK_DIR))),
                 sandbox_path: Some(dir.clone()),
                 ..StateAnchorOwnership::default()
-            }),
-        )?;
-        let retained = auth
-            .domain_storage
-            .ensure_child(&name, uid)
-            .and_then(|d| {
-                d.ensure_child(Path::new(UPPER_DIR), uid)?;
-                d.ensure_child(Path::new(WORK_DIR), uid)?;
-                Ok(d)
-            })
-            .map_err(|e| at(StartupStep::State)(&e))?;
-        anchor.active()?;
-        anchor_dirs.push(retained);
-    }
-    let uppers = super::usage::Uppers::new(
-        generation_dir,
-        &resolved.record().persistent_dirs,
-        &anchor_dirs,
-    )
-    .map_err(|e| at(StartupStep::State)(&e))?;
-    Ok((prepared, anchor_dirs, uppers))
+            });
+            (Slot::state_anchor(i), ownership)
+        })
+        .collect();
+    let anchors = recorder.record_all(StartupStep::State, vec![leased], intents)?;
+    let dirs = names
+        .iter()
+        .map(|name| {
+            let dir = auth.domain_storage.ensure_child(name, uid)?;
+            dir.ensure_child(Path::new(UPPER_DIR), uid)?;
+            dir.ensure_child(Path::new(WORK_DIR), uid)?;
+            Ok(dir)
+        })
+        .collect::<Result<Vec<_>, crate::config::ConfinedError>>()
+        .map_err(|e| at(StartupStep::State)(&e))?;
+    let uppers = super::usage::Uppers::new(generation_dir, persistent_dirs, &dirs)
+        .map_err(|e| at(StartupStep::State)(&e))?;
+    Ok((
+        prepared,
+        Anchors {
+            dirs,
+            records: anchors.into_iter().map(Intent::becoming_active).collect(),
+            uppers,
+        },
+    ))
 }
 
-/// The storage, and the sandbox recorded as intended with the plan that
-/// makes it sent.
+/// The storage, and the workspace routing and the sandbox recorded as
+/// intended with the plan that makes them sent.
 struct Planned {
     storage: Storage,
-    sandbox: super::record::Intent,
+    routing: Intent,
+    sandbox: Intent,
     sandbox_record: SandboxOwnership,
     environment: OwnedFd,
 }
@@ -1080,7 +1109,7 @@ struct Planned {
 fn send_plan(
     cx: Context<'_>,
     supervisor: &Supervisor,
-    storage: Storage,
+    mut storage: Storage,
     runsc: &Path,
     container_id: ContainerId,
     policy: &lazaret_proto::network::DerivedNetworkPolicy,
@@ -1098,10 +1127,18 @@ fn send_plan(
         bundle_path: Some(HostPath::from(&generation_dir.label().join("mnt/bundle"))),
         ..SandboxOwnership::default()
     };
-    let sandbox = recorder.intent(
-        Slot::SANDBOX,
+    // What the State Anchors became, and the intents of the routing and
+    // the sandbox the plan makes: one commit.
+    let [routing, sandbox] = recorder.record(
         StartupStep::Sandbox,
-        ParticipantOwnership::Sandbox(sandbox_record.clone()),
+        std::mem::take(&mut storage.anchored),
+        [
+            storage.workspace.intent(),
+            (
+                Slot::SANDBOX,
+                ParticipantOwnership::Sandbox(sandbox_record.clone()),
+            ),
+        ],
     )?;
     // One sealed memfd of the resolved environment serves the sandbox and
     // every session process.
@@ -1128,6 +1165,7 @@ fn send_plan(
     )?;
     Ok(Planned {
         storage,
+        routing,
         sandbox,
         sandbox_record,
         environment,
@@ -1140,7 +1178,7 @@ fn send_plan(
 fn attach_network(
     cx: Context<'_>,
     supervisor: &Supervisor,
-    holder_record: super::record::Intent,
+    holder_record: Intent,
     planned: PlannedNetwork,
     helper: &mut Option<ConnectivityHelper>,
 ) -> Result<(super::supervisor::Namespaces, super::network::Requested), Failure> {
@@ -1151,34 +1189,51 @@ fn attach_network(
 }
 
 /// What [`publish`] made: the control socket, and the Session
-/// Coordinator's socket, server configuration and credentials.
+/// Coordinator's socket, server configuration and credentials, with their
+/// records, which become active once the sandbox runs.
 struct Published {
     listener: OwnedFd,
     sessions: UnixListener,
     session_server: Arc<rustls::ServerConfig>,
     credential: ProtocolCredential,
     manifest: TrustManifest,
+    records: [Intent; 2],
+}
+
+/// The intent to publish the socket in `slot` ([`Slot::PUBLICATION`], the
+/// control socket, or [`Slot::SESSION_PUBLICATION`], the session socket and
+/// its client credential): what recovery removes.
+fn publication(
+    auth: &crate::config::ConfinedAuthorities,
+    slot: Slot,
+) -> (Slot, ParticipantOwnership) {
+    let runtime = auth.domain_runtime.label();
+    let (socket, identity) = if slot == Slot::PUBLICATION {
+        (runtime.join(super::CONTROL_SOCKET), None)
+    } else {
+        (
+            runtime.join(session::SESSION_SOCKET),
+            Some(HostPath::from(&runtime.join(session::CREDENTIAL_DIR))),
+        )
+    };
+    let ownership = ParticipantOwnership::Publication(PublicationOwnership {
+        socket_path: Some(HostPath::from(&socket)),
+        identity_path: identity,
+    });
+    (slot, ownership)
 }
 
 /// Binds the control socket, creates the generation's session
-/// credentials, writes the client credential and binds the session socket,
-/// recording each publication first.
+/// credentials, writes the client credential and binds the session socket;
+/// `records` are their publications' intents, committed before.
 fn publish(
     resolved: &ResolvedDomainConfiguration,
     generation: &Generation,
-    recorder: &Recorder,
+    records: [Intent; 2],
 ) -> Result<Published, Failure> {
     let auth = resolved.authorities();
     let step = at(StartupStep::Sandbox);
     let socket = auth.domain_runtime.label().join(super::CONTROL_SOCKET);
-    let publication = recorder.intent(
-        Slot::PUBLICATION,
-        StartupStep::Sandbox,
-        ParticipantOwnership::Publication(PublicationOwnership {
-            socket_path: Some(HostPath::from(&socket)),
-            identity_path: None,
-        }),
-    )?;
     let _ = std::fs::remove_file(&socket);
     // What failed, where: a socket that cannot be bound (a full runtime
     // dir, a name too long for a socket address).
@@ -1193,7 +1248,6 @@ fn publish(
         super::CONTROL_SOCKET,
     ))
     .map_err(|e| cannot_bind(&socket, chain(&e)))?;
-    publication.active()?;
 
     let uid = rustix::process::getuid().as_raw();
     let identity = GenerationIdentity {
@@ -1211,14 +1265,6 @@ fn publish(
         .ensure_child(Path::new(session::CREDENTIAL_DIR), uid)
         .map_err(|e| step(&e))?;
     let socket = auth.domain_runtime.label().join(session::SESSION_SOCKET);
-    let publication = recorder.intent(
-        Slot::SESSION_PUBLICATION,
-        StartupStep::Sandbox,
-        ParticipantOwnership::Publication(PublicationOwnership {
-            socket_path: Some(HostPath::from(&socket)),
-            identity_path: Some(HostPath::from(credential_dir.label())),
-        }),
-    )?;
     // A stale credential of an earlier generation is replaced.
     let _ = remove_client_credential(&credential_dir);
     credentials
@@ -1231,13 +1277,13 @@ fn publish(
         session::SESSION_SOCKET,
     ))
     .map_err(|e| cannot_bind(&socket, e.to_string()))?;
-    publication.active()?;
     Ok(Published {
         listener,
         sessions,
         session_server: credentials.server_config(),
         credential: protocol,
         manifest: credentials.trust_manifest(),
+        records,
     })
 }
 

@@ -25,9 +25,10 @@ use lazaret_proto::network::{
 use lazaret_proto::ownership::{HelperOwnership, NetworkOwnership, ParticipantOwnership};
 use lazaret_proto::process::{PersistedHostProcessOwnership, PidfsProcessIdentityV1};
 use lazaret_proto::sidecar::AttestParameters;
+use lazaret_proto::store::ParticipantState;
 
 use super::daemon::{Context, Failure, Reporter, at, failure};
-use super::record::Intent;
+use super::record::{Became, Intent};
 use super::supervisor::{Namespaces, Supervisor};
 use crate::network::{ConnectivityHelper, policy_memfd};
 use crate::session;
@@ -164,12 +165,13 @@ pub(super) fn attach(
 }
 
 /// Verifies the Network Sidecar's attestation against the identity this
-/// coordinator expects and the policy itself, and records it.
+/// coordinator expects and the policy itself: the network participant
+/// became attested, for the caller to record before the sandbox starts.
 pub(super) fn verify(
     reporter: &Reporter,
     requested: Requested,
     attestation: NetworkReadinessAttestation,
-) -> Result<NetworkStatus, Failure> {
+) -> Result<(NetworkStatus, Became), Failure> {
     let Requested {
         policy,
         platform_deny,
@@ -188,15 +190,19 @@ pub(super) fn verify(
     let readiness_fingerprint = expected.fingerprint().map_err(|e| at(STEP)(&e))?;
     network.readiness_fingerprint = Some(readiness_fingerprint);
     network.readiness_evidence = Some(attestation.evidence().map_err(|e| at(STEP)(&e))?);
-    network_intent.active_as(ParticipantOwnership::Network(network))?;
+    let became = network_intent.becoming(
+        ParticipantState::Active,
+        ParticipantOwnership::Network(network),
+    );
     reporter.progress(STEP, summary(&attestation));
-    Ok(NetworkStatus {
+    let status = NetworkStatus {
         policy,
         platform_deny,
         attestation,
         connectivity_helper: helper,
         recheck: NetworkRecheck::NotChecked,
-    })
+    };
+    Ok((status, became))
 }
 
 /// One line saying what the attestation showed.

@@ -41,18 +41,6 @@ impl Recorder {
         Self { store, generation }
     }
 
-    /// Commits the intent to create the participant in `slot`, owned as
-    /// `ownership` says so far; a failure is one of `step`.
-    pub(super) fn intent(
-        &self,
-        slot: Slot,
-        step: StartupStep,
-        ownership: ParticipantOwnership,
-    ) -> Result<Intent, Failure> {
-        let [intent] = self.intents(step, [(slot, ownership)])?;
-        Ok(intent)
-    }
-
     /// Commits the intents to create several participants, in one
     /// transaction; a failure is one of `step`.
     pub(super) fn intents<const N: usize>(
@@ -60,38 +48,62 @@ impl Recorder {
         step: StartupStep,
         participants: [(Slot, ParticipantOwnership); N],
     ) -> Result<[Intent; N], Failure> {
-        self.commit(step, None, participants)
+        self.record(step, Vec::new(), participants)
     }
 
-    /// Commits, in one transaction, what `done` became (if any) and the
-    /// intents to create `participants`.
-    fn commit<const N: usize>(
+    /// Commits, in one transaction, what each of `done` became and the
+    /// intents to create `next` (one disk flush, in the order recovery
+    /// needs: nothing of `next` exists yet); a failure is one of `step`.
+    pub(super) fn record<const N: usize>(
         &self,
         step: StartupStep,
-        done: Option<&Intent>,
-        participants: [(Slot, ParticipantOwnership); N],
+        done: Vec<Became>,
+        next: [(Slot, ParticipantOwnership); N],
     ) -> Result<[Intent; N], Failure> {
-        let intents = participants.map(|(slot, ownership)| Intent {
-            recorder: self.clone(),
-            slot,
-            step,
-            participant: Participant {
-                generation_id: self.generation,
-                role: ownership.role(),
-                state: ParticipantState::Intent,
-                ownership,
-            },
-        });
-        let rows: Vec<_> = done
+        let intents = self.record_all(step, done, next.into())?;
+        Ok(intents
+            .try_into()
+            .unwrap_or_else(|_| unreachable!("one intent per participant")))
+    }
+
+    /// Commits what each of `done` became, in one transaction; a failure
+    /// is one of `step`.
+    pub(super) fn settle(&self, step: StartupStep, done: Vec<Became>) -> Result<(), Failure> {
+        self.record_all(step, done, Vec::new()).map(drop)
+    }
+
+    /// [`Self::record`], for as many participants as `next` holds.
+    pub(super) fn record_all(
+        &self,
+        step: StartupStep,
+        done: Vec<Became>,
+        next: Vec<(Slot, ParticipantOwnership)>,
+    ) -> Result<Vec<Intent>, Failure> {
+        let intents: Vec<_> = next
             .into_iter()
+            .map(|(slot, ownership)| Intent {
+                recorder: self.clone(),
+                slot,
+                step,
+                participant: Participant {
+                    generation_id: self.generation,
+                    role: ownership.role(),
+                    state: ParticipantState::Intent,
+                    ownership,
+                },
+            })
+            .collect();
+        let rows: Vec<_> = done
+            .iter()
+            .map(|b| &b.0)
             .chain(&intents)
             .map(|i| (i.slot, &i.participant))
             .collect();
         self.store
             .put_participants(&rows)
             .map_err(|e| at(step)(&e))?;
-        if let Some(done) = done {
-            crate::fault::point("active", &done.slot.name());
+        for became in &done {
+            crate::fault::point("active", &became.0.slot.name());
         }
         for intent in &intents {
             crate::fault::point("intent", &intent.slot.name());
@@ -100,18 +112,18 @@ impl Recorder {
     }
 }
 
+/// What a participant became, to be committed with others by
+/// [`Recorder::record`].
+#[must_use = "what a participant became must be recorded"]
+#[derive(Debug)]
+pub(super) struct Became(Intent);
+
 impl Intent {
     fn put(&self) -> Result<(), Failure> {
         self.recorder
             .store
             .put_participant(self.slot, &self.participant)
             .map_err(|e| at(self.step)(&e))
-    }
-
-    /// Records the participant as created and active, owned as intended.
-    pub(super) fn active(self) -> Result<(), Failure> {
-        let ownership = self.participant.ownership.clone();
-        self.became(ParticipantState::Active, ownership)
     }
 
     /// Records the participant as created, active and owned as `ownership`.
@@ -124,31 +136,56 @@ impl Intent {
     /// transaction (one disk flush instead of two, in the order recovery
     /// needs: nothing of `next` exists yet); a failure is one of `step`.
     pub(super) fn active_then<const N: usize>(
-        mut self,
+        self,
         ownership: ParticipantOwnership,
         step: StartupStep,
         next: [(Slot, ParticipantOwnership); N],
     ) -> Result<[Intent; N], Failure> {
-        self.participant.state = ParticipantState::Active;
+        let recorder = self.recorder.clone();
+        let became = self.becoming(ParticipantState::Active, ownership);
+        recorder.record(step, vec![became], next)
+    }
+
+    /// The participant as it became, `state` and owned as `ownership`, for
+    /// [`Recorder::record`] to commit.
+    pub(super) fn becoming(
+        mut self,
+        state: ParticipantState,
+        ownership: ParticipantOwnership,
+    ) -> Became {
+        self.participant.state = state;
         self.participant.ownership = ownership;
-        self.recorder.commit(step, Some(&self), next)
+        Became(self)
+    }
+
+    /// The participant as created and active, owned as intended.
+    pub(super) fn becoming_active(self) -> Became {
+        let ownership = self.participant.ownership.clone();
+        self.becoming(ParticipantState::Active, ownership)
     }
 
     /// Records the participant as created, active and owned as
-    /// `ownership`, and `generation` as it now is, in one transaction (one
-    /// disk flush instead of two).
+    /// `ownership`, what each of `also` became, and `generation` as it now
+    /// is, in one transaction (one disk flush instead of several).
     pub(super) fn active_with(
         mut self,
         ownership: ParticipantOwnership,
         generation: &Generation,
+        also: Vec<Became>,
     ) -> Result<(), Failure> {
         self.participant.state = ParticipantState::Active;
         self.participant.ownership = ownership;
+        let done: Vec<&Intent> = std::iter::once(&self)
+            .chain(also.iter().map(|b| &b.0))
+            .collect();
+        let rows: Vec<_> = done.iter().map(|i| (i.slot, &i.participant)).collect();
         self.recorder
             .store
-            .put_participant_and_generation(self.slot, &self.participant, generation)
+            .put_participants_and_generation(&rows, generation)
             .map_err(|e| at(self.step)(&e))?;
-        crate::fault::point("active", &self.slot.name());
+        for intent in done {
+            crate::fault::point("active", &intent.slot.name());
+        }
         Ok(())
     }
 
@@ -190,6 +227,14 @@ mod tests {
         (dir, Arc::new(store))
     }
 
+    /// One participant's intent, committed.
+    fn intent(recorder: &Recorder, slot: Slot, ownership: ParticipantOwnership) -> Intent {
+        let [intent] = recorder
+            .intents(StartupStep::Sandbox, [(slot, ownership)])
+            .unwrap();
+        intent
+    }
+
     fn recorded(store: &DomainStore, slot: Slot) -> Participant {
         store
             .participants(GenerationId(3))
@@ -210,28 +255,20 @@ mod tests {
                 identity_path: None,
             })
         };
-        let intent = recorder
-            .intent(
-                Slot::PUBLICATION,
-                StartupStep::Sandbox,
-                publication("/run/a.sock"),
-            )
-            .unwrap();
+        let published = intent(&recorder, Slot::PUBLICATION, publication("/run/a.sock"));
         let first = recorded(&store, Slot::PUBLICATION);
         assert_eq!(first.state, ParticipantState::Intent);
         assert_eq!(first.ownership, publication("/run/a.sock"));
-        intent.active().unwrap();
+        published.active_as(publication("/run/a.sock")).unwrap();
         let then = recorded(&store, Slot::PUBLICATION);
         assert_eq!(then.state, ParticipantState::Active);
         assert_eq!(then.ownership, publication("/run/a.sock"));
 
-        let lower = recorder
-            .intent(
-                Slot::PREPARED_LOWER,
-                StartupStep::Image,
-                ParticipantOwnership::PreparedLower(PreparedLowerOwnership::default()),
-            )
-            .unwrap();
+        let lower = intent(
+            &recorder,
+            Slot::PREPARED_LOWER,
+            ParticipantOwnership::PreparedLower(PreparedLowerOwnership::default()),
+        );
         assert_eq!(
             recorded(&store, Slot::PREPARED_LOWER).state,
             ParticipantState::Intent
@@ -267,7 +304,7 @@ mod tests {
             assert_eq!(row.state, ParticipantState::Intent);
             assert_eq!(row.generation_id, GenerationId(3));
         }
-        holder.active().unwrap();
+        holder.active_as(helper()).unwrap();
         assert_eq!(
             recorded(&store, Slot::NAMESPACE_HOLDER).state,
             ParticipantState::Active
@@ -276,7 +313,7 @@ mod tests {
             recorded(&store, Slot::SUPERVISOR).state,
             ParticipantState::Intent
         );
-        supervisor.active().unwrap();
+        supervisor.active_as(helper()).unwrap();
         assert_eq!(
             recorded(&store, Slot::SUPERVISOR).state,
             ParticipantState::Active
@@ -293,9 +330,7 @@ mod tests {
                 ..Default::default()
             })
         };
-        let holder = recorder
-            .intent(Slot::NAMESPACE_HOLDER, StartupStep::Sandbox, helper(None))
-            .unwrap();
+        let holder = intent(&recorder, Slot::NAMESPACE_HOLDER, helper(None));
         let running = helper(Some(lazaret_proto::ids::NetworkSidecarId([9; 16])));
         let [network] = holder
             .active_then(
@@ -314,7 +349,9 @@ mod tests {
             recorded(&store, Slot::NETWORK).state,
             ParticipantState::Intent
         );
-        network.active().unwrap();
+        network
+            .active_as(ParticipantOwnership::Network(Default::default()))
+            .unwrap();
         assert_eq!(
             recorded(&store, Slot::NETWORK).state,
             ParticipantState::Active
@@ -322,7 +359,7 @@ mod tests {
     }
 
     #[test]
-    fn active_with_records_the_participant_and_its_generation_together() {
+    fn active_with_records_the_participants_and_their_generation_together() {
         use lazaret_proto::common::UnixTimeNs;
         use lazaret_proto::ids::ConfigurationFingerprint;
         use lazaret_proto::process::PersistedHostProcessOwnership;
@@ -340,25 +377,95 @@ mod tests {
         };
         store.put_generation(&generation).unwrap();
         let recorder = Recorder::new(Arc::clone(&store), GenerationId(3));
-        let sandbox = recorder
-            .intent(
-                Slot::SANDBOX,
-                StartupStep::Sandbox,
-                ParticipantOwnership::Sandbox(Default::default()),
-            )
-            .unwrap();
+        let sandbox = intent(
+            &recorder,
+            Slot::SANDBOX,
+            ParticipantOwnership::Sandbox(Default::default()),
+        );
+        let published = PublicationOwnership {
+            socket_path: Some(HostPath::from(std::path::Path::new("/run/x/session.sock"))),
+            identity_path: None,
+        };
+        let publication = intent(
+            &recorder,
+            Slot::SESSION_PUBLICATION,
+            ParticipantOwnership::Publication(published.clone()),
+        );
         generation.state = GenerationState::Running;
         sandbox
             .active_with(
                 ParticipantOwnership::Sandbox(Default::default()),
                 &generation,
+                vec![publication.becoming_active()],
             )
             .unwrap();
         assert_eq!(
             recorded(&store, Slot::SANDBOX).state,
             ParticipantState::Active
         );
+        let row = recorded(&store, Slot::SESSION_PUBLICATION);
+        assert_eq!(row.state, ParticipantState::Active);
+        assert_eq!(
+            row.ownership,
+            ParticipantOwnership::Publication(published),
+            "owned as intended"
+        );
         let stored = store.latest_generation().unwrap().expect("the generation");
         assert_eq!(stored.state, GenerationState::Running);
+    }
+
+    #[test]
+    fn what_several_became_is_committed_only_when_recorded_and_then_together() {
+        let (_dir, store) = store();
+        let recorder = Recorder::new(Arc::clone(&store), GenerationId(3));
+        let anchor = || ParticipantOwnership::StateAnchor(Default::default());
+        let [lower, first] = recorder
+            .intents(
+                StartupStep::State,
+                [
+                    (
+                        Slot::PREPARED_LOWER,
+                        ParticipantOwnership::PreparedLower(PreparedLowerOwnership::default()),
+                    ),
+                    (Slot::state_anchor(0), anchor()),
+                ],
+            )
+            .unwrap();
+        let leased = lower.becoming(
+            ParticipantState::LeaseHeld,
+            ParticipantOwnership::PreparedLower(PreparedLowerOwnership::default()),
+        );
+        let made = first.becoming_active();
+        // Nothing is written until the caller records it.
+        assert_eq!(
+            recorded(&store, Slot::PREPARED_LOWER).state,
+            ParticipantState::Intent
+        );
+        let [second] = recorder
+            .record(
+                StartupStep::State,
+                vec![leased, made],
+                [(Slot::state_anchor(1), anchor())],
+            )
+            .unwrap();
+        assert_eq!(
+            recorded(&store, Slot::PREPARED_LOWER).state,
+            ParticipantState::LeaseHeld
+        );
+        assert_eq!(
+            recorded(&store, Slot::state_anchor(0)).state,
+            ParticipantState::Active
+        );
+        assert_eq!(
+            recorded(&store, Slot::state_anchor(1)).state,
+            ParticipantState::Intent
+        );
+        recorder
+            .settle(StartupStep::State, vec![second.becoming_active()])
+            .unwrap();
+        assert_eq!(
+            recorded(&store, Slot::state_anchor(1)).state,
+            ParticipantState::Active
+        );
     }
 }

@@ -22,13 +22,14 @@ use lazaret_proto::control::{StartupStep, WorkspaceStatus};
 use lazaret_proto::ids::Sha256Digest;
 use lazaret_proto::ownership::{GitRoutingOwnership, ParticipantOwnership};
 use lazaret_proto::router::RoutingSummary;
+use lazaret_proto::store::ParticipantState;
 use lazaret_proto::supervisor::SupervisorReport;
 use lazaret_routing::gather::gather;
 use lazaret_routing::gitconfig::UserConfig;
 use sha2::{Digest, Sha256};
 
 use super::daemon::{Failure, Reporter, at, failure};
-use super::record::{Intent, Recorder};
+use super::record::{Became, Intent};
 use super::supervisor::unexpected;
 use crate::config::{HostEnvironment, ResolvedDomainConfiguration, RetainedDir};
 use crate::process::HeldProcess;
@@ -58,8 +59,6 @@ pub(super) struct Prepared {
     /// The sealed rules.
     pub(super) rules: OwnedFd,
     record: GitRoutingOwnership,
-    /// The routing participant, recorded as intended.
-    intent: Intent,
     summary: RoutingSummary,
     repository: Option<(HostPath, bool)>,
 }
@@ -150,9 +149,9 @@ pub(super) fn take_rules(
     })
 }
 
-/// Makes the isolated directory and records the intent, with `rules`.
+/// Makes the isolated directory, with `rules`; what [`Prepared::intent`]
+/// records before the plan is sent.
 pub(super) fn prepare(
-    recorder: &Recorder,
     resolved: &ResolvedDomainConfiguration,
     generation_dir: &RetainedDir,
     rules: Rules,
@@ -169,11 +168,6 @@ pub(super) fn prepare(
         routing_digest: Some(rules.digest),
         ..GitRoutingOwnership::default()
     };
-    let intent = recorder.intent(
-        Slot::GIT_ROUTING,
-        STEP,
-        ParticipantOwnership::GitRouting(record.clone()),
-    )?;
     let isolated = auth
         .domain_storage
         .ensure_child(Path::new(ISOLATED_DIR), uid)
@@ -182,19 +176,30 @@ pub(super) fn prepare(
         isolated,
         rules: rules.memfd,
         record,
-        intent,
         summary: rules.summary,
         repository: rules.repository,
     })
 }
 
-/// Takes the supervisor's report of the router (`WorkspaceRouted`) and
-/// records it.
+impl Prepared {
+    /// The routing participant's intent, to commit before the plan that
+    /// mounts the workspace is sent.
+    pub(super) fn intent(&self) -> (Slot, ParticipantOwnership) {
+        (
+            Slot::GIT_ROUTING,
+            ParticipantOwnership::GitRouting(self.record.clone()),
+        )
+    }
+}
+
+/// Takes the supervisor's report of the router (`WorkspaceRouted`): the
+/// routing `intent` became what it reports, for the caller to record.
 pub(super) fn routed(
     resolved: &ResolvedDomainConfiguration,
     prepared: Prepared,
+    intent: Intent,
     report: Received<SupervisorReport>,
-) -> Result<Routed, Failure> {
+) -> Result<(Routed, Became), Failure> {
     let Received { message, fds } = report;
     let SupervisorReport::WorkspaceRouted { router, summary } = message else {
         return Err(unexpected(STEP, &message));
@@ -218,9 +223,10 @@ pub(super) fn routed(
         router: router.committed(),
         ..prepared.record
     };
-    prepared
-        .intent
-        .active_as(ParticipantOwnership::GitRouting(record.clone()))?;
+    let became = intent.becoming(
+        ParticipantState::Active,
+        ParticipantOwnership::GitRouting(record.clone()),
+    );
     let (repository, workspace_ignored) = prepared
         .repository
         .map_or((None, false), |(path, ignored)| (Some(path), ignored));
@@ -233,5 +239,5 @@ pub(super) fn routed(
         router: router.identity,
         router_running: true,
     };
-    Ok(Routed { router, status })
+    Ok((Routed { router, status }, became))
 }

@@ -351,15 +351,14 @@ impl DomainStore {
         self.put_rows(rows, None)
     }
 
-    /// Writes a participant's row and its generation's in one
-    /// transaction: both or neither.
-    pub fn put_participant_and_generation(
+    /// Writes participants' rows and their generation's in one
+    /// transaction: all or none.
+    pub fn put_participants_and_generation(
         &self,
-        slot: Slot,
-        participant: &Participant,
+        rows: &[(Slot, &Participant)],
         generation: &Generation,
     ) -> Result<(), StoreError> {
-        self.put_rows(&[(slot, participant)], Some(generation))
+        self.put_rows(rows, Some(generation))
     }
 
     fn put_rows(
