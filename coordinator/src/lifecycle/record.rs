@@ -4,8 +4,10 @@
 //! Owns the order recovery relies on (docs/storage.md): a participant's
 //! `Intent` record is committed before anything of it exists, so a crash at
 //! any point leaves a record naming what may need cleaning up. The guard
-//! [`Intent::record`] returns is the only way to record what the
-//! participant became, and it is `#[must_use]`. Trusts the store.
+//! [`Recorder::intents`] returns is the only way to record what the
+//! participant became, and it is `#[must_use]`, as is what
+//! [`Intent::becoming`] makes of it until a transaction records it.
+//! Trusts the store.
 
 use std::sync::Arc;
 
@@ -25,7 +27,8 @@ pub(super) struct Recorder {
 }
 
 /// A participant recorded as intended: record what it became with
-/// [`Intent::active`] (or [`Intent::became`]) once it exists.
+/// [`Intent::active_as`] once it exists, or with others in one
+/// transaction through [`Intent::becoming`] and [`Recorder::record`].
 #[must_use = "a participant recorded as intended must be recorded as what it became"]
 #[derive(Debug)]
 pub(super) struct Intent {
@@ -79,6 +82,18 @@ impl Recorder {
         done: Vec<Became>,
         next: Vec<(Slot, ParticipantOwnership)>,
     ) -> Result<Vec<Intent>, Failure> {
+        self.commit(step, done, next, None)
+    }
+
+    /// Commits what each of `done` became, the intents to create `next`
+    /// and, if given, `generation` as it now is, in one transaction.
+    fn commit(
+        &self,
+        step: StartupStep,
+        done: Vec<Became>,
+        next: Vec<(Slot, ParticipantOwnership)>,
+        generation: Option<&Generation>,
+    ) -> Result<Vec<Intent>, Failure> {
         let intents: Vec<_> = next
             .into_iter()
             .map(|(slot, ownership)| Intent {
@@ -99,9 +114,13 @@ impl Recorder {
             .chain(&intents)
             .map(|i| (i.slot, &i.participant))
             .collect();
-        self.store
-            .put_participants(&rows)
-            .map_err(|e| at(step)(&e))?;
+        match generation {
+            None => self.store.put_participants(&rows),
+            Some(generation) => self
+                .store
+                .put_participants_and_generation(&rows, generation),
+        }
+        .map_err(|e| at(step)(&e))?;
         for became in &done {
             crate::fault::point("active", &became.0.slot.name());
         }
@@ -119,16 +138,13 @@ impl Recorder {
 pub(super) struct Became(Intent);
 
 impl Intent {
-    fn put(&self) -> Result<(), Failure> {
-        self.recorder
-            .store
-            .put_participant(self.slot, &self.participant)
-            .map_err(|e| at(self.step)(&e))
-    }
-
     /// Records the participant as created, active and owned as `ownership`.
     pub(super) fn active_as(self, ownership: ParticipantOwnership) -> Result<(), Failure> {
-        self.became(ParticipantState::Active, ownership)
+        let (recorder, step) = (self.recorder.clone(), self.step);
+        recorder.settle(
+            step,
+            vec![self.becoming(ParticipantState::Active, ownership)],
+        )
     }
 
     /// Records the participant as created, active and owned as
@@ -168,38 +184,16 @@ impl Intent {
     /// `ownership`, what each of `also` became, and `generation` as it now
     /// is, in one transaction (one disk flush instead of several).
     pub(super) fn active_with(
-        mut self,
+        self,
         ownership: ParticipantOwnership,
         generation: &Generation,
-        also: Vec<Became>,
+        mut also: Vec<Became>,
     ) -> Result<(), Failure> {
-        self.participant.state = ParticipantState::Active;
-        self.participant.ownership = ownership;
-        let done: Vec<&Intent> = std::iter::once(&self)
-            .chain(also.iter().map(|b| &b.0))
-            .collect();
-        let rows: Vec<_> = done.iter().map(|i| (i.slot, &i.participant)).collect();
-        self.recorder
-            .store
-            .put_participants_and_generation(&rows, generation)
-            .map_err(|e| at(self.step)(&e))?;
-        for intent in done {
-            crate::fault::point("active", &intent.slot.name());
-        }
-        Ok(())
-    }
-
-    /// Records what the participant became: `state`, owned as `ownership`.
-    pub(super) fn became(
-        mut self,
-        state: ParticipantState,
-        ownership: ParticipantOwnership,
-    ) -> Result<(), Failure> {
-        self.participant.state = state;
-        self.participant.ownership = ownership;
-        self.put()?;
-        crate::fault::point("active", &self.slot.name());
-        Ok(())
+        let (recorder, step) = (self.recorder.clone(), self.step);
+        also.insert(0, self.becoming(ParticipantState::Active, ownership));
+        recorder
+            .commit(step, also, Vec::new(), Some(generation))
+            .map(drop)
     }
 }
 
@@ -273,12 +267,11 @@ mod tests {
             recorded(&store, Slot::PREPARED_LOWER).state,
             ParticipantState::Intent
         );
-        lower
-            .became(
-                ParticipantState::LeaseHeld,
-                ParticipantOwnership::PreparedLower(PreparedLowerOwnership::default()),
-            )
-            .unwrap();
+        let leased = lower.becoming(
+            ParticipantState::LeaseHeld,
+            ParticipantOwnership::PreparedLower(PreparedLowerOwnership::default()),
+        );
+        recorder.settle(StartupStep::Image, vec![leased]).unwrap();
         assert_eq!(
             recorded(&store, Slot::PREPARED_LOWER).state,
             ParticipantState::LeaseHeld
