@@ -963,10 +963,11 @@ struct Anchors {
     uppers: super::usage::Uppers,
 }
 
-/// Leases the image, makes the State Anchor directories and prepares the
-/// workspace routing, recording each. The workspace's git rules, which
-/// take a walk of the workspace, are taken on a thread of their own
-/// meanwhile.
+/// Leases the image (`lower`), makes the State Anchor directories and
+/// prepares the workspace routing; what the anchors became and the
+/// routing's intent are left for [`send_plan`] to record. The workspace's
+/// git rules, which take a walk of the workspace, are taken on a thread of
+/// their own meanwhile.
 fn prepare_storage(
     cx: Context<'_>,
     owned: &Owned,
