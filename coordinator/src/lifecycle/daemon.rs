@@ -730,6 +730,7 @@ fn bring_up(
     // same commit: nothing of them exists until the storage is prepared
     // and the network is attaching.
     let helper_record = || ParticipantOwnership::Helper(HelperOwnership::default());
+    let [control_publication, session_publication] = publications(auth);
     let [helper, holder_record, lower, control, sessions] = recorder.intents(
         StartupStep::Sandbox,
         [
@@ -739,8 +740,8 @@ fn bring_up(
                 Slot::PREPARED_LOWER,
                 ParticipantOwnership::PreparedLower(PreparedLowerOwnership::default()),
             ),
-            publication(auth, Slot::PUBLICATION),
-            publication(auth, Slot::SESSION_PUBLICATION),
+            control_publication,
+            session_publication,
         ],
     )?;
     let supervisor: &Supervisor = starting
@@ -780,11 +781,12 @@ fn bring_up(
             Ok((attached, publish(resolved, generation, [control, sessions])))
         },
         || {
-            prepare_storage(cx, owned, &source, lower).and_then(|storage| {
+            prepare_storage(cx, owned, &source, lower).and_then(|(storage, anchored)| {
                 send_plan(
                     cx,
                     supervisor,
                     storage,
+                    anchored,
                     &runsc,
                     container_id,
                     &network_policy,
@@ -948,8 +950,6 @@ fn beside<'scope, B: Send + 'scope>(
 struct Storage {
     prepared: PreparedLower,
     anchor_dirs: Vec<RetainedDir>,
-    /// The State Anchors, made: recorded with the sandbox's intent.
-    anchored: Vec<Became>,
     uppers: super::usage::Uppers,
     workspace: super::workspace::Prepared,
 }
@@ -964,16 +964,16 @@ struct Anchors {
 }
 
 /// Leases the image (`lower`), makes the State Anchor directories and
-/// prepares the workspace routing; what the anchors became and the
-/// routing's intent are left for [`send_plan`] to record. The workspace's
-/// git rules, which take a walk of the workspace, are taken on a thread of
-/// their own meanwhile.
+/// prepares the workspace routing; what the anchors became (returned) and
+/// the routing's intent are left for [`send_plan`] to record. The
+/// workspace's git rules, which take a walk of the workspace, are taken on
+/// a thread of their own meanwhile.
 fn prepare_storage(
     cx: Context<'_>,
     owned: &Owned,
     source: &crate::image::ImageSource,
     lower: Intent,
-) -> Result<Storage, Failure> {
+) -> Result<(Storage, Vec<Became>), Failure> {
     std::thread::scope(|scope| {
         let rules = beside(
             scope,
@@ -985,13 +985,13 @@ fn prepare_storage(
         let uid = rustix::process::getuid().as_raw();
         let workspace =
             super::workspace::prepare(cx.resolved, cx.generation_dir, rules.join()?, uid)?;
-        Ok(Storage {
+        let storage = Storage {
             prepared,
             anchor_dirs: anchors.dirs,
-            anchored: anchors.records,
             uppers: anchors.uppers,
             workspace,
-        })
+        };
+        Ok((storage, anchors.records))
     })
 }
 
@@ -1106,11 +1106,13 @@ struct Planned {
     environment: OwnedFd,
 }
 
-/// Records the sandbox's intent and sends the supervisor its plan.
+/// Records what the State Anchors became (`anchored`) and the routing's and
+/// the sandbox's intents, and sends the supervisor its plan.
 fn send_plan(
     cx: Context<'_>,
     supervisor: &Supervisor,
-    mut storage: Storage,
+    storage: Storage,
+    anchored: Vec<Became>,
     runsc: &Path,
     container_id: ContainerId,
     policy: &lazaret_proto::network::DerivedNetworkPolicy,
@@ -1132,7 +1134,7 @@ fn send_plan(
     // the sandbox the plan makes: one commit.
     let [routing, sandbox] = recorder.record(
         StartupStep::Sandbox,
-        std::mem::take(&mut storage.anchored),
+        anchored,
         [
             storage.workspace.intent(),
             (
@@ -1201,27 +1203,24 @@ struct Published {
     records: [Intent; 2],
 }
 
-/// The intent to publish the socket in `slot` ([`Slot::PUBLICATION`], the
-/// control socket, or [`Slot::SESSION_PUBLICATION`], the session socket and
-/// its client credential): what recovery removes.
-fn publication(
-    auth: &crate::config::ConfinedAuthorities,
-    slot: Slot,
-) -> (Slot, ParticipantOwnership) {
+/// The intents to publish the control socket ([`Slot::PUBLICATION`]) and
+/// the session socket with its client credential
+/// ([`Slot::SESSION_PUBLICATION`]): what recovery removes.
+fn publications(auth: &crate::config::ConfinedAuthorities) -> [(Slot, ParticipantOwnership); 2] {
     let runtime = auth.domain_runtime.label();
-    let (socket, identity) = if slot == Slot::PUBLICATION {
-        (runtime.join(super::CONTROL_SOCKET), None)
-    } else {
-        (
-            runtime.join(session::SESSION_SOCKET),
-            Some(HostPath::from(&runtime.join(session::CREDENTIAL_DIR))),
-        )
+    let published = |socket: &str, identity: Option<&str>| {
+        ParticipantOwnership::Publication(PublicationOwnership {
+            socket_path: Some(HostPath::from(&runtime.join(socket))),
+            identity_path: identity.map(|dir| HostPath::from(&runtime.join(dir))),
+        })
     };
-    let ownership = ParticipantOwnership::Publication(PublicationOwnership {
-        socket_path: Some(HostPath::from(&socket)),
-        identity_path: identity,
-    });
-    (slot, ownership)
+    [
+        (Slot::PUBLICATION, published(super::CONTROL_SOCKET, None)),
+        (
+            Slot::SESSION_PUBLICATION,
+            published(session::SESSION_SOCKET, Some(session::CREDENTIAL_DIR)),
+        ),
+    ]
 }
 
 /// Binds the control socket, creates the generation's session

@@ -114,13 +114,9 @@ impl Recorder {
             .chain(&intents)
             .map(|i| (i.slot, &i.participant))
             .collect();
-        match generation {
-            None => self.store.put_participants(&rows),
-            Some(generation) => self
-                .store
-                .put_participants_and_generation(&rows, generation),
-        }
-        .map_err(|e| at(step)(&e))?;
+        self.store
+            .put_participants(&rows, generation)
+            .map_err(|e| at(step)(&e))?;
         for became in &done {
             crate::fault::point("active", &became.0.slot.name());
         }

@@ -343,25 +343,12 @@ impl DomainStore {
 
     /// Writes a participant row.
     pub fn put_participant(&self, slot: Slot, participant: &Participant) -> Result<(), StoreError> {
-        self.put_participants(&[(slot, participant)])
+        self.put_participants(&[(slot, participant)], None)
     }
 
-    /// Writes several participants' rows in one transaction: all or none.
-    pub fn put_participants(&self, rows: &[(Slot, &Participant)]) -> Result<(), StoreError> {
-        self.put_rows(rows, None)
-    }
-
-    /// Writes participants' rows and their generation's in one
-    /// transaction: all or none.
-    pub fn put_participants_and_generation(
-        &self,
-        rows: &[(Slot, &Participant)],
-        generation: &Generation,
-    ) -> Result<(), StoreError> {
-        self.put_rows(rows, Some(generation))
-    }
-
-    fn put_rows(
+    /// Writes several participants' rows and, if given, their generation's
+    /// in one transaction: all or none.
+    pub fn put_participants(
         &self,
         rows: &[(Slot, &Participant)],
         generation: Option<&Generation>,
