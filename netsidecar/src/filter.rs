@@ -19,8 +19,8 @@ use lazaret_proto::sidecar::{SidecarError, SidecarStep};
 
 use crate::failed;
 use crate::nfnetlink::{
-    Attrs, Batch, Kind, Malformed, NLM_F_APPEND, NLM_F_CREATE, NLM_F_EXCL, Socket, be_u32, parse,
-    string,
+    Attrs, Batch, Failure, Kind, Malformed, NLM_F_APPEND, NLM_F_CREATE, NLM_F_EXCL, Socket, be_u32,
+    parse, string,
 };
 
 const TABLE: &str = "lazaret";
@@ -366,8 +366,27 @@ fn input_rules() -> [Vec<Expr>; 2] {
     ]
 }
 
+/// What to do about a kernel without nf_tables.
+const NEEDS_NF_TABLES: &str = "the packet filter needs a kernel with nf_tables: load it \
+    with `modprobe nf_tables` (`grep nf_tables /proc/modules` shows it), then run \
+    `lazaret up` again";
+
 fn socket() -> Result<Socket, SidecarError> {
-    Socket::open().map_err(|e| error(format!("cannot open an nf_tables netlink socket: {e}")))
+    Socket::open().map_err(|e| {
+        error(format!(
+            "cannot open an nf_tables netlink socket: {e}; {NEEDS_NF_TABLES}"
+        ))
+    })
+}
+
+/// A failure to `do` something with the filter, saying what to do when
+/// the kernel has no nf_tables.
+fn filter_failed(what: &str, failure: &Failure) -> SidecarError {
+    if failure.no_nf_tables() {
+        error(format!("{what}: {failure}; {NEEDS_NF_TABLES}"))
+    } else {
+        error(format!("{what}: {failure}"))
+    }
 }
 
 /// Installs `filter` as the namespace's only ruleset, in one transaction:
@@ -432,7 +451,7 @@ pub fn install(filter: &[FilterRule]) -> Result<(), SidecarError> {
     }
     socket()?
         .apply(&batch)
-        .map_err(|e| error(format!("cannot install the filter: {e}")))
+        .map_err(|e| filter_failed("cannot install the filter", &e))
 }
 
 /// Reads the namespace's whole ruleset back and turns the output chain
@@ -443,7 +462,7 @@ pub fn read_back() -> Result<Vec<FilterRule>, SidecarError> {
     let mut dump = |kind: Kind| {
         socket
             .dump(kind)
-            .map_err(|e| error(format!("cannot read the filter back: {e}")))
+            .map_err(|e| filter_failed("cannot read the filter back", &e))
     };
     let malformed =
         |what: &str, Malformed(why)| error(format!("a dumped {what} is malformed: {why}"));

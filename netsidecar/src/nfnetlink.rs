@@ -255,6 +255,22 @@ impl std::fmt::Display for Failure {
     }
 }
 
+impl Failure {
+    /// Whether the kernel has no nf_tables to answer: the netlink family
+    /// or the subsystem is missing, or was not loaded.
+    pub fn no_nf_tables(&self) -> bool {
+        let errno = match self {
+            Failure::Io(e) | Failure::Refused { errno: e, .. } => e.raw_os_error(),
+            Failure::Malformed(_) | Failure::Interrupted => None,
+        };
+        let missing = [
+            rustix::io::Errno::OPNOTSUPP,
+            rustix::io::Errno::PROTONOSUPPORT,
+        ];
+        errno.is_some_and(|n| missing.map(rustix::io::Errno::raw_os_error).contains(&n))
+    }
+}
+
 impl From<io::Error> for Failure {
     fn from(e: io::Error) -> Self {
         Failure::Io(e)
@@ -506,6 +522,17 @@ mod tests {
         message(&mut out, 1, 0, 1, 0, 0, &[]);
         out[0] = 200;
         assert!(replies(&out).next().unwrap().is_err());
+    }
+
+    #[test]
+    fn a_kernel_without_nf_tables_is_told_from_other_refusals() {
+        let refused = |errno: rustix::io::Errno| Failure::Refused {
+            what: "table inet lazaret".into(),
+            errno: io::Error::from_raw_os_error(errno.raw_os_error()),
+        };
+        assert!(refused(rustix::io::Errno::OPNOTSUPP).no_nf_tables());
+        assert!(!refused(rustix::io::Errno::EXIST).no_nf_tables());
+        assert!(!Failure::Interrupted.no_nf_tables());
     }
 
     #[test]
