@@ -12,12 +12,14 @@
 //! 4. reads the policy from the memfd, refusing one that is not sealed or
 //!    does not validate;
 //! 5. over nf_tables netlink, installs the packet filter that enforces the
-//!    policy a second time while the connectivity helper attaches; once the helper
-//!    writes `1` to its ready pipe (within [`HELPER_READY_TIMEOUT`]), with
-//!    rtnetlink: brings up loopback, disables IPv6, configures the
+//!    policy a second time while the connectivity helper attaches; once the
+//!    helper writes `1` to its ready pipe (within [`HELPER_READY_TIMEOUT`]),
+//!    with rtnetlink: brings up loopback, disables IPv6, configures the
 //!    helper's tap device, installs one route per policy rule and one per
-//!    resolver, and reads the namespace back; then reads the filter back;
-//! 6. probes the policy's destinations and its resolvers;
+//!    resolver, and reads the namespace back;
+//! 6. sends a DNS query to each resolver, probes the policy's
+//!    destinations, reads the filter back while the answers travel, then
+//!    collects them;
 //! 7. answers with a [`NetworkReadinessAttestation`] built only from what it
 //!    observed, and exits.
 //!
@@ -204,8 +206,10 @@ fn attest(
     let attached = began.elapsed();
     let readback = netlink_runtime()?.block_on(install::install(&policy, link))?;
     let installed = began.elapsed();
-    let probes = probe::run(&policy, link);
+    // The filter is read back while the DNS probes' answers travel.
+    let probing = probe::start(&policy, link);
     let observed_filter = filter::read_back()?;
+    let probes = probing.finish();
     tracing::info!(
         helper_wait_us = attached.as_micros() as u64,
         install_us = installed.as_micros() as u64,

@@ -35,8 +35,24 @@ pub struct Probes {
     pub dns: Vec<DnsObservation>,
 }
 
-/// Probes every destination of the policy's probe plan and every resolver.
-pub fn run(policy: &DerivedNetworkPolicy, link: &ConnectivityLink) -> Probes {
+/// The DNS queries [`start`] sent, whose answers [`Pending::finish`]
+/// collects.
+#[derive(Debug)]
+pub struct Pending {
+    denied: Vec<DeniedDestinationObservation>,
+    permitted: Vec<PermittedDestinationObservation>,
+    queries: Vec<Query>,
+}
+
+/// Sends one DNS query to every resolver, then probes every destination
+/// of the policy's probe plan while the answers travel; the caller may do
+/// more meanwhile, and collects the answers with [`Pending::finish`].
+pub fn start(policy: &DerivedNetworkPolicy, link: &ConnectivityLink) -> Pending {
+    let queries = policy
+        .resolvers
+        .iter()
+        .map(|r| Query::send(r.address))
+        .collect();
     let plan = policy.probe_plan(link.gateway);
     let denied = plan
         .denied
@@ -57,11 +73,22 @@ pub fn run(policy: &DerivedNetworkPolicy, link: &ConnectivityLink) -> Probes {
             ),
         })
         .collect();
-    let dns = policy.resolvers.iter().map(|r| query(r.address)).collect();
-    Probes {
+    Pending {
         denied,
         permitted,
-        dns,
+        queries,
+    }
+}
+
+impl Pending {
+    /// Waits for each query's answer, up to [`DNS_TIMEOUT`] from when it
+    /// was sent.
+    pub fn finish(self) -> Probes {
+        Probes {
+            denied: self.denied,
+            permitted: self.permitted,
+            dns: self.queries.into_iter().map(Query::answer).collect(),
+        }
     }
 }
 
@@ -84,43 +111,66 @@ fn no_route(e: &std::io::Error) -> bool {
     ) || e.raw_os_error() == Some(rustix::io::Errno::AFNOSUPPORT.raw_os_error())
 }
 
-/// Asks `resolver` for the A records of [`QUERY_NAME`].
-fn query(resolver: IpAddr) -> DnsObservation {
-    let observation = |outcome, resolved_addresses| DnsObservation {
-        resolver,
-        query_name: QUERY_NAME.into(),
-        resolved_addresses,
-        outcome,
-    };
-    let id = query_id();
-    let sent = (|| {
-        let socket = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0))?;
-        socket.connect((resolver, 53))?;
-        socket.set_read_timeout(Some(DNS_TIMEOUT))?;
-        socket.send(&encode_query(id, QUERY_NAME))?;
-        Ok::<_, std::io::Error>(socket)
-    })();
-    let socket = match sent {
-        Ok(socket) => socket,
-        Err(_) => return observation(DnsOutcome::Unreachable, Vec::new()),
-    };
-    let deadline = std::time::Instant::now() + DNS_TIMEOUT;
-    let mut buffer = [0u8; 1500];
-    loop {
-        match socket.recv(&mut buffer) {
-            Ok(n) => {
-                if let Some((response_code, addresses)) = parse_response(id, &buffer[..n]) {
-                    return observation(DnsOutcome::Answered { response_code }, addresses);
-                }
-                // Not our answer; keep waiting until the deadline.
-                let left = deadline.saturating_duration_since(std::time::Instant::now());
-                if left.is_zero() || socket.set_read_timeout(Some(left)).is_err() {
-                    return observation(DnsOutcome::TimedOut, Vec::new());
-                }
+/// One DNS query for the A records of [`QUERY_NAME`], sent.
+#[derive(Debug)]
+struct Query {
+    resolver: IpAddr,
+    id: u16,
+    /// The socket it left on, or why it could not leave.
+    socket: std::io::Result<UdpSocket>,
+    deadline: std::time::Instant,
+}
+
+impl Query {
+    /// Sends the query to `resolver`.
+    fn send(resolver: IpAddr) -> Self {
+        let id = query_id();
+        let socket = (|| {
+            let socket = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0))?;
+            socket.connect((resolver, 53))?;
+            socket.set_read_timeout(Some(DNS_TIMEOUT))?;
+            socket.send(&encode_query(id, QUERY_NAME))?;
+            Ok(socket)
+        })();
+        Self {
+            resolver,
+            id,
+            socket,
+            deadline: std::time::Instant::now() + DNS_TIMEOUT,
+        }
+    }
+
+    /// What came back before the deadline.
+    fn answer(self) -> DnsObservation {
+        let observation = |outcome, resolved_addresses| DnsObservation {
+            resolver: self.resolver,
+            query_name: QUERY_NAME.into(),
+            resolved_addresses,
+            outcome,
+        };
+        let Ok(socket) = self.socket else {
+            return observation(DnsOutcome::Unreachable, Vec::new());
+        };
+        let mut buffer = [0u8; 1500];
+        loop {
+            let left = self
+                .deadline
+                .saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() || socket.set_read_timeout(Some(left)).is_err() {
+                return observation(DnsOutcome::TimedOut, Vec::new());
             }
-            // A refusal is no answer either: the query left and nothing
-            // resolved it.
-            Err(_) => return observation(DnsOutcome::TimedOut, Vec::new()),
+            match socket.recv(&mut buffer) {
+                Ok(n) => {
+                    if let Some((response_code, addresses)) = parse_response(self.id, &buffer[..n])
+                    {
+                        return observation(DnsOutcome::Answered { response_code }, addresses);
+                    }
+                    // Not our answer; keep waiting until the deadline.
+                }
+                // A refusal is no answer either: the query left and
+                // nothing resolved it.
+                Err(_) => return observation(DnsOutcome::TimedOut, Vec::new()),
+            }
         }
     }
 }
