@@ -8,12 +8,13 @@
 //!    coordinator holds it, ask that one for its status and report it;
 //! 4. log to the Domain's log file; open the Domain Store and the Storage
 //!    Catalog; finish a stale generation if the store records one;
-//! 5. record a new generation, then for each participant record intent
-//!    before creating it: the Runtime Supervisor (which builds the
-//!    namespaces while the rest is prepared, and starts runsc), the
-//!    prepared-lower lease, the State Anchor directories, the workspace
-//!    routing (its rules taken from the host), the sandbox, and the
-//!    control socket;
+//! 5. record a new generation with the intents of its first participants,
+//!    then for each participant record intent before creating it: the
+//!    Runtime Supervisor (which builds the namespaces while the rest is
+//!    prepared, and starts runsc), the prepared-lower lease, the State
+//!    Anchor directories, the network, the workspace routing (its rules
+//!    taken from the host), the sandbox, and the control and session
+//!    sockets;
 //! 6. report the running Domain and serve `status` and `down` until told to
 //!    stop or until the supervisor dies; then release the generation.
 //!
@@ -473,7 +474,7 @@ pub fn start(args: Args) -> ExitCode {
         Err(failure) => return reporter.fail(failure),
     }
 
-    let (mut generation, coordinator) = match begin_generation(&owned, &resolved) {
+    let (mut generation, coordinator) = match new_generation(&owned, &resolved) {
         Ok(begun) => begun,
         Err(failure) => return reporter.fail(failure),
     };
@@ -522,9 +523,10 @@ pub fn start(args: Args) -> ExitCode {
     code
 }
 
-/// Records a new generation owned by this coordinator, which it returns
-/// held.
-fn begin_generation(
+/// A new generation owned by this coordinator, which it returns held. It
+/// is recorded with the first participants' intents (`bring_up`), in one
+/// commit.
+fn new_generation(
     owned: &Owned,
     resolved: &ResolvedDomainConfiguration,
 ) -> Result<(Generation, HeldProcess), Failure> {
@@ -542,10 +544,6 @@ fn begin_generation(
         started_at: UnixTimeNs::now(),
         closed_at: None,
     };
-    owned
-        .store
-        .put_generation(&generation)
-        .map_err(|e| store_failure(&e))?;
     Ok((generation, me))
 }
 
@@ -707,31 +705,34 @@ fn bring_up(
     programs_outside_the_sandbox(auth)
         .map_err(|message| invalid(StartupStep::Configuration, message))?;
 
-    // The generation's runtime directory.
-    let generation_dir = auth
-        .domain_runtime
-        .ensure_child(
-            Path::new(&DomainPaths::generation_dir_name(generation.generation_id)),
-            uid,
-        )
-        .map_err(|e| at(StartupStep::State)(&e))?;
-
-    // The Runtime Supervisor, first: it builds the Domain namespaces while
-    // the image and state are prepared.
+    // The generation, and the intents of everything that starts before
+    // the storage is prepared: one commit. The supervisor's pid 1 holds
+    // the Domain namespaces; the supervisor starts it at once. Nothing of
+    // the network exists until the namespaces do, nothing of the image's
+    // lease until the storage is prepared, nothing of the control and
+    // session sockets until the network is attaching.
     reporter.progress(StartupStep::Sandbox, "starting the Runtime Supervisor");
     let sandbox_failure = |message: String| failure(StartupStep::Sandbox, message);
     let supervisor_path =
         crate::programs::role_binary("lazaret-supervisor").map_err(sandbox_failure)?;
     let runsc = crate::programs::runsc().map_err(sandbox_failure)?;
     let container_id = ContainerId(session::random_bytes());
-    // The supervisor's pid 1 holds the Domain namespaces; it is recorded
-    // with the supervisor, which starts it at once. The image's lease and
-    // the control and session sockets' publications are recorded in the
-    // same commit: nothing of them exists until the storage is prepared
-    // and the network is attaching.
     let helper_record = || ParticipantOwnership::Helper(HelperOwnership::default());
     let [control_publication, session_publication] = publications(auth);
-    let [helper, holder_record, lower, control, sessions] = recorder.intents(
+    let (sidecar, [network, connectivity]) = super::network::intended(&planned)?;
+    let (
+        [
+            supervisor_record,
+            holder_record,
+            lower,
+            control,
+            sessions,
+            network_record,
+            connectivity_record,
+        ],
+        anchors,
+    ) = recorder.begin(
+        generation,
         StartupStep::Sandbox,
         [
             (Slot::SUPERVISOR, helper_record()),
@@ -742,20 +743,27 @@ fn bring_up(
             ),
             control_publication,
             session_publication,
+            network,
+            connectivity,
         ],
+        anchor_intents(resolved),
     )?;
+    // The generation's runtime directory.
+    let generation_dir = auth
+        .domain_runtime
+        .ensure_child(
+            Path::new(&DomainPaths::generation_dir_name(generation.generation_id)),
+            uid,
+        )
+        .map_err(|e| at(StartupStep::State)(&e))?;
+
+    // The Runtime Supervisor, first: it builds the Domain namespaces while
+    // the image and state are prepared. It is recorded as running with its
+    // pid 1 and slirp4netns, once those run: until then it dies with this
+    // process (its parent-death signal), and so does its pid 1 with it.
     let supervisor: &Supervisor = starting
         .supervisor
         .insert(Supervisor::spawn(&supervisor_path)?);
-    let supervisor_record = |process| {
-        ParticipantOwnership::Helper(HelperOwnership {
-            runtime_supervisor: process,
-            ..HelperOwnership::default()
-        })
-    };
-    // Nothing is waited for between its start and this record, so it is
-    // recorded as running at once (a pidfd names it already).
-    helper.active_as(supervisor_record(supervisor.held.committed()))?;
 
     // While the image, state and workspace are prepared and the plan is
     // sent, slirp4netns attaches to the enforcement namespace as soon as
@@ -769,6 +777,13 @@ fn bring_up(
         generation,
         generation_dir: &generation_dir,
     };
+    let network_records = super::network::Records {
+        supervisor: supervisor_record,
+        holder: holder_record,
+        network: network_record,
+        helper: connectivity_record,
+        sidecar,
+    };
     // Once slirp4netns is started, the control and session sockets are
     // published on the network's thread while the sidecar waits for it to
     // attach. No session is served before `up` has finished, so a client
@@ -777,16 +792,16 @@ fn bring_up(
         reporter,
         (StartupStep::Network, "attaching the network"),
         || {
-            let attached = attach_network(cx, supervisor, holder_record, planned, helper_slot)?;
+            let attached = attach_network(cx, supervisor, network_records, planned, helper_slot)?;
             Ok((attached, publish(resolved, generation, [control, sessions])))
         },
         || {
-            prepare_storage(cx, owned, &source, lower).and_then(|(storage, anchored)| {
+            prepare_storage(cx, owned, &source, lower, anchors).and_then(|(storage, became)| {
                 send_plan(
                     cx,
                     supervisor,
                     storage,
-                    anchored,
+                    became,
                     &runsc,
                     container_id,
                     &network_policy,
@@ -810,9 +825,6 @@ fn bring_up(
         })
         .map_err(|failure| helper_failed(failure, helper))?;
     let (network, network_record) = super::network::verify(reporter, requested, attestation)?;
-    // The router and the attested network, in one commit before the
-    // sandbox starts.
-    recorder.settle(StartupStep::Network, vec![router_record, network_record])?;
     let Published {
         listener,
         sessions,
@@ -829,13 +841,19 @@ fn bring_up(
     sandbox_record.container_process = running.process.committed();
     sandbox_record.runtime_root = Some(running.runtime_root.clone());
     sandbox_record.user_namespace = Some(namespaces.user_namespace);
-    // The sandbox runs, and so does the generation, its sockets published:
-    // one commit.
+    // The sandbox runs, and so does the generation, its router, its
+    // attested network and its published sockets: one commit. Until it
+    // is made, the records say only what was intended, which recovery
+    // undoes alike.
     generation.state = GenerationState::Running;
+    let also = [router_record, network_record]
+        .into_iter()
+        .chain(published.map(Intent::becoming_active))
+        .collect();
     sandbox.active_with(
         ParticipantOwnership::Sandbox(sandbox_record),
         generation,
-        published.map(Intent::becoming_active).into(),
+        also,
     )?;
     let supervisor = starting
         .supervisor
@@ -954,25 +972,23 @@ struct Storage {
     workspace: super::workspace::Prepared,
 }
 
-/// The State Anchor directories [`lease_and_anchor`] made, and their
-/// records.
+/// The State Anchor directories [`lease_and_anchor`] made.
 struct Anchors {
     dirs: Vec<RetainedDir>,
-    /// What each anchor became, for the caller to record.
-    records: Vec<Became>,
     uppers: super::usage::Uppers,
 }
 
-/// Leases the image (`lower`), makes the State Anchor directories and
-/// prepares the workspace routing; what the anchors became (returned) and
-/// the routing's intent are left for [`send_plan`] to record. The
-/// workspace's git rules, which take a walk of the workspace, are taken on
-/// a thread of their own meanwhile.
+/// Leases the image (`lower`), makes the State Anchor directories
+/// (`anchors`) and prepares the workspace routing; what the lease and the
+/// anchors became (returned) and the routing's intent are left for
+/// [`send_plan`] to record. The workspace's git rules, which take a walk
+/// of the workspace, are taken on a thread of their own meanwhile.
 fn prepare_storage(
     cx: Context<'_>,
     owned: &Owned,
     source: &crate::image::ImageSource,
     lower: Intent,
+    anchors: Vec<Intent>,
 ) -> Result<(Storage, Vec<Became>), Failure> {
     std::thread::scope(|scope| {
         let rules = beside(
@@ -981,35 +997,68 @@ fn prepare_storage(
             (StartupStep::Workspace, "taking the workspace's git rules"),
             || super::workspace::take_rules(cx.reporter, cx.resolved),
         );
-        let (prepared, anchors) = lease_and_anchor(cx, owned, source, lower)?;
+        let (prepared, made, became) = lease_and_anchor(cx, owned, source, lower, anchors)?;
         let uid = rustix::process::getuid().as_raw();
         let workspace =
             super::workspace::prepare(cx.resolved, cx.generation_dir, rules.join()?, uid)?;
         let storage = Storage {
             prepared,
-            anchor_dirs: anchors.dirs,
-            uppers: anchors.uppers,
+            anchor_dirs: made.dirs,
+            uppers: made.uppers,
             workspace,
         };
-        Ok((storage, anchors.records))
+        Ok((storage, became))
+    })
+}
+
+/// The State Anchors' intents, one per persistent dir in the order of
+/// `persistent_dirs`.
+fn anchor_intents(resolved: &ResolvedDomainConfiguration) -> Vec<(Slot, ParticipantOwnership)> {
+    let dirs = resolved.record().persistent_dirs.iter();
+    dirs.enumerate()
+        .map(|(i, dir)| (Slot::state_anchor(i), anchor_record(resolved, dir, None)))
+        .collect()
+}
+
+/// The State Anchor of persistent dir `dir`: a Domain-owned upper and work
+/// dir in the Domain's storage, over the prepared artifact `lower`.
+fn anchor_record(
+    resolved: &ResolvedDomainConfiguration,
+    dir: &str,
+    lower: Option<lazaret_proto::ids::PreparedArtifactId>,
+) -> ParticipantOwnership {
+    let state_dir = resolved
+        .authorities()
+        .domain_storage
+        .label()
+        .join(ANCHORS_DIR)
+        .join(anchor_name(dir));
+    ParticipantOwnership::StateAnchor(StateAnchorOwnership {
+        lower_artifact_id: lower,
+        upper_path: Some(HostPath::from(&state_dir.join(UPPER_DIR))),
+        work_path: Some(HostPath::from(&state_dir.join(WORK_DIR))),
+        sandbox_path: Some(dir.to_owned()),
+        ..StateAnchorOwnership::default()
     })
 }
 
 /// Leases the image (`lower`, recorded as intended) and makes the State
-/// Anchor directories: the lease and the anchors' intents are recorded in
-/// one commit, what the anchors became is left for the sandbox's intent.
+/// Anchor directories (`anchors`, recorded as intended, in the order of
+/// `persistent_dirs`); what the lease and the anchors became is returned
+/// for the sandbox's intent.
 fn lease_and_anchor(
     cx: Context<'_>,
     owned: &Owned,
     source: &crate::image::ImageSource,
     lower: Intent,
-) -> Result<(PreparedLower, Anchors), Failure> {
+    anchors: Vec<Intent>,
+) -> Result<(PreparedLower, Anchors, Vec<Became>), Failure> {
     let Context {
         reporter,
-        recorder,
         resolved,
         generation,
         generation_dir,
+        ..
     } = cx;
     let auth = resolved.authorities();
     let uid = rustix::process::getuid().as_raw();
@@ -1047,37 +1096,17 @@ fn lease_and_anchor(
         format!("prepared {}", prepared.manifest_digest.to_oci_string()),
     );
 
-    // The State Anchor: a Domain-owned upper and work dir per persistent dir.
+    // The State Anchors, over this image.
     reporter.progress(
         StartupStep::State,
         format!("generation {}", generation.generation_id),
     );
     let persistent_dirs = &resolved.record().persistent_dirs;
-    let names: Vec<PathBuf> = persistent_dirs
+    let dirs = persistent_dirs
         .iter()
-        .map(|dir| Path::new(ANCHORS_DIR).join(anchor_name(dir)))
-        .collect();
-    let intents = persistent_dirs
-        .iter()
-        .zip(&names)
-        .enumerate()
-        .map(|(i, (dir, name))| {
-            let state_dir = auth.domain_storage.label().join(name);
-            let ownership = ParticipantOwnership::StateAnchor(StateAnchorOwnership {
-                lower_artifact_id: Some(prepared.artifact_id),
-                upper_path: Some(HostPath::from(&state_dir.join(UPPER_DIR))),
-                work_path: Some(HostPath::from(&state_dir.join(WORK_DIR))),
-                sandbox_path: Some(dir.clone()),
-                ..StateAnchorOwnership::default()
-            });
-            (Slot::state_anchor(i), ownership)
-        })
-        .collect();
-    let anchors = recorder.record_all(StartupStep::State, vec![leased], intents)?;
-    let dirs = names
-        .iter()
-        .map(|name| {
-            let dir = auth.domain_storage.ensure_child(name, uid)?;
+        .map(|dir| {
+            let name = Path::new(ANCHORS_DIR).join(anchor_name(dir));
+            let dir = auth.domain_storage.ensure_child(&name, uid)?;
             dir.ensure_child(Path::new(UPPER_DIR), uid)?;
             dir.ensure_child(Path::new(WORK_DIR), uid)?;
             Ok(dir)
@@ -1086,14 +1115,18 @@ fn lease_and_anchor(
         .map_err(|e| at(StartupStep::State)(&e))?;
     let uppers = super::usage::Uppers::new(generation_dir, persistent_dirs, &dirs)
         .map_err(|e| at(StartupStep::State)(&e))?;
-    Ok((
-        prepared,
-        Anchors {
-            dirs,
-            records: anchors.into_iter().map(Intent::becoming_active).collect(),
-            uppers,
-        },
-    ))
+    let became = std::iter::once(leased)
+        .chain(
+            anchors
+                .into_iter()
+                .zip(persistent_dirs)
+                .map(|(anchor, dir)| {
+                    let record = anchor_record(resolved, dir, Some(prepared.artifact_id));
+                    anchor.becoming(ParticipantState::Active, record)
+                }),
+        )
+        .collect();
+    Ok((prepared, Anchors { dirs, uppers }, became))
 }
 
 /// The storage, and the workspace routing and the sandbox recorded as
@@ -1106,13 +1139,14 @@ struct Planned {
     environment: OwnedFd,
 }
 
-/// Records what the State Anchors became (`anchored`) and the routing's and
-/// the sandbox's intents, and sends the supervisor its plan.
+/// Records what the image's lease and the State Anchors became (`became`)
+/// and the routing's and the sandbox's intents, and sends the supervisor
+/// its plan.
 fn send_plan(
     cx: Context<'_>,
     supervisor: &Supervisor,
     storage: Storage,
-    anchored: Vec<Became>,
+    became: Vec<Became>,
     runsc: &Path,
     container_id: ContainerId,
     policy: &lazaret_proto::network::DerivedNetworkPolicy,
@@ -1130,11 +1164,11 @@ fn send_plan(
         bundle_path: Some(HostPath::from(&generation_dir.label().join("mnt/bundle"))),
         ..SandboxOwnership::default()
     };
-    // What the State Anchors became, and the intents of the routing and
-    // the sandbox the plan makes: one commit.
+    // What the lease and the State Anchors became, and the intents of the
+    // routing and the sandbox the plan makes: one commit.
     let [routing, sandbox] = recorder.record(
         StartupStep::Sandbox,
-        anchored,
+        became,
         [
             storage.workspace.intent(),
             (
@@ -1181,13 +1215,12 @@ fn send_plan(
 fn attach_network(
     cx: Context<'_>,
     supervisor: &Supervisor,
-    holder_record: Intent,
+    records: super::network::Records,
     planned: PlannedNetwork,
     helper: &mut Option<ConnectivityHelper>,
 ) -> Result<(super::supervisor::Namespaces, super::network::Requested), Failure> {
     let namespaces = supervisor.namespaces()?;
-    let requested =
-        super::network::attach(cx, supervisor, &namespaces, holder_record, planned, helper)?;
+    let requested = super::network::attach(cx, supervisor, &namespaces, records, planned, helper)?;
     Ok((namespaces, requested))
 }
 

@@ -48,22 +48,69 @@ pub(super) struct Requested {
     helper: PidfsProcessIdentityV1,
 }
 
+/// The connectivity helper's record, with the sidecar that attests the
+/// network it carries and its process as far as it exists.
+fn helper_record(
+    sidecar: NetworkSidecarId,
+    process: PersistedHostProcessOwnership,
+) -> ParticipantOwnership {
+    ParticipantOwnership::Helper(HelperOwnership {
+        network_sidecar_id: Some(sidecar),
+        connectivity_helper: process,
+        ..HelperOwnership::default()
+    })
+}
+
+/// The network participant ([`Slot::NETWORK`], its policy) and the
+/// connectivity helper ([`Slot::CONNECTIVITY_HELPER`], with the sidecar
+/// that will attest it) as intended, for the generation's first commit:
+/// nothing of either exists until the Domain namespaces do.
+pub(super) fn intended(
+    planned: &PlannedNetwork,
+) -> Result<(NetworkSidecarId, [(Slot, ParticipantOwnership); 2]), Failure> {
+    let network = NetworkOwnership {
+        derived_policy_digest: Some(planned.policy.digest().map_err(|e| at(STEP)(&e))?),
+        ..NetworkOwnership::default()
+    };
+    let sidecar = NetworkSidecarId(session::random_bytes());
+    Ok((
+        sidecar,
+        [
+            (Slot::NETWORK, ParticipantOwnership::Network(network)),
+            (
+                Slot::CONNECTIVITY_HELPER,
+                helper_record(sidecar, PersistedHostProcessOwnership::Unassigned),
+            ),
+        ],
+    ))
+}
+
+/// The records [`attach`] completes: the supervisor and its pid 1, the
+/// network and its connectivity helper, all recorded as intended.
+pub(super) struct Records {
+    pub(super) supervisor: Intent,
+    pub(super) holder: Intent,
+    pub(super) network: Intent,
+    pub(super) helper: Intent,
+    /// The sidecar the helper's intent names.
+    pub(super) sidecar: NetworkSidecarId,
+}
+
 /// Asks the supervisor's Network Sidecar to install the policy and attest
-/// it; records the namespace holder `holder` as running (it reported
-/// `namespaces`, with its pidfd) together with the intents of the network
-/// participant and the helper; then starts slirp4netns on the enforcement
-/// namespace. The sidecar, inside the Domain, installs the packet filter
-/// while the records are committed and slirp4netns attaches, and
-/// configures its device once slirp4netns says, on the ready pipe the
-/// sidecar holds, that it is attached; the attestation comes while the
-/// supervisor stages the plan. The helper is left in `helper` as soon as
-/// it runs, so a failure later still stops it. Nothing of the sandbox runs
-/// yet.
+/// it, and starts slirp4netns on the enforcement namespace; then records
+/// the supervisor, the namespace holder (which reported `namespaces`, with
+/// its pidfd) and slirp4netns as running, in one commit. The sidecar,
+/// inside the Domain, installs the packet filter while slirp4netns
+/// attaches and the records are committed, and configures its device once
+/// slirp4netns says, on the ready pipe the sidecar holds, that it is
+/// attached; the attestation comes while the supervisor stages the plan.
+/// The helper is left in `helper` as soon as it runs, so a failure later
+/// still stops it. Nothing of the sandbox runs yet.
 pub(super) fn attach(
     cx: Context<'_>,
     supervisor: &Supervisor,
     namespaces: &Namespaces,
-    holder: Intent,
+    records: Records,
     PlannedNetwork {
         policy,
         platform_deny,
@@ -77,14 +124,7 @@ pub(super) fn attach(
         owning_user_namespace: Some(namespaces.user_namespace),
         ..NetworkOwnership::default()
     };
-    let network_sidecar_id = NetworkSidecarId(session::random_bytes());
-    let helper_record = |process| {
-        ParticipantOwnership::Helper(HelperOwnership {
-            network_sidecar_id: Some(network_sidecar_id),
-            connectivity_helper: process,
-            ..HelperOwnership::default()
-        })
-    };
+    let network_sidecar_id = records.sidecar;
     cx.reporter
         .progress(STEP, "installing and attesting the policy");
     let expected = NetworkReadinessIdentity {
@@ -114,28 +154,6 @@ pub(super) fn attach(
     )?;
     drop(ready_read);
 
-    // The sidecar works on the filter while the namespace holder's record
-    // (it runs, reported) and these intents are committed: one commit,
-    // before slirp4netns, the first process of the network outside the
-    // Domain, exists.
-    let [network_intent, helper_intent] = holder.active_then(
-        ParticipantOwnership::Helper(HelperOwnership {
-            runtime_supervisor: namespaces.holder.committed(),
-            ..HelperOwnership::default()
-        }),
-        STEP,
-        [
-            (
-                Slot::NETWORK,
-                ParticipantOwnership::Network(network.clone()),
-            ),
-            (
-                Slot::CONNECTIVITY_HELPER,
-                helper_record(PersistedHostProcessOwnership::Unassigned),
-            ),
-        ],
-    )?;
-
     cx.reporter
         .progress(STEP, "attaching slirp4netns to the enforcement namespace");
     let started = ConnectivityHelper::start(
@@ -152,13 +170,34 @@ pub(super) fn attach(
         )
     })?;
     let running = helper.insert(started);
-    helper_intent.active_as(helper_record(running.held.committed()))?;
+    // The supervisor and its pid 1 are recorded in the same field.
+    let runs = |process: &crate::process::HeldProcess| {
+        ParticipantOwnership::Helper(HelperOwnership {
+            runtime_supervisor: process.committed(),
+            ..HelperOwnership::default()
+        })
+    };
+    cx.recorder.settle(
+        STEP,
+        vec![
+            records
+                .supervisor
+                .becoming(ParticipantState::Active, runs(&supervisor.held)),
+            records
+                .holder
+                .becoming(ParticipantState::Active, runs(&namespaces.holder)),
+            records.helper.becoming(
+                ParticipantState::Active,
+                helper_record(network_sidecar_id, running.held.committed()),
+            ),
+        ],
+    )?;
     Ok(Requested {
         policy,
         platform_deny,
         expected,
         network,
-        network_intent,
+        network_intent: records.network,
         link,
         helper: running.held.identity,
     })

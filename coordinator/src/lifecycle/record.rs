@@ -26,9 +26,10 @@ pub(super) struct Recorder {
     generation: GenerationId,
 }
 
-/// A participant recorded as intended: record what it became with
-/// [`Intent::active_as`] once it exists, or with others in one
-/// transaction through [`Intent::becoming`] and [`Recorder::record`].
+/// A participant recorded as intended: once it exists, what it became
+/// ([`Intent::becoming`]) is committed with others by [`Recorder::record`]
+/// or [`Recorder::settle`], or with the generation by
+/// [`Intent::active_with`].
 #[must_use = "a participant recorded as intended must be recorded as what it became"]
 #[derive(Debug)]
 pub(super) struct Intent {
@@ -44,14 +45,24 @@ impl Recorder {
         Self { store, generation }
     }
 
-    /// Commits the intents to create several participants, in one
-    /// transaction; a failure is one of `step`.
-    pub(super) fn intents<const N: usize>(
+    /// Commits `generation` as it begins and the intents to create its
+    /// first participants, those of `participants` and as many more as
+    /// `also` holds, in one transaction; a failure is one of `step`.
+    pub(super) fn begin<const N: usize>(
         &self,
+        generation: &Generation,
         step: StartupStep,
         participants: [(Slot, ParticipantOwnership); N],
-    ) -> Result<[Intent; N], Failure> {
-        self.record(step, Vec::new(), participants)
+        also: Vec<(Slot, ParticipantOwnership)>,
+    ) -> Result<([Intent; N], Vec<Intent>), Failure> {
+        let mut intents = self.commit(
+            step,
+            Vec::new(),
+            participants.into_iter().chain(also).collect(),
+            Some(generation),
+        )?;
+        let also = intents.split_off(N);
+        Ok((one_each(intents), also))
     }
 
     /// Commits, in one transaction, what each of `done` became and the
@@ -63,26 +74,13 @@ impl Recorder {
         done: Vec<Became>,
         next: [(Slot, ParticipantOwnership); N],
     ) -> Result<[Intent; N], Failure> {
-        let intents = self.record_all(step, done, next.into())?;
-        Ok(intents
-            .try_into()
-            .unwrap_or_else(|_| unreachable!("one intent per participant")))
+        self.commit(step, done, next.into(), None).map(one_each)
     }
 
     /// Commits what each of `done` became, in one transaction; a failure
     /// is one of `step`.
     pub(super) fn settle(&self, step: StartupStep, done: Vec<Became>) -> Result<(), Failure> {
-        self.record_all(step, done, Vec::new()).map(drop)
-    }
-
-    /// [`Self::record`], for as many participants as `next` holds.
-    pub(super) fn record_all(
-        &self,
-        step: StartupStep,
-        done: Vec<Became>,
-        next: Vec<(Slot, ParticipantOwnership)>,
-    ) -> Result<Vec<Intent>, Failure> {
-        self.commit(step, done, next, None)
+        self.commit(step, done, Vec::new(), None).map(drop)
     }
 
     /// Commits what each of `done` became, the intents to create `next`
@@ -127,6 +125,13 @@ impl Recorder {
     }
 }
 
+/// The intents of a commit of `N` participants, as an array.
+fn one_each<const N: usize>(intents: Vec<Intent>) -> [Intent; N] {
+    intents
+        .try_into()
+        .unwrap_or_else(|_| unreachable!("one intent per participant"))
+}
+
 /// What a participant became, to be committed with others by
 /// [`Recorder::record`].
 #[must_use = "what a participant became must be recorded"]
@@ -134,30 +139,6 @@ impl Recorder {
 pub(super) struct Became(Intent);
 
 impl Intent {
-    /// Records the participant as created, active and owned as `ownership`.
-    pub(super) fn active_as(self, ownership: ParticipantOwnership) -> Result<(), Failure> {
-        let (recorder, step) = (self.recorder.clone(), self.step);
-        recorder.settle(
-            step,
-            vec![self.becoming(ParticipantState::Active, ownership)],
-        )
-    }
-
-    /// Records the participant as created, active and owned as
-    /// `ownership`, and commits the intents to create `next` in the same
-    /// transaction (one disk flush instead of two, in the order recovery
-    /// needs: nothing of `next` exists yet); a failure is one of `step`.
-    pub(super) fn active_then<const N: usize>(
-        self,
-        ownership: ParticipantOwnership,
-        step: StartupStep,
-        next: [(Slot, ParticipantOwnership); N],
-    ) -> Result<[Intent; N], Failure> {
-        let recorder = self.recorder.clone();
-        let became = self.becoming(ParticipantState::Active, ownership);
-        recorder.record(step, vec![became], next)
-    }
-
     /// The participant as it became, `state` and owned as `ownership`, for
     /// [`Recorder::record`] to commit.
     pub(super) fn becoming(
@@ -220,7 +201,7 @@ mod tests {
     /// One participant's intent, committed.
     fn intent(recorder: &Recorder, slot: Slot, ownership: ParticipantOwnership) -> Intent {
         let [intent] = recorder
-            .intents(StartupStep::Sandbox, [(slot, ownership)])
+            .record(StartupStep::Sandbox, Vec::new(), [(slot, ownership)])
             .unwrap();
         intent
     }
@@ -249,7 +230,8 @@ mod tests {
         let first = recorded(&store, Slot::PUBLICATION);
         assert_eq!(first.state, ParticipantState::Intent);
         assert_eq!(first.ownership, publication("/run/a.sock"));
-        published.active_as(publication("/run/a.sock")).unwrap();
+        let became = published.becoming(ParticipantState::Active, publication("/run/a.sock"));
+        recorder.settle(StartupStep::Sandbox, vec![became]).unwrap();
         let then = recorded(&store, Slot::PUBLICATION);
         assert_eq!(then.state, ParticipantState::Active);
         assert_eq!(then.ownership, publication("/run/a.sock"));
@@ -280,8 +262,9 @@ mod tests {
         let recorder = Recorder::new(Arc::clone(&store), GenerationId(3));
         let helper = || ParticipantOwnership::Helper(Default::default());
         let [supervisor, holder] = recorder
-            .intents(
+            .record(
                 StartupStep::Sandbox,
+                Vec::new(),
                 [
                     (Slot::SUPERVISOR, helper()),
                     (Slot::NAMESPACE_HOLDER, helper()),
@@ -293,7 +276,10 @@ mod tests {
             assert_eq!(row.state, ParticipantState::Intent);
             assert_eq!(row.generation_id, GenerationId(3));
         }
-        holder.active_as(helper()).unwrap();
+        let active = |intent: Intent| intent.becoming(ParticipantState::Active, helper());
+        recorder
+            .settle(StartupStep::Sandbox, vec![active(holder)])
+            .unwrap();
         assert_eq!(
             recorded(&store, Slot::NAMESPACE_HOLDER).state,
             ParticipantState::Active
@@ -302,7 +288,9 @@ mod tests {
             recorded(&store, Slot::SUPERVISOR).state,
             ParticipantState::Intent
         );
-        supervisor.active_as(helper()).unwrap();
+        recorder
+            .settle(StartupStep::Sandbox, vec![active(supervisor)])
+            .unwrap();
         assert_eq!(
             recorded(&store, Slot::SUPERVISOR).state,
             ParticipantState::Active
@@ -310,41 +298,59 @@ mod tests {
     }
 
     #[test]
-    fn active_then_records_what_one_became_and_the_next_intents_together() {
+    fn begin_records_the_generation_with_the_first_intents_in_their_order() {
+        use lazaret_proto::common::UnixTimeNs;
+        use lazaret_proto::ids::ConfigurationFingerprint;
+        use lazaret_proto::process::PersistedHostProcessOwnership;
+        use lazaret_proto::store::GenerationState;
+
         let (_dir, store) = store();
-        let recorder = Recorder::new(Arc::clone(&store), GenerationId(3));
-        let helper = |sidecar| {
-            ParticipantOwnership::Helper(lazaret_proto::ownership::HelperOwnership {
-                network_sidecar_id: sidecar,
-                ..Default::default()
-            })
+        let generation = Generation {
+            domain_id: DomainId([7; 32]),
+            generation_id: GenerationId(3),
+            configuration_fingerprint: ConfigurationFingerprint([1; 32]),
+            state: GenerationState::Starting,
+            host_coordinator: PersistedHostProcessOwnership::Unassigned,
+            started_at: UnixTimeNs::now(),
+            closed_at: None,
         };
-        let holder = intent(&recorder, Slot::NAMESPACE_HOLDER, helper(None));
-        let running = helper(Some(lazaret_proto::ids::NetworkSidecarId([9; 16])));
-        let [network] = holder
-            .active_then(
-                running.clone(),
-                StartupStep::Network,
-                [(
-                    Slot::NETWORK,
-                    ParticipantOwnership::Network(Default::default()),
-                )],
+        let recorder = Recorder::new(Arc::clone(&store), GenerationId(3));
+        let helper = || ParticipantOwnership::Helper(Default::default());
+        let anchor = || ParticipantOwnership::StateAnchor(Default::default());
+        let ([supervisor], anchors) = recorder
+            .begin(
+                &generation,
+                StartupStep::Sandbox,
+                [(Slot::SUPERVISOR, helper())],
+                vec![
+                    (Slot::state_anchor(0), anchor()),
+                    (Slot::state_anchor(1), anchor()),
+                ],
             )
             .unwrap();
-        let row = recorded(&store, Slot::NAMESPACE_HOLDER);
-        assert_eq!(row.state, ParticipantState::Active);
-        assert_eq!(row.ownership, running);
+        let stored = store.latest_generation().unwrap().expect("the generation");
+        assert_eq!(stored.state, GenerationState::Starting);
+        for slot in [
+            Slot::SUPERVISOR,
+            Slot::state_anchor(0),
+            Slot::state_anchor(1),
+        ] {
+            assert_eq!(recorded(&store, slot).state, ParticipantState::Intent);
+        }
+        assert_eq!(supervisor.slot, Slot::SUPERVISOR);
+        let slots: Vec<Slot> = anchors.iter().map(|a| a.slot).collect();
+        assert_eq!(slots, [Slot::state_anchor(0), Slot::state_anchor(1)]);
+        let made = anchors.into_iter().map(Intent::becoming_active).collect();
+        recorder.settle(StartupStep::State, made).unwrap();
         assert_eq!(
-            recorded(&store, Slot::NETWORK).state,
-            ParticipantState::Intent
-        );
-        network
-            .active_as(ParticipantOwnership::Network(Default::default()))
-            .unwrap();
-        assert_eq!(
-            recorded(&store, Slot::NETWORK).state,
+            recorded(&store, Slot::state_anchor(1)).state,
             ParticipantState::Active
         );
+        assert_eq!(
+            recorded(&store, Slot::SUPERVISOR).state,
+            ParticipantState::Intent
+        );
+        drop(supervisor);
     }
 
     #[test]
@@ -409,8 +415,9 @@ mod tests {
         let recorder = Recorder::new(Arc::clone(&store), GenerationId(3));
         let anchor = || ParticipantOwnership::StateAnchor(Default::default());
         let [lower, first] = recorder
-            .intents(
+            .record(
                 StartupStep::State,
+                Vec::new(),
                 [
                     (
                         Slot::PREPARED_LOWER,
