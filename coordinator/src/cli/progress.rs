@@ -96,7 +96,7 @@ impl Progress {
             let tenth = done.saturating_mul(10) / total;
             if self.shown_tenth != Some((step, tenth)) {
                 self.shown_tenth = Some((step, tenth));
-                eprintln!("{:>13}  {detail}", step.as_str());
+                print_line(step, detail);
             }
             return;
         }
@@ -120,7 +120,7 @@ impl Progress {
     /// A step's line, below any bar, which ends.
     fn line(&mut self, step: StartupStep, detail: &str) {
         self.finish();
-        eprintln!("{:>13}  {detail}", step.as_str());
+        print_line(step, detail);
     }
 
     /// Leaves the last state of a bar on screen.
@@ -135,4 +135,11 @@ impl Drop for Progress {
     fn drop(&mut self) {
         self.finish();
     }
+}
+
+/// Writes a step's line to standard error in one write, so that it is not
+/// split (a padded field is otherwise written a character at a time).
+fn print_line(step: StartupStep, detail: &str) {
+    let line = format!("{:>13}  {detail}\n", step.as_str());
+    let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
 }

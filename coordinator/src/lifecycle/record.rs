@@ -178,9 +178,11 @@ impl Intent {
 mod tests {
     use super::*;
     use lazaret_proto::common::HostPath;
-    use lazaret_proto::ids::DomainId;
+    use lazaret_proto::common::UnixTimeNs;
+    use lazaret_proto::ids::{ConfigurationFingerprint, DomainId};
     use lazaret_proto::ownership::{PreparedLowerOwnership, PublicationOwnership};
-    use lazaret_proto::store::Domain;
+    use lazaret_proto::process::PersistedHostProcessOwnership;
+    use lazaret_proto::store::{Domain, GenerationState};
 
     fn store() -> (tempfile::TempDir, Arc<DomainStore>) {
         let dir = tempfile::tempdir().unwrap();
@@ -204,6 +206,19 @@ mod tests {
             .record(StartupStep::Sandbox, Vec::new(), [(slot, ownership)])
             .unwrap();
         intent
+    }
+
+    /// Generation 3, starting.
+    fn starting() -> Generation {
+        Generation {
+            domain_id: DomainId([7; 32]),
+            generation_id: GenerationId(3),
+            configuration_fingerprint: ConfigurationFingerprint([1; 32]),
+            state: GenerationState::Starting,
+            host_coordinator: PersistedHostProcessOwnership::Unassigned,
+            started_at: UnixTimeNs::now(),
+            closed_at: None,
+        }
     }
 
     fn recorded(store: &DomainStore, slot: Slot) -> Participant {
@@ -299,21 +314,8 @@ mod tests {
 
     #[test]
     fn begin_records_the_generation_with_the_first_intents_in_their_order() {
-        use lazaret_proto::common::UnixTimeNs;
-        use lazaret_proto::ids::ConfigurationFingerprint;
-        use lazaret_proto::process::PersistedHostProcessOwnership;
-        use lazaret_proto::store::GenerationState;
-
         let (_dir, store) = store();
-        let generation = Generation {
-            domain_id: DomainId([7; 32]),
-            generation_id: GenerationId(3),
-            configuration_fingerprint: ConfigurationFingerprint([1; 32]),
-            state: GenerationState::Starting,
-            host_coordinator: PersistedHostProcessOwnership::Unassigned,
-            started_at: UnixTimeNs::now(),
-            closed_at: None,
-        };
+        let generation = starting();
         let recorder = Recorder::new(Arc::clone(&store), GenerationId(3));
         let helper = || ParticipantOwnership::Helper(Default::default());
         let anchor = || ParticipantOwnership::StateAnchor(Default::default());
@@ -355,21 +357,8 @@ mod tests {
 
     #[test]
     fn active_with_records_the_participants_and_their_generation_together() {
-        use lazaret_proto::common::UnixTimeNs;
-        use lazaret_proto::ids::ConfigurationFingerprint;
-        use lazaret_proto::process::PersistedHostProcessOwnership;
-        use lazaret_proto::store::GenerationState;
-
         let (_dir, store) = store();
-        let mut generation = Generation {
-            domain_id: DomainId([7; 32]),
-            generation_id: GenerationId(3),
-            configuration_fingerprint: ConfigurationFingerprint([1; 32]),
-            state: GenerationState::Starting,
-            host_coordinator: PersistedHostProcessOwnership::Unassigned,
-            started_at: UnixTimeNs::now(),
-            closed_at: None,
-        };
+        let mut generation = starting();
         store.put_generation(&generation).unwrap();
         let recorder = Recorder::new(Arc::clone(&store), GenerationId(3));
         let sandbox = intent(
