@@ -705,12 +705,12 @@ fn bring_up(
     programs_outside_the_sandbox(auth)
         .map_err(|message| invalid(StartupStep::Configuration, message))?;
 
-    // The generation, and the intents of everything that starts before
-    // the storage is prepared: one commit. The supervisor's pid 1 holds
-    // the Domain namespaces; the supervisor starts it at once. Nothing of
-    // the network exists until the namespaces do, nothing of the image's
-    // lease until the storage is prepared, nothing of the control and
-    // session sockets until the network is attaching.
+    // The generation, and the intents of every participant made before
+    // the plan is sent: one commit. The supervisor's pid 1 holds the
+    // Domain namespaces; the supervisor starts it at once. Nothing of the
+    // network exists until the namespaces do, nothing of the lease and the
+    // State Anchors until the storage is prepared, nothing of the control
+    // and session sockets until the network is attaching.
     reporter.progress(StartupStep::Sandbox, "starting the Runtime Supervisor");
     let sandbox_failure = |message: String| failure(StartupStep::Sandbox, message);
     let supervisor_path =

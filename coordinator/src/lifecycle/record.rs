@@ -4,9 +4,9 @@
 //! Owns the order recovery relies on (docs/storage.md): a participant's
 //! `Intent` record is committed before anything of it exists, so a crash at
 //! any point leaves a record naming what may need cleaning up. The guard
-//! [`Recorder::intents`] returns is the only way to record what the
-//! participant became, and it is `#[must_use]`, as is what
-//! [`Intent::becoming`] makes of it until a transaction records it.
+//! [`Recorder::begin`] and [`Recorder::record`] return is the only way to
+//! record what the participant became, and it is `#[must_use]`, as is
+//! what [`Intent::becoming`] makes of it until a transaction records it.
 //! Trusts the store.
 
 use std::sync::Arc;
@@ -177,8 +177,7 @@ impl Intent {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use lazaret_proto::common::HostPath;
-    use lazaret_proto::common::UnixTimeNs;
+    use lazaret_proto::common::{HostPath, UnixTimeNs};
     use lazaret_proto::ids::{ConfigurationFingerprint, DomainId};
     use lazaret_proto::ownership::{PreparedLowerOwnership, PublicationOwnership};
     use lazaret_proto::process::PersistedHostProcessOwnership;
