@@ -35,8 +35,8 @@ pub struct Probes {
     pub dns: Vec<DnsObservation>,
 }
 
-/// The DNS queries [`start`] sent, whose answers [`Pending::finish`]
-/// collects.
+/// What [`start`] observed of the destinations, and the DNS queries it
+/// sent, whose answers [`Pending::finish`] collects.
 #[derive(Debug)]
 pub struct Pending {
     denied: Vec<DeniedDestinationObservation>,
