@@ -62,7 +62,7 @@ use crate::process::HeldProcess;
 use crate::session;
 use crate::session::hub::Hub;
 use crate::session::tls::{GenerationCredentials, remove_client_credential};
-use crate::state::{ANCHORS_DIR, UPPER_DIR, WORK_DIR, anchor_name};
+use crate::state::{UPPER_DIR, WORK_DIR, anchor_dir};
 use crate::store::{DomainStore, Slot};
 
 type Startup = Endpoint<StartupEvent, ControlRequest>;
@@ -1031,8 +1031,7 @@ fn anchor_record(
         .authorities()
         .domain_storage
         .label()
-        .join(ANCHORS_DIR)
-        .join(anchor_name(dir));
+        .join(anchor_dir(dir));
     ParticipantOwnership::StateAnchor(StateAnchorOwnership {
         lower_artifact_id: lower,
         upper_path: Some(HostPath::from(&state_dir.join(UPPER_DIR))),
@@ -1105,8 +1104,7 @@ fn lease_and_anchor(
     let dirs = persistent_dirs
         .iter()
         .map(|dir| {
-            let name = Path::new(ANCHORS_DIR).join(anchor_name(dir));
-            let dir = auth.domain_storage.ensure_child(&name, uid)?;
+            let dir = auth.domain_storage.ensure_child(&anchor_dir(dir), uid)?;
             dir.ensure_child(Path::new(UPPER_DIR), uid)?;
             dir.ensure_child(Path::new(WORK_DIR), uid)?;
             Ok(dir)

@@ -300,6 +300,12 @@ pub fn anchor_name(path: &str) -> String {
     lazaret_proto::ids::to_hex(path.as_bytes())
 }
 
+/// The State Anchor directory of persistent dir `path`, beneath the
+/// Domain's storage directory: `anchors/<name>`.
+pub fn anchor_dir(path: &str) -> PathBuf {
+    Path::new(ANCHORS_DIR).join(anchor_name(path))
+}
+
 /// One State Anchor in `anchors/`.
 #[derive(Debug)]
 struct AnchorEntry {
