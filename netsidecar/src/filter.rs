@@ -371,6 +371,12 @@ const NEEDS_NF_TABLES: &str = "the packet filter needs a kernel with nf_tables: 
     with `modprobe nf_tables` (`grep nf_tables /proc/modules` shows it), then run \
     `lazaret up` again";
 
+/// Why a read-back that finds something the sidecar did not write stops
+/// `up`, and what to do.
+const NOT_WRITTEN_HERE: &str = "only the Network Sidecar writes the enforcement namespace's \
+    ruleset, so `up` stops rather than attest one it did not write; run `lazaret up` again, \
+    and report it if it recurs";
+
 fn socket() -> Result<Socket, SidecarError> {
     Socket::open().map_err(|e| {
         error(format!(
@@ -468,7 +474,7 @@ pub fn read_back() -> Result<Vec<FilterRule>, SidecarError> {
         |what: &str, Malformed(why)| error(format!("a dumped {what} is malformed: {why}"));
     let foreign = |kind: Kind, detail: String| {
         error(format!(
-            "the namespace holds another {}: {detail}",
+            "the namespace holds another {}: {detail}; {NOT_WRITTEN_HERE}",
             kind.name()
         ))
     };
@@ -486,7 +492,7 @@ pub fn read_back() -> Result<Vec<FilterRule>, SidecarError> {
     }
     if tables.len() != 1 {
         return Err(error(format!(
-            "the namespace holds {} tables named inet {TABLE}, not one",
+            "the namespace holds {} tables named inet {TABLE}, not one; {NOT_WRITTEN_HERE}",
             tables.len()
         )));
     }
@@ -507,7 +513,8 @@ pub fn read_back() -> Result<Vec<FilterRule>, SidecarError> {
         .into();
     if chains != expected {
         return Err(error(format!(
-            "the filter's chains are not the two drop-by-default base chains: {chains:?}"
+            "the filter's chains are not the two drop-by-default base chains: {chains:?}; \
+             {NOT_WRITTEN_HERE}"
         )));
     }
 
@@ -524,7 +531,7 @@ pub fn read_back() -> Result<Vec<FilterRule>, SidecarError> {
     }
     if input != input_rules() {
         return Err(error(format!(
-            "the input chain holds other rules: {input:?}"
+            "the input chain holds other rules: {input:?}; {NOT_WRITTEN_HERE}"
         )));
     }
     rules_of(&output)
@@ -583,7 +590,10 @@ fn rules_of(output: &[Vec<Expr>]) -> Result<Vec<FilterRule>, SidecarError> {
             rest.starts_with(&written).then_some((rule, written.len()))
         });
         let Some((rule, taken)) = matched else {
-            return Err(error(format!("unrecognised output rule {:?}", rest[0])));
+            return Err(error(format!(
+                "unrecognised output rule {:?}; {NOT_WRITTEN_HERE}",
+                rest[0]
+            )));
         };
         found.push(rule);
         rest = &rest[taken..];
