@@ -128,7 +128,6 @@ impl Query {
         let socket = (|| {
             let socket = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0))?;
             socket.connect((resolver, 53))?;
-            socket.set_read_timeout(Some(DNS_TIMEOUT))?;
             socket.send(&encode_query(id, QUERY_NAME))?;
             Ok(socket)
         })();
@@ -153,10 +152,17 @@ impl Query {
         };
         let mut buffer = [0u8; 1500];
         loop {
+            // Past the deadline, an answer already there is still taken,
+            // without waiting for another.
             let left = self
                 .deadline
                 .saturating_duration_since(std::time::Instant::now());
-            if left.is_zero() || socket.set_read_timeout(Some(left)).is_err() {
+            let waited = if left.is_zero() {
+                socket.set_nonblocking(true)
+            } else {
+                socket.set_read_timeout(Some(left))
+            };
+            if waited.is_err() {
                 return observation(DnsOutcome::TimedOut, Vec::new());
             }
             match socket.recv(&mut buffer) {
@@ -168,7 +174,7 @@ impl Query {
                     // Not our answer; keep waiting until the deadline.
                 }
                 // A refusal is no answer either: the query left and
-                // nothing resolved it.
+                // nothing resolved it; nor is nothing by the deadline.
                 Err(_) => return observation(DnsOutcome::TimedOut, Vec::new()),
             }
         }
@@ -244,6 +250,38 @@ fn skip_name(message: &[u8], mut at: usize) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_answer_already_there_at_the_deadline_is_taken_and_none_is_not_waited_for() {
+        let resolver = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+        let sent = |id: u16| {
+            let socket = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+            socket.connect(resolver.local_addr().unwrap()).unwrap();
+            socket.send(&encode_query(id, QUERY_NAME)).unwrap();
+            Query {
+                resolver: IpAddr::V4(Ipv4Addr::LOCALHOST),
+                id,
+                socket: Ok(socket),
+                deadline: std::time::Instant::now(),
+            }
+        };
+        let answered = sent(7);
+        let mut buffer = [0u8; 512];
+        let (n, from) = resolver.recv_from(&mut buffer).unwrap();
+        let mut nxdomain = buffer[..n].to_vec();
+        nxdomain[2] = 0x81;
+        nxdomain[3] = 0x83;
+        resolver.send_to(&nxdomain, from).unwrap();
+        // Local datagrams are delivered before `send_to` returns.
+        assert_eq!(
+            answered.answer().outcome,
+            DnsOutcome::Answered { response_code: 3 }
+        );
+        let unanswered = sent(8);
+        let began = std::time::Instant::now();
+        assert_eq!(unanswered.answer().outcome, DnsOutcome::TimedOut);
+        assert!(began.elapsed() < DNS_TIMEOUT, "it waited past the deadline");
+    }
 
     #[test]
     fn a_query_and_its_answer_round_trip() {
