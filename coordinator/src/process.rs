@@ -64,6 +64,24 @@ impl HeldProcess {
         Self::from_pidfd(pidfd)
     }
 
+    /// Whether the process is stopped (by SIGSTOP, a terminal's stop or a
+    /// tracer): it runs no code until continued, so whatever waits on it
+    /// waits. A process that exited is not stopped; the pid's state counts
+    /// only while the pidfd still names that pid with the same start time.
+    pub fn stopped(&self) -> bool {
+        let pid = self.identity.host_pid;
+        let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            return false;
+        };
+        // The state is the first field after the command's last `)`.
+        let state = text
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next());
+        matches!(state, Some("T" | "t"))
+            && fdinfo_pid(self.pidfd.as_fd()).is_ok_and(|now| now == pid)
+            && start_time(pid).is_ok_and(|t| t == self.identity.start_time_ticks)
+    }
+
     /// The durable record of this process, committed.
     pub fn committed(&self) -> PersistedHostProcessOwnership {
         PersistedHostProcessOwnership::Committed(self.record())

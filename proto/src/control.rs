@@ -190,6 +190,37 @@ pub struct DomainStatus {
     pub workspace_routing: WorkspaceStatus,
     /// What the uppers hold now.
     pub storage: StorageUsage,
+    /// The generation's processes that are stopped now, and so answer
+    /// nothing.
+    pub stopped: Vec<StoppedProcess>,
+}
+
+/// One of a generation's processes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum GenerationProcess {
+    /// The Runtime Supervisor.
+    Supervisor,
+    /// The init of the Domain's namespaces.
+    NamespaceHolder,
+    /// The runsc sandbox.
+    Sandbox,
+    /// The runsc gofer.
+    Gofer,
+    /// The Workspace Router.
+    WorkspaceRouter,
+    /// `slirp4netns`, the connectivity helper.
+    ConnectivityHelper,
+}
+
+/// A generation's process that is stopped (SIGSTOP, a tracer): it runs no
+/// code, so whatever waits on it (a session starting, the workspace, the
+/// network) waits until it is continued.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoppedProcess {
+    /// Which process.
+    pub process: GenerationProcess,
+    /// Its pid and start time.
+    pub identity: PidfsProcessIdentityV1,
 }
 
 /// What the sandbox's uppers hold, as `lazaret status` shows it.

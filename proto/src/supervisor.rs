@@ -196,6 +196,13 @@ pub enum ExecSignal {
     /// SIGKILL: the session's client is gone (the sandbox's pid 1 then ends
     /// the rest of the session).
     Kill,
+    /// SIGHUP.
+    Hangup,
+    /// SIGWINCH, to every process of the sandbox: the runtime passes a
+    /// window's change of size to none of them, and cannot name a
+    /// session's foreground process group. A program that does not redraw
+    /// ignores it.
+    WindowChanged,
 }
 
 impl ExecSignal {
@@ -206,6 +213,8 @@ impl ExecSignal {
             ExecSignal::Quit => "QUIT",
             ExecSignal::Terminate => "TERM",
             ExecSignal::Kill => "KILL",
+            ExecSignal::Hangup => "HUP",
+            ExecSignal::WindowChanged => "WINCH",
         }
     }
 }
@@ -217,6 +226,7 @@ impl From<crate::terminal::TerminalSignalKind> for ExecSignal {
             Kind::Interrupt => Self::Interrupt,
             Kind::Quit => Self::Quit,
             Kind::Terminate => Self::Terminate,
+            Kind::Hangup => Self::Hangup,
         }
     }
 }

@@ -101,6 +101,9 @@ pub enum TerminalSignalKind {
     Quit,
     /// `SIGTERM`.
     Terminate,
+    /// `SIGHUP`: the client's terminal went away, as a terminal's hangup
+    /// tells the programs on it.
+    Hangup,
 }
 
 /// The client is done with the session: the Host Coordinator hangs up the

@@ -157,27 +157,59 @@ pub fn internal_pid_file(runtime: &Runsc<'_>, session_id: SessionId) -> PathBuf 
         .join(format!("session-{}.pid", session_id.to_hex()))
 }
 
+/// How long one `runsc kill` may take.
+const KILL_BOUND: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Sends `signal` to a session's process inside the sandbox with
-/// `runsc kill --pid`.
+/// `runsc kill --pid` (a window's change, to every process, with
+/// `runsc kill --all`), within [`KILL_BOUND`].
 pub fn signal(
     reaper: &Reaper,
     runtime: &Runsc<'_>,
     session_id: SessionId,
     signal: ExecSignal,
 ) -> Result<(), String> {
-    let file = internal_pid_file(runtime, session_id);
-    let pid = std::fs::read_to_string(&file)
-        .map_err(|e| format!("the session's process is not known (yet): {e}"))?;
-    let pid = pid.trim();
-    let mut command = runtime.command(["kill", "--pid", pid, runtime.container_id, signal.name()]);
+    let mut command = if signal == ExecSignal::WindowChanged {
+        runtime.command(["kill", "--all", runtime.container_id, signal.name()])
+    } else {
+        let file = internal_pid_file(runtime, session_id);
+        let pid = std::fs::read_to_string(&file)
+            .map_err(|e| format!("the session's process is not known (yet): {e}"))?;
+        runtime.command([
+            "kill",
+            "--pid",
+            pid.trim(),
+            runtime.container_id,
+            signal.name(),
+        ])
+    };
     command.stderr(Stdio::null());
     // The reaper owns every wait of this process: spawn and wait through it.
-    let (child, _pidfd) = reaper
+    let (child, pidfd) = reaper
         .spawn(&mut command)
         .map_err(|e| format!("cannot run runsc kill: {e}"))?;
+    // A sandbox that does not answer (stopped, or stuck) holds `runsc kill`
+    // for at most this long.
+    let bound = rustix::event::Timespec {
+        tv_sec: KILL_BOUND.as_secs().try_into().unwrap_or(i64::MAX),
+        tv_nsec: 0,
+    };
+    let mut fds = [rustix::event::PollFd::new(
+        &pidfd,
+        rustix::event::PollFlags::IN,
+    )];
+    let ended = matches!(rustix::event::poll(&mut fds, Some(&bound)), Ok(n) if n > 0);
+    if !ended {
+        let _ = rustix::process::pidfd_send_signal(&pidfd, rustix::process::Signal::KILL);
+    }
     match reaper.wait(child).exit_status() {
         Some(0) => Ok(()),
-        other => Err(format!("runsc kill --pid {pid} failed ({other:?})")),
+        _ if !ended => Err(format!(
+            "runsc kill {} did not return within {} s: the sandbox does not answer",
+            signal.name(),
+            KILL_BOUND.as_secs()
+        )),
+        other => Err(format!("runsc kill {} failed ({other:?})", signal.name())),
     }
 }
 
@@ -263,6 +295,48 @@ pub fn spawn(
         pid_file,
         _spec: spec,
     })
+}
+
+/// Waits until a started session process runs inside the sandbox (its
+/// `runsc exec` wrote the process's pid) or its `runsc exec` ended,
+/// whichever comes first. Unbounded: the coordinator bounds a session's
+/// start, and kills a `runsc exec` it gave up on once it is reported.
+pub fn wait_running(started: &Started) {
+    use rustix::event::{PollFd, PollFlags, poll};
+    use rustix::fs::inotify;
+    let watch = || -> std::io::Result<OwnedFd> {
+        let fd = inotify::init(inotify::CreateFlags::CLOEXEC | inotify::CreateFlags::NONBLOCK)?;
+        let dir = started
+            .pid_file
+            .parent()
+            .unwrap_or(std::path::Path::new("/"));
+        inotify::add_watch(
+            &fd,
+            dir,
+            inotify::WatchFlags::CLOSE_WRITE | inotify::WatchFlags::MOVED_TO,
+        )?;
+        Ok(fd)
+    };
+    // Without a watch, the start is reported at once, as the spawn.
+    let Ok(watch) = watch() else {
+        return;
+    };
+    let mut events = [0u8; 4096];
+    while !started.pid_file.exists() {
+        let mut fds = [
+            PollFd::new(&watch, PollFlags::IN),
+            PollFd::new(&started.pidfd, PollFlags::IN),
+        ];
+        match poll(&mut fds, None) {
+            Ok(_) => {}
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(_) => return,
+        }
+        if !fds[1].revents().is_empty() {
+            return;
+        }
+        while matches!(rustix::io::read(&watch, &mut events), Ok(n) if n > 0) {}
+    }
 }
 
 /// The exit code of a command that could not be run (none by that name,

@@ -629,13 +629,19 @@ fn serve(channel: Arc<Channel>, running: &Running, reaper: Arc<exec::Reaper>) ->
                 let started = start_exec(running, &reaper, &request, &fds);
                 match started {
                     Ok(started) => {
-                        let report = SupervisorReport::ExecStarted {
-                            session_id,
-                            process: FdIndex(0),
-                        };
-                        let _ = channel.send(&report, &[started.pidfd.as_fd()]);
                         let (channel, reaper) = (Arc::clone(&channel), Arc::clone(&reaper));
                         std::thread::spawn(move || {
+                            // Started means running inside: a sandbox or
+                            // workspace that does not answer keeps the
+                            // session from opening, within the
+                            // coordinator's bound, instead of opening one
+                            // that never runs.
+                            exec::wait_running(&started);
+                            let report = SupervisorReport::ExecStarted {
+                                session_id,
+                                process: FdIndex(0),
+                            };
+                            let _ = channel.send(&report, &[started.pidfd.as_fd()]);
                             let exit = exec::wait(&reaper, started);
                             let report = SupervisorReport::ExecExited {
                                 session_id,
@@ -655,9 +661,25 @@ fn serve(channel: Arc<Channel>, running: &Running, reaper: Arc<exec::Reaper>) ->
                 message: SupervisorRequest::SignalExec { session_id, signal },
                 ..
             }) => {
-                if let Err(e) = exec::signal(&reaper, &running.runsc(), session_id, signal) {
-                    tracing::warn!("signal for session {session_id}: {e}");
-                }
+                // On a thread of its own: a sandbox that does not answer
+                // holds up its `runsc kill` (within the bound), not the
+                // other sessions' requests.
+                let reaper = Arc::clone(&reaper);
+                let (runsc, root, container_id) = (
+                    running.runsc.clone(),
+                    running.runsc_root.clone(),
+                    running.container_id.clone(),
+                );
+                std::thread::spawn(move || {
+                    let runtime = runsc::Runsc {
+                        runsc: &runsc,
+                        root: &root,
+                        container_id: &container_id,
+                    };
+                    if let Err(e) = exec::signal(&reaper, &runtime, session_id, signal) {
+                        tracing::warn!("signal for session {session_id}: {e}");
+                    }
+                });
             }
             Ok(Received {
                 message: SupervisorRequest::ObserveNetwork(parameters),

@@ -57,6 +57,14 @@ pub fn trials() -> Vec<Trial> {
                 "attach::background_processes_end_with_their_session",
                 background_processes_end,
             ),
+            Trial::test(
+                "attach::every_setting_a_session_leaves_is_undone",
+                settings_undone,
+            ),
+            Trial::test(
+                "attach::a_lost_terminal_or_sigterm_ends_the_session",
+                lost_terminal,
+            ),
             Trial::test("attach::a_fork_bomb_stops_at_the_bound", fork_bomb_bounded),
             Trial::test(
                 "attach::a_changed_configuration_is_refused",
@@ -121,6 +129,16 @@ impl Running {
             stderr,
             readers,
         })
+    }
+
+    /// The command's pid, while it runs.
+    pub(crate) fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// What it wrote to its standard output so far.
+    pub(crate) fn stdout_so_far(&self) -> String {
+        String::from_utf8_lossy(&self.stdout.lock().unwrap_or_else(|e| e.into_inner())).into_owned()
     }
 
     /// Sends SIGKILL.
@@ -439,6 +457,14 @@ impl Tmux<'_> {
         Ok(stdout(&output))
     }
 
+    /// The pane's state, as tmux's `format` (`#{insert_flag}`, ...) shows it.
+    pub(crate) fn show(&self, format: &str) -> std::result::Result<String, Failed> {
+        Ok(self
+            .ok(&["display", "-p", "-t", "t", format])?
+            .trim()
+            .to_owned())
+    }
+
     /// Types `line` and Enter into the pane.
     pub(crate) fn type_line(&self, line: &str) -> Result {
         self.ok(&["send-keys", "-t", "t", "-l", line])?;
@@ -536,8 +562,15 @@ fn interactive_terminal() -> Result {
     tmux.wait_for_line("30 100")?;
 
     // The new size travels from the CLI's SIGWINCH to the host PTY; ask
-    // until the shell sees it.
+    // until the shell sees it. The programs inside are told, as a
+    // terminal tells them (the runtime passes no change on by itself).
+    tmux.type_line(
+        "sh -c 'trap \"echo window-changed\" WINCH; echo waiting; while :; do sleep 0.2; done'",
+    )?;
+    tmux.wait_for_line("waiting")?;
     tmux.ok(&["resize-window", "-t", "t", "-x", "120", "-y", "40"])?;
+    tmux.wait_for_line("window-changed")?;
+    tmux.ok(&["send-keys", "-t", "t", "C-c"])?;
     tmux.type_until("stty size", "40 120", WAIT)?;
 
     // ^C interrupts the foreground command, not the shell.
@@ -677,6 +710,141 @@ fn the_terminal_stays_the_developers() -> Result {
     );
     down(&host, &ws)?;
     Ok(())
+}
+
+/// Insert mode, origin mode, a scrolling region, no autowrap, application
+/// cursor keys and keypad, black colours and the line-drawing character
+/// set, left by a session's program, are all undone when it ends (with
+/// origin mode left on, the cursor goes to the last row).
+fn settings_undone() -> Result {
+    let (_serial, host) = default_host();
+    let ws = host.workspace.clone();
+    up(&host, &ws)?;
+    let dir = host.user_dir("tmux");
+    let report = dir.join("report");
+    let tmux = Tmux {
+        host: &host,
+        dir: dir.clone(),
+        cwd: ws.clone(),
+    };
+    let pane = format!(
+        "printf 'start\\n'; {} attach p -- printf \
+           '\\033[4h\\033[?6h\\033[3;5r\\033[?7l\\033[?1h\\033=\\033]10;#000000\\007\\033]11;#000000\\007\\033(0'; \
+         echo DONE=$? > {}; sleep 60",
+        bin("lazaret").display(),
+        report.display()
+    );
+    tmux.start(100, 30, &pane)?;
+    wait_until(WAIT, "the session to end", || {
+        std::fs::read_to_string(&report)
+            .ok()
+            .filter(|r| r.contains("DONE="))
+    })?;
+    assert_eq!(std::fs::read_to_string(&report)?.trim(), "DONE=0");
+    let state = tmux.show(
+        "#{insert_flag} #{origin_flag} #{scroll_region_upper}-#{scroll_region_lower} \
+         #{wrap_flag} #{keypad_cursor_flag} #{keypad_flag} #{pane_fg} #{pane_bg} \
+         #{cursor_y}",
+    )?;
+    assert_eq!(state, "0 0 0-29 1 0 0 default default 29", "{state}");
+    // The character set: what is typed shows as typed, not as lines.
+    tmux.ok(&["send-keys", "-t", "t", "-l", "lqqk"])?;
+    let screen = tmux.ok(&["capture-pane", "-p", "-t", "t"])?;
+    assert!(screen.contains("lqqk"), "{screen}");
+    drop(tmux);
+    down(&host, &ws)
+}
+
+/// A CLI whose terminal goes away (its tmux session killed) ends its
+/// session and exits, and so does one sent SIGTERM, with a terminal or
+/// without, even when the process inside ignores SIGTERM.
+fn lost_terminal() -> Result {
+    let (_serial, host) = default_host();
+    let ws = host.workspace.clone();
+    up(&host, &ws)?;
+    let lazaret = bin("lazaret");
+    let pattern = format!("^{} attach p$", lazaret.display());
+    let cli = || -> Option<u64> {
+        let out = Command::new("pgrep")
+            .args(["-u", &host.uid().to_string(), "-f", &pattern])
+            .output()
+            .ok()?;
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .next()?
+            .trim()
+            .parse()
+            .ok()
+    };
+    let no_sessions = || sessions(&host, &ws).is_empty().then_some(());
+
+    // The terminal goes away.
+    let dir = host.user_dir("tmux");
+    let tmux = Tmux {
+        host: &host,
+        dir: dir.clone(),
+        cwd: ws.clone(),
+    };
+    tmux.start(100, 30, &format!("{} attach p", lazaret.display()))?;
+    tmux.type_until("echo ready-$((20+22))", "ready-42", Duration::from_secs(30))?;
+    let pid = cli().ok_or("no lazaret attach running")?;
+    drop(tmux);
+    wait_until(WAIT, "the CLI to exit after its terminal went away", || {
+        (!lazaret_tests::domain::pid_exists(pid)).then_some(())
+    })?;
+    wait_until(WAIT, "its session to end", no_sessions)?;
+
+    // SIGTERM, to a CLI whose shell inside ignores it.
+    let report = dir.join("report");
+    let tmux = Tmux {
+        host: &host,
+        dir: dir.clone(),
+        cwd: ws.clone(),
+    };
+    tmux.start(
+        100,
+        30,
+        &format!(
+            "{} attach p; echo EXIT=$? > {}; sleep 60",
+            lazaret.display(),
+            report.display()
+        ),
+    )?;
+    tmux.type_until(
+        "trap '' TERM; echo ready-$((20+22))",
+        "ready-42",
+        Duration::from_secs(30),
+    )?;
+    let pid = cli().ok_or("no lazaret attach running")?;
+    lazaret_tests::domain::signal(pid, "TERM")?;
+    wait_until(WAIT, "the CLI to exit on SIGTERM", || {
+        std::fs::read_to_string(&report)
+            .ok()
+            .filter(|r| r.contains("EXIT="))
+    })?;
+    assert_eq!(std::fs::read_to_string(&report)?.trim(), "EXIT=143");
+    wait_until(WAIT, "its session to end", no_sessions)?;
+    drop(tmux);
+
+    // SIGTERM, without a terminal.
+    let running = Running::start(
+        attach(
+            &host,
+            &ws,
+            &["sh", "-c", "trap '' TERM; echo started; sleep 100"],
+        ),
+        None,
+    )?;
+    wait_until(WAIT, "the command to start", || {
+        running.stdout_so_far().contains("started").then_some(())
+    })?;
+    let pid = running.pid().ok_or("the CLI is not running")?;
+    // The test user's CLI runs under setpriv, which execs it: same pid.
+    lazaret_tests::domain::signal(u64::from(pid), "TERM")?;
+    let out = running.finish(WAIT)?;
+    assert_eq!(out.status.code(), Some(143), "{}", text(&out));
+    wait_until(WAIT, "its session to end", no_sessions)?;
+    down(&host, &ws)
 }
 
 /// What a session starts in the background ends when the session does,

@@ -17,7 +17,7 @@ use lazaret_tests::bin;
 use lazaret_tests::domain::{UserHost, busybox_image};
 use libtest_mimic::{Failed, Trial};
 
-use crate::attach::{Running, Tmux, attach, run, stderr, stdout};
+use crate::attach::{Running, Tmux, attach, has_line, run, stderr, stdout};
 use crate::domain::{
     Result, config, down, gated, host_with_config, runnable, text, up, wait_until,
 };
@@ -39,6 +39,14 @@ pub fn trials() -> Vec<Trial> {
             Trial::test(
                 "escalation::the_requesting_sessions_developer_decides",
                 interactive_approval,
+            ),
+            Trial::test(
+                "escalation::a_painted_terminal_cannot_spoof_the_prompt",
+                painted_terminal,
+            ),
+            Trial::test(
+                "escalation::output_while_a_prompt_waits_keeps_the_session",
+                output_while_prompting,
             ),
             Trial::test(
                 "escalation::forged_records_are_refused_and_logged",
@@ -264,10 +272,10 @@ fn interactive_approval() -> Result {
     let (_, gid) = lazaret_tests::domain::test_user();
     b.wait_for_line(&gid.to_string())?;
 
-    // The first prompt stays on the screen until `clear` has run: only a
-    // screen without its answer shows the second prompt.
+    // A prompt leaves nothing behind on the session's screen; the next
+    // one is drawn on a screen of its own again.
     b.type_line("clear; lazaret-escalate /usr/bin/id -g; echo rc=$?")?;
-    match b.poll(WAIT, |s| asks(s) && !s.contains("approved: running it"))? {
+    match b.poll(WAIT, |s| asks(s) && !s.contains("rc=0"))? {
         Ok(_) => {}
         Err(screen) => return Err(format!("no second prompt:\n{screen}").into()),
     }
@@ -313,6 +321,175 @@ fn interactive_approval() -> Result {
     }
     drop(a);
     drop(b);
+    down(&host, &ws)
+}
+
+/// A fake prompt painted on rows 3 to 6 that names `/usr/bin/true`, and
+/// colours that would draw the real one black on black, as `printf`
+/// arguments.
+const FAKE_PROMPT: &str = concat!(
+    r"\033[2J\033[3;1H-- lazaret: the sandbox asks to run a command on this host --\r\n",
+    r"  command  /usr/bin/true\r\n  why      routine check\r\n",
+    r"Run it on the host? Type y and Enter to approve; anything else denies:\r\n",
+    r"\033]10;#000000\007\033]11;#000000\007",
+);
+
+/// The request the fake prompt stands in front of.
+const REAL_COMMAND: &str = "/usr/bin/../bin/sh -c \"id > /workspace/ran\"";
+
+/// The prompt a developer sees in `tmux`: the whole real request and
+/// nothing of what the sandbox drew, on a screen of its own with the
+/// terminal's settings reset (no scrolling region, default colours); after
+/// the developer's `n`, the sandbox's settings are back.
+fn assert_the_real_prompt(tmux: &Tmux<'_>, region: &str) -> Result {
+    let shown = format!("command  {REAL_COMMAND}");
+    let screen = match tmux.poll(WAIT, |s| s.contains(&shown))? {
+        Ok(screen) => screen,
+        Err(screen) => return Err(format!("no prompt:\n{screen}").into()),
+    };
+    assert!(
+        screen.contains("-- lazaret: the sandbox asks to run a command on this host --"),
+        "{screen}"
+    );
+    assert!(
+        screen.contains("Run it on the host? Type y and Enter to approve"),
+        "the question is shown:\n{screen}"
+    );
+    assert!(
+        !screen.contains("/usr/bin/true"),
+        "the fake prompt shows:\n{screen}"
+    );
+    let state = "#{alternate_on} #{scroll_region_upper}-#{scroll_region_lower} #{origin_flag} \
+                 #{insert_flag} #{pane_fg} #{pane_bg}";
+    assert_eq!(
+        tmux.show(state)?,
+        "1 0-29 0 0 default default",
+        "the prompt's screen is reset:\n{screen}"
+    );
+    tmux.type_line("n")?;
+    wait_until(WAIT, "the prompt to go", || {
+        (tmux.show("#{alternate_on}").ok()? == "0").then_some(())
+    })?;
+    assert_eq!(
+        tmux.show("#{scroll_region_upper}-#{scroll_region_lower} #{pane_fg} #{pane_bg}")?,
+        format!("{region} #000000 #000000"),
+        "what the sandbox set is back after the prompt"
+    );
+    Ok(())
+}
+
+/// Neither a fake prompt with a scrolling region that traps the real one,
+/// nor black on black colours, nor the same written into the interactive
+/// session's terminal by a second session that signs the request as the
+/// first, can make the prompt show another command or none.
+fn painted_terminal() -> Result {
+    let (_serial, host) = host_with_config(&escalation_config(&[]));
+    let ws = host.workspace.clone();
+    up(&host, &ws)?;
+    let tmux = Tmux {
+        host: &host,
+        dir: host.user_dir("tmux"),
+        cwd: ws.clone(),
+    };
+    tmux.start(
+        100,
+        30,
+        &format!("{} attach p; sleep 60", bin("lazaret").display()),
+    )?;
+    tmux.type_until("echo ready-$((20+22))", "ready-42", Duration::from_secs(30))?;
+    let rc = |name: &str| {
+        std::fs::read_to_string(ws.join(name))
+            .ok()
+            .map(|t| t.trim().to_owned())
+    };
+
+    // In the session itself: the fake prompt, a two-row scrolling region
+    // below it, the request.
+    tmux.type_line(&format!(
+        "echo $LAZARET_SESSION > /workspace/id-a; echo $$ > /workspace/pid-a; \
+         printf '{FAKE_PROMPT}\\033[7;8r\\033[7;1H'; \
+         lazaret-escalate /usr/bin/../bin/sh -c 'id > /workspace/ran'; echo rc=$? > /workspace/rc"
+    ))?;
+    assert_the_real_prompt(&tmux, "6-7")?;
+    wait_until(WAIT, "the request's status", || {
+        (rc("rc")? == "rc=77").then_some(())
+    })?;
+    assert!(!ws.join("ran").exists(), "the denied command ran");
+
+    // From a second session without a terminal: the same painted into the
+    // first session's shell's output, the request signed as the first.
+    let script =
+        "printf '{FAKE_PROMPT}\\033[11;12r\\033[11;1H' > /proc/$(cat /workspace/pid-a)/fd/1; \
+                  LAZARET_SESSION=$(cat /workspace/id-a) \
+                  lazaret-escalate /usr/bin/../bin/sh -c 'id > /workspace/ran'; \
+                  echo rc=$? > /workspace/rc2"
+            .replace("{FAKE_PROMPT}", FAKE_PROMPT);
+    let second = Running::start(attach(&host, &ws, &["sh", "-c", &script]), None)?;
+    assert_the_real_prompt(&tmux, "10-11")?;
+    let out = second.finish(WAIT)?;
+    assert_eq!(rc("rc2").as_deref(), Some("rc=77"), "{}", text(&out));
+    assert!(!ws.join("ran").exists(), "the denied command ran");
+
+    // Over a full-screen program, the prompt takes that program's screen,
+    // and the program is told to draw it again once the prompt is gone.
+    tmux.type_line(
+        "printf '\\033[r\\033]110\\007\\033]111\\007\\033[?1049h\\033[H\\033[2Jfull-screen'; \
+         trap 'printf \"\\033[H\\033[2Jdrawn-again\"' WINCH; \
+         lazaret-escalate /usr/bin/id -g & while :; do sleep 0.2; done",
+    )?;
+    let asks = |s: &str| s.contains("command  /usr/bin/id -g");
+    if let Err(screen) = tmux.poll(WAIT, asks)? {
+        return Err(format!("no prompt over the program:\n{screen}").into());
+    }
+    tmux.type_line("n")?;
+    match tmux.poll(WAIT, |s| s.contains("drawn-again") && !asks(s))? {
+        Ok(_) => assert_eq!(tmux.show("#{alternate_on}")?, "1"),
+        Err(screen) => return Err(format!("the program did not draw again:\n{screen}").into()),
+    }
+    drop(tmux);
+    down(&host, &ws)
+}
+
+/// A program that writes without pause while a prompt waits neither ends
+/// the session (the Host Coordinator holds the output back instead of
+/// timing the client out) nor paints over the prompt.
+fn output_while_prompting() -> Result {
+    let (_serial, host) = host_with_config(&escalation_config(&[]));
+    let ws = host.workspace.clone();
+    up(&host, &ws)?;
+    let tmux = Tmux {
+        host: &host,
+        dir: host.user_dir("tmux"),
+        cwd: ws.clone(),
+    };
+    tmux.start(
+        100,
+        30,
+        &format!("{} attach p; sleep 60", bin("lazaret").display()),
+    )?;
+    tmux.type_until("echo ready-$((20+22))", "ready-42", Duration::from_secs(30))?;
+    tmux.type_line(
+        "yes & y=$!; lazaret-escalate /usr/bin/id -g; echo rc=$? > /workspace/rc; kill $y",
+    )?;
+    let asks = |s: &str| s.contains("Run it on the host?") && s.contains("/usr/bin/id -g");
+    if let Err(screen) = tmux.poll(WAIT, asks)? {
+        return Err(format!("no prompt:\n{screen}").into());
+    }
+    // Past the coordinator's bound on a client that does not read.
+    std::thread::sleep(Duration::from_secs(15));
+    let screen = tmux.ok(&["capture-pane", "-p", "-t", "t"])?;
+    assert!(asks(&screen), "the prompt is still whole:\n{screen}");
+    assert!(
+        !has_line(&screen, "y"),
+        "output landed on the prompt:\n{screen}"
+    );
+    tmux.type_line("n")?;
+    wait_until(WAIT, "the request's status", || {
+        let rc = std::fs::read_to_string(ws.join("rc")).ok()?;
+        (rc.trim() == "rc=77").then_some(())
+    })?;
+    tmux.type_until("clear; echo alive-$((40+2))", "alive-42", WAIT)?;
+    drop(tmux);
     down(&host, &ws)
 }
 

@@ -41,6 +41,10 @@ pub fn trials() -> Vec<Trial> {
                 stopped_coordinator,
             ),
             Trial::test(
+                "liveness::a_stopped_router_or_sandbox_fails_a_session_within_its_bound",
+                stopped_participants,
+            ),
+            Trial::test(
                 "liveness::a_killed_sandbox_ends_its_generation",
                 killed_sandbox,
             ),
@@ -530,4 +534,63 @@ fn supervisor_without_a_plan() -> Result {
         String::from_utf8_lossy(&output.stderr)
     );
     Ok(())
+}
+
+/// With the Workspace Router or the runsc sandbox stopped (SIGSTOP), a new
+/// session fails within its bound and says why, and `status` names the
+/// stopped process; once it runs again, sessions work.
+fn stopped_participants() -> Result {
+    let (_serial, host) = default_host();
+    let ws = host.workspace.clone();
+    let status = up(&host, &ws)?;
+    let router = status["workspace_routing"]["router"]["pid"]
+        .as_u64()
+        .ok_or("status shows no router")?;
+    let sandbox = status["sandbox"]["pid"]
+        .as_u64()
+        .ok_or("status shows no sandbox")?;
+    for (pid, what) in [
+        (router, "the Workspace Router"),
+        (sandbox, "the runsc sandbox"),
+    ] {
+        signal(pid, "STOP")?;
+        // Past the kernel's one-second cache of the workspace's names and
+        // attributes, a session's start needs the router.
+        std::thread::sleep(Duration::from_secs(2));
+        let result = (|| -> Result {
+            let now = host.status(&ws, "p").ok_or("no status")?;
+            let problems = now["problems"].to_string();
+            assert_eq!(now["state"], "degraded", "{now}");
+            assert!(
+                problems.contains(&format!("{what} (pid {pid}) is stopped")),
+                "{problems}"
+            );
+            let started = Instant::now();
+            let out =
+                crate::attach::Running::start(crate::attach::attach(&host, &ws, &["true"]), None)?
+                    .finish(Duration::from_secs(60))?;
+            let took = started.elapsed();
+            assert_ne!(out.status.code(), Some(0), "{}", text(&out));
+            assert!(
+                String::from_utf8_lossy(&out.stderr).contains("did not start the session"),
+                "{}",
+                text(&out)
+            );
+            assert!(took < Duration::from_secs(45), "took {took:?}");
+            Ok(())
+        })();
+        signal(pid, "CONT")?;
+        result?;
+        let out = host
+            .command(&bin("lazaret"), &ws)
+            .args(["attach", "p", "--", "echo", "running-again"])
+            .output()?;
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout).trim(),
+            "running-again",
+            "{}",
+            text(&out)
+        );
+    }
+    down(&host, &ws)
 }

@@ -23,10 +23,11 @@ use lazaret_proto::terminal::{
 use rustix::event::{PollFd, PollFlags, poll};
 use rustix::termios::{OptionalActions, Termios};
 
-use super::{Failure, Globals, failure, prompt, screen};
+use super::screen::Screen;
+use super::{Failure, Globals, failure, prompt};
 use crate::config::HostEnvironment;
 use crate::lifecycle::{DomainPaths, chain};
-use crate::session::link::TlsLink;
+use crate::session::link::{LinkError, TlsLink};
 use crate::session::tls::{ClientCredential, read_publication, server_name};
 use crate::session::{CREDENTIAL_DIR, SESSION_SOCKET};
 
@@ -246,38 +247,39 @@ fn connect_and_run(
     };
 
     // Signals arrive through pipes the poll loop watches: a window change
-    // becomes a resize, the others are passed to the process inside. Raw
-    // mode is undone by `RawMode`'s drop on every path out.
+    // becomes a resize, SIGINT and SIGQUIT are passed to the process
+    // inside, SIGTERM and SIGHUP end the session. Raw mode is undone by
+    // `RawMode`'s drop on every path out.
     let mut registered = Vec::new();
     let mut signal_pipes = Vec::new();
-    for (signals, kind) in [
-        (&[signal_hook::consts::SIGWINCH][..], None),
+    for (signal, raised) in [
+        (signal_hook::consts::SIGWINCH, Raised::Resize),
         (
-            &[signal_hook::consts::SIGINT][..],
-            Some(TerminalSignalKind::Interrupt),
+            signal_hook::consts::SIGINT,
+            Raised::Forward(TerminalSignalKind::Interrupt),
         ),
         (
-            &[signal_hook::consts::SIGQUIT][..],
-            Some(TerminalSignalKind::Quit),
+            signal_hook::consts::SIGQUIT,
+            Raised::Forward(TerminalSignalKind::Quit),
         ),
         (
-            &[signal_hook::consts::SIGTERM, signal_hook::consts::SIGHUP][..],
-            Some(TerminalSignalKind::Terminate),
+            signal_hook::consts::SIGTERM,
+            Raised::End(TerminalSignalKind::Terminate, signal_hook::consts::SIGTERM),
+        ),
+        (
+            signal_hook::consts::SIGHUP,
+            Raised::End(TerminalSignalKind::Hangup, signal_hook::consts::SIGHUP),
         ),
     ] {
         let (read, write) = rustix::pipe::pipe_with(
             rustix::pipe::PipeFlags::CLOEXEC | rustix::pipe::PipeFlags::NONBLOCK,
         )
         .map_err(|e| failure(e.to_string()))?;
-        let write = UnixStream::from(write);
-        for &signal in signals {
-            let writer = write.try_clone().map_err(|e| failure(e.to_string()))?;
-            registered.push(
-                signal_hook::low_level::pipe::register(signal, writer)
-                    .map_err(|e| failure(e.to_string()))?,
-            );
-        }
-        signal_pipes.push((read, kind));
+        registered.push(
+            signal_hook::low_level::pipe::register(signal, UnixStream::from(write))
+                .map_err(|e| failure(e.to_string()))?,
+        );
+        signal_pipes.push((read, raised));
     }
     let raw = if terminal {
         Some(
@@ -287,20 +289,21 @@ fn connect_and_run(
     } else {
         None
     };
-    let mut modes = screen::Modes::default();
+    let mut screen = Screen::default();
     let result = relay(
         &mut link,
         session_id,
         &signal_pipes,
         !open.direct_stdio,
-        terminal.then_some(&mut modes),
+        terminal.then_some(&mut screen),
     );
     if terminal {
-        // What the program inside left set (the alternate screen, mouse
-        // reporting, a hidden cursor) is undone before the shell is back.
+        // What the program inside left set (the alternate screen, a
+        // scrolling region, origin or insert mode, colours, keyboard
+        // modes) is undone before the shell is back.
         let mut stdout = std::io::stdout().lock();
         let _ = stdout
-            .write_all(&modes.reset())
+            .write_all(&screen.reset())
             .and_then(|()| stdout.flush());
     }
     drop(raw);
@@ -309,13 +312,87 @@ fn connect_and_run(
     }
     link.close();
     match result {
-        Ok((SessionExitOutcome::Exited | SessionExitOutcome::Terminated, code)) => Ok(code),
-        Ok((SessionExitOutcome::DomainDown, _)) => Err(failure(format!(
+        Ok(Ended::Session(SessionExitOutcome::Exited | SessionExitOutcome::Terminated, code)) => {
+            Ok(code)
+        }
+        Ok(Ended::Session(SessionExitOutcome::DomainDown, _)) => Err(failure(format!(
             "the Domain went down (`lazaret down {profile}`); the session ended"
         ))),
-        Ok((SessionExitOutcome::Lost, _)) => Err(failure("the session's process was lost")),
+        Ok(Ended::Session(SessionExitOutcome::Lost, _)) => {
+            Err(failure("the session's process was lost"))
+        }
+        Ok(Ended::Here(why)) => Err(Failure {
+            message: format!("{why}; the session ended"),
+            status: 128 + u8::try_from(why.signal()).unwrap_or(0),
+        }),
         Err(message) => Err(failure(message)),
     }
+}
+
+/// What a signal to this CLI does.
+#[derive(Debug, Clone, Copy)]
+enum Raised {
+    /// The window changed size.
+    Resize,
+    /// Passed to the session's process.
+    Forward(TerminalSignalKind),
+    /// Passed to the session's process, and the session ends: at once if
+    /// the process ends within [`ENDING_GRACE`], else when that is over.
+    End(TerminalSignalKind, i32),
+}
+
+/// How long a session's process has to end after this CLI was asked to
+/// stop or lost its terminal; then the connection is closed, and the Host
+/// Coordinator kills what is left.
+const ENDING_GRACE: Duration = Duration::from_secs(2);
+
+/// Why this side ended a session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum EndedHere {
+    /// SIGTERM or SIGHUP.
+    Signal(i32),
+    /// The terminal went away (its input ended or failed, or its output
+    /// could not be written).
+    TerminalLost,
+    /// Standard output, not a terminal, was closed (a broken pipe).
+    OutputClosed,
+}
+
+impl EndedHere {
+    /// The signal the exit status names (SIGHUP for a lost terminal).
+    fn signal(self) -> i32 {
+        match self {
+            Self::Signal(signal) => signal,
+            Self::TerminalLost => signal_hook::consts::SIGHUP,
+            Self::OutputClosed => signal_hook::consts::SIGPIPE,
+        }
+    }
+}
+
+impl std::fmt::Display for EndedHere {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Signal(signal) if *signal == signal_hook::consts::SIGTERM => {
+                f.write_str("lazaret attach was asked to stop (SIGTERM)")
+            }
+            Self::Signal(signal) if *signal == signal_hook::consts::SIGHUP => {
+                f.write_str("the terminal hung up (SIGHUP)")
+            }
+            Self::Signal(signal) => write!(f, "signal {signal}"),
+            Self::TerminalLost => f.write_str("the terminal went away"),
+            Self::OutputClosed => f.write_str("standard output was closed"),
+        }
+    }
+}
+
+/// How a relay ended.
+#[derive(Debug)]
+enum Ended {
+    /// The Host Coordinator reported the session's end: its outcome and
+    /// exit code.
+    Session(SessionExitOutcome, u8),
+    /// This side ended it, and its process did not end within the grace.
+    Here(EndedHere),
 }
 
 /// Whether the connection has room to send now.
@@ -330,15 +407,16 @@ fn not_running(profile: &str) -> Failure {
     ))
 }
 
-/// Moves bytes and signals until the coordinator reports the session's end:
-/// its outcome and exit code.
+/// Moves bytes and signals until the coordinator reports the session's end,
+/// or this side ends it (SIGTERM, SIGHUP, a lost terminal) and the grace is
+/// over.
 fn relay(
     link: &mut TlsLink,
     session_id: lazaret_proto::ids::SessionId,
-    signal_pipes: &[(OwnedFd, Option<TerminalSignalKind>)],
+    signal_pipes: &[(OwnedFd, Raised)],
     forward_stdin: bool,
-    mut modes: Option<&mut screen::Modes>,
-) -> Result<(SessionExitOutcome, u8), String> {
+    screen: Option<&mut Screen>,
+) -> Result<Ended, String> {
     let stdin = std::io::stdin();
     let stdin = stdin.as_fd();
     let mut stdout = std::io::stdout().lock();
@@ -348,8 +426,15 @@ fn relay(
         |e: &dyn std::error::Error| format!("the connection to the Domain was lost: {}", chain(e));
     let link_fd = link.fd().try_clone_to_owned().map_err(|e| e.to_string())?;
     // Prompts are shown only where a developer can see and answer them.
-    let can_prompt = modes.is_some() && std::io::stdout().is_terminal();
+    let terminal = screen.is_some();
+    let can_prompt = terminal && std::io::stdout().is_terminal();
+    let mut unfollowed = Screen::default();
+    let screen = screen.unwrap_or(&mut unfollowed);
     let mut prompter = prompt::Prompter::default();
+    // Once this side ends the session: why, and until when its process may
+    // still end by itself.
+    let mut ending: Option<(EndedHere, std::time::Instant)> = None;
+    let mut stdout_open = true;
     loop {
         // Frames already read (some may have come with the previous ones)
         // are handled before waiting for more.
@@ -359,39 +444,47 @@ fn relay(
         {
             match message {
                 SessionTerminalMessage::Output(output) => {
-                    if let Some(modes) = modes.as_deref_mut() {
-                        modes.observe(&output.bytes);
-                    }
                     if prompter.waiting() {
                         prompter.hold(&output.bytes);
-                    } else if stdout
-                        .write_all(&output.bytes)
-                        .and_then(|()| stdout.flush())
-                        .is_err()
-                    {
-                        // A closed standard output ends the session.
-                        let _ = link.send(&SessionTerminalEvent::Signal(TerminalSignal {
-                            session_id,
-                            signal: TerminalSignalKind::Terminate,
-                        }));
+                    } else if stdout_open {
+                        if terminal {
+                            screen.observe(&output.bytes);
+                        }
+                        if stdout
+                            .write_all(&output.bytes)
+                            .and_then(|()| stdout.flush())
+                            .is_err()
+                        {
+                            // A closed standard output ends the session.
+                            stdout_open = false;
+                            let why = if terminal {
+                                EndedHere::TerminalLost
+                            } else {
+                                EndedHere::OutputClosed
+                            };
+                            end_here(link, session_id, &mut ending, why, terminal)
+                                .map_err(|e| lost(&e))?;
+                        }
                     }
                 }
                 SessionTerminalMessage::Exit(exit) => {
-                    let _ = prompter.abandon(&mut stdout);
-                    return Ok((exit.outcome, exit.exit_code));
+                    let _ = prompter.abandon(&mut stdout, screen);
+                    return Ok(Ended::Session(exit.outcome, exit.exit_code));
                 }
                 SessionTerminalMessage::EscalationPrompt(request) => {
-                    if can_prompt {
+                    if can_prompt && ending.is_none() {
                         prompter
-                            .show(&mut stdout, stdin, &request)
+                            .show(&mut stdout, stdin, &request, screen, window_size())
                             .map_err(|e| e.to_string())?;
                     } else {
                         // Nobody here can read a prompt: the answer is no.
-                        eprint!(
-                            "lazaret: denied a host command the sandbox asked for, because \
-                             this terminal cannot show the prompt: {}\r\n",
-                            crate::escalation::classify::shown(&request.command_argv)
-                        );
+                        if ending.is_none() {
+                            eprint!(
+                                "lazaret: denied a host command the sandbox asked for, because \
+                                 this terminal cannot show the prompt: {}\r\n",
+                                crate::escalation::classify::shown_ascii(&request.command_argv)
+                            );
+                        }
                         let answer = lazaret_proto::terminal::EscalationAnswer {
                             session_id,
                             request_id: request.request_id,
@@ -402,8 +495,15 @@ fn relay(
                     }
                 }
                 SessionTerminalMessage::EscalationSettled(settled) => prompter
-                    .settled(&mut stdout, &settled)
+                    .settled(&mut stdout, &settled, screen)
                     .map_err(|e| e.to_string())?,
+            }
+            redraw_after_prompt(link, &mut prompter, session_id).map_err(|e| lost(&e))?;
+        }
+        if let Some((why, until)) = ending {
+            if std::time::Instant::now() >= until {
+                let _ = prompter.abandon(&mut stdout, screen);
+                return Ok(Ended::Here(why));
             }
         }
         // Input is read only while the connection has room for it: a
@@ -433,11 +533,18 @@ fn relay(
         if read_stdin {
             fds.push(PollFd::new(&stdin, PollFlags::IN));
         }
-        // A waiting prompt bounds the wait: past its expiry it comes down
-        // here even if the Host Coordinator never says so.
-        let timeout = prompter
-            .time_left()
-            .map(|left| rustix::event::Timespec::try_from(left).unwrap_or_default());
+        // A waiting prompt bounds the wait (past its expiry it comes down
+        // here even if the Host Coordinator never says so), and so does
+        // the grace of a session this side is ending.
+        let deadline = [
+            prompter.time_left(),
+            ending.map(|(_, until)| until.saturating_duration_since(std::time::Instant::now())),
+        ]
+        .into_iter()
+        .flatten()
+        .min();
+        let timeout =
+            deadline.map(|left| rustix::event::Timespec::try_from(left).unwrap_or_default());
         match poll(&mut fds, timeout.as_ref()) {
             Ok(_) => {}
             Err(rustix::io::Errno::INTR) => continue,
@@ -446,7 +553,10 @@ fn relay(
         let link_revents = fds[0].revents();
         let ready: Vec<bool> = fds.iter().map(|f| !f.revents().is_empty()).collect();
         drop(fds);
-        prompter.expire(&mut stdout).map_err(|e| e.to_string())?;
+        prompter
+            .expire(&mut stdout, screen)
+            .map_err(|e| e.to_string())?;
+        redraw_after_prompt(link, &mut prompter, session_id).map_err(|e| lost(&e))?;
         // A connection that hung up or failed is read even while held
         // output is full (poll reports that whatever was asked): the read
         // tells that it ended, where skipping it would poll again at once.
@@ -454,51 +564,78 @@ fn relay(
             || (!prompter.full() && link_revents.contains(PollFlags::IN));
         let stdin_ready = read_stdin && ready[1 + signal_pipes.len()];
 
-        for ((fd, kind), _) in signal_pipes.iter().zip(&ready[1..]).filter(|(_, r)| **r) {
-            let mut raised = [0u8; 16];
-            while matches!(rustix::io::read(fd, &mut raised), Ok(n) if n > 0) {}
-            let event = match kind {
-                None => {
+        for ((fd, raised), _) in signal_pipes.iter().zip(&ready[1..]).filter(|(_, r)| **r) {
+            let mut bytes = [0u8; 16];
+            while matches!(rustix::io::read(fd, &mut bytes), Ok(n) if n > 0) {}
+            match *raised {
+                Raised::Resize => {
                     let (rows, columns) = window_size();
-                    SessionTerminalEvent::Resize(TerminalResize {
-                        session_id,
-                        rows,
-                        columns,
-                        width_pixels: 0,
-                        height_pixels: 0,
-                    })
+                    prompter
+                        .resized(&mut stdout, (rows, columns))
+                        .map_err(|e| e.to_string())?;
+                    send_resize(link, session_id).map_err(|e| lost(&e))?;
                 }
-                Some(signal) => SessionTerminalEvent::Signal(TerminalSignal {
-                    session_id,
-                    signal: *signal,
-                }),
-            };
-            link.send(&event).map_err(|e| lost(&e))?;
+                Raised::Forward(signal) => link
+                    .send(&SessionTerminalEvent::Signal(TerminalSignal {
+                        session_id,
+                        signal,
+                    }))
+                    .map_err(|e| lost(&e))?,
+                Raised::End(signal, number) => {
+                    link.send(&SessionTerminalEvent::Signal(TerminalSignal {
+                        session_id,
+                        signal,
+                    }))
+                    .map_err(|e| lost(&e))?;
+                    if ending.is_none() {
+                        ending = Some((
+                            EndedHere::Signal(number),
+                            std::time::Instant::now() + ENDING_GRACE,
+                        ));
+                    }
+                    deny_waiting(link, &mut prompter, &mut stdout, session_id, screen)?;
+                }
+            }
         }
         if stdin_ready {
             match rustix::io::read(stdin, &mut buf) {
-                Ok(0) => {
-                    stdin_open = false;
-                    link.send(&SessionTerminalEvent::Close(SessionClose { session_id }))
-                        .map_err(|e| lost(&e))?;
-                }
-                Ok(n) if prompter.waiting() => {
+                Ok(n) if n > 0 && prompter.waiting() => {
                     // Keys answer the prompt; none reaches the sandbox.
                     let answer = prompter
-                        .key(&mut stdout, session_id, &buf[..n])
+                        .key(&mut stdout, session_id, &buf[..n], screen)
                         .map_err(|e| e.to_string())?;
                     if let Some(answer) = answer {
                         link.send(&SessionTerminalEvent::EscalationAnswer(answer))
                             .map_err(|e| lost(&e))?;
                     }
+                    redraw_after_prompt(link, &mut prompter, session_id).map_err(|e| lost(&e))?;
                 }
-                Ok(n) => link
+                Ok(n) if n > 0 => link
                     .send(&SessionTerminalEvent::Input(TerminalInput {
                         session_id,
                         bytes: buf[..n].to_vec(),
                     }))
                     .map_err(|e| lost(&e))?,
                 Err(rustix::io::Errno::INTR | rustix::io::Errno::AGAIN) => {}
+                // A terminal in raw mode never ends its input (Ctrl-D is a
+                // key): an end or a failure is the terminal going away.
+                _ if terminal => {
+                    stdin_open = false;
+                    end_here(
+                        link,
+                        session_id,
+                        &mut ending,
+                        EndedHere::TerminalLost,
+                        terminal,
+                    )
+                    .map_err(|e| lost(&e))?;
+                    deny_waiting(link, &mut prompter, &mut stdout, session_id, screen)?;
+                }
+                Ok(_) => {
+                    stdin_open = false;
+                    link.send(&SessionTerminalEvent::Close(SessionClose { session_id }))
+                        .map_err(|e| lost(&e))?;
+                }
                 Err(_) => stdin_open = false,
             }
         }
@@ -506,4 +643,77 @@ fn relay(
             link.fill().map_err(|e| lost(&e))?;
         }
     }
+}
+
+/// Ends the session from this side: its process is told (SIGHUP for a
+/// lost terminal, SIGTERM for a closed output without one), and has
+/// [`ENDING_GRACE`] to end.
+fn end_here(
+    link: &mut TlsLink,
+    session_id: lazaret_proto::ids::SessionId,
+    ending: &mut Option<(EndedHere, std::time::Instant)>,
+    why: EndedHere,
+    terminal: bool,
+) -> Result<(), LinkError> {
+    if ending.is_some() {
+        return Ok(());
+    }
+    *ending = Some((why, std::time::Instant::now() + ENDING_GRACE));
+    let signal = if terminal {
+        TerminalSignalKind::Hangup
+    } else {
+        TerminalSignalKind::Terminate
+    };
+    link.send(&SessionTerminalEvent::Signal(TerminalSignal {
+        session_id,
+        signal,
+    }))
+}
+
+/// A prompt that waits while this side ends its session is denied: nobody
+/// is left to answer it.
+fn deny_waiting(
+    link: &mut TlsLink,
+    prompter: &mut prompt::Prompter,
+    stdout: &mut dyn Write,
+    session_id: lazaret_proto::ids::SessionId,
+    screen: &mut Screen,
+) -> Result<(), String> {
+    if !prompter.waiting() {
+        return Ok(());
+    }
+    if let Ok(Some(answer)) = prompter.key(stdout, session_id, b"\x03", screen) {
+        link.send(&SessionTerminalEvent::EscalationAnswer(answer))
+            .map_err(|e| format!("the connection to the Domain was lost: {}", chain(&e)))?;
+    }
+    Ok(())
+}
+
+/// The window's size, sent to the Host Coordinator.
+fn send_resize(
+    link: &mut TlsLink,
+    session_id: lazaret_proto::ids::SessionId,
+) -> Result<(), LinkError> {
+    let (rows, columns) = window_size();
+    link.send(&SessionTerminalEvent::Resize(TerminalResize {
+        session_id,
+        rows,
+        columns,
+        width_pixels: 0,
+        height_pixels: 0,
+    }))
+}
+
+/// After a prompt drawn over a program's own screen: the size again, which
+/// the Host Coordinator passes on as a window change, so the program draws
+/// its screen again.
+fn redraw_after_prompt(
+    link: &mut TlsLink,
+    prompter: &mut prompt::Prompter,
+    session_id: lazaret_proto::ids::SessionId,
+) -> Result<(), LinkError> {
+    if prompter.take_redraw() {
+        send_resize(link, session_id)?;
+    }
+    Ok(())
 }

@@ -2,15 +2,18 @@
 //! request shown in this terminal, outside the sandbox's output, and the
 //! answer read from this terminal's keyboard.
 //!
-//! Owns what a prompt looks like and which keys answer it. While a prompt
-//! waits, the sandbox's output is held back (so it cannot scroll the
-//! prompt away or paint over it) and every key goes to the prompt, not
-//! the sandbox. Keys typed before the prompt appeared are discarded, and
-//! only `y` or `yes` followed by Enter approves: a word typed into the
-//! shell as the prompt arrives (`yarn`) denies. The command is shown with
-//! every control or invisible character escaped, so what is approved is
-//! what is seen. Trusts the Host Coordinator for what it shows; nothing
-//! the sandbox prints.
+//! Owns what a prompt looks like and which keys answer it. A prompt is
+//! drawn on a screen of its own, cleared, after every setting that can
+//! hide or move text was reset ([`Screen::prompt_frame`]), and taken away
+//! with the sandbox's settings and screen put back. The Host Coordinator
+//! sends no output while a prompt waits, and what reaches this side
+//! anyway is held back until the prompt ends, so nothing the sandbox
+//! prints lands on it. Every key goes to the prompt, none to the sandbox;
+//! keys typed before it appeared are discarded, and only `y` or `yes`
+//! followed by Enter approves, and only while the whole request is on the
+//! screen. The request is shown in printable ASCII alone, every other
+//! character escaped, so what is approved is what is seen. Trusts the Host
+//! Coordinator for what it shows; nothing the sandbox prints.
 
 use std::io::Write;
 
@@ -19,7 +22,8 @@ use lazaret_proto::ids::{RequestId, SessionId};
 use lazaret_proto::mailbox::{DeveloperDecisionKind, EscalationOutcome};
 use lazaret_proto::terminal::{EscalationAnswer, EscalationPrompt, EscalationSettled};
 
-use crate::escalation::classify::shown;
+use super::screen::{PromptFrame, Screen};
+use crate::escalation::classify::shown_ascii;
 
 /// Output held back while a prompt waits; past this the CLI stops reading
 /// the connection until the prompt is answered.
@@ -32,21 +36,45 @@ const MAX_LINE: usize = 16;
 /// does not take it down: then this side does.
 const EXPIRY_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
 
-/// What a prompt is drawn after, whatever state the sandbox's output left
-/// the terminal in: cancel an escape sequence in progress (CAN), end a
-/// string one (ST: an OSC title or DCS that would swallow the text), the
-/// default character set (SI), default colours and attributes, a visible
-/// cursor.
-const TERMINAL_RESET: &str = "\x18\x1b\\\x0f\x1b[0m\x1b[?25h";
+/// The labels' column: `  command  ` and the like.
+const LABEL_WIDTH: usize = 11;
+
+/// The prompt's first line.
+const HEADER: &str = "-- lazaret: the sandbox asks to run a command on this host --";
+
+/// A window's size: rows and columns.
+pub type Size = (u16, u16);
+
+/// A prompt on the screen.
+#[derive(Debug)]
+struct Waiting {
+    prompt: EscalationPrompt,
+    frame: PromptFrame,
+    /// Whether the whole request fits the window, as last drawn: only then
+    /// may it be approved.
+    whole: bool,
+}
+
+/// Where the keyboard's bytes are: in text, or in an escape sequence a
+/// key sent (an arrow, a function key, a focus report), which is dropped.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+enum Keys {
+    #[default]
+    Text,
+    Escape,
+    Sequence,
+}
 
 /// A prompt waiting for its answer, and the output held back meanwhile.
 #[derive(Debug, Default)]
 pub struct Prompter {
-    waiting: Option<RequestId>,
-    /// When the waiting prompt expires.
-    expires_at: Option<UnixTimeNs>,
+    waiting: Option<Waiting>,
     line: Vec<u8>,
+    keys: Keys,
     held: Vec<u8>,
+    /// A prompt ended over a program's own screen, which it must draw
+    /// again.
+    redraw: bool,
 }
 
 /// `HH:MM:SS UTC` of an instant.
@@ -58,6 +86,98 @@ fn clock(at: UnixTimeNs) -> String {
         day % 3600 / 60,
         day % 60
     )
+}
+
+/// `text` with every character outside printable ASCII escaped.
+fn ascii(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            ' '..='~' => out.push(c),
+            c if c.is_ascii() => out.extend(c.escape_default()),
+            c => out.extend(c.escape_unicode()),
+        }
+    }
+    out
+}
+
+/// Appends `text` to `lines`, cut into pieces that fit `width` columns,
+/// the first after `first`, the rest after `rest` (both dropped when the
+/// window is too narrow for them).
+fn wrap(lines: &mut Vec<String>, first: &str, rest: &str, text: &str, width: usize) {
+    let indent = first.len().max(rest.len());
+    let (first, rest) = if indent + 8 <= width {
+        (first, rest)
+    } else {
+        ("", "")
+    };
+    let chars: Vec<char> = text.chars().collect();
+    let mut at = 0;
+    let mut prefix = first;
+    loop {
+        let room = width.saturating_sub(prefix.len()).max(1);
+        let end = (at + room).min(chars.len());
+        lines.push(format!(
+            "{prefix}{}",
+            chars[at..end].iter().collect::<String>()
+        ));
+        at = end;
+        prefix = rest;
+        if at >= chars.len() {
+            break;
+        }
+    }
+}
+
+/// The prompt's lines for a window of `size`, and whether the whole
+/// request is among them.
+fn render(prompt: &EscalationPrompt, now: UnixTimeNs, size: Size) -> (Vec<String>, bool) {
+    let (rows, columns) = (usize::from(size.0), usize::from(size.1));
+    // The last column stays free, so no line wraps by itself.
+    let width = columns.saturating_sub(1).max(1);
+    let continued = " ".repeat(LABEL_WIDTH);
+    let mut lines = Vec::new();
+    wrap(&mut lines, "", "", HEADER, width);
+    let field = |lines: &mut Vec<String>, label: &str, text: &str| {
+        wrap(lines, &format!("  {label:<7}  "), &continued, text, width);
+    };
+    let session = format!(
+        "{}, asked at {}",
+        &prompt.session_id.to_hex()[..8],
+        clock(prompt.requested_at)
+    );
+    field(&mut lines, "session", &session);
+    field(&mut lines, "command", &shown_ascii(&prompt.command_argv));
+    field(&mut lines, "why", &ascii(&prompt.reason));
+    let wait = prompt.expires_at.since(now).as_secs();
+    field(&mut lines, "expires", &format!("in {wait} s"));
+    wrap(
+        &mut lines,
+        "",
+        "",
+        "Run it on the host? Type y and Enter to approve; anything else denies.",
+        width,
+    );
+    lines.push("> ".into());
+    if lines.len() <= rows {
+        return (lines, true);
+    }
+    let needed = lines.len();
+    let mut short = Vec::new();
+    wrap(&mut short, "", "", HEADER, width);
+    wrap(
+        &mut short,
+        "  ",
+        "  ",
+        &format!(
+            "The request does not fit this window: it needs {needed} rows of {columns} \
+             columns, the window has {rows}. Make the window larger to review it."
+        ),
+        width,
+    );
+    wrap(&mut short, "", "", "Enter denies it.", width);
+    short.push("> ".into());
+    (short, false)
 }
 
 impl Prompter {
@@ -76,67 +196,111 @@ impl Prompter {
         self.held.extend_from_slice(bytes);
     }
 
-    /// Shows `prompt` on `out` (the terminal, in raw mode), after the
-    /// keys typed so far on `keyboard` are discarded.
+    /// Whether a prompt just ended over a program's own screen, which it
+    /// must now draw again (once).
+    pub fn take_redraw(&mut self) -> bool {
+        std::mem::take(&mut self.redraw)
+    }
+
+    /// Shows `prompt` on `out` (the terminal, in raw mode, of `size`), over
+    /// whatever `screen` says the sandbox left there, after the keys typed
+    /// so far on `keyboard` are discarded. A prompt already waiting stays.
     pub fn show(
         &mut self,
         out: &mut dyn Write,
         keyboard: std::os::fd::BorrowedFd<'_>,
         prompt: &EscalationPrompt,
+        screen: &Screen,
+        size: Size,
     ) -> std::io::Result<()> {
+        if self.waiting.is_some() {
+            return Ok(());
+        }
         let _ = rustix::termios::tcflush(keyboard, rustix::termios::QueueSelector::IFlush);
-        self.waiting = Some(prompt.request_id);
-        self.expires_at = Some(prompt.expires_at);
         self.line.clear();
-        let wait = prompt.expires_at.since(UnixTimeNs::now()).as_secs();
-        let text = format!(
-            "{TERMINAL_RESET}\r\n\
-             ── lazaret: the sandbox asks to run a command on this host ──\r\n\
-             \x20 session  {session}, asked at {asked}\r\n\
-             \x20 command  {command}\r\n\
-             \x20 why      {reason}\r\n\
-             \x20 expires  in {wait} s\r\n\
-             Run it on the host? Type y and Enter to approve; anything else denies: ",
-            session = &prompt.session_id.to_hex()[..8],
-            asked = clock(prompt.requested_at),
-            command = shown(&prompt.command_argv),
-            reason = crate::cli::printable(&prompt.reason),
-        );
-        out.write_all(text.as_bytes())?;
+        self.keys = Keys::Text;
+        let frame = screen.prompt_frame();
+        out.write_all(&frame.begin)?;
+        self.waiting = Some(Waiting {
+            prompt: prompt.clone(),
+            frame,
+            whole: false,
+        });
+        self.draw(out, size)
+    }
+
+    /// Draws the waiting prompt again for a window now of `size`.
+    pub fn resized(&mut self, out: &mut dyn Write, size: Size) -> std::io::Result<()> {
+        if self.waiting.is_none() {
+            return Ok(());
+        }
+        out.write_all(b"\x1b[0m\x1b[H\x1b[2J")?;
+        self.draw(out, size)
+    }
+
+    /// Draws the waiting prompt from the top of its cleared screen, with
+    /// the answer typed so far.
+    fn draw(&mut self, out: &mut dyn Write, size: Size) -> std::io::Result<()> {
+        let Some(waiting) = self.waiting.as_mut() else {
+            return Ok(());
+        };
+        let (lines, whole) = render(&waiting.prompt, UnixTimeNs::now(), size);
+        waiting.whole = whole;
+        let mut text = lines.join("\r\n").into_bytes();
+        text.extend_from_slice(&self.line);
+        out.write_all(&text)?;
         out.flush()
     }
 
     /// Takes typed `bytes` while a prompt waits: the answer once Enter (or
     /// Ctrl-C, Ctrl-D: deny) ends the line. Keys after the answer in the
-    /// same read are dropped.
+    /// same read are dropped, and so are the escape sequences keys send.
     pub fn key(
         &mut self,
         out: &mut dyn Write,
         session_id: SessionId,
         bytes: &[u8],
+        screen: &mut Screen,
     ) -> std::io::Result<Option<EscalationAnswer>> {
-        let Some(request_id) = self.waiting else {
+        let Some(waiting) = self.waiting.as_ref() else {
             return Ok(None);
         };
+        let request_id = waiting.prompt.request_id;
+        let whole = waiting.whole;
         for &byte in bytes {
+            match (self.keys, byte) {
+                (Keys::Text, 0x1b) => {
+                    self.keys = Keys::Escape;
+                    continue;
+                }
+                (Keys::Escape, b'[' | b'O') => {
+                    self.keys = Keys::Sequence;
+                    continue;
+                }
+                (Keys::Escape, _) => {
+                    self.keys = Keys::Text;
+                    continue;
+                }
+                (Keys::Sequence, 0x40..=0x7e) => {
+                    self.keys = Keys::Text;
+                    continue;
+                }
+                (Keys::Sequence, _) => continue,
+                (Keys::Text, _) => {}
+            }
             match byte {
                 b'\r' | b'\n' | 0x03 | 0x04 => {
                     let line = String::from_utf8_lossy(&self.line)
                         .trim()
                         .to_ascii_lowercase();
-                    let approved = byte != 0x03 && byte != 0x04 && (line == "y" || line == "yes");
+                    let approved =
+                        whole && byte != 0x03 && byte != 0x04 && (line == "y" || line == "yes");
                     let decision = if approved {
                         DeveloperDecisionKind::Approve
                     } else {
                         DeveloperDecisionKind::Deny
                     };
-                    let said = if approved {
-                        "\r\n  approved: running it on the host\r\n"
-                    } else {
-                        "\r\n  denied\r\n"
-                    };
-                    out.write_all(said.as_bytes())?;
-                    self.end(out)?;
+                    self.end(out, screen)?;
                     return Ok(Some(EscalationAnswer {
                         session_id,
                         request_id,
@@ -162,8 +326,9 @@ impl Prompter {
         &mut self,
         out: &mut dyn Write,
         settled: &EscalationSettled,
+        screen: &mut Screen,
     ) -> std::io::Result<()> {
-        if self.waiting != Some(settled.request_id) {
+        if self.request() != Some(settled.request_id) {
             return Ok(());
         }
         let why = match settled.outcome {
@@ -171,45 +336,65 @@ impl Prompter {
             EscalationOutcome::Cancelled => "the sandbox cancelled it",
             _ => "it ended",
         };
-        out.write_all(format!("\r\n  no answer needed: {why}\r\n").as_bytes())?;
-        self.end(out)
+        self.end(out, screen)?;
+        note(out, why)
+    }
+
+    fn request(&self) -> Option<RequestId> {
+        self.waiting.as_ref().map(|w| w.prompt.request_id)
     }
 
     /// How long until the waiting prompt is taken down here, if the Host
     /// Coordinator has not taken it down by then.
     pub fn time_left(&self) -> Option<std::time::Duration> {
-        let expires_at = self.expires_at?;
+        let expires_at = self.waiting.as_ref()?.prompt.expires_at;
         Some(expires_at.after(EXPIRY_GRACE).since(UnixTimeNs::now()))
     }
 
     /// Takes the waiting prompt down if it is past its expiry and grace.
-    pub fn expire(&mut self, out: &mut dyn Write) -> std::io::Result<()> {
+    pub fn expire(&mut self, out: &mut dyn Write, screen: &mut Screen) -> std::io::Result<()> {
         if self.time_left() != Some(std::time::Duration::ZERO) {
             return Ok(());
         }
-        out.write_all(b"\r\n  no answer needed: it expired\r\n")?;
-        self.end(out)
+        self.end(out, screen)?;
+        note(out, "it expired")
     }
 
     /// The session ended while a prompt waited: the prompt goes, and the
     /// output held back is written.
-    pub fn abandon(&mut self, out: &mut dyn Write) -> std::io::Result<()> {
+    pub fn abandon(&mut self, out: &mut dyn Write, screen: &mut Screen) -> std::io::Result<()> {
         if self.waiting.is_none() {
             return Ok(());
         }
-        out.write_all(b"\r\n  no answer needed: the session ended\r\n")?;
-        self.end(out)
+        self.end(out, screen)
     }
 
-    /// Ends the prompt and writes the output held back meanwhile.
-    fn end(&mut self, out: &mut dyn Write) -> std::io::Result<()> {
-        self.waiting = None;
-        self.expires_at = None;
+    /// Ends the prompt: its screen goes, the sandbox's settings come back,
+    /// and the output held back meanwhile is written.
+    fn end(&mut self, out: &mut dyn Write, screen: &mut Screen) -> std::io::Result<()> {
+        let Some(waiting) = self.waiting.take() else {
+            return Ok(());
+        };
         self.line.clear();
+        out.write_all(&waiting.frame.end)?;
+        self.redraw |= waiting.frame.redraw;
         let held = std::mem::take(&mut self.held);
+        screen.observe(&held);
         out.write_all(&held)?;
         out.flush()
     }
+}
+
+/// Says on standard error why a prompt went without an answer: the
+/// prompt's screen is gone, and the developer may have looked away.
+fn note(out: &mut dyn Write, why: &str) -> std::io::Result<()> {
+    let _ = out.flush();
+    let mut stderr = std::io::stderr().lock();
+    let _ = write!(
+        stderr,
+        "\r\nlazaret: no answer needed: {why} (a host command the sandbox asked for)\r\n"
+    );
+    stderr.flush()
 }
 
 #[cfg(test)]
@@ -220,30 +405,58 @@ mod tests {
         EscalationPrompt {
             session_id: SessionId([0xab; 16]),
             request_id: RequestId([1; 16]),
-            command_argv: vec!["/usr/bin/gh".into(), "pr\u{1b}[8m".into()],
+            command_argv: vec!["/usr/bin/gh".into(), "pr\u{1b}[8m".into(), "café".into()],
             requested_at: UnixTimeNs(3_661 * 1_000_000_000),
             expires_at: UnixTimeNs::now().after(std::time::Duration::from_secs(60)),
-            reason: "no rule\u{7}".into(),
+            reason: "no rule\u{7}\u{202e}".into(),
         }
     }
 
-    fn shown_to(p: &mut Prompter) -> String {
+    fn shown_to(p: &mut Prompter, size: Size) -> String {
         let mut out = Vec::new();
         let null = std::fs::File::open("/dev/null").unwrap();
-        p.show(&mut out, std::os::fd::AsFd::as_fd(&null), &prompt())
-            .unwrap();
+        p.show(
+            &mut out,
+            std::os::fd::AsFd::as_fd(&null),
+            &prompt(),
+            &Screen::default(),
+            size,
+        )
+        .unwrap();
         String::from_utf8(out).unwrap()
     }
 
     #[test]
-    fn the_prompt_shows_the_command_escaped() {
+    fn the_prompt_shows_the_command_in_ascii_alone() {
         let mut p = Prompter::default();
-        let text = shown_to(&mut p);
-        assert!(text.contains("/usr/bin/gh \"pr\\u{1b}[8m\""), "{text}");
+        let text = shown_to(&mut p, (40, 120));
+        assert!(
+            text.contains(r#"/usr/bin/gh "pr\u{1b}[8m" "caf\u{e9}""#),
+            "{text}"
+        );
+        assert!(text.contains(r"no rule\u{7}\u{202e}"), "{text}");
         assert!(text.contains("01:01:01 UTC"), "{text}");
         assert!(text.contains("abababab"), "{text}");
-        assert!(!text.contains('\u{7}'), "{text}");
+        // Only the frame's control sequences, and ASCII.
+        let drawn = &text[text.rfind("\x1b[2J").unwrap() + 4..];
+        assert!(
+            drawn
+                .bytes()
+                .all(|b| b == b'\r' || b == b'\n' || (b' '..=b'~').contains(&b)),
+            "{drawn:?}"
+        );
         assert!(p.waiting());
+    }
+
+    #[test]
+    fn every_line_fits_the_window() {
+        let mut p = Prompter::default();
+        let text = shown_to(&mut p, (40, 30));
+        let drawn = &text[text.rfind("\x1b[2J").unwrap() + 4..];
+        for line in drawn.split("\r\n") {
+            assert!(line.len() < 30, "{line:?}");
+        }
+        assert!(drawn.contains(r"\u{e9}"), "{drawn}");
     }
 
     #[test]
@@ -253,41 +466,78 @@ mod tests {
             (&b"y\r"[..], true),
             (b"YES\r", true),
             (b"yx\x7f\r", true),
+            (b"\x1b[Ay\x1b[I\r", true),
             (b"yarn\r", false),
             (b"\r", false),
             (b"n\r", false),
             (b"y\x03", false),
         ] {
             let mut p = Prompter::default();
-            shown_to(&mut p);
+            shown_to(&mut p, (40, 120));
             p.hold(b"held output");
             let mut out = Vec::new();
-            let answer = p.key(&mut out, session, keys).unwrap().expect("answered");
+            let mut screen = Screen::default();
+            let answer = p
+                .key(&mut out, session, keys, &mut screen)
+                .unwrap()
+                .expect("answered");
             assert_eq!(
                 answer.decision == DeveloperDecisionKind::Approve,
                 approved,
                 "{keys:?}"
             );
             assert!(!p.waiting());
-            assert!(String::from_utf8_lossy(&out).ends_with("held output"));
+            let text = String::from_utf8_lossy(&out);
+            assert!(text.ends_with("\x1b[?1049lheld output"), "{text:?}");
         }
         let mut p = Prompter::default();
-        shown_to(&mut p);
-        assert!(p.key(&mut Vec::new(), session, b"y").unwrap().is_none());
+        shown_to(&mut p, (40, 120));
+        assert!(
+            p.key(&mut Vec::new(), session, b"y", &mut Screen::default())
+                .unwrap()
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn a_request_too_long_for_the_window_cannot_be_approved() {
+        let session = SessionId([0xab; 16]);
+        let mut p = Prompter::default();
+        let text = shown_to(&mut p, (8, 40));
+        assert!(text.contains("does not fit this window"), "{text}");
+        assert!(!text.contains("/usr/bin/gh"), "{text}");
+        let answer = p
+            .key(&mut Vec::new(), session, b"y\r", &mut Screen::default())
+            .unwrap()
+            .expect("answered");
+        assert_eq!(answer.decision, DeveloperDecisionKind::Deny);
+
+        // Made larger, the same request is shown whole and may be approved.
+        let mut p = Prompter::default();
+        shown_to(&mut p, (8, 40));
+        let mut out = Vec::new();
+        p.resized(&mut out, (40, 120)).unwrap();
+        assert!(String::from_utf8_lossy(&out).contains("/usr/bin/gh"));
+        let answer = p
+            .key(&mut Vec::new(), session, b"y\r", &mut Screen::default())
+            .unwrap()
+            .expect("answered");
+        assert_eq!(answer.decision, DeveloperDecisionKind::Approve);
     }
 
     #[test]
     fn a_settled_prompt_releases_the_output() {
         let mut p = Prompter::default();
-        shown_to(&mut p);
+        shown_to(&mut p, (40, 120));
         p.hold(b"later");
         let mut out = Vec::new();
+        let mut screen = Screen::default();
         let other = EscalationSettled {
             session_id: SessionId([0xab; 16]),
             request_id: RequestId([9; 16]),
             outcome: EscalationOutcome::Expired,
         };
-        p.settled(&mut out, &other).unwrap();
+        p.settled(&mut out, &other, &mut screen).unwrap();
         assert!(p.waiting());
         p.settled(
             &mut out,
@@ -295,13 +545,21 @@ mod tests {
                 request_id: RequestId([1; 16]),
                 ..other
             },
+            &mut screen,
         )
         .unwrap();
         assert!(!p.waiting());
         let text = String::from_utf8(out).unwrap();
-        assert!(
-            text.contains("expired") && text.ends_with("later"),
-            "{text}"
-        );
+        assert!(text.ends_with("later"), "{text}");
+    }
+
+    #[test]
+    fn held_output_is_followed_once_written() {
+        let mut p = Prompter::default();
+        shown_to(&mut p, (40, 120));
+        p.hold(b"\x1b[?1049h");
+        let mut screen = Screen::default();
+        p.abandon(&mut Vec::new(), &mut screen).unwrap();
+        assert_eq!(screen.reset(), b"\x1b[?1049l\x1b[0m");
     }
 }

@@ -230,6 +230,33 @@ impl From<&DnsObservation> for DnsView {
     }
 }
 
+/// What a stopped process of the generation holds up, and how to go on.
+fn stopped_problem(stopped: &lazaret_proto::control::StoppedProcess) -> String {
+    use lazaret_proto::control::GenerationProcess as P;
+    let (what, holds) = match stopped.process {
+        P::Supervisor => ("the Runtime Supervisor", "no session can start"),
+        P::NamespaceHolder => (
+            "the Domain's namespace holder",
+            "the Domain cannot go down cleanly",
+        ),
+        P::Sandbox => (
+            "the runsc sandbox",
+            "nothing inside runs and no session can start",
+        ),
+        P::Gofer => ("the runsc gofer", "the sandbox's files do not answer"),
+        P::WorkspaceRouter => (
+            "the Workspace Router",
+            "/workspace does not answer and no session can start",
+        ),
+        P::ConnectivityHelper => ("slirp4netns", "the sandbox's network does not answer"),
+    };
+    let pid = stopped.identity.host_pid;
+    format!(
+        "{what} (pid {pid}) is stopped and answers nothing: {holds}; `kill -CONT {pid}` lets it \
+         run again"
+    )
+}
+
 fn shown(p: &IpPrefix) -> String {
     format!("{}/{}", p.address, p.prefix_len)
 }
@@ -247,6 +274,7 @@ impl StatusView {
         // its policy is named.
         let mut problems: Vec<String> = routing.problem(&status.profile).into_iter().collect();
         problems.extend(recheck_problem(&status.network.recheck));
+        problems.extend(status.stopped.iter().map(stopped_problem));
         let state = if problems.is_empty() {
             format!("{:?}", status.state).to_lowercase()
         } else {

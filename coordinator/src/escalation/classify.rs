@@ -47,9 +47,32 @@ const SHELL_SYNTAX: &[char] = &[
 /// The argv as the developer and the log see it: each element quoted
 /// where it would be ambiguous, control characters escaped.
 pub fn shown(argv: &[String]) -> String {
+    quoted(argv, |c, out| out.extend(c.escape_debug()))
+}
+
+/// The argv as a prompt shows it: as [`shown`], with every character
+/// outside printable ASCII escaped too (`\u{e9}`), so that what the
+/// developer reads is what runs, whatever a terminal makes of other
+/// characters (their width, their direction, look-alike letters).
+pub fn shown_ascii(argv: &[String]) -> String {
+    quoted(argv, |c, out| {
+        if c.is_ascii() {
+            out.extend(c.escape_debug());
+        } else {
+            out.extend(c.escape_unicode());
+        }
+    })
+}
+
+/// Each element escaped by `escape`, and quoted when it is empty, holds
+/// shell syntax or was escaped.
+fn quoted(argv: &[String], escape: impl Fn(char, &mut String)) -> String {
     argv.iter()
         .map(|a| {
-            let escaped: String = a.chars().flat_map(char::escape_debug).collect();
+            let mut escaped = String::with_capacity(a.len());
+            for c in a.chars() {
+                escape(c, &mut escaped);
+            }
             if a.is_empty() || a.contains(SHELL_SYNTAX) || escaped != *a {
                 format!("\"{escaped}\"")
             } else {

@@ -652,7 +652,31 @@ impl Live {
             },
             workspace_routing: self.workspace.clone(),
             storage: self.uppers.measure(self.holder.identity.host_pid, walk),
+            stopped: self.stopped(),
         }
+    }
+
+    /// The generation's processes stopped now.
+    pub(super) fn stopped(&self) -> Vec<lazaret_proto::control::StoppedProcess> {
+        use lazaret_proto::control::{GenerationProcess as P, StoppedProcess};
+        let processes = [
+            (P::Supervisor, Some(&self.supervisor.held)),
+            (P::NamespaceHolder, Some(&self.holder)),
+            (P::Sandbox, Some(&self.sandbox)),
+            (P::Gofer, self.gofer.as_ref()),
+            (P::WorkspaceRouter, Some(&self.router)),
+            (P::ConnectivityHelper, Some(&self.helper.held)),
+        ];
+        processes
+            .into_iter()
+            .filter_map(|(process, held)| {
+                let held = held.filter(|h| h.stopped())?;
+                Some(StoppedProcess {
+                    process,
+                    identity: held.identity,
+                })
+            })
+            .collect()
     }
 }
 

@@ -22,7 +22,7 @@ use lazaret_proto::channel::Received;
 use lazaret_proto::codec::WireRecord;
 use lazaret_proto::common::UnixTimeNs;
 use lazaret_proto::control::SessionSummary;
-use lazaret_proto::ids::{CliId, ContainerId, GenerationId, SessionId};
+use lazaret_proto::ids::{CliId, ContainerId, GenerationId, RequestId, SessionId};
 use lazaret_proto::session::{OpenSession, SessionOpened};
 use lazaret_proto::store::{Session, SessionTerminal, SessionTerminalState};
 use lazaret_proto::supervisor::{
@@ -63,6 +63,12 @@ const START_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long one write to a client may wait: a client that stops reading
 /// (a stopped CLI) ends its session instead of holding it.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long after a window's change its programs are told, so that a burst
+/// of changes (a window dragged to a new size) is told once. A resize to
+/// the size the window has already is a request to draw again: the runtime
+/// passes no change of size on by itself.
+const WINDOW_CHANGE_DELAY: Duration = Duration::from_millis(40);
 
 /// How long a killed session process has to report its exit before its
 /// `runsc exec` is killed.
@@ -542,7 +548,12 @@ impl Running<'_> {
             Ok(Ok(pidfd)) => pidfd,
             Ok(Err(reason)) => return self.refuse(link, reason).await,
             Err(_) => {
-                let reason = "the sandbox did not start the session within 30 s".into();
+                let reason = format!(
+                    "the sandbox did not start the session's process within {} s: the sandbox \
+                     or the Workspace Router does not answer (`lazaret status` names a stopped \
+                     one)",
+                    START_TIMEOUT.as_secs()
+                );
                 return self.refuse(link, reason).await;
             }
         };
@@ -612,8 +623,19 @@ impl Running<'_> {
         let mut read_buf = vec![0u8; MAX_TERMINAL_CHUNK];
         let mut out_buf = vec![0u8; MAX_TERMINAL_CHUNK];
         let mut output_open = io.output.is_some();
+        // While the client shows an escalation prompt, the process's output
+        // stays unread (it waits in the terminal, then the process waits):
+        // nothing can land on the prompt, and the client, which reads on,
+        // is never taken for one that stopped reading.
+        let mut prompting: Option<RequestId> = None;
+        // When the sandbox's programs are told the window changed: a burst
+        // of resizes is told once.
+        let mut window_changed: Option<tokio::time::Instant> = None;
         let exit = loop {
-            let output = io.output.as_deref().filter(|_| output_open);
+            let output = io
+                .output
+                .as_deref()
+                .filter(|_| output_open && prompting.is_none());
             let input_target = io.input.as_deref().filter(|_| !input.bytes.is_empty());
             tokio::select! {
                 event = self.inbox.recv() => match event {
@@ -632,10 +654,20 @@ impl Running<'_> {
                     None => return Err(SessionError::Closed),
                 },
                 () = exited(self.client.as_ref()) => return Err(SessionError::Closed),
+                () = sleep_until(window_changed), if window_changed.is_some() => {
+                    window_changed = None;
+                    self.signal(ExecSignal::WindowChanged).await;
+                }
                 event = escalation.next() => {
                     let message = match event {
-                        Event::Prompt(prompt) => SessionTerminalMessage::EscalationPrompt(prompt),
+                        Event::Prompt(prompt) => {
+                            prompting = Some(prompt.request_id);
+                            SessionTerminalMessage::EscalationPrompt(prompt)
+                        }
                         Event::Settled(settled) => {
+                            if prompting == Some(settled.request_id) {
+                                prompting = None;
+                            }
                             SessionTerminalMessage::EscalationSettled(settled)
                         }
                         Event::Guest(guest) => {
@@ -656,6 +688,18 @@ impl Running<'_> {
                             return Err(SessionError::Peer(
                                 "an event named another session".into(),
                             ));
+                        }
+                        match &event {
+                            SessionTerminalEvent::EscalationAnswer(answer)
+                                if prompting == Some(answer.request_id) =>
+                            {
+                                prompting = None;
+                            }
+                            SessionTerminalEvent::Resize(_) if window_changed.is_none() => {
+                                window_changed =
+                                    Some(tokio::time::Instant::now() + WINDOW_CHANGE_DELAY);
+                            }
+                            _ => {}
                         }
                         self.handle(event, io, &mut input, escalation).await;
                     }
@@ -744,6 +788,14 @@ struct Input {
     /// The client ended its input: close the process's once `bytes` is
     /// written.
     close: bool,
+}
+
+/// Sleeps until `at`, or forever without one.
+async fn sleep_until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
 }
 
 async fn write_some(target: Option<&Stream>, bytes: &[u8]) -> std::io::Result<usize> {
