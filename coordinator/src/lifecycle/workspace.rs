@@ -92,7 +92,7 @@ pub(super) fn take_rules(
     // The files git itself would read, as the environment tells it.
     let host = HostEnvironment::capture();
     let user = UserConfig::from_env(host.home().ok(), |name| host.variable(name));
-    let gathered = gather(workspace.fd(), workspace.label(), isolate, &user).map_err(|e| {
+    let gathered = gather(workspace.fd(), workspace.label(), isolate, &user, None).map_err(|e| {
         failure(
             STEP,
             format!(
