@@ -1,6 +1,7 @@
 //! The lifecycle links between the `lazaret` CLI and a Domain's Host
-//! Coordinator: the startup channel a starting coordinator reports on, and
-//! the control socket a running one answers `status` and `down` on.
+//! Coordinator: the startup channel a starting coordinator reports on (and
+//! asks the developer one question on), and the control socket a running
+//! one answers `status` and `down` on.
 //!
 //! This module owns those messages only; sessions have their own TLS link.
 //! The coordinator trusts a control peer only after checking its uid equals
@@ -17,7 +18,7 @@ use crate::ids::{
 };
 use crate::network::{DerivedNetworkPolicy, IpPrefix, NetworkReadinessAttestation};
 use crate::process::PidfsProcessIdentityV1;
-use crate::router::RoutingSummary;
+use crate::router::{RelativePath, RoutingSummary};
 use crate::store::GenerationState;
 
 /// A step of `lazaret up`, in the order the coordinator takes them.
@@ -66,6 +67,10 @@ pub enum StartupEvent {
         /// Done and total units (bytes, layers) when the step can tell.
         fraction: Option<(u64, u64)>,
     },
+    /// Host paths the Domain's last generation kept from the sandbox that
+    /// the rules taken now would share, and what becomes of them. When it
+    /// asks, the coordinator waits for the CLI's [`StartupReply`].
+    IgnoreChanges(IgnoreChanges),
     /// The sandbox runs.
     Ready(Box<DomainStatus>),
     /// Another coordinator runs the Domain already.
@@ -111,6 +116,70 @@ impl FailureKind {
 
 impl WireRecord for StartupEvent {
     const NAME: &'static str = "StartupEvent";
+}
+
+/// The most bytes of paths an [`IgnoreChanges`] event or a
+/// [`WorkspaceStatus`] names, encoded; the rest are counted.
+pub const MAX_NAMED_PATHS_LEN: usize = 16 * 1024;
+
+/// The first of `paths` (in their order) whose encodings (each path's
+/// bytes and its length, at most 4 bytes more) add up to at most
+/// [`MAX_NAMED_PATHS_LEN`].
+pub fn named_paths(paths: &[RelativePath]) -> Vec<RelativePath> {
+    let mut left = MAX_NAMED_PATHS_LEN;
+    paths
+        .iter()
+        .take_while(|p| match left.checked_sub(p.0.len() + 4) {
+            Some(rest) => {
+                left = rest;
+                true
+            }
+            None => false,
+        })
+        .cloned()
+        .collect()
+}
+
+/// What `up` found when it compared the rules it took from the host with
+/// those the Domain's last generation routed by.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IgnoreChanges {
+    /// The host paths the last generation isolated that the new rules
+    /// would share, relative to the workspace (the top-most of each; the
+    /// empty path is the whole workspace), as many as fit in
+    /// [`MAX_NAMED_PATHS_LEN`].
+    pub paths: Vec<RelativePath>,
+    /// How many there are in all.
+    pub count: u64,
+    /// What becomes of them.
+    pub outcome: IgnoreChangesOutcome,
+}
+
+/// What becomes of host paths the new rules would share.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum IgnoreChangesOutcome {
+    /// The coordinator asks the developer, through the CLI, and waits.
+    Asking,
+    /// They stay isolated for this generation: the developer did not
+    /// agree, or could not be asked.
+    Kept,
+    /// They are shared from this generation on: the developer agreed, or
+    /// ran `up --accept-ignore-changes`.
+    Accepted,
+}
+
+/// What the CLI sends a starting coordinator on the startup channel: the
+/// answer to the one question it asks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum StartupReply {
+    /// Whether the developer agreed to share the paths an
+    /// [`IgnoreChanges`] event asked about.
+    ShareIgnoreChanges(bool),
+}
+
+impl WireRecord for StartupReply {
+    const NAME: &'static str = "StartupReply";
+    const MAX_ENCODED_LEN: usize = 16;
 }
 
 /// What the CLI asks a running coordinator.
@@ -272,6 +341,11 @@ pub struct WorkspaceStatus {
     pub isolated_root: HostPath,
     /// What the rules hold.
     pub summary: RoutingSummary,
+    /// Host paths kept isolated although the rules share them, because the
+    /// last generation isolated them and the developer has not agreed to
+    /// share them (as many as fit in [`MAX_NAMED_PATHS_LEN`]; the summary
+    /// counts them all).
+    pub kept_isolated: Vec<RelativePath>,
     /// The Workspace Router.
     pub router: PidfsProcessIdentityV1,
     /// Whether the router still runs. When it does not, every workspace
@@ -347,4 +421,48 @@ pub struct SessionSummary {
     pub opened_at: UnixTimeNs,
     /// Its leader inside the sandbox, once the leader said who it is.
     pub guest: Option<crate::terminal::GuestProcessIdentity>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_support::{assert_rejects_bad_envelopes, round_trip};
+
+    #[test]
+    fn named_paths_fit_their_bound_in_order() {
+        let path = |n: usize| RelativePath(format!("{n:0>1000}").into_bytes());
+        let paths: Vec<RelativePath> = (0..100).map(path).collect();
+        let named = named_paths(&paths);
+        assert_eq!(named.len(), MAX_NAMED_PATHS_LEN / 1004);
+        assert_eq!(named[..], paths[..named.len()]);
+        // The whole workspace (the empty path) counts, and fits.
+        assert_eq!(
+            named_paths(&[RelativePath::default()]),
+            [RelativePath::default()]
+        );
+        // The most paths that fit still make an event that encodes.
+        round_trip(&StartupEvent::IgnoreChanges(IgnoreChanges {
+            paths: named,
+            count: 100,
+            outcome: IgnoreChangesOutcome::Kept,
+        }));
+        let short: Vec<RelativePath> = (0..50_000)
+            .map(|n: u32| RelativePath(n.to_string().into_bytes()))
+            .collect();
+        let bytes = round_trip(&StartupEvent::IgnoreChanges(IgnoreChanges {
+            paths: named_paths(&short),
+            count: 50_000,
+            outcome: IgnoreChangesOutcome::Asking,
+        }));
+        assert!(bytes.len() <= MAX_NAMED_PATHS_LEN + 32, "{}", bytes.len());
+    }
+
+    #[test]
+    fn the_reply_round_trips() {
+        for share in [true, false] {
+            let reply = StartupReply::ShareIgnoreChanges(share);
+            round_trip(&reply);
+            assert_rejects_bad_envelopes(&reply);
+        }
+    }
 }

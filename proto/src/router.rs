@@ -116,7 +116,9 @@ pub struct NamePrefix {
 
 /// What the Workspace Router routes by, taken from the host when the
 /// generation starts and fixed for its life: editing a `.gitignore` inside
-/// the sandbox changes nothing until the next generation.
+/// the sandbox changes nothing until the next generation, and that one
+/// keeps what this one isolated ([`kept_isolated`](Self::kept_isolated))
+/// until the developer accepts the change.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WorkspaceRules {
     /// The profile's `isolate_gitignored`: whether ignored paths go to
@@ -142,6 +144,12 @@ pub struct WorkspaceRules {
     /// that a `.git` file or link names: routed and protected as `.git`
     /// is, and the directories holding them cannot be moved.
     pub git_dirs: Vec<RelativePath>,
+    /// Host paths, relative to the workspace, that the Domain's last
+    /// generation kept from the sandbox and that the rest of these rules
+    /// would share (a `.gitignore` edited, a path added to the index):
+    /// isolated, with everything below them, until the developer accepts
+    /// the change. Empty when there is none, or once accepted.
+    pub kept_isolated: Vec<RelativePath>,
 }
 
 impl WireRecord for WorkspaceRules {
@@ -164,6 +172,7 @@ impl WorkspaceRules {
             .chain(&self.read_only)
             .chain(self.read_only_prefixes.iter().map(|p| &p.dir))
             .chain(&self.git_dirs)
+            .chain(&self.kept_isolated)
             .find(|p| !p.is_valid())
     }
 }
@@ -227,6 +236,8 @@ pub struct RoutingSummary {
     pub tracked_ignored: u32,
     /// Paths the host's git configuration reads or runs, made read-only.
     pub read_only: u32,
+    /// Host paths kept isolated although the rules would share them.
+    pub kept_isolated: u32,
 }
 
 impl RoutingSummary {
@@ -244,6 +255,7 @@ impl RoutingSummary {
                     .sum(),
             ),
             read_only: count(rules.read_only.len() + rules.read_only_prefixes.len()),
+            kept_isolated: count(rules.kept_isolated.len()),
         }
     }
 }
@@ -308,6 +320,7 @@ mod tests {
                 prefix: b"pre_commit.".to_vec(),
             }],
             git_dirs: vec![path(".bare")],
+            kept_isolated: vec![path(".env"), path("node_modules")],
         }
     }
 
@@ -325,6 +338,7 @@ mod tests {
                 ignore_files: 1,
                 tracked_ignored: 2,
                 read_only: 2,
+                kept_isolated: 2,
             }
         );
         round_trip(&RouterRequest::Serve(ServeRequest {
@@ -354,5 +368,8 @@ mod tests {
         let mut r = rules();
         r.read_only_prefixes[0].dir = path("a/");
         assert_eq!(r.invalid_path(), Some(&path("a/")));
+        let mut r = rules();
+        r.kept_isolated.push(path("../.ssh"));
+        assert_eq!(r.invalid_path(), Some(&path("../.ssh")));
     }
 }

@@ -57,6 +57,7 @@ fn rules(isolate: bool) -> WorkspaceRules {
             },
         ],
         git_dirs: vec![RelativePath(b".bare".to_vec())],
+        kept_isolated: Vec::new(),
     }
 }
 
@@ -97,6 +98,10 @@ impl Scratch {
     }
 
     fn tree(&self, isolate: bool) -> Tree {
+        self.tree_with(rules(isolate))
+    }
+
+    fn tree_with(&self, rules: WorkspaceRules) -> Tree {
         let open = |p: &Path| -> OwnedFd {
             rustix::fs::open(
                 p,
@@ -108,7 +113,7 @@ impl Scratch {
         Tree::new(
             open(&self.host),
             open(&self.isolated),
-            Classifier::new(&rules(isolate)),
+            Classifier::new(&rules),
         )
         .unwrap()
     }
@@ -209,6 +214,47 @@ fn ignored_host_paths_are_invisible_and_new_ones_stay_isolated() {
     let again = s.tree(true);
     assert_eq!(read(&again, "a/b/c.log").unwrap(), b"log");
     assert_eq!(read(&again, "pkg/__pycache__/m.pyc").unwrap(), b"pyc");
+}
+
+#[test]
+fn paths_kept_from_the_last_generation_stay_isolated_whatever_the_rules_say() {
+    let s = Scratch::new();
+    // The rules no longer ignore `.env` or `node_modules/`, and the index
+    // tracks `.env`; the last generation isolated both.
+    std::fs::create_dir_all(s.isolated.join("node_modules")).unwrap();
+    std::fs::write(s.isolated.join(".env"), "SECRET=sandbox\n").unwrap();
+    std::fs::write(s.host.join("node_modules/host-only/index.js"), "x").unwrap();
+    let mut changed = rules(true);
+    changed.scopes[0].ignore_files[0].content = b"*.log\n".to_vec();
+    changed.scopes[0]
+        .tracked_ignored
+        .push(RelativePath(b".env".to_vec()));
+    changed.kept_isolated = vec![
+        RelativePath(b".env".to_vec()),
+        RelativePath(b"node_modules".to_vec()),
+    ];
+    let tree = s.tree_with(changed.clone());
+    assert_eq!(read(&tree, ".env").unwrap(), b"SECRET=sandbox\n");
+    assert_eq!(
+        ino(&tree, "node_modules/host-only/index.js"),
+        Err(Errno::NOENT)
+    );
+    assert!(names(&tree, "node_modules").is_empty());
+    // What the sandbox writes there stays isolated too.
+    create(&tree, "node_modules/new.js", b"js").unwrap();
+    assert!(!s.host.join("node_modules/new.js").exists());
+    assert!(s.isolated.join("node_modules/new.js").exists());
+    // A host file the same rules share shows.
+    assert_eq!(read(&tree, "src.txt").unwrap(), b"tracked source\n");
+
+    // Accepted: the same rules without them share the host's.
+    changed.kept_isolated.clear();
+    let accepted = s.tree_with(changed);
+    assert_eq!(read(&accepted, ".env").unwrap(), b"SECRET=host\n");
+    assert_eq!(
+        read(&accepted, "node_modules/host-only/index.js").unwrap(),
+        b"x"
+    );
 }
 
 #[test]

@@ -6,10 +6,11 @@
 //! (which routes every lookup and creation with it):
 //!
 //! - **route**: does the path live in the host workspace, or in the
-//!   Domain's isolated directory? Ignored paths (when isolation is on), a
-//!   `.git` the host does not have, and a `HEAD` the host does not have
-//!   outside its git directories are isolated; everything else is the
-//!   host's.
+//!   Domain's isolated directory? Ignored paths (when isolation is on), the
+//!   paths the rules keep isolated from the last generation until the
+//!   developer accepts a change, a `.git` the host does not have, and a
+//!   `HEAD` the host does not have outside its git directories are
+//!   isolated; everything else is the host's.
 //! - **protection**: may the sandbox change it? Whatever git reads as
 //!   configuration or runs (`config`, `config.worktree`, `commondir`,
 //!   `hooks/`, `info/exclude`) in the host's git directories (each `.git`
@@ -204,6 +205,10 @@ pub struct Classifier {
     git_dirs: HashSet<Vec<u8>>,
     /// The directories holding any of them, unmovable.
     unmovable: HashSet<Vec<u8>>,
+    /// Paths isolated, with everything below them, whatever the rest of
+    /// the rules say: what the last generation isolated and the developer
+    /// has not agreed to share.
+    kept: HashSet<Vec<u8>>,
 }
 
 /// `dir` joined with `name`; the empty path is the root.
@@ -309,6 +314,9 @@ impl Classifier {
         for path in &rules.git_dirs {
             classifier.add_git_dir(path.as_bytes());
         }
+        for path in &rules.kept_isolated {
+            classifier.keep_isolated(path.as_bytes());
+        }
         for scope in &rules.scopes {
             let index = classifier.add_scope(
                 scope.root.as_bytes(),
@@ -340,7 +348,15 @@ impl Classifier {
             read_only_prefixes: HashMap::new(),
             git_dirs: HashSet::new(),
             unmovable: HashSet::new(),
+            kept: HashSet::new(),
         }
+    }
+
+    /// Isolates `path` (workspace-relative; the empty path is the whole
+    /// workspace) with everything below it, whatever the rest of the rules
+    /// say.
+    pub fn keep_isolated(&mut self, path: &[u8]) {
+        self.kept.insert(path.to_vec());
     }
 
     /// Makes `path` (workspace-relative) read-only, with everything below
@@ -427,6 +443,9 @@ impl Classifier {
     /// The state of the workspace root: the enclosing repository's rules
     /// applied to the workspace's own path in it.
     pub fn root(&self) -> DirState {
+        if self.kept.contains(&[] as &[u8]) {
+            return DirState::isolated();
+        }
         let mut state = DirState::of(DirKind::Tree {
             scope: (!self.scopes.is_empty()).then_some(0),
             rel: Vec::new(),
@@ -503,6 +522,12 @@ impl Classifier {
                 return (Route::Host, state);
             }
             DirKind::Tree { .. } => {}
+        }
+        // Kept from the last generation: whatever the host has there now,
+        // git metadata included, stays out of sight until the developer
+        // agrees.
+        if !self.kept.is_empty() && self.kept.contains(&join(dir_path, name)) {
+            return isolated;
         }
         if self.is_git_dir(dir_path, name) {
             return if host.exists {

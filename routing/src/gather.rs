@@ -11,7 +11,10 @@
 //! rules would otherwise ignore. Owns too finding what git reads or runs
 //! inside the workspace: the git directories not named `.git` that a
 //! `.git` file or link names, and the paths and names the repositories'
-//! configuration and hooks make git read or run.
+//! configuration and hooks make git read or run. Owns, given the rules
+//! the Domain's last generation routed by, finding the host paths those
+//! isolated that the new rules would share: the top-most of each, found
+//! on the same walk.
 //!
 //! Runs in the Host Coordinator as the invoking user. Inside the workspace
 //! it reaches files only through the workspace descriptor, beneath it, with
@@ -30,7 +33,7 @@ use std::path::{Component, Path, PathBuf};
 use lazaret_proto::router::{IgnoreFile, IgnoreScope, NamePrefix, RelativePath, WorkspaceRules};
 use rustix::fs::{FileType, OFlags};
 
-use crate::classify::{Classifier, GIT_DIR_NAME, HEAD_NAME, HostFacts, Route, join};
+use crate::classify::{Classifier, DirState, GIT_DIR_NAME, HEAD_NAME, HostFacts, Route, join};
 use crate::command::command_names;
 use crate::fs::ReadError;
 use crate::gitconfig::{ConfigError, Configuration, Runs, UserConfig, normalize};
@@ -151,6 +154,11 @@ pub struct Gathered {
     /// Whether that repository ignores the whole workspace (everything the
     /// sandbox writes there then stays in Domain storage).
     pub workspace_ignored: bool,
+    /// The host paths that the earlier rules [`gather`] was given isolated
+    /// and these rules would share, relative to the workspace, sorted:
+    /// each the top-most such path (a directory stands for everything
+    /// below it); the empty path is the whole workspace.
+    pub newly_shared: Vec<RelativePath>,
 }
 
 /// A repository as discovery finds it.
@@ -166,11 +174,15 @@ struct Repository {
 
 /// Takes the rules for the workspace at `workspace_path`, opened as
 /// `workspace`. With `isolate` false there are no ignore rules to take.
+/// With `earlier`, the rules the Domain's last generation routed by, also
+/// finds the host paths those isolated that the new rules would share
+/// ([`Gathered::newly_shared`]); none when the new rules isolate nothing.
 pub fn gather(
     workspace: BorrowedFd<'_>,
     workspace_path: &Path,
     isolate: bool,
     user: &UserConfig,
+    earlier: Option<&WorkspaceRules>,
 ) -> Result<Gathered, GatherError> {
     let repository = discover(workspace_path)?;
     refuse_git_metadata(workspace_path, repository.as_ref())?;
@@ -192,6 +204,7 @@ pub fn gather(
         read_only: Vec::new(),
         read_only_prefixes: Vec::new(),
         git_dirs: Vec::new(),
+        kept_isolated: Vec::new(),
     };
     let config = user.read(&user.files(
         repository.as_ref().map(|r| r.git_dir.as_path()),
@@ -216,6 +229,7 @@ pub fn gather(
             rules,
             repository: repository.map(|r| r.worktree),
             workspace_ignored: false,
+            newly_shared: Vec::new(),
         });
     }
     let excludes_file = config.excludes_file();
@@ -274,17 +288,39 @@ pub fn gather(
     rules.scopes.push(top);
 
     let workspace_ignored = classifier.workspace_is_isolated();
+    let mut newly_shared = Vec::new();
     if !workspace_ignored {
+        // The earlier rules, where they isolated anything: their state of
+        // the workspace's root, unless they isolated all of it.
+        let before = earlier
+            .filter(|rules| rules.isolate_ignored)
+            .map(Classifier::new);
+        let before = match before {
+            Some(before) if before.workspace_is_isolated() => {
+                newly_shared.push(RelativePath::default());
+                None
+            }
+            Some(before) => {
+                let root = before.root();
+                Some((before, root))
+            }
+            None => None,
+        };
         walk(
             workspace,
             workspace_path,
-            user,
-            excludes_file.as_deref(),
+            (user, excludes_file.as_deref()),
             &mut classifier,
             &mut rules,
             &mut tracked,
+            before.as_ref().map(|(before, root)| Before {
+                classifier: before,
+                root: root.clone(),
+                newly_shared: &mut newly_shared,
+            }),
         )?;
     }
+    newly_shared.sort();
 
     // Keep only the tracked paths that matter: those the rules would ignore.
     for (i, scope) in rules.scopes.iter_mut().enumerate() {
@@ -303,6 +339,7 @@ pub fn gather(
         rules,
         repository: repository.map(|r| r.worktree),
         workspace_ignored,
+        newly_shared,
     })
 }
 
@@ -692,19 +729,35 @@ fn read_index(path: &Path, prefix: Option<&[u8]>) -> Result<Vec<(Vec<u8>, bool)>
         .collect())
 }
 
+/// The earlier rules a walk compares with, and where it puts the host
+/// paths they isolated that the new rules share.
+struct Before<'a> {
+    classifier: &'a Classifier,
+    /// Their state of the workspace's root.
+    root: DirState,
+    newly_shared: &'a mut Vec<RelativePath>,
+}
+
 /// Walks the workspace's host directories that are not ignored, reading
-/// their `.gitignore` files and finding the repositories nested in them.
+/// their `.gitignore` files and finding the repositories nested in them;
+/// with `before`, also classifies each host entry the new rules share by
+/// the earlier rules, and notes the top-most ones those isolated. `user`
+/// is the invoking user's git configuration with the excludes file it
+/// names.
 fn walk(
     workspace: BorrowedFd<'_>,
     workspace_path: &Path,
-    user: &UserConfig,
-    excludes_file: Option<&Path>,
+    (user, excludes_file): (&UserConfig, Option<&Path>),
     classifier: &mut Classifier,
     rules: &mut WorkspaceRules,
     tracked: &mut Vec<Vec<(Vec<u8>, bool)>>,
+    mut before: Option<Before<'_>>,
 ) -> Result<(), GatherError> {
-    let mut pending = vec![(Vec::<u8>::new(), classifier.root())];
-    while let Some((dir_path, state)) = pending.pop() {
+    // Each directory with its state by the new rules and, while the
+    // earlier ones shared it too, by those.
+    let earlier_root = before.as_ref().map(|b| b.root.clone());
+    let mut pending = vec![(Vec::<u8>::new(), classifier.root(), earlier_root)];
+    while let Some((dir_path, state, earlier)) = pending.pop() {
         let label = workspace_path.join(OsStr::from_bytes(&dir_path));
         let fd = match crate::fs::open_dir(workspace, &dir_path, OFlags::RDONLY) {
             Ok(fd) => fd,
@@ -758,7 +811,28 @@ fn walk(
                 dir_holds_head,
             };
             let (route, mut child) = classifier.child(&state, &dir_path, name, is_dir, facts);
-            if route != Route::Host || !is_dir || child.scope().is_none() {
+            if route != Route::Host {
+                continue;
+            }
+            // Shared now: was it isolated before? Then it is newly shared,
+            // and so is everything below it, which is not looked at again.
+            let earlier_child = match (&mut before, &earlier) {
+                (Some(before), Some(earlier)) => {
+                    let (was, then) = before
+                        .classifier
+                        .child(earlier, &dir_path, name, is_dir, facts);
+                    if was == Route::Isolated {
+                        before
+                            .newly_shared
+                            .push(RelativePath(join(&dir_path, name)));
+                        None
+                    } else {
+                        Some(then)
+                    }
+                }
+                _ => None,
+            };
+            if !is_dir || child.scope().is_none() {
                 continue;
             }
             let child_path = join(&dir_path, name);
@@ -797,7 +871,7 @@ fn walk(
                 });
                 child = classifier.child(&state, &dir_path, name, is_dir, facts).1;
             }
-            pending.push((child_path, child));
+            pending.push((child_path, child, earlier_child));
         }
     }
     Ok(())

@@ -324,7 +324,7 @@ fn an_ignored_workspace_is_isolated_whole() {
     populate(&fixture);
     let workspace = fixture.repo.join("node_modules");
     let dir = std::fs::File::open(&workspace).unwrap();
-    let gathered = gather(dir.as_fd(), &workspace, true, &fixture.user()).unwrap();
+    let gathered = gather(dir.as_fd(), &workspace, true, &fixture.user(), None).unwrap();
     assert!(gathered.workspace_ignored);
     assert_eq!(gathered.repository.as_deref(), Some(fixture.repo.as_path()));
 }
@@ -375,7 +375,7 @@ fn a_linked_worktree_reads_the_main_repository() {
         std::fs::write(worktree.join(name), "x").unwrap();
     }
     let dir = std::fs::File::open(&worktree).unwrap();
-    let gathered = gather(dir.as_fd(), &worktree, true, &fixture.user()).unwrap();
+    let gathered = gather(dir.as_fd(), &worktree, true, &fixture.user(), None).unwrap();
     assert_eq!(gathered.repository.as_deref(), Some(worktree.as_path()));
     let paths = tree(&worktree);
     let names: Vec<String> = paths.iter().map(|(p, _)| p.clone()).collect();
@@ -391,7 +391,7 @@ fn a_workspace_inside_git_metadata_is_refused() {
     std::fs::create_dir_all(fixture.repo.join(".git/hooks")).unwrap();
     for workspace in [fixture.repo.join(".git"), fixture.repo.join(".git/hooks")] {
         let dir = std::fs::File::open(&workspace).unwrap();
-        let error = gather(dir.as_fd(), &workspace, true, &fixture.user())
+        let error = gather(dir.as_fd(), &workspace, true, &fixture.user(), None)
             .expect_err("a git directory is no workspace");
         assert!(
             error.to_string().contains("inside the git directory"),
@@ -416,7 +416,7 @@ fn a_workspace_inside_git_metadata_is_refused() {
     let inside = separate.join("hooks");
     std::fs::create_dir_all(&inside).unwrap();
     let dir = std::fs::File::open(&inside).unwrap();
-    let error = gather(dir.as_fd(), &inside, true, &fixture.user())
+    let error = gather(dir.as_fd(), &inside, true, &fixture.user(), None)
         .expect_err("a separate git directory's hooks are no workspace");
     assert!(
         error.to_string().contains("inside the git directory"),
@@ -424,7 +424,7 @@ fn a_workspace_inside_git_metadata_is_refused() {
     );
     // Nor is the git directory itself (a bare repository).
     let dir = std::fs::File::open(&separate).unwrap();
-    let error = gather(dir.as_fd(), &separate, true, &fixture.user())
+    let error = gather(dir.as_fd(), &separate, true, &fixture.user(), None)
         .expect_err("a bare repository is no workspace");
     assert!(
         error.to_string().contains("inside the git directory"),
@@ -573,7 +573,7 @@ fn husky_scripts_and_a_hooks_path_set_by_an_include_are_read() {
 /// The rules `gather` takes for the workspace at `workspace`.
 fn rules_of(fixture: &Fixture, workspace: &Path) -> WorkspaceRules {
     let dir = std::fs::File::open(workspace).unwrap();
-    gather(dir.as_fd(), workspace, true, &fixture.user())
+    gather(dir.as_fd(), workspace, true, &fixture.user(), None)
         .expect("gather")
         .rules
 }
@@ -737,4 +737,124 @@ fn patterns_that_are_not_utf8_ignore_what_git_ignores() {
         Route::Isolated
     );
     assert_eq!(classifier.walk(b"secret.txt", false, &host).0, Route::Host);
+}
+
+/// `gather` of the workspace at `workspace`, compared with `earlier`.
+fn gathered_after(
+    fixture: &Fixture,
+    workspace: &Path,
+    earlier: &WorkspaceRules,
+) -> lazaret_routing::gather::Gathered {
+    let dir = std::fs::File::open(workspace).unwrap();
+    gather(dir.as_fd(), workspace, true, &fixture.user(), Some(earlier)).expect("gather")
+}
+
+/// The route of the file at `path` (workspace-relative) under `rules`,
+/// with the host having every path.
+fn route_of(rules: &WorkspaceRules, path: &str) -> Route {
+    Classifier::new(rules)
+        .walk(path.as_bytes(), false, &|_| HostFacts {
+            exists: true,
+            dir_holds_head: false,
+        })
+        .0
+}
+
+#[test]
+fn paths_the_last_rules_isolated_and_the_new_share_are_found_top_most() {
+    let fixture = Fixture::new();
+    fixture.write(".gitignore", ".env\nnode_modules/\n*.log\n__pycache__/\n");
+    fixture.write(".env", "SECRET=host\n");
+    fixture.write("node_modules/a/b/index.js", "x\n");
+    fixture.write("x.log", "log\n");
+    fixture.write("src/deep/y.log", "log\n");
+    fixture.write("src/__pycache__/m.pyc", "pyc\n");
+    fixture.write("src/main.rs", "fn main() {}\n");
+    fixture.git(&fixture.repo, &["add", ".gitignore", "src/main.rs"]);
+    let earlier = rules_of(&fixture, &fixture.repo);
+
+    // The same rules share nothing new.
+    let same = gathered_after(&fixture, &fixture.repo, &earlier);
+    assert!(same.newly_shared.is_empty(), "{:?}", same.newly_shared);
+
+    // A `.gitignore` edited and a path added to the index (`git add -f`).
+    fixture.write(".gitignore", "__pycache__/\n");
+    fixture.git(&fixture.repo, &["add", "-f", ".env"]);
+    let now = gathered_after(&fixture, &fixture.repo, &earlier);
+    assert_eq!(
+        texts(&now.newly_shared).into_iter().collect::<Vec<_>>(),
+        [".env", "node_modules", "src/deep/y.log", "x.log"],
+        "only the top-most of each, nothing still ignored"
+    );
+    assert_eq!(route_of(&now.rules, ".env"), Route::Host);
+
+    // Kept: the new rules route them to the isolated side, with
+    // everything below, until accepted.
+    let mut kept = now.rules.clone();
+    kept.kept_isolated = now.newly_shared.clone();
+    for path in [
+        ".env",
+        "node_modules/a/b/index.js",
+        "x.log",
+        "src/deep/y.log",
+    ] {
+        assert_eq!(route_of(&kept, path), Route::Isolated, "{path}");
+    }
+    assert_eq!(route_of(&kept, "src/main.rs"), Route::Host);
+    // The next `up` compares with the kept rules: still newly shared.
+    let next = gathered_after(&fixture, &fixture.repo, &kept);
+    assert_eq!(next.newly_shared, now.newly_shared);
+    // Accepted: compared with the rules as they were taken, nothing is.
+    let accepted = gathered_after(&fixture, &fixture.repo, &now.rules);
+    assert!(
+        accepted.newly_shared.is_empty(),
+        "{:?}",
+        accepted.newly_shared
+    );
+}
+
+#[test]
+fn a_host_file_made_since_under_a_pattern_now_dropped_is_newly_shared() {
+    let fixture = Fixture::new();
+    fixture.write(".gitignore", "*.key\n");
+    let earlier = rules_of(&fixture, &fixture.repo);
+    // Made on the host after the last generation started, believing it
+    // ignored.
+    fixture.write("conf/server.key", "KEY\n");
+    fixture.write(".gitignore", "");
+    let now = gathered_after(&fixture, &fixture.repo, &earlier);
+    assert_eq!(
+        texts(&now.newly_shared).into_iter().collect::<Vec<_>>(),
+        ["conf/server.key"]
+    );
+}
+
+#[test]
+fn a_workspace_no_longer_ignored_whole_stays_isolated_whole() {
+    let fixture = Fixture::new();
+    fixture.write(".gitignore", "vendored/\n");
+    fixture.write("vendored/lib/.env", "SECRET\n");
+    let workspace = fixture.repo.join("vendored");
+    let earlier = rules_of(&fixture, &workspace);
+    fixture.write(".gitignore", "");
+    let now = gathered_after(&fixture, &workspace, &earlier);
+    assert_eq!(now.newly_shared, [RelativePath::default()]);
+    let mut kept = now.rules.clone();
+    kept.kept_isolated = now.newly_shared.clone();
+    assert!(Classifier::new(&kept).workspace_is_isolated());
+    assert_eq!(route_of(&kept, "lib/.env"), Route::Isolated);
+}
+
+#[test]
+fn rules_that_isolated_nothing_share_nothing_new() {
+    let fixture = Fixture::new();
+    fixture.write(".gitignore", ".env\n");
+    fixture.write(".env", "SECRET\n");
+    let dir = std::fs::File::open(&fixture.repo).unwrap();
+    let earlier = gather(dir.as_fd(), &fixture.repo, false, &fixture.user(), None)
+        .unwrap()
+        .rules;
+    fixture.write(".gitignore", "");
+    let now = gathered_after(&fixture, &fixture.repo, &earlier);
+    assert!(now.newly_shared.is_empty(), "{:?}", now.newly_shared);
 }

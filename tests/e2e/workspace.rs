@@ -76,6 +76,10 @@ pub fn trials() -> Vec<Trial> {
                 "workspace::a_directory_made_unreadable_inside_stops_the_next_up",
                 unreadable_directory,
             ),
+            Trial::test(
+                "workspace::a_path_unignored_inside_stays_hidden_until_accepted",
+                unignored_stays_hidden,
+            ),
         ],
     )
 }
@@ -663,4 +667,164 @@ fn unreadable_directory() -> Result {
         std::os::unix::fs::PermissionsExt::from_mode(0o755),
     )?;
     Ok(())
+}
+
+/// The sandbox un-ignores host secrets for the next generation: it drops
+/// `node_modules/` and `*.log` from the tracked `.gitignore` and adds its
+/// own `.env` to the index (`git add -f`), both of which reach the host.
+/// The next `up` keeps the host's `.env`, `node_modules/` and `build.log`
+/// hidden, names them, and shares them only once the developer agrees: on
+/// a terminal by answering `y`, or with `--accept-ignore-changes`.
+fn unignored_stays_hidden() -> Result {
+    let (_serial, host, ws) = repository_host();
+    sh(
+        &host,
+        &ws,
+        "echo 'host log' > build.log && echo secrets/ >> .gitignore && \
+         mkdir secrets && echo KEY=host > secrets/key",
+    );
+    let status = up(&host, &ws)?;
+    inside(
+        &host,
+        &status,
+        "cd /workspace && echo 'SECRET=sandbox' > .env && git add -f .env && \
+         printf '.env\\n__pycache__/\\nsecrets/\\n' > .gitignore",
+    )?;
+    // Both changes are the host's now.
+    assert!(sh(&host, &ws, "git ls-files").lines().any(|l| l == ".env"));
+    assert!(!std::fs::read_to_string(ws.join(".gitignore"))?.contains("node_modules"));
+    down(&host, &ws)?;
+
+    // Without a terminal: kept hidden, and said so.
+    let out = host.lazaret(&ws, &["up", "p"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let status = host.status(&ws, "p").ok_or("status shows no Domain")?;
+    let seen = text(&host.exec(
+        &status,
+        "cat /workspace/.env /workspace/build.log; ls /workspace/node_modules",
+    ));
+    assert!(!seen.contains("SECRET=host-only-value"), "{seen}");
+    assert!(!seen.contains("host-only"), "{seen}");
+    assert!(!seen.contains("host log"), "{seen}");
+    assert!(seen.contains("SECRET=sandbox"), "{seen}");
+    let said = String::from_utf8_lossy(&out.stderr);
+    for named in [
+        ".env",
+        "node_modules",
+        "build.log",
+        "--accept-ignore-changes",
+    ] {
+        assert!(said.contains(named), "`{named}` not named: {said}");
+    }
+    let kept = kept_isolated(&status);
+    assert_eq!(kept, [".env", "build.log", "node_modules"], "{status}");
+    let listed = host.lazaret(&ws, &["status", "p"]);
+    let listed = String::from_utf8_lossy(&listed.stdout);
+    assert!(
+        listed.contains("kept hidden") && listed.contains("node_modules"),
+        "{listed}"
+    );
+    down(&host, &ws)?;
+
+    // `--json`: the event says what was kept, and the outcome's status too.
+    let out = host.lazaret(&ws, &["up", "p", "--json"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let events: Vec<Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(serde_json::from_str)
+        .collect::<std::result::Result<_, _>>()?;
+    let changes = events
+        .iter()
+        .find(|e| e["event"] == "ignore_changes")
+        .ok_or_else(|| format!("no ignore_changes event: {events:?}"))?;
+    assert_eq!(changes["outcome"], "kept", "{changes}");
+    assert_eq!(changes["count"], 3, "{changes}");
+    let last = events.last().ok_or("no events")?;
+    assert_eq!(last["event"], "ready", "{last}");
+    assert_eq!(kept_isolated(&last["status"]), kept, "{last}");
+    down(&host, &ws)?;
+
+    // On a terminal, `up` asks; anything but `y` keeps them hidden.
+    let dir = host.user_dir("tmux");
+    let tmux = crate::attach::Tmux {
+        host: &host,
+        dir,
+        cwd: ws.clone(),
+    };
+    let lazaret = lazaret_tests::bin("lazaret");
+    tmux.start(
+        160,
+        60,
+        &format!(
+            "{0} up p; echo UP=$?; {0} down p; echo DOWN=$?; {0} up p; echo UP2=$?; sleep 60",
+            lazaret.display()
+        ),
+    )?;
+    let screen = tmux
+        .poll(Duration::from_secs(60), |s| s.contains("[y/N]"))?
+        .map_err(|s| format!("not asked: {s}"))?;
+    assert!(screen.contains("node_modules"), "{screen}");
+    tmux.type_line("n")?;
+    let asked_again = |s: &str| {
+        s.split("DOWN=")
+            .nth(1)
+            .is_some_and(|after| after.contains("[y/N]"))
+    };
+    let screen = tmux
+        .poll(Duration::from_secs(60), asked_again)?
+        .map_err(|s| format!("not asked again: {s}"))?;
+    assert!(
+        screen.contains("UP=0") && screen.contains("DOWN=0"),
+        "{screen}"
+    );
+    tmux.type_line("y")?;
+    let screen = tmux
+        .poll(Duration::from_secs(60), |s| s.contains("UP2="))?
+        .map_err(|s| format!("no outcome: {s}"))?;
+    assert!(screen.contains("UP2=0"), "{screen}");
+    drop(tmux);
+    let status = host.status(&ws, "p").ok_or("status shows no Domain")?;
+    assert_eq!(
+        inside(&host, &status, "cat /workspace/.env /workspace/build.log")?,
+        "SECRET=host-only-value\nhost log\n"
+    );
+    assert!(inside(&host, &status, "ls /workspace/node_modules")?.contains("host-only"));
+    assert!(kept_isolated(&status).is_empty(), "{status}");
+
+    // The sandbox un-ignores another host directory; `--accept-ignore-
+    // changes` shares it at once, and what was accepted before is not
+    // named again.
+    inside(
+        &host,
+        &status,
+        "printf '.env\\n__pycache__/\\n' > /workspace/.gitignore",
+    )?;
+    down(&host, &ws)?;
+    let out = host.lazaret(&ws, &["up", "p", "--accept-ignore-changes"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(said.contains("secrets"), "{said}");
+    assert!(!said.contains("node_modules"), "{said}");
+    let status = host.status(&ws, "p").ok_or("status shows no Domain")?;
+    assert_eq!(
+        inside(&host, &status, "cat /workspace/secrets/key")?,
+        "KEY=host\n"
+    );
+    assert!(kept_isolated(&status).is_empty(), "{status}");
+    down(&host, &ws)?;
+    assert_nothing_left(&host);
+    Ok(())
+}
+
+/// The workspace paths a status keeps hidden against its rules.
+fn kept_isolated(status: &Value) -> Vec<String> {
+    status["workspace_routing"]["kept_isolated"]
+        .as_array()
+        .map(|paths| {
+            paths
+                .iter()
+                .filter_map(|p| p.as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
 }

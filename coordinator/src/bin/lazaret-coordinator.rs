@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use lazaret_coordinator::lifecycle::daemon::{self, Args};
+use lazaret_coordinator::lifecycle::daemon::{self, Args, IgnoreChangesMode};
 
 /// The Host Coordinator of one Lazaret Domain (started by `lazaret up`).
 #[derive(Debug, Parser)]
@@ -33,6 +33,10 @@ struct ModeArgs {
     /// The configuration file.
     #[arg(long)]
     config: Option<OsString>,
+    /// What to do with host paths the last generation kept from the
+    /// sandbox that the workspace's git rules now share.
+    #[arg(long, value_enum, default_value = "keep")]
+    ignore_changes: IgnoreChangesMode,
 }
 
 fn main() -> ExitCode {
@@ -48,5 +52,6 @@ fn main() -> ExitCode {
         profile: args.profile,
         config: args.config,
         workspace: args.workspace,
+        ignore_changes: args.ignore_changes,
     })
 }

@@ -55,19 +55,29 @@ pub enum Command {
         command: ConfigCommand,
     },
     /// Start the Domain of PROFILE for the workspace.
+    ///
+    /// Host paths the Domain's last generation kept from the sandbox that
+    /// the workspace's git rules now share (a .gitignore edited, a path
+    /// added to the index) stay hidden until you agree: on a terminal `up`
+    /// lists them and asks; otherwise it keeps them hidden and says so.
     #[command(
-        after_help = "Examples:\n  lazaret up claude\n  lazaret up claude --json | jq -c 'select(.event == \"ready\")'"
+        after_help = "Examples:\n  lazaret up claude\n  lazaret up claude --json | jq -c 'select(.event == \"ready\")'\n  lazaret up claude --accept-ignore-changes"
     )]
     Up {
         #[command(flatten)]
         profile: ProfileArg,
-        /// Print nothing but errors.
+        /// Print nothing but errors, and host paths kept hidden.
         #[arg(short, long)]
         quiet: bool,
         /// Print each progress event and the outcome as one JSON object per
-        /// line on standard output.
+        /// line on standard output; ask nothing.
         #[arg(long, conflicts_with = "quiet")]
         json: bool,
+        /// Share, without asking, the host paths the last generation kept
+        /// from the sandbox that the workspace's git rules now share.
+        /// Review `git diff .gitignore` and `git diff --cached` first.
+        #[arg(long)]
+        accept_ignore_changes: bool,
     },
     /// Stop the Domain of PROFILE; persistent state stays.
     #[command(after_help = "Example:\n  lazaret down claude")]

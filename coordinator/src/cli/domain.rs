@@ -1,19 +1,24 @@
 //! `lazaret up`, `down`, `status` and `logs`: what the user sees of a
 //! Domain's lifecycle. The work happens in the Host Coordinator; this module
-//! starts it, follows it, and prints.
+//! starts it, follows it, prints, and asks the developer the one question
+//! `up` may have: whether to share host paths the last generation kept
+//! from the sandbox that the workspace's git rules now share.
 
+use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::time::Duration;
 
 use lazaret_proto::control::{
-    ControlRequest, ControlResponse, DomainStatus, FailureKind, StartupEvent,
+    ControlRequest, ControlResponse, DomainStatus, FailureKind, IgnoreChanges,
+    IgnoreChangesOutcome, StartupEvent, StartupReply,
 };
 
 use super::progress::{Mode, Progress};
-use super::view::{SilentView, StatusList, StatusView};
+use super::view::{SilentView, StatusList, StatusView, path_text, paths_text};
 use super::{Failure, Globals, failure, print, print_json, print_json_line};
 use crate::config::HostEnvironment;
 use crate::lifecycle::client::{self, ClientError, RequestError};
+use crate::lifecycle::daemon::IgnoreChangesMode;
 use crate::lifecycle::{DomainPaths, chain};
 
 /// How long `down` waits for the coordinator to exit after stopping.
@@ -62,18 +67,36 @@ struct UpView {
     message: Option<String>,
 }
 
-/// `lazaret up PROFILE [--quiet | --json]`.
-pub fn up(globals: &Globals, profile: &str, mode: Mode) -> Result<(), Failure> {
+/// `lazaret up PROFILE [--quiet | --json] [--accept-ignore-changes]`.
+pub fn up(globals: &Globals, profile: &str, mode: Mode, accept: bool) -> Result<(), Failure> {
     let (workspace, paths) = locate(globals, profile)?;
+    // Asked only where a developer can answer: a terminal, and no JSON
+    // for a program to read.
+    let ignore_changes = if accept {
+        IgnoreChangesMode::Accept
+    } else if mode != Mode::Json && std::io::stdin().is_terminal() {
+        IgnoreChangesMode::Ask
+    } else {
+        IgnoreChangesMode::Keep
+    };
     let mut progress = Progress::new(mode);
-    let outcome = client::run_coordinator(
+    let referenced = referenced_variables(globals, profile);
+    let log_file = paths.log_file();
+    let start = client::Start {
         profile,
-        globals.config.as_ref(),
-        &workspace,
-        &referenced_variables(globals, profile),
-        &paths.log_file(),
-        &mut |event| progress.event(event),
-    )?;
+        config: globals.config.as_ref(),
+        workspace: &workspace,
+        referenced: &referenced,
+        log_hint: &log_file,
+        ignore_changes,
+    };
+    let outcome = client::run_coordinator(&start, &mut |event| {
+        progress.event(event);
+        match event {
+            StartupEvent::IgnoreChanges(changes) => show_ignore_changes(changes, profile, mode),
+            _ => None,
+        }
+    })?;
     drop(progress);
     let view = |event, status: Option<&DomainStatus>| UpView {
         event,
@@ -157,6 +180,55 @@ pub fn up(globals: &Globals, profile: &str, mode: Mode) -> Result<(), Failure> {
             "unexpected report from the coordinator: {other:?}"
         ))),
     }
+}
+
+/// Shows the host paths the last generation kept from the sandbox that the
+/// rules now share (`--json` shows them as progress does), and, when the
+/// coordinator asks, asks the developer on this terminal: only `y` or
+/// `yes` shares them.
+fn show_ignore_changes(changes: &IgnoreChanges, profile: &str, mode: Mode) -> Option<StartupReply> {
+    let asking = changes.outcome == IgnoreChangesOutcome::Asking;
+    if mode == Mode::Json {
+        // Never asked with `--json`; a question is answered no.
+        return asking.then_some(StartupReply::ShareIgnoreChanges(false));
+    }
+    let named: Vec<String> = changes.paths.iter().map(path_text).collect();
+    let text = match changes.outcome {
+        IgnoreChangesOutcome::Asking => format!(
+            "\nThe last generation of this Domain kept these host paths from the sandbox, and \
+             the workspace's git rules now share them (a .gitignore was edited, or a path was \
+             added to the index):\n  {}\nReview `git diff .gitignore` and `git diff --cached` \
+             before you agree.\nShare them with the sandbox? [y/N] ",
+            paths_text(&named, changes.count, "\n  ")
+        ),
+        IgnoreChangesOutcome::Kept => format!(
+            "kept hidden from the sandbox for this generation, although the workspace's git \
+             rules now share them: {}; to share them, review `git diff .gitignore` and `git \
+             diff --cached`, then run `lazaret down {profile}` and `lazaret up {profile} \
+             --accept-ignore-changes`\n",
+            paths_text(&named, changes.count, ", ")
+        ),
+        IgnoreChangesOutcome::Accepted if mode == Mode::Quiet => return None,
+        IgnoreChangesOutcome::Accepted => format!(
+            "now shared with the sandbox, as accepted: {}\n",
+            paths_text(&named, changes.count, ", ")
+        ),
+    };
+    let mut err = std::io::stderr().lock();
+    let _ = err.write_all(text.as_bytes()).and_then(|()| err.flush());
+    drop(err);
+    if !asking {
+        return None;
+    }
+    // Keys typed before the question are not its answer.
+    let stdin = std::io::stdin();
+    let _ = rustix::termios::tcflush(&stdin, rustix::termios::QueueSelector::IFlush);
+    let mut line = String::new();
+    let share = match stdin.read_line(&mut line) {
+        Ok(_) => matches!(line.trim().to_ascii_lowercase().as_str(), "y" | "yes"),
+        Err(_) => false,
+    };
+    Some(StartupReply::ShareIgnoreChanges(share))
 }
 
 /// How long `down` waits for a coordinator that holds the Domain but does

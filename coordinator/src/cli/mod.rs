@@ -121,13 +121,14 @@ fn dispatch(cli: Cli) -> Result<u8, Failure> {
             profile,
             quiet,
             json,
+            accept_ignore_changes,
         } => {
             let mode = match (quiet, json) {
                 (_, true) => progress::Mode::Json,
                 (true, _) => progress::Mode::Quiet,
                 _ => progress::Mode::Human,
             };
-            domain::up(&globals, &profile.profile, mode)
+            domain::up(&globals, &profile.profile, mode, accept_ignore_changes)
         }
         Command::Down(profile) => domain::down(&globals, &profile.profile),
         Command::Attach { profile, command } => {

@@ -1,7 +1,8 @@
 //! How `lazaret up` shows the coordinator's start-up progress: a bar with
 //! bytes and the step's detail (layers) on a terminal, plain lines
 //! elsewhere, nothing with `--quiet`, and one JSON object per event with
-//! `--json`.
+//! `--json` (the host paths the rules now share included; in the other
+//! modes `cli/domain.rs` shows them and asks).
 //!
 //! Owns the output format of progress, never its content: details come
 //! from the user's own coordinator and are escaped before they are shown.
@@ -9,7 +10,7 @@
 use std::io::IsTerminal;
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use lazaret_proto::control::{StartupEvent, StartupStep};
+use lazaret_proto::control::{IgnoreChangesOutcome, StartupEvent, StartupStep};
 use serde::Serialize;
 
 /// How progress is shown.
@@ -34,6 +35,19 @@ pub struct ProgressView<'a> {
     pub total: Option<u64>,
 }
 
+/// The host paths the last generation kept from the sandbox that the rules
+/// now share, as `--json` prints them.
+#[derive(Serialize)]
+pub struct IgnoreChangesView {
+    pub event: &'static str,
+    /// Relative to the workspace; `""` is the whole workspace.
+    pub paths: Vec<String>,
+    /// How many in all (`paths` may name fewer).
+    pub count: u64,
+    /// `kept` or `accepted`.
+    pub outcome: &'static str,
+}
+
 /// Start-up progress on its way to the user.
 pub struct Progress {
     mode: Mode,
@@ -53,7 +67,8 @@ impl Progress {
         }
     }
 
-    /// Shows `event`; the end of start-up closes any bar.
+    /// Shows `event`; the end of start-up, and anything but progress,
+    /// closes any bar.
     pub fn event(&mut self, event: &StartupEvent) {
         let StartupEvent::Progress {
             step,
@@ -61,6 +76,19 @@ impl Progress {
             fraction,
         } = event
         else {
+            if let (Mode::Json, StartupEvent::IgnoreChanges(changes)) = (self.mode, event) {
+                let view = IgnoreChangesView {
+                    event: "ignore_changes",
+                    paths: changes.paths.iter().map(super::view::path_text).collect(),
+                    count: changes.count,
+                    outcome: match changes.outcome {
+                        IgnoreChangesOutcome::Asking => "asking",
+                        IgnoreChangesOutcome::Kept => "kept",
+                        IgnoreChangesOutcome::Accepted => "accepted",
+                    },
+                };
+                let _ = super::print_json_line(&view);
+            }
             return self.finish();
         };
         match self.mode {

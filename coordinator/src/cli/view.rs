@@ -11,6 +11,7 @@ use lazaret_proto::control::{DomainStatus, NetworkRecheck, NetworkStatus, Sessio
 use lazaret_proto::ids::to_hex;
 use lazaret_proto::network::{DnsObservation, DnsOutcome, IpPrefix, PolicyAction};
 use lazaret_proto::process::PidfsProcessIdentityV1;
+use lazaret_proto::router::RelativePath;
 
 /// `lazaret status --json`: the Domains that answered and those that hold
 /// their socket but did not.
@@ -127,6 +128,11 @@ pub struct RoutingView {
     pub ignore_files: u32,
     pub tracked_ignored: u32,
     pub configured_read_only: u32,
+    /// Host paths kept isolated although the rules share them, until the
+    /// developer accepts (as many as the coordinator names).
+    pub kept_isolated: Vec<String>,
+    /// How many there are in all.
+    pub kept_isolated_count: u32,
     pub router: RouterView,
 }
 
@@ -265,6 +271,37 @@ fn lossy(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
+/// A workspace-relative path as `--json` shows it: `""` is the whole
+/// workspace.
+pub fn path_text(path: &RelativePath) -> String {
+    lossy(path.as_bytes())
+}
+
+/// How many of a list of paths the text output names.
+pub const NAMED_IN_TEXT: usize = 20;
+
+/// Workspace-relative `paths` (as [`path_text`] gives them), of `count` in
+/// all, as text names them: at most [`NAMED_IN_TEXT`], escaped, then how
+/// many more.
+pub fn paths_text(paths: &[String], count: u64, separator: &str) -> String {
+    let mut named: Vec<String> = paths
+        .iter()
+        .take(NAMED_IN_TEXT)
+        .map(|p| {
+            if p.is_empty() {
+                "the whole workspace".to_owned()
+            } else {
+                super::printable(p)
+            }
+        })
+        .collect();
+    let more = count.saturating_sub(named.len() as u64);
+    if more > 0 {
+        named.push(format!("and {more} more"));
+    }
+    named.join(separator)
+}
+
 impl StatusView {
     /// The view of `status`, as of now.
     pub fn of(status: &DomainStatus) -> Self {
@@ -327,6 +364,8 @@ impl StatusView {
                 ignore_files: routing.summary.ignore_files,
                 tracked_ignored: routing.summary.tracked_ignored,
                 configured_read_only: routing.summary.read_only,
+                kept_isolated: routing.kept_isolated.iter().map(path_text).collect(),
+                kept_isolated_count: routing.summary.kept_isolated,
                 router: RouterView {
                     pid: routing.router.host_pid,
                     start_time_ticks: routing.router.start_time_ticks,
@@ -512,6 +551,9 @@ impl StatusView {
             "  isolated in",
             self.workspace_routing.isolated_root.clone(),
         );
+        if let Some(kept) = self.kept_text() {
+            row("  kept hidden", kept);
+        }
         row("sessions", sessions);
         row(
             "network",
@@ -543,6 +585,20 @@ impl StatusView {
             row("PROBLEM", super::printable(problem));
         }
         text
+    }
+
+    /// The host paths kept isolated although the rules share them, and how
+    /// to share them; `None` when there are none.
+    fn kept_text(&self) -> Option<String> {
+        let r = &self.workspace_routing;
+        (r.kept_isolated_count > 0).then(|| {
+            format!(
+                "{} (the workspace's git rules now share them; after `lazaret down {1}`, \
+                 `lazaret up {1} --accept-ignore-changes` shares them)",
+                paths_text(&r.kept_isolated, u64::from(r.kept_isolated_count), ", "),
+                self.profile
+            )
+        })
     }
 
     /// One line on how the workspace is routed, and whether it still is.

@@ -3,7 +3,8 @@
 //!
 //! Owns no Domain state. It trusts a control socket's answers only after
 //! checking the peer's uid equals its own, and a coordinator's startup
-//! reports because it started that coordinator itself.
+//! reports (and its one question) because it started that coordinator
+//! itself.
 
 use std::ffi::OsString;
 use std::os::fd::AsFd;
@@ -12,10 +13,11 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use lazaret_proto::channel::{ChannelError, Endpoint, Received};
-use lazaret_proto::control::{ControlRequest, ControlResponse, StartupEvent};
+use lazaret_proto::control::{ControlRequest, ControlResponse, StartupEvent, StartupReply};
 use rustix::fs::{FlockOperation, Mode, OFlags};
 
 use super::DomainPaths;
+use super::daemon::IgnoreChangesMode;
 use crate::programs::role_binary;
 
 /// Why a lifecycle request failed.
@@ -125,27 +127,56 @@ pub fn request(
     Ok(peer.recv().map_err(&classify)?.message)
 }
 
+/// What [`run_coordinator`] starts a coordinator for.
+#[derive(Debug)]
+pub struct Start<'a> {
+    /// The profile.
+    pub profile: &'a str,
+    /// `--config`, if given.
+    pub config: Option<&'a OsString>,
+    /// The workspace.
+    pub workspace: &'a Path,
+    /// The host variables the profile's `env:` references name.
+    pub referenced: &'a [String],
+    /// The Domain log, named if the coordinator exits early.
+    pub log_hint: &'a Path,
+    /// What to do with host paths the last generation isolated that the
+    /// workspace's rules now share.
+    pub ignore_changes: IgnoreChangesMode,
+}
+
 /// Starts `lazaret-coordinator start` for the Domain and passes every
 /// startup event to `on_event` until a final one (ready, already running,
-/// failed), which is returned. The coordinator sees only the
-/// environment [`crate::programs::coordinator_command`] allows, with
-/// `referenced` the host variables the profile's `env:` references name.
+/// failed), which is returned; what `on_event` answers a question with is
+/// sent back. The coordinator sees only the environment
+/// [`crate::programs::coordinator_command`] allows, with the host
+/// variables the profile's `env:` references name.
 pub fn run_coordinator(
-    profile: &str,
-    config: Option<&OsString>,
-    workspace: &Path,
-    referenced: &[String],
-    log_hint: &Path,
-    on_event: &mut dyn FnMut(&StartupEvent),
+    start: &Start<'_>,
+    on_event: &mut dyn FnMut(&StartupEvent) -> Option<StartupReply>,
 ) -> Result<StartupEvent, ClientError> {
+    let Start {
+        profile,
+        config,
+        workspace,
+        referenced,
+        log_hint,
+        ignore_changes,
+    } = *start;
     let binary = role_binary("lazaret-coordinator").map_err(ClientError::Spawn)?;
-    let (ours, theirs) = lazaret_proto::channel::pair::<ControlRequest, StartupEvent>()?;
+    let (ours, theirs) = lazaret_proto::channel::pair::<StartupReply, StartupEvent>()?;
     let mut command = crate::programs::coordinator_command(&binary, referenced);
     command
         .arg("start")
         .arg(profile)
         .arg("--workspace")
         .arg(workspace)
+        .arg("--ignore-changes")
+        .arg(match ignore_changes {
+            IgnoreChangesMode::Ask => "ask",
+            IgnoreChangesMode::Keep => "keep",
+            IgnoreChangesMode::Accept => "accept",
+        })
         .stdin(Stdio::from(theirs.into_fd()))
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -169,7 +200,11 @@ pub fn run_coordinator(
                         | StartupEvent::AlreadyRunning { .. }
                         | StartupEvent::Failed { .. }
                 );
-                on_event(&message);
+                if let Some(reply) = on_event(&message) {
+                    // A coordinator gone meanwhile is seen at the next
+                    // receive.
+                    let _ = ours.send(&reply, &[]);
+                }
                 if last {
                     break Ok(message);
                 }

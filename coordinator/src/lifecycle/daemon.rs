@@ -38,7 +38,7 @@ use lazaret_proto::common::{HostPath, UnixTimeNs};
 use lazaret_proto::config::ConfigurationFingerprintRecordV1;
 use lazaret_proto::control::{
     ControlRequest, ControlResponse, DomainStatus, FailureKind, NetworkStatus, StartupEvent,
-    StartupStep, WorkspaceStatus,
+    StartupReply, StartupStep, WorkspaceStatus,
 };
 use lazaret_proto::ids::{ContainerId, GenerationId, GenerationNonce};
 use lazaret_proto::ownership::{
@@ -65,7 +65,7 @@ use crate::session::tls::{GenerationCredentials, remove_client_credential};
 use crate::state::{UPPER_DIR, WORK_DIR, anchor_dir};
 use crate::store::{DomainStore, Slot};
 
-type Startup = Endpoint<StartupEvent, ControlRequest>;
+type Startup = Endpoint<StartupEvent, StartupReply>;
 
 /// How long a second `up` waits for a starting coordinator to publish.
 const PUBLISH_WAIT: Duration = Duration::from_secs(120);
@@ -79,6 +79,22 @@ pub struct Args {
     pub config: Option<OsString>,
     /// The workspace (absolute).
     pub workspace: PathBuf,
+    /// What to do with host paths the last generation kept from the
+    /// sandbox that the rules taken now would share.
+    pub ignore_changes: IgnoreChangesMode,
+}
+
+/// What `up` does with host paths the Domain's last generation isolated
+/// that the workspace's rules now share (`--ignore-changes`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum IgnoreChangesMode {
+    /// Ask the developer through the CLI (which has a terminal); keep
+    /// them isolated unless the answer is yes.
+    Ask,
+    /// Keep them isolated for this generation, and say so.
+    Keep,
+    /// Share them, as `lazaret up --accept-ignore-changes` says.
+    Accept,
 }
 
 /// A failed step, reported to the CLI.
@@ -151,9 +167,23 @@ impl Reporter {
             })
     }
 
-    fn send(&self, event: StartupEvent) {
+    pub(super) fn send(&self, event: StartupEvent) {
         // The CLI may have gone (Ctrl-C); the coordinator goes on regardless.
         let _ = self.startup.send(&event, &[]);
+    }
+
+    /// Sends `event`, a question, and waits for the CLI's reply: `None`
+    /// when the CLI has gone or the channel failed. Only one thread asks,
+    /// and only once; the others go on reporting meanwhile.
+    pub(super) fn ask(&self, event: StartupEvent) -> Option<StartupReply> {
+        self.startup.send(&event, &[]).ok()?;
+        match self.startup.recv() {
+            Ok(received) => Some(received.message),
+            Err(e) => {
+                tracing::warn!("no answer from the CLI: {}", chain(&e));
+                None
+            }
+        }
     }
 
     /// This thread's phase, taken out of the list.
@@ -487,6 +517,7 @@ pub fn start(args: Args) -> ExitCode {
         &mut generation,
         &mut starting,
         coordinator,
+        args.ignore_changes,
     );
     let live = match brought_up {
         Ok(live) => live,
@@ -556,6 +587,8 @@ pub(super) struct Context<'a> {
     pub(super) generation: &'a Generation,
     /// The generation's runtime directory, `gen-N`.
     pub(super) generation_dir: &'a RetainedDir,
+    /// What to do with host paths the workspace's rules now share.
+    pub(super) ignore_changes: IgnoreChangesMode,
 }
 
 /// What a generation that is still starting holds, for stopping it if
@@ -710,6 +743,7 @@ fn bring_up(
     generation: &mut Generation,
     starting: &mut Starting,
     coordinator: HeldProcess,
+    ignore_changes: IgnoreChangesMode,
 ) -> Result<Live, Failure> {
     let auth = resolved.authorities();
     let uid = rustix::process::getuid().as_raw();
@@ -800,6 +834,7 @@ fn bring_up(
         resolved,
         generation,
         generation_dir: &generation_dir,
+        ignore_changes,
     };
     let network_records = super::network::Records {
         supervisor: supervisor_record,
@@ -1019,7 +1054,14 @@ fn prepare_storage(
             scope,
             cx.reporter,
             (StartupStep::Workspace, "taking the workspace's git rules"),
-            || super::workspace::take_rules(cx.reporter, cx.resolved),
+            || {
+                super::workspace::take_rules(
+                    cx.reporter,
+                    cx.resolved,
+                    &owned.store,
+                    cx.ignore_changes,
+                )
+            },
         );
         let (prepared, made, became) = lease_and_anchor(cx, owned, source, lower, anchors)?;
         let uid = rustix::process::getuid().as_raw();
@@ -1187,7 +1229,8 @@ fn send_plan(
         ..SandboxOwnership::default()
     };
     // What the lease and the State Anchors became, and the intents of the
-    // routing and the sandbox the plan makes: one commit.
+    // routing and the sandbox the plan makes, with the rules the routing
+    // takes (for the next `up` to compare with): one commit.
     let [routing, sandbox] = recorder.record(
         StartupStep::Sandbox,
         became,
@@ -1198,6 +1241,7 @@ fn send_plan(
                 ParticipantOwnership::Sandbox(sandbox_record.clone()),
             ),
         ],
+        Some(storage.workspace.encoded_rules()),
     )?;
     // One sealed memfd of the resolved environment serves the sandbox and
     // every session process.

@@ -60,37 +60,44 @@ impl Recorder {
             Vec::new(),
             participants.into_iter().chain(also).collect(),
             Some(generation),
+            None,
         )?;
         let also = intents.split_off(N);
         Ok((one_each(intents), also))
     }
 
-    /// Commits, in one transaction, what each of `done` became and the
+    /// Commits, in one transaction, what each of `done` became, the
     /// intents to create `next` (one disk flush, in the order recovery
-    /// needs: nothing of `next` exists yet); a failure is one of `step`.
+    /// needs: nothing of `next` exists yet) and, if given, the encoded
+    /// `WorkspaceRules` this generation routes by, in place of those of
+    /// the generations before it; a failure is one of `step`.
     pub(super) fn record<const N: usize>(
         &self,
         step: StartupStep,
         done: Vec<Became>,
         next: [(Slot, ParticipantOwnership); N],
+        rules: Option<&[u8]>,
     ) -> Result<[Intent; N], Failure> {
-        self.commit(step, done, next.into(), None).map(one_each)
+        self.commit(step, done, next.into(), None, rules)
+            .map(one_each)
     }
 
     /// Commits what each of `done` became, in one transaction; a failure
     /// is one of `step`.
     pub(super) fn settle(&self, step: StartupStep, done: Vec<Became>) -> Result<(), Failure> {
-        self.commit(step, done, Vec::new(), None).map(drop)
+        self.commit(step, done, Vec::new(), None, None).map(drop)
     }
 
     /// Commits what each of `done` became, the intents to create `next`
-    /// and, if given, `generation` as it now is, in one transaction.
+    /// and, if given, `generation` as it now is and the workspace `rules`
+    /// this generation routes by, in one transaction.
     fn commit(
         &self,
         step: StartupStep,
         done: Vec<Became>,
         next: Vec<(Slot, ParticipantOwnership)>,
         generation: Option<&Generation>,
+        rules: Option<&[u8]>,
     ) -> Result<Vec<Intent>, Failure> {
         let intents: Vec<_> = next
             .into_iter()
@@ -113,7 +120,11 @@ impl Recorder {
             .map(|i| (i.slot, &i.participant))
             .collect();
         self.store
-            .put_participants(&rows, generation)
+            .put_participants_and_rules(
+                &rows,
+                generation,
+                rules.map(|rules| (self.generation, rules)),
+            )
             .map_err(|e| at(step)(&e))?;
         for became in &done {
             crate::fault::point("active", &became.0.slot.name());
@@ -169,7 +180,7 @@ impl Intent {
         let (recorder, step) = (self.recorder.clone(), self.step);
         also.insert(0, self.becoming(ParticipantState::Active, ownership));
         recorder
-            .commit(step, also, Vec::new(), Some(generation))
+            .commit(step, also, Vec::new(), Some(generation), None)
             .map(drop)
     }
 }
@@ -202,7 +213,7 @@ mod tests {
     /// One participant's intent, committed.
     fn intent(recorder: &Recorder, slot: Slot, ownership: ParticipantOwnership) -> Intent {
         let [intent] = recorder
-            .record(StartupStep::Sandbox, Vec::new(), [(slot, ownership)])
+            .record(StartupStep::Sandbox, Vec::new(), [(slot, ownership)], None)
             .unwrap();
         intent
     }
@@ -283,6 +294,7 @@ mod tests {
                     (Slot::SUPERVISOR, helper()),
                     (Slot::NAMESPACE_HOLDER, helper()),
                 ],
+                None,
             )
             .unwrap();
         for slot in [Slot::SUPERVISOR, Slot::NAMESPACE_HOLDER] {
@@ -413,6 +425,7 @@ mod tests {
                     ),
                     (Slot::state_anchor(0), anchor()),
                 ],
+                None,
             )
             .unwrap();
         let leased = lower.becoming(
@@ -430,6 +443,7 @@ mod tests {
                 StartupStep::State,
                 vec![leased, made],
                 [(Slot::state_anchor(1), anchor())],
+                None,
             )
             .unwrap();
         assert_eq!(
@@ -451,5 +465,55 @@ mod tests {
             recorded(&store, Slot::state_anchor(1)).state,
             ParticipantState::Active
         );
+    }
+
+    /// Rules that route everything to the host but `path`.
+    fn rules_keeping(path: &str) -> lazaret_proto::router::WorkspaceRules {
+        lazaret_proto::router::WorkspaceRules {
+            isolate_ignored: true,
+            global_excludes: Vec::new(),
+            scopes: Vec::new(),
+            read_only: Vec::new(),
+            read_only_prefixes: Vec::new(),
+            git_dirs: Vec::new(),
+            kept_isolated: vec![lazaret_proto::router::RelativePath(path.into())],
+        }
+    }
+
+    #[test]
+    fn the_rules_a_generation_routes_by_are_recorded_with_its_routing() {
+        let (_dir, store) = store();
+        assert!(store.last_workspace_rules().unwrap().is_none());
+        let routing = || ParticipantOwnership::GitRouting(Default::default());
+        for (generation, path) in [(3, ".env"), (4, "node_modules")] {
+            let recorder = Recorder::new(Arc::clone(&store), GenerationId(generation));
+            let encoded = lazaret_proto::codec::encode(&rules_keeping(path)).unwrap();
+            let [routed] = recorder
+                .record(
+                    StartupStep::Sandbox,
+                    Vec::new(),
+                    [(Slot::GIT_ROUTING, routing())],
+                    Some(&encoded),
+                )
+                .unwrap();
+            // In the same commit as the routing's intent.
+            let intended = store
+                .participants(GenerationId(generation))
+                .unwrap()
+                .into_iter()
+                .find(|(slot, _)| *slot == Slot::GIT_ROUTING)
+                .expect("the routing's intent");
+            assert_eq!(intended.1.state, ParticipantState::Intent);
+            let (by, rules) = store.last_workspace_rules().unwrap().expect("recorded");
+            assert_eq!(by, GenerationId(generation));
+            assert_eq!(rules, rules_keeping(path));
+            recorder
+                .settle(StartupStep::Sandbox, vec![routed.becoming_active()])
+                .unwrap();
+        }
+        // Settling leaves them as they are.
+        let (by, rules) = store.last_workspace_rules().unwrap().expect("recorded");
+        assert_eq!(by, GenerationId(4));
+        assert_eq!(rules, rules_keeping("node_modules"));
     }
 }

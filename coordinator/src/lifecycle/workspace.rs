@@ -7,9 +7,17 @@
 //! excludes, the indexes) and sealed in a memfd, the Domain's isolated
 //! directory exists, and the `GitRouting` participant is recorded as
 //! intent, all before the supervisor is asked to mount anything; the
-//! router's identity is recorded once the supervisor reports it. Trusts
-//! the host's git files as data (they may have been edited by an earlier
-//! sandbox; they are parsed, never run) and the supervisor's pidfd only
+//! router's identity is recorded once the supervisor reports it.
+//!
+//! Owns too what happens to host paths the Domain's last generation
+//! isolated that the rules taken now would share (a `.gitignore` the
+//! sandbox edited, a path it added to the index): they stay isolated for
+//! this generation unless the developer agrees, asked through the CLI, or
+//! ran `up --accept-ignore-changes`; the rules this generation routes by
+//! are recorded with its routing's intent for the next `up` to compare
+//! with. Trusts the host's git files as data (they may have been edited
+//! by an earlier sandbox; they are parsed, never run), the Domain Store,
+//! the CLI's answer as the developer's, and the supervisor's pidfd only
 //! after proving it on pidfs.
 
 use std::os::fd::OwnedFd;
@@ -18,22 +26,25 @@ use std::path::Path;
 use lazaret_proto::channel::Received;
 use lazaret_proto::codec::{self, EncodeError};
 use lazaret_proto::common::HostPath;
-use lazaret_proto::control::{StartupStep, WorkspaceStatus};
+use lazaret_proto::control::{
+    IgnoreChanges, IgnoreChangesOutcome, StartupEvent, StartupReply, StartupStep, WorkspaceStatus,
+    named_paths,
+};
 use lazaret_proto::ids::Sha256Digest;
 use lazaret_proto::ownership::{GitRoutingOwnership, ParticipantOwnership};
-use lazaret_proto::router::RoutingSummary;
+use lazaret_proto::router::{RelativePath, RoutingSummary, WorkspaceRules};
 use lazaret_proto::store::ParticipantState;
 use lazaret_proto::supervisor::SupervisorReport;
 use lazaret_routing::gather::gather;
 use lazaret_routing::gitconfig::UserConfig;
 use sha2::{Digest, Sha256};
 
-use super::daemon::{Failure, Reporter, at, failure};
+use super::daemon::{Failure, IgnoreChangesMode, Reporter, at, failure};
 use super::record::{Became, Intent};
 use super::supervisor::unexpected;
 use crate::config::{HostEnvironment, ResolvedDomainConfiguration, RetainedDir};
 use crate::process::HeldProcess;
-use crate::store::Slot;
+use crate::store::{DomainStore, Slot};
 
 const STEP: StartupStep = StartupStep::Workspace;
 
@@ -46,6 +57,11 @@ pub(super) struct Rules {
     memfd: OwnedFd,
     /// SHA-256 of the encoding, recorded with the participant.
     digest: Sha256Digest,
+    /// The encoding, recorded with the participant's intent for the next
+    /// `up` to compare with.
+    encoded: Vec<u8>,
+    /// The host paths kept isolated against the rules.
+    kept: Vec<RelativePath>,
     summary: RoutingSummary,
     /// The repository the workspace is (or is in), and whether it ignores
     /// the whole workspace.
@@ -58,6 +74,8 @@ pub(super) struct Prepared {
     pub(super) isolated: RetainedDir,
     /// The sealed rules.
     pub(super) rules: OwnedFd,
+    encoded: Vec<u8>,
+    kept: Vec<RelativePath>,
     record: GitRoutingOwnership,
     summary: RoutingSummary,
     repository: Option<(HostPath, bool)>,
@@ -74,10 +92,14 @@ pub(super) struct Routed {
 
 /// Takes the rules from the host and seals them: before anything of the
 /// generation starts, so that a workspace that cannot be routed stops
-/// `up` at once.
+/// `up` at once. Host paths that the rules the last generation routed by
+/// (in `store`) isolated and these would share are kept isolated, or
+/// shared, as `mode` says.
 pub(super) fn take_rules(
     reporter: &Reporter,
     resolved: &ResolvedDomainConfiguration,
+    store: &DomainStore,
+    mode: IgnoreChangesMode,
 ) -> Result<Rules, Failure> {
     let workspace = &resolved.authorities().workspace;
     let isolate = resolved.record().isolate_gitignored;
@@ -92,7 +114,15 @@ pub(super) fn take_rules(
     // The files git itself would read, as the environment tells it.
     let host = HostEnvironment::capture();
     let user = UserConfig::from_env(host.home().ok(), |name| host.variable(name));
-    let gathered = gather(workspace.fd(), workspace.label(), isolate, &user).map_err(|e| {
+    let earlier = earlier_rules(reporter, resolved, store, mode)?;
+    let mut gathered = gather(
+        workspace.fd(),
+        workspace.label(),
+        isolate,
+        &user,
+        earlier.as_ref(),
+    )
+    .map_err(|e| {
         failure(
             STEP,
             format!(
@@ -102,6 +132,10 @@ pub(super) fn take_rules(
             ),
         )
     })?;
+    let newly_shared = std::mem::take(&mut gathered.newly_shared);
+    if !newly_shared.is_empty() && !share(reporter, &newly_shared, mode) {
+        gathered.rules.kept_isolated = newly_shared;
+    }
     let summary = RoutingSummary::of(&gathered.rules);
     if let Some(repository) = &gathered.repository {
         reporter.progress(
@@ -142,11 +176,99 @@ pub(super) fn take_rules(
     Ok(Rules {
         memfd,
         digest: Sha256Digest(Sha256::digest(&bytes).into()),
+        kept: gathered.rules.kept_isolated,
+        encoded: bytes,
         summary,
         repository: gathered
             .repository
             .map(|r| (HostPath::from(&r), gathered.workspace_ignored)),
     })
+}
+
+/// The rules the Domain's last generation routed by, to compare the new
+/// ones with; `None` before the first generation that recorded them, and
+/// with `--accept-ignore-changes` when they cannot be read. Rules that
+/// cannot be read otherwise stop `up`: without them, what the last
+/// generation kept from the sandbox is unknown.
+fn earlier_rules(
+    reporter: &Reporter,
+    resolved: &ResolvedDomainConfiguration,
+    store: &DomainStore,
+    mode: IgnoreChangesMode,
+) -> Result<Option<WorkspaceRules>, Failure> {
+    match store.last_workspace_rules() {
+        Ok(found) => Ok(found.map(|(_, rules)| rules)),
+        Err(e) if mode == IgnoreChangesMode::Accept => {
+            reporter.progress(
+                STEP,
+                format!(
+                    "cannot read the workspace rules the last generation routed by ({}); \
+                     taking the rules as they are now, as --accept-ignore-changes says",
+                    super::chain(&e)
+                ),
+            );
+            Ok(None)
+        }
+        Err(e) => Err(failure(
+            STEP,
+            format!(
+                "cannot read the workspace rules the last generation routed by ({}), so Lazaret \
+                 cannot tell which host paths it kept from the sandbox; `lazaret up {} \
+                 --accept-ignore-changes` takes the workspace's rules as they are now",
+                super::chain(&e),
+                resolved.profile()
+            ),
+        )),
+    }
+}
+
+/// Whether the host paths the last generation isolated that the new rules
+/// would share (`newly_shared`) are shared in this generation: as `mode`
+/// says, the developer asked through the CLI when it may ask. Says what
+/// becomes of them either way.
+fn share(reporter: &Reporter, newly_shared: &[RelativePath], mode: IgnoreChangesMode) -> bool {
+    let changes = |outcome| {
+        StartupEvent::IgnoreChanges(IgnoreChanges {
+            paths: named_paths(newly_shared),
+            count: u64::try_from(newly_shared.len()).unwrap_or(u64::MAX),
+            outcome,
+        })
+    };
+    let accepted = match mode {
+        IgnoreChangesMode::Accept => true,
+        IgnoreChangesMode::Keep => false,
+        IgnoreChangesMode::Ask => {
+            tracing::info!(
+                "asking whether to share {} host paths the last generation kept from the sandbox",
+                newly_shared.len()
+            );
+            // No answer (the CLI gone, Ctrl-C) keeps them isolated.
+            reporter.ask(changes(IgnoreChangesOutcome::Asking))
+                == Some(StartupReply::ShareIgnoreChanges(true))
+        }
+    };
+    let shown: Vec<String> = newly_shared
+        .iter()
+        .take(20)
+        .map(|p| p.to_string())
+        .collect();
+    if accepted {
+        tracing::warn!(
+            "sharing {} host paths the last generation kept from the sandbox, as the developer \
+             accepted: {}",
+            newly_shared.len(),
+            shown.join(", ")
+        );
+        reporter.send(changes(IgnoreChangesOutcome::Accepted));
+    } else {
+        tracing::warn!(
+            "keeping {} host paths isolated that the workspace's rules now share: {}",
+            newly_shared.len(),
+            shown.join(", ")
+        );
+        reporter.send(changes(IgnoreChangesOutcome::Kept));
+    }
+    accepted
 }
 
 /// Makes the isolated directory, with `rules`; what [`Prepared::intent`]
@@ -175,6 +297,8 @@ pub(super) fn prepare(
     Ok(Prepared {
         isolated,
         rules: rules.memfd,
+        encoded: rules.encoded,
+        kept: rules.kept,
         record,
         summary: rules.summary,
         repository: rules.repository,
@@ -189,6 +313,12 @@ impl Prepared {
             Slot::GIT_ROUTING,
             ParticipantOwnership::GitRouting(self.record.clone()),
         )
+    }
+
+    /// The encoded rules, to record with the intent: what the next `up`
+    /// compares the rules it takes with.
+    pub(super) fn encoded_rules(&self) -> &[u8] {
+        &self.encoded
     }
 }
 
@@ -236,6 +366,7 @@ pub(super) fn routed(
         workspace_ignored,
         isolated_root: record.isolated_root.unwrap_or_default(),
         summary,
+        kept_isolated: named_paths(&prepared.kept),
         router: router.identity,
         router_running: true,
     };

@@ -1,6 +1,6 @@
 //! The Domain Store: one redb database per Domain, `store.redb` in the
 //! Domain's storage directory, holding the Domain, its generations and their
-//! participants.
+//! participants, and the workspace rules the newest generation routed by.
 //!
 //! Owns durable intent: every participant is written before the resource it
 //! names exists, and every state change is committed before the next step.
@@ -15,6 +15,7 @@ use std::fs::File;
 
 use lazaret_proto::codec::{self, DecodeError, EncodeError, WireRecord};
 use lazaret_proto::ids::GenerationId;
+use lazaret_proto::router::WorkspaceRules;
 use lazaret_proto::store::{
     Domain, Generation, GenerationState, Participant, Session, SessionTerminal, StoreMetadata,
 };
@@ -256,6 +257,7 @@ impl DomainStore {
             && txn.open_table(tables::PARTICIPANTS).is_ok()
             && txn.open_table(tables::SESSIONS).is_ok()
             && txn.open_table(tables::SESSION_TERMINALS).is_ok()
+            && txn.open_table(tables::WORKSPACE_RULES).is_ok()
     }
 
     /// Writes the metadata and Domain rows of a new store, or checks them.
@@ -304,6 +306,7 @@ impl DomainStore {
             txn.open_table(tables::PARTICIPANTS)?;
             txn.open_table(tables::SESSIONS)?;
             txn.open_table(tables::SESSION_TERMINALS)?;
+            txn.open_table(tables::WORKSPACE_RULES)?;
         }
         txn.commit()?;
         Ok(())
@@ -353,7 +356,24 @@ impl DomainStore {
         rows: &[(Slot, &Participant)],
         generation: Option<&Generation>,
     ) -> Result<(), StoreError> {
+        self.put_participants_and_rules(rows, generation, None)
+    }
+
+    /// [`put_participants`](Self::put_participants), and, if given, the
+    /// encoded `WorkspaceRules` a generation routes by, replacing those of
+    /// every earlier one: all in one transaction.
+    pub fn put_participants_and_rules(
+        &self,
+        rows: &[(Slot, &Participant)],
+        generation: Option<&Generation>,
+        rules: Option<(GenerationId, &[u8])>,
+    ) -> Result<(), StoreError> {
         let txn = self.db.begin_write()?;
+        if let Some((routed_by, encoded)) = rules {
+            let mut table = txn.open_table(tables::WORKSPACE_RULES)?;
+            table.retain(|generation, _| generation > routed_by.0)?;
+            table.insert(routed_by.0, encoded)?;
+        }
         {
             let mut table = txn.open_table(tables::PARTICIPANTS)?;
             for &(slot, participant) in rows {
@@ -391,6 +411,22 @@ impl DomainStore {
         )?;
         txn.commit()?;
         Ok(())
+    }
+
+    /// The workspace rules the newest generation that recorded any routed
+    /// by, and that generation; `None` before the first.
+    pub fn last_workspace_rules(
+        &self,
+    ) -> Result<Option<(GenerationId, WorkspaceRules)>, StoreError> {
+        let txn = self.db.begin_read()?;
+        let table = match txn.open_table(tables::WORKSPACE_RULES) {
+            Ok(table) => table,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        let last = table.last()?;
+        last.map(|(k, v)| Ok((GenerationId(k.value()), decode(v.value())?)))
+            .transpose()
     }
 
     /// Every generation, oldest first.
@@ -443,5 +479,49 @@ impl DomainStore {
             out.push((Slot(slot), participant));
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lazaret_proto::common::HostPath;
+    use lazaret_proto::ids::DomainId;
+
+    #[test]
+    fn only_the_newest_generations_workspace_rules_are_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let retained = crate::config::confined::ensure_root(
+            &dir.path().join("domain"),
+            rustix::process::getuid().as_raw(),
+        )
+        .unwrap();
+        let domain = Domain {
+            domain_id: DomainId([7; 32]),
+            profile_name: "p".into(),
+            canonical_workspace: HostPath::from(std::path::Path::new("/w")),
+        };
+        let store = DomainStore::open(&retained, &domain).unwrap();
+        for generation in [1, 2, 5] {
+            store
+                .put_participants_and_rules(&[], None, Some((GenerationId(generation), b"x")))
+                .unwrap();
+        }
+        let txn = store.db.begin_read().unwrap();
+        let table = txn.open_table(tables::WORKSPACE_RULES).unwrap();
+        let kept: Vec<u64> = table
+            .iter()
+            .unwrap()
+            .map(|row| row.unwrap().0.value())
+            .collect();
+        assert_eq!(kept, [5]);
+        drop(table);
+        drop(txn);
+        // A row that is not rules stops the caller rather than being taken
+        // for none.
+        assert!(matches!(
+            store.last_workspace_rules(),
+            Err(StoreError::Decode(_))
+        ));
     }
 }

@@ -27,3 +27,8 @@ pub const SESSIONS: TableDefinition<(u64, u128), &[u8]> = TableDefinition::new("
 /// (generation number, session id) → the encoded `SessionTerminal`.
 pub const SESSION_TERMINALS: TableDefinition<(u64, u128), &[u8]> =
     TableDefinition::new("session_terminals");
+
+/// Generation number → the encoded `WorkspaceRules` that generation's
+/// Workspace Router was given. Only the newest row is kept: the next `up`
+/// compares the rules it takes from the host with it.
+pub const WORKSPACE_RULES: TableDefinition<u64, &[u8]> = TableDefinition::new("workspace_rules");
