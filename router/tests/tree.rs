@@ -298,7 +298,16 @@ fn git_configuration_and_hooks_are_read_only_and_the_rest_is_writable() {
         create(&tree, ".git/config.worktree", b"x"),
         Err(Errno::ROFS)
     );
+    // A lock file left beside the configuration would stop the host's
+    // `git config`; the index's is git's to take inside.
     let git = ino(&tree, ".git").unwrap();
+    assert_eq!(create(&tree, ".git/config.lock", b""), Err(Errno::ROFS));
+    assert_eq!(
+        tree.mkdir(git, b"config.lock", 0o755, 0).err(),
+        Some(Errno::ROFS)
+    );
+    create(&tree, ".git/index.lock", b"").unwrap();
+    tree.remove(git, b"index.lock", false).unwrap();
     assert_eq!(
         tree.rename(git, b"config", git, b"config.old", RenameFlags::empty()),
         Err(Errno::ROFS)

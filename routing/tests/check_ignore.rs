@@ -570,6 +570,50 @@ fn husky_scripts_and_a_hooks_path_set_by_an_include_are_read() {
     }
 }
 
+#[test]
+fn the_lock_file_of_a_read_only_file_is_read_only() {
+    let fixture = Fixture::new();
+    fixture.git(
+        &fixture.repo,
+        &["config", "core.fsmonitor", "lint --config=conf/x.toml"],
+    );
+    let rules = rules_of(&fixture, &fixture.repo);
+    let classifier = Classifier::new(&rules);
+    let host = |path: &[u8]| HostFacts {
+        exists: fixture
+            .repo
+            .join(std::str::from_utf8(path).unwrap())
+            .exists(),
+        dir_holds_head: false,
+    };
+    for (path, protection) in [
+        (".git/config.lock", Protection::ReadOnly),
+        (".git/config.worktree.lock", Protection::ReadOnly),
+        (".git/info/exclude.lock", Protection::ReadOnly),
+        (".git/modules/sub/config.lock", Protection::ReadOnly),
+        ("conf/x.toml.lock", Protection::ReadOnly),
+        // git inside takes these.
+        (".git/index.lock", Protection::None),
+        (".git/HEAD.lock", Protection::None),
+        (".git/refs/heads/main.lock", Protection::None),
+        ("conf/y.toml.lock", Protection::None),
+        (".lock", Protection::None),
+    ] {
+        assert_eq!(read_only_at(&classifier, path, &host), protection, "{path}");
+    }
+    // Beside a `HEAD` the host has, as `config` is there.
+    let state = classifier.root();
+    let head = HostFacts {
+        exists: false,
+        dir_holds_head: true,
+    };
+    assert_eq!(
+        classifier.protection(&state, b"", b"config.lock", false, head),
+        Protection::ReadOnly
+    );
+    assert!(lazaret_routing::classify::needs_head(b"config.lock"));
+}
+
 /// The rules `gather` takes for the workspace at `workspace`.
 fn rules_of(fixture: &Fixture, workspace: &Path) -> WorkspaceRules {
     let dir = std::fs::File::open(workspace).unwrap();
