@@ -17,7 +17,7 @@ use crate::ids::{
 };
 use crate::network::{DerivedNetworkPolicy, IpPrefix, NetworkReadinessAttestation};
 use crate::process::PidfsProcessIdentityV1;
-use crate::router::RoutingSummary;
+use crate::router::{RoutingSummary, WorkspaceChanges};
 use crate::store::GenerationState;
 
 /// A step of `lazaret up`, in the order the coordinator takes them.
@@ -135,6 +135,9 @@ pub enum ControlResponse {
     Stopped {
         /// The generation that ended.
         generation_id: GenerationId,
+        /// What changed during it below the directories holding scripts
+        /// the host's git runs, compared once the sandbox was gone.
+        workspace_changes: WorkspaceChanges,
     },
     /// The request failed.
     Failed {
