@@ -18,7 +18,7 @@ use crate::ids::{
 };
 use crate::network::{DerivedNetworkPolicy, IpPrefix, NetworkReadinessAttestation};
 use crate::process::PidfsProcessIdentityV1;
-use crate::router::{RelativePath, RoutingSummary};
+use crate::router::{RelativePath, RoutingSummary, WorkspaceChanges};
 use crate::store::GenerationState;
 
 /// A step of `lazaret up`, in the order the coordinator takes them.
@@ -204,6 +204,9 @@ pub enum ControlResponse {
     Stopped {
         /// The generation that ended.
         generation_id: GenerationId,
+        /// What changed during it below the directories holding scripts
+        /// the host's git runs, compared once the sandbox was gone.
+        workspace_changes: WorkspaceChanges,
     },
     /// The request failed.
     Failed {

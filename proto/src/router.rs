@@ -177,6 +177,52 @@ impl WorkspaceRules {
     }
 }
 
+/// How an entry of the workspace changed during a generation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum ChangeKind {
+    /// It was not there when the generation started.
+    Added,
+    /// It was there, and is gone.
+    Removed,
+    /// Its content, type, mode or times changed, or another file took its
+    /// name.
+    Changed,
+}
+
+impl ChangeKind {
+    /// The word `down` prints.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ChangeKind::Added => "added",
+            ChangeKind::Removed => "removed",
+            ChangeKind::Changed => "changed",
+        }
+    }
+}
+
+/// One entry that changed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkspaceChange {
+    /// Its path, relative to the workspace.
+    pub path: RelativePath,
+    /// How.
+    pub change: ChangeKind,
+}
+
+/// What changed on the host during a generation below the directories
+/// holding scripts the host's git runs, which the developer should review
+/// before the next git command runs them.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkspaceChanges {
+    /// The changes, by path; as many as fit the answer.
+    pub changes: Vec<WorkspaceChange>,
+    /// How many changes there were in all.
+    pub total: u64,
+    /// Directories not compared: they hold more entries than Lazaret
+    /// compares.
+    pub unchecked: Vec<RelativePath>,
+}
+
 /// What the supervisor asks of its router: serve the FUSE connection the
 /// packet carries.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -844,6 +844,9 @@ impl Tree {
                 return Err(Errno::XDEV);
             }
         }
+        if is_dir && source.route == Route::Host {
+            self.check_move(&source, &plan)?;
+        }
         let from = self.open_dir(source.route, &from_dir.path, OFlags::PATH)?;
         let to = self.target_dir(&mut plan, &to_dir.path)?;
         if source.route != plan.route {
@@ -852,13 +855,6 @@ impl Tree {
             }
             move_across(&from, name, &to, new_name, source.kind, flags)?;
         } else if is_dir && source.route == Route::Host {
-            // The rules are the paths': a directory whose entries would
-            // live elsewhere at its new place (a host file its rules hide
-            // would show, an isolated one vanish) is not moved. `mv` then
-            // copies what the sandbox sees instead.
-            if self.reclassifies(&source, &plan)? {
-                return Err(Errno::XDEV);
-            }
             let isolated = self.move_isolated_dir(&source.path, &plan.path)?;
             if let Err(e) = rustix::fs::renameat_with(&from, os(name), &to, os(new_name), flags) {
                 if isolated {
@@ -873,14 +869,22 @@ impl Tree {
         Ok(())
     }
 
-    /// Whether moving the host directory `source` to `plan` would change
-    /// the side any entry beneath it is seen on. Both classifications are
-    /// walked together over what both sides hold; more than
-    /// [`RECLASSIFY_LIMIT`] entries count as a change.
-    fn reclassifies(&self, source: &Found, plan: &Plan) -> Result<bool> {
+    /// Whether the host directory `source` may move to `plan`. Not when
+    /// it holds a git directory of the host at any depth (a submodule's
+    /// `.git` file, a nested repository's `.git`), which would no longer
+    /// work where it went (`EROFS`: a directory cannot be moved whole to
+    /// a place its `.git` file does not name). Not, either, when an entry
+    /// beneath it would be seen on another side at its new place (a host
+    /// file its rules hide would show, an isolated one vanish: the rules
+    /// are the paths'), nor to the other side (`EXDEV`: `mv` then copies
+    /// what the sandbox sees instead, which leaves a `.git` in place). Both
+    /// classifications are walked together over what both sides hold;
+    /// more than [`RECLASSIFY_LIMIT`] entries count as a change.
+    fn check_move(&self, source: &Found, plan: &Plan) -> Result<()> {
         let Some(old) = source.state.clone() else {
-            return Ok(false);
+            return Ok(());
         };
+        let mut reclassified = source.route != plan.route;
         let mut pending = vec![(Vec::new(), old, plan.state.clone())];
         let mut seen = 0usize;
         while let Some((rel, old, new)) = pending.pop() {
@@ -903,16 +907,24 @@ impl Tree {
             for ((name, kind, _), side) in entries {
                 seen += 1;
                 if seen > RECLASSIFY_LIMIT {
-                    return Ok(true);
+                    return Err(Errno::XDEV);
                 }
                 let is_dir = *kind == Kind::Dir;
                 let facts = host_listing.facts(name);
                 let (before, old_child) =
                     self.classifier.child(&old, &old_path, name, is_dir, facts);
+                // The host made it (the sandbox's `.git` is isolated).
+                let git_dir = side == Route::Host
+                    && before == Route::Host
+                    && old_child.is_git_metadata()
+                    && !old.is_git_metadata();
+                if git_dir {
+                    return Err(PROTECTED);
+                }
                 let (after, new_child) =
                     self.classifier.child(&new, &new_path, name, is_dir, facts);
                 if (before == side) != (after == side) {
-                    return Ok(true);
+                    reclassified = true;
                 }
                 let inside_git = old_child.is_git_metadata() && new_child.is_git_metadata();
                 if is_dir && before == side && !inside_git {
@@ -920,7 +932,11 @@ impl Tree {
                 }
             }
         }
-        Ok(false)
+        if reclassified {
+            Err(Errno::XDEV)
+        } else {
+            Ok(())
+        }
     }
 
     /// Moves the isolated side's directory of a host directory being

@@ -314,6 +314,49 @@ fn a_rename_that_would_show_or_plant_an_ignored_file_is_refused() {
 }
 
 #[test]
+fn a_directory_holding_a_git_directory_of_the_host_cannot_move() {
+    let s = Scratch::new();
+    // A submodule (a `.git` file) and a nested repository (a `.git`
+    // directory), each deep in an ordinary directory.
+    std::fs::create_dir_all(s.host.join("vendor/lib")).unwrap();
+    std::fs::write(
+        s.host.join("vendor/lib/.git"),
+        "gitdir: ../../.git/modules/lib\n",
+    )
+    .unwrap();
+    std::fs::write(s.host.join("vendor/lib/lib.c"), "lib").unwrap();
+    std::fs::create_dir_all(s.host.join("nested/repo/.git")).unwrap();
+    for isolate in [true, false] {
+        let tree = s.tree(isolate);
+        let (root, _) = parent_and_name(&tree, "x");
+        let vendor = ino(&tree, "vendor").unwrap();
+        let (deep, _) = tree.mkdir(root, b"deep", 0o755, 0).unwrap();
+        for (parent, name) in [(vendor, "lib"), (root, "vendor"), (root, "nested")] {
+            assert_eq!(
+                tree.rename(
+                    parent,
+                    name.as_bytes(),
+                    deep,
+                    name.as_bytes(),
+                    RenameFlags::empty()
+                ),
+                Err(Errno::ROFS),
+                "{name}"
+            );
+        }
+        assert!(s.host.join("vendor/lib/lib.c").exists());
+        assert!(s.host.join("nested/repo/.git").is_dir());
+        // A directory holding only what the sandbox made inside moves.
+        let (x, _) = tree.mkdir(deep, b"x", 0o755, 0).unwrap();
+        tree.mkdir(x, b".git", 0o755, 0).unwrap();
+        tree.rename(root, b"deep", root, b"deeper", RenameFlags::empty())
+            .unwrap();
+        std::fs::remove_dir_all(s.host.join("deeper")).unwrap();
+        let _ = std::fs::remove_dir_all(s.isolated.join("deeper"));
+    }
+}
+
+#[test]
 fn git_configuration_and_hooks_are_read_only_and_the_rest_is_writable() {
     let s = Scratch::new();
     let tree = s.tree(true);
@@ -344,7 +387,16 @@ fn git_configuration_and_hooks_are_read_only_and_the_rest_is_writable() {
         create(&tree, ".git/config.worktree", b"x"),
         Err(Errno::ROFS)
     );
+    // A lock file left beside the configuration would stop the host's
+    // `git config`; the index's is git's to take inside.
     let git = ino(&tree, ".git").unwrap();
+    assert_eq!(create(&tree, ".git/config.lock", b""), Err(Errno::ROFS));
+    assert_eq!(
+        tree.mkdir(git, b"config.lock", 0o755, 0).err(),
+        Some(Errno::ROFS)
+    );
+    create(&tree, ".git/index.lock", b"").unwrap();
+    tree.remove(git, b"index.lock", false).unwrap();
     assert_eq!(
         tree.rename(git, b"config", git, b"config.old", RenameFlags::empty()),
         Err(Errno::ROFS)

@@ -16,7 +16,8 @@
 //!   `hooks/`, `info/exclude`) in the host's git directories (each `.git`
 //!   and those the rules name otherwise), their modules and worktrees, and
 //!   in any host directory holding a `HEAD`, is read-only, as is what the
-//!   rules name (by path, or by name prefix in a directory); the host's
+//!   rules name (by path, or by name prefix in a directory) and the lock
+//!   file git would take for any of these (`config.lock`); the host's
 //!   git directories cannot be moved or removed, and no directory moves
 //!   into or out of git metadata.
 //!
@@ -52,8 +53,18 @@ pub const HEAD_NAME: &[u8] = b"HEAD";
 /// todo list it runs (`exec` lines) when the developer continues.
 const IN_PROGRESS: [&[u8]; 3] = [b"rebase-merge", b"rebase-apply", b"sequencer"];
 
+/// The suffix of the lock file git creates beside a file it rewrites
+/// (`config.lock` for `config`), and renames over it when done.
+pub const LOCK_SUFFIX: &[u8] = b".lock";
+
+/// The name a lock file locks: `config` for `config.lock`.
+fn locked_name(name: &[u8]) -> Option<&[u8]> {
+    name.strip_suffix(LOCK_SUFFIX).filter(|n| !n.is_empty())
+}
+
 /// Names whose protection, or route, depends on a `HEAD` beside them.
 pub fn needs_head(name: &[u8]) -> bool {
+    let name = locked_name(name).unwrap_or(name);
     matches!(
         name,
         b"config" | b"config.worktree" | b"commondir" | b"hooks"
@@ -595,8 +606,32 @@ impl Classifier {
     }
 
     /// What the sandbox may do to the entry `name` of a directory whose
-    /// state is `dir`.
+    /// state is `dir`. The lock file of a read-only file (`config.lock`)
+    /// is read-only too: one left there would stop the host's git from
+    /// changing the file (`git config`: "could not lock config file").
     pub fn protection(
+        &self,
+        dir: &DirState,
+        dir_path: &[u8],
+        name: &[u8],
+        is_dir: bool,
+        host: HostFacts,
+    ) -> Protection {
+        let protection = self.own_protection(dir, dir_path, name, is_dir, host);
+        match locked_name(name) {
+            Some(locked)
+                if protection != Protection::ReadOnly
+                    && self.own_protection(dir, dir_path, locked, false, host)
+                        == Protection::ReadOnly =>
+            {
+                Protection::ReadOnly
+            }
+            _ => protection,
+        }
+    }
+
+    /// [`protection`](Self::protection), its lock file aside.
+    fn own_protection(
         &self,
         dir: &DirState,
         dir_path: &[u8],

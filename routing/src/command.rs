@@ -5,7 +5,8 @@
 //! Owns the reading of such a command as the shell would split it, closely
 //! enough to find what it runs: the program of each simple command (after
 //! environment assignments and wrappers such as `exec` or `env`), the
-//! script an interpreter runs (`python3 clean.py`, `sh -c './x.sh'`), a
+//! script an interpreter runs (`python3 clean.py`, `sh -c './x.sh'`), the
+//! file a shell sources (`. ./tools/helpers.sh`, `source env.sh`), a
 //! module run with `python -m`, and a path given as an option's value
 //! (`--config=dir/file`). What a program is given as data (`black src/`,
 //! `gh auth git-credential`) is not taken: making a project's directories
@@ -28,14 +29,21 @@ const WRAPPERS: [&str; 16] = [
     "else", "elif", "do", "while", "until",
 ];
 
-/// What a command names in the files around it.
+/// What a command names in the files around it. Relative paths name files
+/// in the directory the command runs in.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct CommandNames<'a> {
-    /// Files it runs or reads as configuration: each program named by a
-    /// path (`./tools/lint.sh`), each script an interpreter runs
-    /// (`clean.py` in `python3 clean.py`), and each path an option or an
+    /// Files it runs: each program named by a path (`./tools/lint.sh`) and
+    /// each script an interpreter runs (`clean.py` in `python3 clean.py`).
+    /// An interpreter loads code from the directory of its script (Python
+    /// imports from there first).
+    pub scripts: Vec<&'a str>,
+    /// Files a shell reads as commands of its own: the argument of `.` or
+    /// `source`, with or without a `/` (bash looks a bare name up in the
+    /// working directory too).
+    pub sourced: Vec<&'a str>,
+    /// Files it reads as configuration: each path an option or an
     /// assignment gives (`--config=conf/lint.toml`, `HOOK=./bin/x`).
-    /// Relative ones name files in the directory the command runs in.
     pub paths: Vec<&'a str>,
     /// The top-level packages of the modules run with `python -m NAME`
     /// (or `-mNAME`, `-Em NAME`), which Python looks up first in the
@@ -61,6 +69,8 @@ pub fn command_names(command: &str) -> CommandNames<'_> {
 enum Expect {
     /// Its program (after assignments and wrappers).
     Program,
+    /// The file `.` or `source` reads.
+    Sourced,
     /// Arguments of a program: an interpreter's script is the first, and
     /// an option's value may be a path.
     Arguments { interpreter: Option<String> },
@@ -77,6 +87,12 @@ fn simple_command<'a>(words: impl Iterator<Item = &'a str>, names: &mut CommandN
     for word in words {
         expect = match expect {
             Expect::Done => break,
+            Expect::Sourced => {
+                if is_name(word) {
+                    names.sourced.push(word);
+                }
+                Expect::Options
+            }
             Expect::Module => {
                 names.modules.extend(python_package(word));
                 Expect::Options
@@ -95,9 +111,11 @@ fn simple_command<'a>(words: impl Iterator<Item = &'a str>, names: &mut CommandN
                     }
                 } else if WRAPPERS.contains(&base_name(word).as_str()) {
                     Expect::Program
+                } else if matches!(word, "." | "source") {
+                    Expect::Sourced
                 } else {
                     if word.contains('/') && is_name(word) {
-                        names.paths.push(word);
+                        names.scripts.push(word);
                     }
                     Expect::Arguments {
                         interpreter: interpreter(word),
@@ -160,9 +178,15 @@ fn argument<'a>(
     }
     // The script, then its own arguments.
     if is_name(word) {
-        names.paths.push(word);
+        names.scripts.push(word);
     }
     Expect::Options
+}
+
+/// Whether `program` (a path or a name, as a `#!` line gives it) is a
+/// shell.
+pub fn is_shell(program: &str) -> bool {
+    interpreter(program).is_some_and(|kind| SHELLS.contains(&kind.as_str()))
 }
 
 /// The interpreter a program word names, by its base name without a
@@ -208,8 +232,13 @@ fn python_package(module: &str) -> Option<&str> {
 mod tests {
     use super::*;
 
+    /// Every file `command` names, scripts first.
     fn paths(command: &str) -> Vec<&str> {
-        command_names(command).paths
+        let names = command_names(command);
+        let mut all = names.scripts;
+        all.extend(names.sourced);
+        all.extend(names.paths);
+        all
     }
 
     fn modules(command: &str) -> Vec<&str> {
@@ -254,10 +283,26 @@ mod tests {
         ] {
             let names = command_names(command);
             assert!(
-                names.paths.iter().all(|p| p.starts_with('/')) && names.modules.is_empty(),
+                paths(command).iter().all(|p| p.starts_with('/')) && names.modules.is_empty(),
                 "{command}: {names:?}"
             );
         }
+    }
+
+    #[test]
+    fn scripts_sourced_files_and_option_paths_are_told_apart() {
+        let names = command_names(
+            "python3 scripts/clean.py --config=conf/x.toml && . ./tools/helpers.sh; \
+             source lib/common.sh x && . env.sh && exec ./bin/run",
+        );
+        assert_eq!(names.scripts, ["scripts/clean.py", "./bin/run"]);
+        assert_eq!(
+            names.sourced,
+            ["./tools/helpers.sh", "lib/common.sh", "env.sh"]
+        );
+        assert_eq!(names.paths, ["conf/x.toml"]);
+        // What is sourced from a variable is not known.
+        assert!(command_names(". \"$HOME/.profile\"").sourced.is_empty());
     }
 
     #[test]

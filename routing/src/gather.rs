@@ -10,8 +10,10 @@
 //! workspace, and the reduction of each index to the tracked paths its
 //! rules would otherwise ignore. Owns too finding what git reads or runs
 //! inside the workspace: the git directories not named `.git` that a
-//! `.git` file or link names, and the paths and names the repositories'
-//! configuration and hooks make git read or run. Owns, given the rules
+//! `.git` file or link names, the paths and names the repositories'
+//! configuration and hooks make git read or run, what the scripts among
+//! them run and source in turn, and the directories holding those
+//! scripts (made read-only, and watched for `down`). Owns, given the rules
 //! the Domain's last generation routed by, finding the host paths those
 //! isolated that the new rules would share: the top-most of each, found
 //! on the same walk.
@@ -159,6 +161,11 @@ pub struct Gathered {
     /// each the top-most such path (a directory stands for everything
     /// below it); the empty path is the whole workspace.
     pub newly_shared: Vec<RelativePath>,
+    /// The directories holding scripts git runs for the host (a filter's,
+    /// a driver's, a hook's), relative to the workspace: what changes
+    /// below them during the generation is for the developer to review
+    /// (see [`crate::watch`]).
+    pub watched: Vec<RelativePath>,
 }
 
 /// A repository as discovery finds it.
@@ -210,6 +217,7 @@ pub fn gather(
         repository.as_ref().map(|r| r.git_dir.as_path()),
         repository.as_ref().map(|r| r.common_dir.as_path()),
     ))?;
+    let mut watched = Vec::new();
     if let Some(repo) = &repository {
         protect_what_git_runs(
             &config,
@@ -217,6 +225,7 @@ pub fn gather(
             &repo.common_dir,
             workspace_path,
             &mut rules,
+            &mut watched,
         );
         add_git_dirs(
             &[&repo.git_dir, &repo.common_dir],
@@ -230,6 +239,7 @@ pub fn gather(
             repository: repository.map(|r| r.worktree),
             workspace_ignored: false,
             newly_shared: Vec::new(),
+            watched,
         });
     }
     let excludes_file = config.excludes_file();
@@ -313,6 +323,7 @@ pub fn gather(
             &mut classifier,
             &mut rules,
             &mut tracked,
+            &mut watched,
             before.as_ref().map(|(before, root)| Before {
                 classifier: before,
                 root: root.clone(),
@@ -340,6 +351,7 @@ pub fn gather(
         repository: repository.map(|r| r.worktree),
         workspace_ignored,
         newly_shared,
+        watched,
     })
 }
 
@@ -361,8 +373,12 @@ const HOOK_MANAGER_NAMES: [(&str, &str); 10] = [
     ("", "commitlint.config."),
 ];
 
-/// The largest hook script scanned for the paths it runs.
+/// The largest hook or script scanned for the paths it runs.
 const MAX_HOOK_LEN: u64 = 1024 * 1024;
+
+/// The most hooks and scripts scanned for one repository: what they run
+/// and source is followed that far, script by script.
+const MAX_SCRIPTS: usize = 256;
 
 /// The most symbolic links followed from one path, as the kernel allows.
 const MAX_LINKS: usize = 40;
@@ -370,45 +386,48 @@ const MAX_LINKS: usize = 40;
 /// Adds to `rules` every path inside the workspace that git, for the
 /// repository at `worktree` with git directory `common_dir` and
 /// configuration `config`, reads as configuration or runs: its hooks
-/// directory, included files and what its commands name; each hook, the
-/// paths its script names and the modules it runs; and, when hooks are
-/// installed, the hook managers' files. Each is taken as written and
-/// through every link on its way. The workspace itself is never made
-/// read-only whole.
+/// directory, included files and what its commands name; each hook and
+/// each script, what they run and source in turn, and the modules they
+/// run; the directory holding each script (an interpreter loads code
+/// from it: `import json` in `scripts/clean.py` finds `scripts/json.py`
+/// first); and, when hooks are installed, the hook managers' files. Each
+/// is taken as written and through every link on its way. The workspace
+/// itself, and a repository's worktree root, are never made read-only
+/// whole: a script's directory that is one is added to `watched` instead,
+/// as is every other script's directory, for `down` to compare.
 fn protect_what_git_runs(
     config: &Configuration,
     worktree: &Path,
     common_dir: &Path,
     workspace_path: &Path,
     rules: &mut WorkspaceRules,
+    watched: &mut Vec<RelativePath>,
 ) {
     let mut runs = config.what_runs(worktree);
     let hooks_dir = config
         .hooks_path(worktree)
         .unwrap_or_else(|| common_dir.join("hooks"));
-    let mut installed = false;
-    if let Ok(hooks) = std::fs::read_dir(&hooks_dir) {
-        for hook in hooks.flatten() {
+    let mut hooks = Vec::new();
+    if let Ok(entries) = std::fs::read_dir(&hooks_dir) {
+        for hook in entries.flatten() {
             let path = hook.path();
             if path.extension().is_some_and(|e| e == "sample") {
                 continue;
             }
-            installed = true;
-            scan_hook(&path, worktree, &mut runs);
-            runs.paths.push(path);
+            hooks.push(path);
         }
     }
+    let installed = !hooks.is_empty();
     // husky 9 points `core.hooksPath` at `.husky/_`, whose hooks run the
     // scripts beside it: those are hooks too.
     if let Some(husky) = hooks_dir.parent().filter(|_| hooks_dir.ends_with("_")) {
         if let Ok(scripts) = std::fs::read_dir(husky) {
-            for script in scripts.flatten() {
-                scan_hook(&script.path(), worktree, &mut runs);
-            }
+            hooks.extend(scripts.flatten().map(|script| script.path()));
         }
         runs.paths.push(husky.to_path_buf());
     }
     runs.paths.push(hooks_dir);
+    scan_scripts(hooks, worktree, &mut runs);
     let mut prefixes = Vec::new();
     for module in runs.modules.drain(..) {
         if let (Some(dir), Some(name)) = (module.parent(), module.file_name()) {
@@ -425,7 +444,31 @@ fn protect_what_git_runs(
                 .map(|(dir, prefix)| (worktree.join(dir), prefix.as_bytes().to_vec())),
         );
     }
-    for path in &runs.paths {
+    let worktree_root = normalize(worktree);
+    let mut script_dirs = Vec::new();
+    for script in &runs.scripts {
+        for resolved in resolutions(script) {
+            let Some(dir) = resolved.parent() else {
+                continue;
+            };
+            let Some(inside) = inside(workspace_path, dir) else {
+                continue;
+            };
+            if !watched.contains(&inside) {
+                watched.push(inside);
+            }
+            if dir != worktree_root {
+                script_dirs.push(dir.to_path_buf());
+            }
+        }
+    }
+    let all = runs
+        .paths
+        .iter()
+        .chain(&runs.scripts)
+        .chain(&runs.sourced)
+        .chain(&script_dirs);
+    for path in all {
         for inside in resolutions(path)
             .into_iter()
             .filter_map(|p| inside(workspace_path, &p))
@@ -451,23 +494,70 @@ fn protect_what_git_runs(
     }
 }
 
-/// Adds what a hook script names: the paths its lines name (relative ones
-/// taken from the worktree, where git runs hooks) and the modules it runs.
-fn scan_hook(hook: &Path, worktree: &Path, runs: &mut Runs) {
-    // A hook too large to scan is still read-only itself.
-    let Ok(Some(text)) = crate::fs::read_small(None, hook, true, MAX_HOOK_LEN) else {
-        return;
-    };
-    let text = String::from_utf8_lossy(&text);
-    for line in text.lines() {
-        if line.trim_start().starts_with('#') {
+/// Adds to `runs` the `hooks` (as scripts) and what they and every script
+/// and sourced file in `runs` name in turn: the paths their lines name
+/// (relative ones taken from the worktree, where git runs hooks and
+/// filters and what they start), the scripts they run and source and the
+/// modules they run, at most [`MAX_SCRIPTS`] files. A hook is read
+/// whatever runs it; another script when a shell runs it (see
+/// [`runs_in_shell`]); a sourced file always.
+fn scan_scripts(hooks: Vec<PathBuf>, worktree: &Path, runs: &mut Runs) {
+    // A stack: the hooks are read first.
+    let mut pending: Vec<(PathBuf, bool)> =
+        runs.sourced.iter().map(|s| (s.clone(), true)).collect();
+    pending.extend(runs.scripts.iter().map(|s| (s.clone(), false)));
+    pending.extend(hooks.iter().map(|h| (h.clone(), true)));
+    runs.scripts.extend(hooks);
+    let mut scanned = std::collections::HashSet::new();
+    while let Some((script, any)) = pending.pop() {
+        if scanned.len() >= MAX_SCRIPTS {
+            break;
+        }
+        if !scanned.insert(normalize(&script)) {
             continue;
         }
-        let names = command_names(line);
-        runs.paths
-            .extend(names.paths.iter().map(|p| worktree.join(p)));
-        runs.modules
-            .extend(names.modules.iter().map(|m| worktree.join(m)));
+        // A script too large to scan is still read-only itself.
+        let Ok(Some(text)) = crate::fs::read_small(None, &script, true, MAX_HOOK_LEN) else {
+            continue;
+        };
+        let text = String::from_utf8_lossy(&text);
+        if !any && !runs_in_shell(&script, &text) {
+            continue;
+        }
+        let mut found = Runs::default();
+        for line in text.lines() {
+            if line.trim_start().starts_with('#') {
+                continue;
+            }
+            found.add(&command_names(line), worktree, |p| Some(worktree.join(p)));
+        }
+        pending.extend(found.scripts.iter().map(|s| (s.clone(), false)));
+        pending.extend(found.sourced.iter().map(|s| (s.clone(), true)));
+        runs.paths.append(&mut found.paths);
+        runs.scripts.append(&mut found.scripts);
+        runs.sourced.append(&mut found.sourced);
+        runs.modules.append(&mut found.modules);
+    }
+}
+
+/// Whether the script at `path`, holding `text`, is one a shell runs: its
+/// `#!` line names a shell, or it has none (the kernel then leaves it to
+/// the shell) and its name no other language's extension.
+fn runs_in_shell(path: &Path, text: &str) -> bool {
+    match text.strip_prefix("#!") {
+        Some(line) => {
+            let line = line.lines().next().unwrap_or_default();
+            let mut words = line.split_whitespace();
+            let program = words.next().unwrap_or_default();
+            let program = match program.rsplit('/').next() {
+                Some("env") => words.find(|w| !w.starts_with('-')).unwrap_or_default(),
+                _ => program,
+            };
+            crate::command::is_shell(program)
+        }
+        None => path
+            .extension()
+            .is_none_or(|e| matches!(e.to_str(), Some("sh" | "bash" | "dash" | "ksh" | "zsh"))),
     }
 }
 
@@ -739,7 +829,8 @@ struct Before<'a> {
 }
 
 /// Walks the workspace's host directories that are not ignored, reading
-/// their `.gitignore` files and finding the repositories nested in them;
+/// their `.gitignore` files and finding the repositories nested in them
+/// (and the directories of the scripts their git runs, into `watched`);
 /// with `before`, also classifies each host entry the new rules share by
 /// the earlier rules, and notes the top-most ones those isolated. `user`
 /// is the invoking user's git configuration with the excludes file it
@@ -751,6 +842,7 @@ fn walk(
     classifier: &mut Classifier,
     rules: &mut WorkspaceRules,
     tracked: &mut Vec<Vec<(Vec<u8>, bool)>>,
+    watched: &mut Vec<RelativePath>,
     mut before: Option<Before<'_>>,
 ) -> Result<(), GatherError> {
     // Each directory with its state by the new rules and, while the
@@ -844,7 +936,14 @@ fn walk(
                     classifier.add_git_dir(&added.0);
                 }
                 let config = user.read(&user.files(Some(&git_dir), Some(&common_dir)))?;
-                protect_what_git_runs(&config, &child_label, &common_dir, workspace_path, rules);
+                protect_what_git_runs(
+                    &config,
+                    &child_label,
+                    &common_dir,
+                    workspace_path,
+                    rules,
+                    watched,
+                );
                 // Its own excludes file, if its configuration names another,
                 // below its `info/exclude` (whose lines win).
                 let mut exclude = match config.excludes_file() {

@@ -15,7 +15,7 @@
 use std::ffi::OsString;
 use std::path::{Component, Path, PathBuf};
 
-use crate::command::command_names;
+use crate::command::{CommandNames, command_names};
 
 /// The largest configuration file read.
 const MAX_CONFIG_LEN: u64 = 1024 * 1024;
@@ -224,19 +224,13 @@ impl Configuration {
     pub fn what_runs(&self, worktree: &Path) -> Runs {
         let mut runs = Runs {
             paths: self.included.clone(),
-            modules: Vec::new(),
+            ..Runs::default()
         };
         runs.paths.extend(self.hooks_path(worktree));
         for entry in self.entries.iter().filter(|e| runs_program(e)) {
-            let named = command_names(&entry.value);
-            runs.paths.extend(
-                named
-                    .paths
-                    .iter()
-                    .filter_map(|word| self.user.expand(word, Some(worktree))),
-            );
-            runs.modules
-                .extend(named.modules.iter().map(|m| worktree.join(m)));
+            runs.add(&command_names(&entry.value), worktree, |word| {
+                self.user.expand(word, Some(worktree))
+            });
         }
         runs
     }
@@ -245,12 +239,37 @@ impl Configuration {
 /// What git's configuration (or a hook) makes git read or run.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Runs {
-    /// Files and directories, by path.
+    /// Files and directories git or what it runs reads, by path.
     pub paths: Vec<PathBuf>,
+    /// Files run as programs or interpreters' scripts: what the
+    /// interpreter loads from their directories runs too.
+    pub scripts: Vec<PathBuf>,
+    /// Files a shell sources: their lines run as the sourcing script's.
+    pub sourced: Vec<PathBuf>,
     /// Python modules run with `-m`, as the path of their top-level
     /// package in the directory a command runs in: every name that
     /// package may take there (`tool`, `tool.py`, `tool.*.so`) is read.
     pub modules: Vec<PathBuf>,
+}
+
+impl Runs {
+    /// Adds what one command names, run in `worktree`; `expand` makes a
+    /// path of a word (relative ones taken from `worktree`).
+    pub fn add(
+        &mut self,
+        named: &CommandNames<'_>,
+        worktree: &Path,
+        expand: impl Fn(&str) -> Option<PathBuf>,
+    ) {
+        self.paths
+            .extend(named.paths.iter().filter_map(|word| expand(word)));
+        self.scripts
+            .extend(named.scripts.iter().filter_map(|word| expand(word)));
+        self.sourced
+            .extend(named.sourced.iter().filter_map(|word| expand(word)));
+        self.modules
+            .extend(named.modules.iter().map(|m| worktree.join(m)));
+    }
 }
 
 /// Whether git runs the value of `entry` as a command.
@@ -259,8 +278,15 @@ fn runs_program(entry: &Entry) -> bool {
     match entry.section.as_str() {
         "core" => matches!(
             key,
-            "fsmonitor" | "pager" | "editor" | "sshcommand" | "askpass" | "gitproxy"
+            "fsmonitor"
+                | "pager"
+                | "editor"
+                | "sshcommand"
+                | "askpass"
+                | "gitproxy"
+                | "alternaterefscommand"
         ),
+        "uploadpack" => key == "packobjectshook",
         "diff" | "difftool" | "mergetool" | "merge" | "filter" | "credential" | "gpg"
         | "sequence" | "pager" | "alias" | "tar" | "trailer" | "browser" | "man" | "guitool"
         | "sendemail" => true,
@@ -449,26 +475,35 @@ mod tests {
         )
         .unwrap();
         let user = UserConfig::default();
-        let mut runs = user.read(&[config]).unwrap().what_runs(Path::new("/w"));
+        let runs = user.read(&[config]).unwrap().what_runs(Path::new("/w"));
         // As written: `..` is the kernel's to apply, after any link.
         assert!(
-            runs.paths
+            runs.scripts
                 .contains(&PathBuf::from("/w/./scripts/../bin/clean"))
         );
-        runs.paths = runs.paths.iter().map(|p| normalize(p)).collect();
-        runs.paths.sort();
+        let sorted = |paths: &[PathBuf]| {
+            let mut paths: Vec<PathBuf> = paths.iter().map(|p| normalize(p)).collect();
+            paths.sort();
+            paths
+        };
         let mut expected = vec![
             PathBuf::from("/w/.husky"),
-            PathBuf::from("/w/scripts/test.sh"),
-            PathBuf::from("/w/tools/conv.py"),
-            PathBuf::from("/w/bin/clean"),
-            PathBuf::from("/w/tools/watch.sh"),
             PathBuf::from("/w/cfg/nb.toml"),
-            PathBuf::from("/w/smudge.py"),
             included,
         ];
         expected.sort();
-        assert_eq!(runs.paths, expected);
+        assert_eq!(sorted(&runs.paths), expected);
+        assert_eq!(
+            sorted(&runs.scripts),
+            [
+                "/w/bin/clean",
+                "/w/scripts/test.sh",
+                "/w/smudge.py",
+                "/w/tools/conv.py",
+                "/w/tools/watch.sh"
+            ]
+            .map(PathBuf::from)
+        );
         assert_eq!(runs.modules, [PathBuf::from("/w/nbstripout")]);
     }
 }

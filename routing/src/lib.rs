@@ -6,7 +6,8 @@
 //! host with [`gather`]; the Workspace Router compiles them into a
 //! [`Classifier`] and asks it about every path the sandbox touches. Both use
 //! the same classifier, so the tree the coordinator walks is the tree the
-//! router serves. Nothing here touches the sandbox; it trusts the rules it
+//! router serves. When the generation ends, [`watch`] shows what changed
+//! where git runs scripts from. Nothing here touches the sandbox; it trusts the rules it
 //! is given, and reads the host only as the invoking user, as data.
 //!
 //! [`WorkspaceRules`]: lazaret_proto::router::WorkspaceRules
@@ -20,3 +21,4 @@ pub mod command;
 pub mod fs;
 pub mod gather;
 pub mod gitconfig;
+pub mod watch;

@@ -500,9 +500,15 @@ fn what_the_repository_runs_is_read_only() {
     ] {
         assert!(read_only.contains(expected), "{expected} in {read_only:?}");
     }
-    // What commands take as data stays writable.
-    for data in ["not/this", "src", "tests", "auth", "clean.py"] {
+    // What commands take as data stays writable, and so do the worktree
+    // root and the directory of a file read as configuration.
+    for data in ["not/this", "src", "tests", "auth", "clean.py", "", "conf"] {
         assert!(!read_only.contains(data), "{data} in {read_only:?}");
+    }
+    // The directories scripts run from are read-only whole: what their
+    // interpreter imports from there too.
+    for dir in ["scripts", "tools"] {
+        assert!(read_only.contains(dir), "{dir} in {read_only:?}");
     }
     let prefixes: BTreeSet<(String, String)> = rules
         .read_only_prefixes
@@ -568,6 +574,97 @@ fn husky_scripts_and_a_hooks_path_set_by_an_include_are_read() {
     for expected in [".husky", ".husky/_", "scripts/check.sh", "mytool"] {
         assert!(read_only.contains(expected), "{expected} in {read_only:?}");
     }
+}
+
+#[test]
+fn what_scripts_run_and_source_is_read_only_and_their_directories_watched() {
+    let fixture = Fixture::new();
+    fixture.write(".git/hooks/pre-commit", "#!/bin/sh\nexec ./tools/lint.sh\n");
+    fixture.write(
+        "tools/lint.sh",
+        "#!/bin/sh\n. ./tools/helpers.sh\nsource lib/common.sh\n\
+         . \"$(git rev-parse --show-toplevel)/computed.sh\"\n",
+    );
+    fixture.write("lib/common.sh", "bin/deep.sh --all\n");
+    fixture.write("bin/deep.sh", "#!/usr/bin/env bash\npython3 py/run.py\n");
+    // A Python script is not read as shell: what it opens is data.
+    fixture.write("py/run.py", "open('data/y.json')\n");
+    fixture.git(
+        &fixture.repo,
+        &["config", "filter.x.clean", "python3 scripts/clean.py"],
+    );
+    fixture.git(&fixture.repo, &["config", "diff.x.textconv", "./conv.sh"]);
+    let dir = std::fs::File::open(&fixture.repo).unwrap();
+    let gathered = gather(dir.as_fd(), &fixture.repo, true, &fixture.user(), None).expect("gather");
+    let read_only = texts(&gathered.rules.read_only);
+    for expected in ["tools", "lib/common.sh", "bin", "py", "scripts", "conv.sh"] {
+        assert!(read_only.contains(expected), "{expected} in {read_only:?}");
+    }
+    for writable in ["lib", "", "data", "data/y.json", "computed.sh"] {
+        assert!(!read_only.contains(writable), "{writable} in {read_only:?}");
+    }
+    let watched = texts(&gathered.watched);
+    for expected in ["", "tools", "bin", "py", "scripts", ".git/hooks"] {
+        assert!(watched.contains(expected), "{expected} in {watched:?}");
+    }
+    assert!(!watched.contains("lib"), "{watched:?}");
+    // A file cannot be made in them; the root's other files stay the
+    // project's.
+    let classifier = Classifier::new(&gathered.rules);
+    let host = |_: &[u8]| HostFacts::default();
+    for (path, protection) in [
+        ("scripts/json.py", Protection::ReadOnly),
+        ("scripts/json/__init__.py", Protection::ReadOnly),
+        ("tools/new.sh", Protection::ReadOnly),
+        ("json.py", Protection::None),
+        ("lib/other.sh", Protection::None),
+    ] {
+        assert_eq!(read_only_at(&classifier, path, &host), protection, "{path}");
+    }
+}
+
+#[test]
+fn the_lock_file_of_a_read_only_file_is_read_only() {
+    let fixture = Fixture::new();
+    fixture.git(
+        &fixture.repo,
+        &["config", "core.fsmonitor", "lint --config=conf/x.toml"],
+    );
+    let rules = rules_of(&fixture, &fixture.repo);
+    let classifier = Classifier::new(&rules);
+    let host = |path: &[u8]| HostFacts {
+        exists: fixture
+            .repo
+            .join(std::str::from_utf8(path).unwrap())
+            .exists(),
+        dir_holds_head: false,
+    };
+    for (path, protection) in [
+        (".git/config.lock", Protection::ReadOnly),
+        (".git/config.worktree.lock", Protection::ReadOnly),
+        (".git/info/exclude.lock", Protection::ReadOnly),
+        (".git/modules/sub/config.lock", Protection::ReadOnly),
+        ("conf/x.toml.lock", Protection::ReadOnly),
+        // git inside takes these.
+        (".git/index.lock", Protection::None),
+        (".git/HEAD.lock", Protection::None),
+        (".git/refs/heads/main.lock", Protection::None),
+        ("conf/y.toml.lock", Protection::None),
+        (".lock", Protection::None),
+    ] {
+        assert_eq!(read_only_at(&classifier, path, &host), protection, "{path}");
+    }
+    // Beside a `HEAD` the host has, as `config` is there.
+    let state = classifier.root();
+    let head = HostFacts {
+        exists: false,
+        dir_holds_head: true,
+    };
+    assert_eq!(
+        classifier.protection(&state, b"", b"config.lock", false, head),
+        Protection::ReadOnly
+    );
+    assert!(lazaret_routing::classify::needs_head(b"config.lock"));
 }
 
 /// The rules `gather` takes for the workspace at `workspace`.

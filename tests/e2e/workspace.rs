@@ -2,9 +2,12 @@
 //! runsc: a git repository's ignored files stay out of the sandbox and what
 //! the sandbox makes of them stays out of the host; git's configuration and
 //! hooks cannot be written inside while git itself works; git metadata the
-//! sandbox plants never runs on the host; modes lose setuid, setgid and
-//! group/other write; subdirectory, worktree, submodule and separate git
-//! directory workspaces; a killed Workspace Router fails closed. Needs root (to create the test
+//! sandbox plants never runs on the host; nothing planted beside, or
+//! sourced by, a script the host's git runs runs with it, and `down` lists
+//! what changed where that cannot be stopped; a submodule cannot be moved;
+//! modes lose setuid, setgid and group/other write; subdirectory,
+//! worktree, submodule and separate git directory workspaces; a killed
+//! Workspace Router fails closed. Needs root (to create the test
 //! user and switch to it), runsc, git and a `/dev/fuse` the user can open;
 //! CI provides all of them.
 
@@ -70,6 +73,18 @@ pub fn trials() -> Vec<Trial> {
             Trial::test(
                 "workspace::a_worktree_and_a_submodule_work",
                 worktree_and_submodule,
+            ),
+            Trial::test(
+                "workspace::a_submodule_cannot_be_moved",
+                submodule_unmovable,
+            ),
+            Trial::test(
+                "workspace::what_host_scripts_load_cannot_be_planted",
+                script_directories,
+            ),
+            Trial::test(
+                "workspace::down_lists_what_changed_where_git_runs_scripts",
+                down_lists_changes,
             ),
             Trial::test("workspace::a_killed_router_fails_closed", killed_router),
             Trial::test(
@@ -281,6 +296,10 @@ fn git_works_inside() -> Result {
         "rm /workspace/.git/config",
         "echo 'touch /tmp/x' >> /workspace/.husky/pre-commit",
         "mv /workspace/.husky /workspace/husky-old",
+        // A lock file of a protected file would stop the host's `git config`.
+        ": > /workspace/.git/config.lock",
+        "mkdir /workspace/.git/config.lock",
+        ": > /workspace/.git/info/exclude.lock",
     ] {
         refused_inside(&host, &status, script);
     }
@@ -311,6 +330,8 @@ fn git_works_inside() -> Result {
     assert!(!ws.join(".git/rebase-merge").exists());
     sh(&host, &ws, "git fsck --strict");
     down(&host, &ws)?;
+    assert!(!ws.join(".git/config.lock").exists());
+    sh(&host, &ws, "git config lazaret.test yes");
     Ok(())
 }
 
@@ -586,6 +607,249 @@ fn worktree_and_submodule() -> Result {
         text(&out)
     );
     down(&host, &worktree)?;
+    Ok(())
+}
+
+/// A submodule's working directory, or a directory holding it, cannot be
+/// moved inside: its `.git` file and the superproject's index name it
+/// where it is.
+fn submodule_unmovable() -> Result {
+    let (_serial, host, ws) = repository_host();
+    let library = host.user_dir("library");
+    sh(
+        &host,
+        &library,
+        "git init -q -b main . && echo lib > lib.c && git add . && \
+         git -c user.name=h -c user.email=h@example.invalid commit -q -m lib",
+    );
+    sh(
+        &host,
+        &ws,
+        &format!(
+            "mkdir vendor && git -c protocol.file.allow=always submodule add -q {} vendor/lib && \
+             git -c user.name=h -c user.email=h@example.invalid commit -q -m sub",
+            library.display()
+        ),
+    );
+    let status = up(&host, &ws)?;
+    inside(&host, &status, "mkdir -p /workspace/deep/x")?;
+    let moved = done_inside(
+        &host,
+        &status,
+        &[
+            "mv /workspace/vendor/lib /workspace/deep/x/lib",
+            "mv /workspace/vendor /workspace/deep/x/vendor",
+            "mv /workspace/vendor /workspace/v2",
+        ],
+    );
+    // Ordinary directories still move.
+    inside(&host, &status, "mv /workspace/deep /workspace/deeper")?;
+    down(&host, &ws)?;
+    // The submodule works on the host where it was.
+    let lib = std::fs::read_to_string(ws.join("vendor/lib/lib.c"));
+    assert_eq!(
+        lib.ok().as_deref(),
+        Some("lib\n"),
+        "moved inside: {moved:?}"
+    );
+    sh(
+        &host,
+        &ws,
+        "git -C vendor/lib status --short && git submodule status",
+    );
+    // Nothing of it shows as changed (`deeper/x` is empty: git lists no
+    // empty directory).
+    assert_eq!(sh(&host, &ws, "git status --porcelain"), "");
+    assert!(ws.join("deeper/x").is_dir() && !ws.join("deep").exists());
+    assert!(moved.is_empty(), "moved inside: {moved:?}");
+    Ok(())
+}
+
+/// Runs each of `scripts` inside; returns those that succeeded.
+fn done_inside<'a>(host: &UserHost, status: &Value, scripts: &[&'a str]) -> Vec<&'a str> {
+    scripts
+        .iter()
+        .copied()
+        .filter(|script| host.exec(status, script).status.success())
+        .collect()
+}
+
+/// The code the plants of [`script_plants`] run: each makes its own marker.
+fn script_plants(host: &UserHost) -> [(&'static str, String); 3] {
+    let make = |name: &str| marker(host, name).display().to_string();
+    [
+        (
+            "json",
+            format!(
+                "printf 'open(\"{}\", \"w\").close()\\n' > scripts/json.py",
+                make("json")
+            ),
+        ),
+        (
+            "helpers",
+            format!("echo 'touch {}' >> tools/helpers.sh", make("helpers")),
+        ),
+        (
+            "common",
+            format!("echo 'touch {}' >> lib/common.sh", make("common")),
+        ),
+    ]
+}
+
+/// `git add` of a file the clean filter cleans and `git commit` with the
+/// hook, on the host, as the developer runs them; their output.
+fn host_add_and_commit(host: &UserHost, ws: &Path, name: &str) -> std::process::Output {
+    host.command(Path::new("/bin/sh"), ws)
+        .args([
+            "-c",
+            &format!(
+                "echo {name} > {name}.txt && git add {name}.txt && \
+                 git -c user.name=host -c user.email=host@example.invalid commit -q -m {name}"
+            ),
+        ])
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .output()
+        .expect("run sh")
+}
+
+/// What the host's git runs loads nothing the sandbox planted: a clean
+/// filter's `python3 scripts/clean.py` imports from `scripts/`, where no
+/// `json.py` can be made; a hook's `./tools/lint.sh` sources
+/// `./tools/helpers.sh` and `lib/common.sh`, which cannot be changed.
+fn script_directories() -> Result {
+    let (_serial, host, ws) = repository_host();
+    sh(
+        &host,
+        &ws,
+        "mkdir scripts tools lib && \
+         printf 'import sys\\nimport json\\nsys.stdout.write(sys.stdin.read())\\n' \
+           > scripts/clean.py && \
+         echo '*.txt filter=strip' > .gitattributes && \
+         printf '#!/bin/sh\\n. ./tools/helpers.sh\\n. lib/common.sh\\nexit 0\\n' > tools/lint.sh && \
+         chmod +x tools/lint.sh && echo true > tools/helpers.sh && echo true > lib/common.sh && \
+         printf '#!/bin/sh\\nexec ./tools/lint.sh\\n' > .git/hooks/pre-commit && \
+         chmod +x .git/hooks/pre-commit && \
+         git config filter.strip.clean 'python3 scripts/clean.py' && git add . && \
+         git -c user.name=host -c user.email=host@example.invalid commit -q -m scripts",
+    );
+    let plants = script_plants(&host);
+    let status = up(&host, &ws)?;
+    let planted: Vec<String> = plants
+        .iter()
+        .map(|(_, plant)| format!("cd /workspace && {plant}"))
+        .collect();
+    let mut attempts: Vec<&str> = planted.iter().map(String::as_str).collect();
+    attempts.extend([
+        "mkdir /workspace/scripts/json",
+        "echo x > /workspace/tools/new.sh",
+        "mv /workspace/tools /workspace/tools-old",
+        "mv /workspace/lib /workspace/lib-old",
+    ]);
+    let done = done_inside(&host, &status, &attempts);
+    // The rest of the project is the agent's to change.
+    inside(
+        &host,
+        &status,
+        "cd /workspace && echo more >> README && mkdir src && echo x > src/json.py",
+    )?;
+    down(&host, &ws)?;
+    let committed = host_add_and_commit(&host, &ws, "a");
+    let ran: Vec<&str> = plants
+        .iter()
+        .map(|(name, _)| *name)
+        .filter(|name| marker(&host, name).exists())
+        .collect();
+    assert!(
+        ran.is_empty(),
+        "planted code ran on the host: {ran:?} (done inside: {done:?})"
+    );
+    assert!(done.is_empty(), "done inside: {done:?}");
+    assert!(committed.status.success(), "{}", text(&committed));
+    for path in ["scripts/json.py", "scripts/json", "tools/new.sh"] {
+        assert!(!ws.join(path).exists(), "{path} reached the host");
+    }
+
+    // Control: the same plants made on the host do run.
+    for (_, plant) in &plants {
+        sh(&host, &ws, plant);
+    }
+    host_add_and_commit(&host, &ws, "b");
+    for (name, _) in &plants {
+        assert!(
+            marker(&host, name).exists(),
+            "the {name} plant must run when made on the host (control)"
+        );
+    }
+    Ok(())
+}
+
+/// `lazaret down` lists what changed since `up` under a directory that
+/// holds a script git runs, where it cannot be read-only: the worktree
+/// root of a `python3 clean.py` filter.
+fn down_lists_changes() -> Result {
+    let (_serial, host, ws) = repository_host();
+    sh(
+        &host,
+        &ws,
+        "printf 'import sys\\nsys.stdout.write(sys.stdin.read())\\n' > clean.py && \
+         echo '*.txt filter=strip' > .gitattributes && \
+         git config filter.strip.clean 'python3 clean.py' && git add . && \
+         git -c user.name=host -c user.email=host@example.invalid commit -q -m filter",
+    );
+    let status = up(&host, &ws)?;
+    inside(
+        &host,
+        &status,
+        "cd /workspace && echo 'import os' > json.py && echo more >> README && \
+         mkdir pkg && echo x > pkg/m.py && echo sandbox > .env",
+    )?;
+    let out = host.lazaret(&ws, &["down", "p", "--json"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let answer: Value = serde_json::from_str(stdout.lines().last().ok_or("no output")?)?;
+    assert_eq!(answer["event"], "stopped", "{answer}");
+    let mut changes: Vec<(String, String)> = answer["workspace_changes"]
+        .as_array()
+        .ok_or_else(|| format!("no workspace_changes: {answer}"))?
+        .iter()
+        .map(|c| {
+            (
+                c["path"].as_str().unwrap_or_default().to_owned(),
+                c["change"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect();
+    changes.sort();
+    let expected: Vec<(String, String)> = [
+        ("README", "changed"),
+        ("json.py", "added"),
+        ("pkg", "added"),
+        ("pkg/m.py", "added"),
+    ]
+    .iter()
+    .map(|(p, c)| (p.to_string(), c.to_string()))
+    .collect();
+    assert_eq!(changes, expected, "{answer}");
+
+    // In text, as a warning; nothing else changed this time.
+    let status = up(&host, &ws)?;
+    inside(&host, &status, "rm /workspace/json.py")?;
+    let out = host.lazaret(&ws, &["down", "p"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("warning:"), "{}", text(&out));
+    let listed: Vec<&str> = err.lines().filter(|l| l.starts_with("  ")).collect();
+    assert_eq!(listed.len(), 1, "{}", text(&out));
+    assert!(
+        listed[0].contains("removed") && listed[0].contains("json.py"),
+        "{}",
+        text(&out)
+    );
+    // A generation that changed nothing there says nothing.
+    up(&host, &ws)?;
+    let out = host.lazaret(&ws, &["down", "p"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(out.stderr.is_empty(), "{}", text(&out));
     Ok(())
 }
 

@@ -79,9 +79,16 @@ pub enum Command {
         #[arg(long)]
         accept_ignore_changes: bool,
     },
-    /// Stop the Domain of PROFILE; persistent state stays.
-    #[command(after_help = "Example:\n  lazaret down claude")]
-    Down(ProfileArg),
+    /// Stop the Domain of PROFILE; persistent state stays. Warns of files
+    /// that changed below directories holding scripts the host's git runs.
+    #[command(after_help = "Examples:\n  lazaret down claude\n  lazaret down claude --json")]
+    Down {
+        #[command(flatten)]
+        profile: ProfileArg,
+        /// Print the outcome as one JSON object on standard output.
+        #[arg(long)]
+        json: bool,
+    },
     /// Open a shell, or run COMMAND, inside the running sandbox.
     #[command(
         after_help = "Examples:\n  lazaret attach claude\n  lazaret attach claude -- make test"

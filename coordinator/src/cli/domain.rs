@@ -12,6 +12,7 @@ use lazaret_proto::control::{
     ControlRequest, ControlResponse, DomainStatus, FailureKind, IgnoreChanges,
     IgnoreChangesOutcome, StartupEvent, StartupReply,
 };
+use lazaret_proto::router::WorkspaceChanges;
 
 use super::progress::{Mode, Progress};
 use super::view::{SilentView, StatusList, StatusView, path_text, paths_text};
@@ -235,18 +236,30 @@ fn show_ignore_changes(changes: &IgnoreChanges, profile: &str, mode: Mode) -> Op
 /// not answer yet (starting) or any more (stopping), as `up` waits.
 const OWNER_WAIT: Duration = Duration::from_secs(120);
 
-/// `lazaret down PROFILE`.
-pub fn down(globals: &Globals, profile: &str) -> Result<(), Failure> {
+/// `lazaret down PROFILE [--json]`.
+pub fn down(globals: &Globals, profile: &str, json: bool) -> Result<(), Failure> {
     let (_, paths) = locate(globals, profile)?;
     let deadline = std::time::Instant::now() + OWNER_WAIT;
     loop {
         match client::request(&paths, ControlRequest::Down, client::DOWN_TIMEOUT) {
-            Ok(ControlResponse::Stopped { generation_id }) => {
+            Ok(ControlResponse::Stopped {
+                generation_id,
+                workspace_changes,
+            }) => {
                 client::wait_released(&paths, EXIT_WAIT)?;
-                return print(&format!(
+                if json {
+                    return print_json_line(&DownView::stopped(
+                        &paths,
+                        generation_id,
+                        &workspace_changes,
+                    ));
+                }
+                print(&format!(
                     "Domain {} stopped (generation {generation_id}); persistent state kept\n",
                     paths.domain_id
-                ));
+                ))?;
+                warn_of_changes(&workspace_changes);
+                return Ok(());
             }
             Ok(ControlResponse::Failed { message }) => return Err(failure(message)),
             Ok(other) => {
@@ -268,7 +281,20 @@ pub fn down(globals: &Globals, profile: &str) -> Result<(), Failure> {
             Err(RequestError::NotRunning) => {
                 let roots = super::state::roots(globals)?;
                 match super::state::recover(&roots, paths.domain_id)? {
-                    super::state::Recovered::Done => return Ok(()),
+                    super::state::Recovered::Done(recovered) => {
+                        return if json {
+                            print_json_line(&DownView::recovered(&paths, recovered))
+                        } else {
+                            print(&match recovered {
+                                Some(generation) => format!(
+                                    "Domain {} was not running; cleaned up stale generation \
+                                     {}\n",
+                                    paths.domain_id, generation.0
+                                ),
+                                None => format!("Domain {} is not running\n", paths.domain_id),
+                            })
+                        };
+                    }
                     super::state::Recovered::Busy if std::time::Instant::now() < deadline => {
                         std::thread::sleep(Duration::from_millis(100));
                     }
@@ -283,6 +309,116 @@ pub fn down(globals: &Globals, profile: &str) -> Result<(), Failure> {
                 }
             }
         }
+    }
+}
+
+/// The outcome of `down` as `--json` prints it.
+#[derive(serde::Serialize)]
+struct DownView {
+    /// `stopped`, `recovered` (a stale generation was cleaned up) or
+    /// `not_running`.
+    event: &'static str,
+    domain_id: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    generation_id: Option<u64>,
+    /// What changed below directories holding scripts the host's git runs.
+    workspace_changes: Vec<ChangeView>,
+    /// How many changes there were in all (more than listed when the list
+    /// was cut).
+    workspace_changes_total: u64,
+    /// Directories not compared: they hold more entries than Lazaret
+    /// compares.
+    workspace_unchecked: Vec<String>,
+}
+
+#[derive(serde::Serialize)]
+struct ChangeView {
+    path: String,
+    change: &'static str,
+}
+
+impl DownView {
+    fn stopped(
+        paths: &DomainPaths,
+        generation: lazaret_proto::ids::GenerationId,
+        changes: &WorkspaceChanges,
+    ) -> Self {
+        DownView {
+            event: "stopped",
+            domain_id: paths.domain_id.to_string(),
+            generation_id: Some(generation.0),
+            workspace_changes: changes
+                .changes
+                .iter()
+                .map(|c| ChangeView {
+                    path: String::from_utf8_lossy(c.path.as_bytes()).into_owned(),
+                    change: c.change.as_str(),
+                })
+                .collect(),
+            workspace_changes_total: changes.total,
+            workspace_unchecked: changes
+                .unchecked
+                .iter()
+                .map(|d| String::from_utf8_lossy(d.as_bytes()).into_owned())
+                .collect(),
+        }
+    }
+
+    fn recovered(
+        paths: &DomainPaths,
+        generation: Option<lazaret_proto::ids::GenerationId>,
+    ) -> Self {
+        DownView {
+            event: if generation.is_some() {
+                "recovered"
+            } else {
+                "not_running"
+            },
+            domain_id: paths.domain_id.to_string(),
+            generation_id: generation.map(|g| g.0),
+            workspace_changes: Vec::new(),
+            workspace_changes_total: 0,
+            workspace_unchecked: Vec::new(),
+        }
+    }
+}
+
+/// Tells the developer, on standard error, what changed below directories
+/// holding scripts the host's git runs; nothing when nothing did.
+fn warn_of_changes(changes: &WorkspaceChanges) {
+    let mut text = String::new();
+    if changes.total > 0 {
+        text.push_str(
+            "warning: these files changed since up below directories holding scripts your git \
+             runs (a hook, a filter, a diff or merge driver), which your next git command may \
+             run or load; review them first:\n",
+        );
+        for change in &changes.changes {
+            text.push_str(&format!(
+                "  {:<8} {}\n",
+                change.change.as_str(),
+                change.path
+            ));
+        }
+        let listed = changes.changes.len() as u64;
+        if changes.total > listed {
+            text.push_str(&format!("  and {} more\n", changes.total - listed));
+        }
+    }
+    for dir in &changes.unchecked {
+        let shown = if dir.as_bytes().is_empty() {
+            ".".to_owned()
+        } else {
+            dir.to_string()
+        };
+        text.push_str(&format!(
+            "warning: {shown} holds scripts your git runs but more than {} entries, more than \
+             Lazaret compares: review what changed there before your next git command\n",
+            lazaret_routing::watch::MAX_ENTRIES
+        ));
+    }
+    if !text.is_empty() {
+        eprint!("{}", super::printable(&text));
     }
 }
 

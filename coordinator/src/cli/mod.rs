@@ -130,7 +130,7 @@ fn dispatch(cli: Cli) -> Result<u8, Failure> {
             };
             domain::up(&globals, &profile.profile, mode, accept_ignore_changes)
         }
-        Command::Down(profile) => domain::down(&globals, &profile.profile),
+        Command::Down { profile, json } => domain::down(&globals, &profile.profile, json),
         Command::Attach { profile, command } => {
             let command = command
                 .into_iter()

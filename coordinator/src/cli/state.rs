@@ -10,7 +10,7 @@
 use std::io::{BufRead, IsTerminal, Write};
 
 use lazaret_proto::control::{ControlRequest, ControlResponse};
-use lazaret_proto::ids::DomainId;
+use lazaret_proto::ids::{DomainId, GenerationId};
 use serde::Serialize;
 
 use super::args::{DomainArg, ImageCommand, StateCommand};
@@ -470,8 +470,9 @@ pub(super) fn image(globals: &Globals, command: ImageCommand) -> Result<u8, Fail
 
 /// What `down`'s recovery did.
 pub(super) enum Recovered {
-    /// It said what it found, and finished a stale generation if any.
-    Done,
+    /// It finished the stale generation it names, or there was none: the
+    /// Domain was not running.
+    Done(Option<GenerationId>),
     /// Another process holds the Domain (a coordinator starting or
     /// stopping): ask again.
     Busy,
@@ -483,23 +484,14 @@ pub(super) fn recover(roots: &Roots, id: DomainId) -> Result<Recovered, Failure>
     let held = match roots.take(id).map_err(|e| failed(&e))? {
         Access::Held(held) => held,
         Access::Running(_) => return Ok(Recovered::Busy),
-        Access::Absent => {
-            print(&format!("Domain {id} is not running\n"))?;
-            return Ok(Recovered::Done);
-        }
+        Access::Absent => return Ok(Recovered::Done(None)),
     };
     // The catalog (whose opening cleans what crashed preparers left) only
     // when there is a generation to finish.
     if held.stale_generation().map_err(|e| failed(&e))?.is_none() {
-        print(&format!("Domain {id} is not running\n"))?;
-        return Ok(Recovered::Done);
+        return Ok(Recovered::Done(None));
     }
     let catalog = roots.catalog().map_err(|e| failed(&e))?;
-    if let Some(generation) = held.recover(&catalog).map_err(|e| failed(&e))? {
-        print(&format!(
-            "Domain {id} was not running; cleaned up stale generation {}\n",
-            generation.0
-        ))?;
-    }
-    Ok(Recovered::Done)
+    let generation = held.recover(&catalog).map_err(|e| failed(&e))?;
+    Ok(Recovered::Done(generation))
 }

@@ -650,6 +650,9 @@ pub(super) struct Live {
     pub(super) network: NetworkStatus,
     pub(super) router: HeldProcess,
     pub(super) workspace: WorkspaceStatus,
+    /// What the directories holding scripts git runs held at `up`, for
+    /// `down` to compare.
+    pub(super) workspace_watch: lazaret_routing::watch::Watch,
     uppers: super::usage::Uppers,
 }
 
@@ -947,6 +950,7 @@ fn bring_up(
         network,
         router: routed.router,
         workspace: routed.status,
+        workspace_watch: routed.watch,
         uppers: storage.uppers,
     })
 }

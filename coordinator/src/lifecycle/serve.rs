@@ -146,6 +146,18 @@ pub(super) fn serve(
         let _ = kill_and_wait(live.sandbox.pidfd.as_fd(), Duration::from_secs(5));
     }
     live.helper.stop();
+    // With the sandbox gone, what it changed where git runs scripts from
+    // is all there is to compare.
+    let workspace_changes = live
+        .workspace_watch
+        .changes(resolved.authorities().workspace.fd());
+    if workspace_changes.total > 0 || !workspace_changes.unchecked.is_empty() {
+        tracing::warn!(
+            changed = workspace_changes.total,
+            unchecked = workspace_changes.unchecked.len(),
+            "files changed below directories holding scripts git runs"
+        );
+    }
     let id = generation.generation_id;
     let result = release_generation(
         &owned.store,
@@ -157,7 +169,10 @@ pub(super) fn serve(
     let response = match &result {
         Ok(_) => {
             tracing::info!("generation {id} stopped");
-            ControlResponse::Stopped { generation_id: id }
+            ControlResponse::Stopped {
+                generation_id: id,
+                workspace_changes,
+            }
         }
         Err(e) => {
             tracing::error!("releasing generation {id}: {}", chain(e));

@@ -37,6 +37,7 @@ use lazaret_proto::store::ParticipantState;
 use lazaret_proto::supervisor::SupervisorReport;
 use lazaret_routing::gather::gather;
 use lazaret_routing::gitconfig::UserConfig;
+use lazaret_routing::watch::Watch;
 use sha2::{Digest, Sha256};
 
 use super::daemon::{Failure, IgnoreChangesMode, Reporter, at, failure};
@@ -66,6 +67,9 @@ pub(super) struct Rules {
     /// The repository the workspace is (or is in), and whether it ignores
     /// the whole workspace.
     repository: Option<(HostPath, bool)>,
+    /// What the directories holding scripts git runs held when the rules
+    /// were taken.
+    watch: Watch,
 }
 
 /// A routing ready to hand to the supervisor.
@@ -79,6 +83,7 @@ pub(super) struct Prepared {
     record: GitRoutingOwnership,
     summary: RoutingSummary,
     repository: Option<(HostPath, bool)>,
+    watch: Watch,
 }
 
 /// The routing of a running generation.
@@ -88,6 +93,9 @@ pub(super) struct Routed {
     /// What `status` shows; `router_running` is kept current by the
     /// daemon.
     pub(super) status: WorkspaceStatus,
+    /// What `down` compares the directories holding scripts git runs
+    /// against.
+    pub(super) watch: Watch,
 }
 
 /// Takes the rules from the host and seals them: before anything of the
@@ -173,6 +181,9 @@ pub(super) fn take_rules(
     })?;
     let memfd = lazaret_proto::memfd::sealed_bytes("lazaret-workspace-rules", &bytes)
         .map_err(|e| at(STEP)(&e))?;
+    // What the sandbox could change where git runs scripts from, as it
+    // is before the sandbox exists.
+    let watch = Watch::take(workspace.fd(), &gathered.rules, &gathered.watched);
     Ok(Rules {
         memfd,
         digest: Sha256Digest(Sha256::digest(&bytes).into()),
@@ -182,6 +193,7 @@ pub(super) fn take_rules(
         repository: gathered
             .repository
             .map(|r| (HostPath::from(&r), gathered.workspace_ignored)),
+        watch,
     })
 }
 
@@ -302,6 +314,7 @@ pub(super) fn prepare(
         record,
         summary: rules.summary,
         repository: rules.repository,
+        watch: rules.watch,
     })
 }
 
@@ -370,5 +383,13 @@ pub(super) fn routed(
         router: router.identity,
         router_running: true,
     };
-    Ok((Routed { router, status }, became))
+    let watch = prepared.watch;
+    Ok((
+        Routed {
+            router,
+            status,
+            watch,
+        },
+        became,
+    ))
 }
