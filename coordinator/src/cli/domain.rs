@@ -16,9 +16,6 @@ use crate::config::HostEnvironment;
 use crate::lifecycle::client::{self, ClientError, RequestError};
 use crate::lifecycle::{DomainPaths, chain};
 
-/// How long `down` waits for the coordinator to exit after stopping.
-const EXIT_WAIT: Duration = Duration::from_secs(30);
-
 impl From<ClientError> for Failure {
     fn from(error: ClientError) -> Self {
         failure(chain(&error))
@@ -168,9 +165,11 @@ pub fn down(globals: &Globals, profile: &str) -> Result<(), Failure> {
     let (_, paths) = locate(globals, profile)?;
     let deadline = std::time::Instant::now() + OWNER_WAIT;
     loop {
+        // Asking, stopping and exiting share one bound.
+        let bound = std::time::Instant::now() + client::DOWN_TIMEOUT;
         match client::request(&paths, ControlRequest::Down, client::DOWN_TIMEOUT) {
             Ok(ControlResponse::Stopped { generation_id }) => {
-                client::wait_released(&paths, EXIT_WAIT)?;
+                client::wait_released(&paths, bound, client::DOWN_TIMEOUT)?;
                 return print(&format!(
                     "Domain {} stopped (generation {generation_id}); persistent state kept\n",
                     paths.domain_id
