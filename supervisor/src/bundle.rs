@@ -23,7 +23,9 @@ use crate::mounts::Staged;
 /// The most processes (and threads) of one uid inside the sandbox, as
 /// gVisor counts them: a fork bomb inside stops here with `EAGAIN`. Root
 /// inside cannot raise it (no `CAP_SYS_RESOURCE`); processes it moves to
-/// other uids meet the host's bound, [`crate::DOMAIN_TASKS`].
+/// other uids meet the host's bound, [`crate::DOMAIN_TASKS`], which holds
+/// about seven uids at this bound on systrap (about 1,150 host tasks
+/// each).
 pub const SANDBOX_PROCESSES: u64 = 512;
 
 /// The size of the sandbox's own `/tmp`: a tmpfs in gVisor's memory, like
@@ -258,5 +260,14 @@ mod tests {
             .find(|m| m["destination"] == "/tmp")
             .unwrap();
         assert_eq!(tmp["type"], "bind", "{tmp}");
+    }
+
+    #[test]
+    fn the_process_bound_is_in_the_init_rlimits() {
+        let spec = spec(&staged(true, "/data"), "h", &[]);
+        let rlimits = spec["process"]["rlimits"].as_array().unwrap();
+        assert!(rlimits.contains(&json!({
+            "type": "RLIMIT_NPROC", "hard": SANDBOX_PROCESSES, "soft": SANDBOX_PROCESSES
+        })));
     }
 }
