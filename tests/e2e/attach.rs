@@ -75,6 +75,12 @@ pub fn trials() -> Vec<Trial> {
         ],
     );
     let systrap = lazaret_tests::domain::runsc_offers_systrap();
+    if std::env::var_os("CI").is_some() {
+        assert!(
+            systrap,
+            "CI must run the process bound tests with a runsc that offers systrap"
+        );
+    }
     trials.extend(gated(
         runnable() && systrap,
         [Trial::test(
