@@ -23,6 +23,7 @@ as_root apt-get install -y -q --no-install-recommends \
     ca-certificates gcc libc6-dev util-linux binutils procps \
     runsc busybox-static umoci skopeo slirp4netns
 bash packaging/device-access.sh
+bash packaging/install-runsc.sh
 
 packaging/build.sh
 lazaret="$(pwd)/target/release/lazaret"

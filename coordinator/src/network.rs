@@ -1,16 +1,18 @@
 //! The generation's network, from the Host Coordinator's side.
 //!
-//! Owns three things: the platform's denials, special-purpose IPv4 ranges
-//! and the host's own addresses that no profile reaches (read over netlink
-//! at `up`); deriving the [`DerivedNetworkPolicy`] once from the resolved
-//! configuration and those denials (and sealing it in a memfd for the
-//! sidecar); and
+//! Owns three things: the platform's denials, special-purpose IPv4 ranges,
+//! the host's own addresses and the host's neighbourhood (its on-link
+//! prefixes and default gateways) that no broad allow reaches (read over
+//! netlink at `up`); deriving the [`DerivedNetworkPolicy`] once from the
+//! resolved configuration and those denials (and sealing it in a memfd for
+//! the sidecar); and
 //! the connectivity helper, `slirp4netns`, which the
 //! coordinator starts on the host, attached to the Domain's enforcement
 //! namespace through descriptors the supervisor sent, and holds by pidfd
-//! until the generation ends. It trusts the resolved configuration and the
-//! namespace descriptors (the supervisor proved their identities); it
-//! trusts nothing slirp4netns prints beyond showing it to the user.
+//! until the generation ends. It trusts the resolved configuration, the
+//! kernel's answers about the host's own network and the namespace
+//! descriptors (the supervisor proved their identities); it trusts nothing
+//! slirp4netns prints beyond showing it to the user.
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
@@ -46,57 +48,190 @@ pub const SPECIAL_PURPOSE: [([u8; 4], u8); 7] = [
     ([255, 255, 255, 255], 32),
 ];
 
-/// The platform's denials for a host with `host_addresses`: the special
-/// ranges and each host address as a /32 (but loopback, which the special
-/// ranges leave to the namespace, and slirp4netns's resolver, whose own
-/// route must stay), sorted.
-pub fn platform_deny(host_addresses: &[Ipv4Addr]) -> Vec<IpPrefix> {
+/// The routing table of the kernel's local and broadcast routes.
+const TABLE_LOCAL: u32 = 255;
+
+/// The host's own network, as `up` reads it in the network namespace the
+/// coordinator runs in (the host's).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HostNetwork {
+    /// The host's own IPv4 addresses.
+    pub addresses: Vec<Ipv4Addr>,
+    /// The prefixes on the host's links: its addresses' subnets and its
+    /// routes without a gateway (where its neighbours are).
+    pub on_link: Vec<IpPrefix>,
+    /// The gateways of the host's default routes.
+    pub gateways: Vec<Ipv4Addr>,
+}
+
+impl HostNetwork {
+    /// Reads the host's addresses (an `RTM_GETADDR` dump) and routes (an
+    /// `RTM_GETROUTE` dump of every table but `local`) over rtnetlink, in
+    /// the network namespace this process runs in.
+    pub fn read() -> Result<Self, String> {
+        use futures_util::TryStreamExt;
+        let failed =
+            |what: &str, e: &dyn std::fmt::Display| format!("cannot read the host's {what}: {e}");
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_io()
+            .build()
+            .map_err(|e| failed("network", &e))?;
+        runtime.block_on(async {
+            let (connection, handle, _) =
+                rtnetlink::new_connection().map_err(|e| failed("network", &e))?;
+            tokio::spawn(connection);
+            let addresses: Vec<_> = handle
+                .address()
+                .get()
+                .execute()
+                .try_collect()
+                .await
+                .map_err(|e| failed("addresses", &e))?;
+            let routes: Vec<_> = handle
+                .route()
+                .get(rtnetlink::RouteMessageBuilder::<Ipv4Addr>::new().build())
+                .execute()
+                .try_collect()
+                .await
+                .map_err(|e| failed("routes", &e))?;
+            Ok(Self::of(&addresses, &routes))
+        })
+    }
+
+    /// The host network that these address and route messages describe.
+    fn of(
+        addresses: &[rtnetlink::packet_route::address::AddressMessage],
+        routes: &[rtnetlink::packet_route::route::RouteMessage],
+    ) -> Self {
+        use rtnetlink::packet_route::AddressFamily;
+        use rtnetlink::packet_route::address::AddressAttribute;
+        use rtnetlink::packet_route::route::{RouteAddress, RouteAttribute, RouteScope, RouteType};
+        let mut host = Self::default();
+        for message in addresses {
+            for attribute in &message.attributes {
+                if let AddressAttribute::Address(IpAddr::V4(a))
+                | AddressAttribute::Local(IpAddr::V4(a)) = attribute
+                {
+                    host.addresses.push(*a);
+                    host.on_link.extend(subnet(*a, message.header.prefix_len));
+                }
+            }
+        }
+        for route in routes {
+            if route.header.address_family != AddressFamily::Inet
+                || route.header.kind != RouteType::Unicast
+            {
+                continue;
+            }
+            let table = route
+                .attributes
+                .iter()
+                .find_map(|a| match a {
+                    RouteAttribute::Table(t) => Some(*t),
+                    _ => None,
+                })
+                .unwrap_or(u32::from(route.header.table));
+            if table == TABLE_LOCAL {
+                continue;
+            }
+            let len = route.header.destination_prefix_length;
+            let mut destination = Ipv4Addr::UNSPECIFIED;
+            let mut gateways = Vec::new();
+            for attribute in &route.attributes {
+                match attribute {
+                    RouteAttribute::Destination(RouteAddress::Inet(d)) => destination = *d,
+                    RouteAttribute::Gateway(RouteAddress::Inet(g)) => gateways.push(*g),
+                    RouteAttribute::MultiPath(hops) => {
+                        gateways.extend(hops.iter().flat_map(|hop| {
+                            hop.attributes.iter().filter_map(|a| match a {
+                                RouteAttribute::Gateway(RouteAddress::Inet(g)) => Some(*g),
+                                _ => None,
+                            })
+                        }));
+                    }
+                    _ => {}
+                }
+            }
+            if len == 0 {
+                host.gateways.extend(gateways);
+            } else if gateways.is_empty() && route.header.scope == RouteScope::Link {
+                host.on_link.extend(subnet(destination, len));
+            }
+        }
+        for list in [&mut host.addresses, &mut host.gateways] {
+            list.sort();
+            list.dedup();
+        }
+        host.on_link.sort();
+        host.on_link.dedup();
+        host
+    }
+
+    /// The host's neighbourhood as denials: each on-link prefix and each
+    /// default gateway as a /32, sorted; but loopback, what lies inside
+    /// slirp4netns's own network (those addresses are the helper's, on the
+    /// sandbox's side, and never lead to the host's neighbours), and what
+    /// `allowed` names exactly.
+    fn neighbourhood(&self, allowed: &[IpPrefix]) -> Vec<IpPrefix> {
+        let gateways = self.gateways.iter().map(|g| IpPrefix::host(IpAddr::V4(*g)));
+        let mut prefixes: Vec<IpPrefix> = self
+            .on_link
+            .iter()
+            .copied()
+            .chain(gateways)
+            .filter(|p| !within(p, LOOPBACK) && !within(p, SLIRP4NETNS_NETWORK))
+            .filter(|p| !allowed.contains(p))
+            .collect();
+        prefixes.sort();
+        prefixes.dedup();
+        prefixes
+    }
+}
+
+/// Loopback, 127.0.0.0/8.
+const LOOPBACK: ([u8; 4], u8) = ([127, 0, 0, 0], 8);
+/// slirp4netns's default network, 10.0.2.0/24, where the sandbox's
+/// gateway and resolver are.
+const SLIRP4NETNS_NETWORK: ([u8; 4], u8) = ([10, 0, 2, 0], 24);
+
+/// Whether `prefix` lies within the network `(octets, len)`.
+fn within(prefix: &IpPrefix, (octets, len): ([u8; 4], u8)) -> bool {
+    IpPrefix::ipv4(octets, len)
+        .is_some_and(|network| prefix.prefix_len >= len && network.contains(prefix.address))
+}
+
+/// The subnet of `address` with `prefix_len` bits, host bits cleared; none
+/// for a whole-address prefix (a /32 is the address itself).
+fn subnet(address: Ipv4Addr, prefix_len: u8) -> Option<IpPrefix> {
+    if prefix_len == 0 || prefix_len >= 32 {
+        return None;
+    }
+    let mask = u32::MAX << (32 - u32::from(prefix_len));
+    IpPrefix::ipv4((u32::from(address) & mask).to_be_bytes(), prefix_len)
+}
+
+/// The platform's denials for a host with the network `host`, under a
+/// profile that allows `allowed`: the special ranges, each host address as
+/// a /32 (but loopback, which the special ranges leave to the namespace,
+/// and slirp4netns's resolver, whose own route must stay), and the host's
+/// neighbourhood (each on-link prefix, each default gateway as a /32) but
+/// what an allowed prefix names exactly, sorted.
+pub fn platform_deny(host: &HostNetwork, allowed: &[IpPrefix]) -> Vec<IpPrefix> {
     let special = SPECIAL_PURPOSE
         .iter()
         .filter_map(|&(octets, len)| IpPrefix::ipv4(octets, len));
-    let hosts = host_addresses
+    let hosts = host
+        .addresses
         .iter()
         .filter(|a| !a.is_loopback() && **a != ConnectivityLink::SLIRP4NETNS_RESOLVER)
         .map(|a| IpPrefix::host(IpAddr::V4(*a)));
-    let mut prefixes: Vec<IpPrefix> = special.chain(hosts).collect();
+    let mut prefixes: Vec<IpPrefix> = special
+        .chain(hosts)
+        .chain(host.neighbourhood(allowed))
+        .collect();
     prefixes.sort();
     prefixes.dedup();
     prefixes
-}
-
-/// The host's own IPv4 addresses, from an `RTM_GETADDR` dump of the
-/// network namespace this process runs in.
-pub fn host_addresses() -> Result<Vec<Ipv4Addr>, String> {
-    use futures_util::TryStreamExt;
-    use rtnetlink::packet_route::address::AddressAttribute;
-    let failed = |e: &dyn std::fmt::Display| format!("cannot read the host's addresses: {e}");
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_io()
-        .build()
-        .map_err(|e| failed(&e))?;
-    runtime.block_on(async {
-        let (connection, handle, _) = rtnetlink::new_connection().map_err(|e| failed(&e))?;
-        tokio::spawn(connection);
-        let messages: Vec<_> = handle
-            .address()
-            .get()
-            .execute()
-            .try_collect()
-            .await
-            .map_err(|e| failed(&e))?;
-        let mut addresses: Vec<Ipv4Addr> = messages
-            .iter()
-            .flat_map(|m| &m.attributes)
-            .filter_map(|a| match a {
-                AddressAttribute::Address(IpAddr::V4(a))
-                | AddressAttribute::Local(IpAddr::V4(a)) => Some(*a),
-                _ => None,
-            })
-            .collect();
-        addresses.sort();
-        addresses.dedup();
-        Ok(addresses)
-    })
 }
 
 /// The network a generation gets: its policy, and which of its denials are
@@ -110,19 +245,25 @@ pub struct PlannedNetwork {
 }
 
 impl PlannedNetwork {
-    /// The policy `up` installs on a host with `host_addresses`: the
+    /// The policy `up` installs on a host with the network `host`: the
     /// configuration's, with the platform's denials.
-    pub fn new(
-        network: &EffectiveNetworkPolicy,
-        host_addresses: &[Ipv4Addr],
-    ) -> Result<Self, String> {
-        let platform_deny = platform_deny(host_addresses);
+    pub fn new(network: &EffectiveNetworkPolicy, host: &HostNetwork) -> Result<Self, String> {
+        let platform_deny = platform_deny(host, &allowed(network));
         let policy = derive_policy(network, &platform_deny)?;
         Ok(Self {
             policy,
             platform_deny,
         })
     }
+}
+
+/// The prefixes `network` allows, as policy prefixes.
+fn allowed(network: &EffectiveNetworkPolicy) -> Vec<IpPrefix> {
+    network.allow.iter().map(prefix).collect()
+}
+
+fn prefix(p: &lazaret_proto::config::Ipv4Prefix) -> IpPrefix {
+    IpPrefix::ipv4(p.network(), p.prefix_len()).expect("a configuration prefix is normalized")
 }
 
 /// The policy of a generation: the effective allow and deny prefixes (deny
@@ -135,9 +276,6 @@ pub fn derive_policy(
     network: &EffectiveNetworkPolicy,
     platform: &[IpPrefix],
 ) -> Result<DerivedNetworkPolicy, String> {
-    let prefix = |p: &lazaret_proto::config::Ipv4Prefix| {
-        IpPrefix::ipv4(p.network(), p.prefix_len()).expect("a configuration prefix is normalized")
-    };
     let policy = DerivedNetworkPolicy::ipv4_only(
         network
             .allow
@@ -365,6 +503,10 @@ mod tests {
             [203, 0, 113, 9],
         ]
         .map(Ipv4Addr::from);
+        let host = HostNetwork {
+            addresses: host.to_vec(),
+            ..HostNetwork::default()
+        };
         let planned = PlannedNetwork::new(
             &EffectiveNetworkPolicy {
                 allow: vec![
@@ -418,12 +560,233 @@ mod tests {
         );
     }
 
+    fn neighbourhood() -> HostNetwork {
+        HostNetwork {
+            addresses: vec![Ipv4Addr::new(192, 0, 2, 7), Ipv4Addr::LOCALHOST],
+            on_link: [
+                "192.0.2.0/24",
+                "198.18.0.0/24",
+                "127.0.0.0/8",
+                "10.0.2.0/24",
+            ]
+            .map(policy_prefix)
+            .to_vec(),
+            gateways: vec![Ipv4Addr::new(192, 0, 2, 1)],
+        }
+    }
+
+    fn policy_prefix(text: &str) -> IpPrefix {
+        let p = prefix(text);
+        IpPrefix::ipv4(p.network(), p.prefix_len()).unwrap()
+    }
+
+    fn allowing(allow: &[&str]) -> PlannedNetwork {
+        PlannedNetwork::new(
+            &EffectiveNetworkPolicy {
+                allow: allow.iter().map(|p| prefix(p)).collect(),
+                deny: RFC1918.to_vec(),
+            },
+            &neighbourhood(),
+        )
+        .unwrap()
+    }
+
     #[test]
-    fn the_host_addresses_are_read() {
-        let addresses = host_addresses().unwrap();
+    fn the_host_neighbourhood_is_denied_under_allow_all() {
+        let planned = allowing(&["0.0.0.0/0"]);
+        let at = |a: [u8; 4]| planned.policy.action_for(IpAddr::from(a));
+        for denied in [
+            // A neighbour, the gateway, the host itself.
+            [192, 0, 2, 50],
+            [192, 0, 2, 1],
+            [192, 0, 2, 7],
+            [198, 18, 0, 10],
+        ] {
+            assert_eq!(at(denied), PolicyAction::Deny, "{denied:?}");
+        }
+        assert_eq!(at([1, 1, 1, 1]), PolicyAction::Allow);
+        assert_eq!(at([198, 18, 1, 10]), PolicyAction::Allow);
+        // Loopback and slirp4netns's own network are never the host's
+        // neighbours: the resolver stays reachable.
+        assert_eq!(at([10, 0, 2, 3]), PolicyAction::Allow);
         assert!(
-            addresses.contains(&Ipv4Addr::LOCALHOST),
-            "loopback is among {addresses:?}"
+            planned
+                .platform_deny
+                .iter()
+                .all(|p| !within(p, LOOPBACK) && !within(p, SLIRP4NETNS_NETWORK)),
+            "{:?}",
+            planned.platform_deny
+        );
+        for listed in ["192.0.2.0/24", "198.18.0.0/24", "192.0.2.1/32"] {
+            assert!(
+                planned.platform_deny.contains(&policy_prefix(listed)),
+                "{listed} in {:?}",
+                planned.platform_deny
+            );
+        }
+    }
+
+    #[test]
+    fn an_allow_naming_a_neighbour_reaches_it_and_no_further() {
+        // Naming the subnet: its neighbours, not its gateway or the host.
+        let planned = allowing(&["0.0.0.0/0", "192.0.2.0/24"]);
+        let at = |a: [u8; 4]| planned.policy.action_for(IpAddr::from(a));
+        assert_eq!(at([192, 0, 2, 50]), PolicyAction::Allow);
+        assert_eq!(at([192, 0, 2, 1]), PolicyAction::Deny);
+        assert_eq!(at([192, 0, 2, 7]), PolicyAction::Deny);
+        assert_eq!(at([198, 18, 0, 10]), PolicyAction::Deny);
+        assert!(
+            !planned
+                .platform_deny
+                .contains(&policy_prefix("192.0.2.0/24"))
+        );
+        // Naming the gateway.
+        let planned = allowing(&["0.0.0.0/0", "192.0.2.1/32"]);
+        let at = |a: [u8; 4]| planned.policy.action_for(IpAddr::from(a));
+        assert_eq!(at([192, 0, 2, 1]), PolicyAction::Allow);
+        assert_eq!(at([192, 0, 2, 50]), PolicyAction::Deny);
+        // A longer prefix inside a neighbour subnet reaches into it.
+        let planned = allowing(&["198.18.0.0/25"]);
+        let at = |a: [u8; 4]| planned.policy.action_for(IpAddr::from(a));
+        assert_eq!(at([198, 18, 0, 10]), PolicyAction::Allow);
+        assert_eq!(at([198, 18, 0, 200]), PolicyAction::Deny);
+        // A broader allow does not name it.
+        let planned = allowing(&["198.18.0.0/16"]);
+        let at = |a: [u8; 4]| planned.policy.action_for(IpAddr::from(a));
+        assert_eq!(at([198, 18, 0, 10]), PolicyAction::Deny);
+        assert_eq!(at([198, 18, 5, 10]), PolicyAction::Allow);
+        // The host's own address stays denied even when named.
+        let planned = allowing(&["0.0.0.0/0", "192.0.2.7/32"]);
+        let at = |a: [u8; 4]| planned.policy.action_for(IpAddr::from(a));
+        assert_eq!(at([192, 0, 2, 7]), PolicyAction::Deny);
+    }
+
+    #[test]
+    fn the_neighbourhood_is_taken_from_addresses_and_routes() {
+        use rtnetlink::packet_route::AddressFamily as Family;
+        use rtnetlink::packet_route::address::{AddressAttribute, AddressMessage};
+        use rtnetlink::packet_route::route::{
+            RouteAddress, RouteAttribute, RouteMessage, RouteNextHop, RouteScope, RouteType,
+        };
+        let address = |a: [u8; 4], len: u8| {
+            let mut m = AddressMessage::default();
+            m.header.family = Family::Inet;
+            m.header.prefix_len = len;
+            m.attributes = vec![AddressAttribute::Address(IpAddr::from(a))];
+            m
+        };
+        let gateway = |g: [u8; 4]| RouteAttribute::Gateway(RouteAddress::Inet(Ipv4Addr::from(g)));
+        let route = |dst: [u8; 4], len: u8, kind, scope, table: u8, attributes: Vec<_>| {
+            let mut m = RouteMessage::default();
+            m.header.address_family = Family::Inet;
+            m.header.destination_prefix_length = len;
+            m.header.kind = kind;
+            m.header.scope = scope;
+            m.header.table = table;
+            m.attributes = attributes;
+            if len > 0 {
+                m.attributes
+                    .push(RouteAttribute::Destination(RouteAddress::Inet(dst.into())));
+            }
+            m
+        };
+        let mut hop = RouteNextHop::default();
+        hop.attributes = vec![gateway([198, 51, 100, 1])];
+        let (main, local) = (254, 255);
+        let host = HostNetwork::of(
+            &[
+                address([192, 0, 2, 7], 24),
+                address([127, 0, 0, 1], 8),
+                address([203, 0, 113, 5], 32),
+            ],
+            &[
+                route(
+                    [0; 4],
+                    0,
+                    RouteType::Unicast,
+                    RouteScope::Universe,
+                    main,
+                    vec![gateway([192, 0, 2, 1])],
+                ),
+                // A multipath default in another table.
+                route(
+                    [0; 4],
+                    0,
+                    RouteType::Unicast,
+                    RouteScope::Universe,
+                    100,
+                    vec![RouteAttribute::MultiPath(vec![hop])],
+                ),
+                // On the link without a gateway.
+                route(
+                    [198, 18, 0, 0],
+                    24,
+                    RouteType::Unicast,
+                    RouteScope::Link,
+                    main,
+                    vec![],
+                ),
+                // Through a gateway: not on the link.
+                route(
+                    [198, 18, 2, 0],
+                    24,
+                    RouteType::Unicast,
+                    RouteScope::Universe,
+                    main,
+                    vec![gateway([198, 18, 0, 10])],
+                ),
+                route(
+                    [198, 18, 9, 0],
+                    24,
+                    RouteType::Unreachable,
+                    RouteScope::Universe,
+                    main,
+                    vec![],
+                ),
+                route(
+                    [192, 0, 2, 255],
+                    32,
+                    RouteType::Broadcast,
+                    RouteScope::Link,
+                    local,
+                    vec![],
+                ),
+                route(
+                    [198, 18, 7, 0],
+                    24,
+                    RouteType::Unicast,
+                    RouteScope::Link,
+                    local,
+                    vec![],
+                ),
+            ],
+        );
+        assert_eq!(
+            host,
+            HostNetwork {
+                addresses: [[127, 0, 0, 1], [192, 0, 2, 7], [203, 0, 113, 5]]
+                    .map(Ipv4Addr::from)
+                    .to_vec(),
+                on_link: ["127.0.0.0/8", "192.0.2.0/24", "198.18.0.0/24"]
+                    .map(policy_prefix)
+                    .to_vec(),
+                gateways: [[192, 0, 2, 1], [198, 51, 100, 1]]
+                    .map(Ipv4Addr::from)
+                    .to_vec(),
+            }
+        );
+    }
+
+    #[test]
+    fn the_host_network_is_read() {
+        let host = HostNetwork::read().unwrap();
+        assert!(
+            host.addresses.contains(&Ipv4Addr::LOCALHOST),
+            "loopback is among {host:?}"
+        );
+        assert!(
+            host.on_link.contains(&policy_prefix("127.0.0.0/8")),
+            "loopback's subnet is among {host:?}"
         );
     }
 }

@@ -3,8 +3,9 @@
 //! Owns the runtime specification: which namespaces runsc creates (pid, ipc,
 //! uts, mount — never network: the sandbox uses the Domain network namespace
 //! it is started in), which capabilities sandbox processes get (never
-//! CAP_NET_ADMIN or CAP_NET_RAW), and the mounts that place the staged
-//! filesystem at its sandbox paths. The init's environment is `PATH` and the
+//! CAP_NET_ADMIN or CAP_NET_RAW), the bounds on processes and descriptors,
+//! and the mounts that place the staged filesystem at its sandbox paths
+//! (and a bounded tmpfs at `/tmp`). The init's environment is `PATH` and the
 //! profile's resolved variables, which reach the supervisor in a sealed
 //! memfd; the bundle holding them is on the Domain mount namespace's private
 //! tmpfs, in memory only. Trusts the staged paths it is given.
@@ -22,8 +23,16 @@ use crate::mounts::Staged;
 /// The most processes (and threads) of one uid inside the sandbox, as
 /// gVisor counts them: a fork bomb inside stops here with `EAGAIN`. Root
 /// inside cannot raise it (no `CAP_SYS_RESOURCE`); processes it moves to
-/// other uids meet the host's bound, [`crate::DOMAIN_TASKS`].
+/// other uids meet the host's bound, [`crate::DOMAIN_TASKS`], which holds
+/// about seven uids at this bound on systrap (about 1,150 host tasks
+/// each).
 pub const SANDBOX_PROCESSES: u64 = 512;
+
+/// The size of the sandbox's own `/tmp`: a tmpfs in gVisor's memory, like
+/// the root filesystem's upper ([`crate::mounts::ROOT_UPPER_SIZE`]) a
+/// bound on what the sandbox may keep in memory there until `down`;
+/// writing more fails inside with `ENOSPC`.
+pub const TMP_SIZE: &str = "1g";
 
 /// The `PATH` of sandbox processes: the usual directories, then the
 /// control area's programs (`lazaret-escalate`), last so that nothing of
@@ -124,6 +133,14 @@ pub fn spec(staged: &Staged, hostname: &str, environment: &[String]) -> Value {
         json!({"destination": "/sys", "type": "sysfs", "source": "sysfs",
                "options": ["nosuid", "noexec", "nodev", "ro"]}),
     ];
+    // runsc would otherwise mount a tmpfs of no bound at an empty `/tmp`;
+    // before every other mount, so one beneath `/tmp` lands on it.
+    if staged.private_tmp {
+        mounts.push(
+            json!({"destination": "/tmp", "type": "tmpfs", "source": "tmpfs",
+            "options": ["nosuid", "nodev", "mode=1777", format!("size={TMP_SIZE}")]}),
+        );
+    }
     for (sandbox_path, source) in &staged.anchors {
         mounts.push(bind(sandbox_path, source, false));
     }
@@ -175,4 +192,82 @@ pub fn write(staged: &Staged, hostname: &str, environment: &[String]) -> Result<
     let text = serde_json::to_vec_pretty(&spec(staged, hostname, environment))
         .map_err(|e| format!("cannot encode the runtime specification: {e}"))?;
     write("config.json", &text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::PathBuf;
+
+    fn staged(private_tmp: bool, volume: &str) -> Staged {
+        let at = |p: &str| PathBuf::from(format!("/staging/{p}"));
+        Staged {
+            rootfs: at("root"),
+            anchors: vec![("/root".into(), at("anchor/0"))],
+            workspace: at("workspace"),
+            volumes: vec![(volume.into(), at("volume/0"), VolumeAccess::ReadWrite)],
+            control: at("control"),
+            mailbox: at("mailbox"),
+            bundle: at("bundle"),
+            runsc_root: at("runsc"),
+            private_tmp,
+        }
+    }
+
+    fn destinations(spec: &Value) -> Vec<String> {
+        spec["mounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["destination"].as_str().unwrap().to_owned())
+            .collect()
+    }
+
+    #[test]
+    fn tmp_is_a_bounded_tmpfs_under_every_other_mount() {
+        let spec = spec(&staged(true, "/tmp/cache"), "h", &[]);
+        let mounts = spec["mounts"].as_array().unwrap();
+        let tmp = mounts.iter().find(|m| m["destination"] == "/tmp").unwrap();
+        assert_eq!(tmp["type"], "tmpfs");
+        assert!(
+            tmp["options"]
+                .as_array()
+                .unwrap()
+                .contains(&json!(format!("size={TMP_SIZE}"))),
+            "{tmp}"
+        );
+        let order = destinations(&spec);
+        let at = |d: &str| order.iter().position(|o| o == d).unwrap();
+        assert!(
+            at("/tmp") < at("/tmp/cache") && at("/tmp") < at("/root"),
+            "{order:?}"
+        );
+    }
+
+    #[test]
+    fn tmp_is_left_to_what_is_mounted_there() {
+        let spec = spec(&staged(false, "/tmp"), "h", &[]);
+        let order = destinations(&spec);
+        assert_eq!(
+            order.iter().filter(|d| *d == "/tmp").count(),
+            1,
+            "{order:?}"
+        );
+        let tmp = spec["mounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["destination"] == "/tmp")
+            .unwrap();
+        assert_eq!(tmp["type"], "bind", "{tmp}");
+    }
+
+    #[test]
+    fn the_process_bound_is_in_the_init_rlimits() {
+        let spec = spec(&staged(true, "/data"), "h", &[]);
+        let rlimits = spec["process"]["rlimits"].as_array().unwrap();
+        assert!(rlimits.contains(&json!({
+            "type": "RLIMIT_NPROC", "hard": SANDBOX_PROCESSES, "soft": SANDBOX_PROCESSES
+        })));
+    }
 }

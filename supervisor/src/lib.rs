@@ -157,10 +157,12 @@ fn enter_namespaces() -> ExitCode {
 }
 
 /// The most host tasks (processes and threads) the Domain may have: the
-/// kernel counts them per user namespace, so the sandbox (about eight host
-/// tasks per process inside), the router and the supervisor share this
-/// bound, and a sandbox that reaches it fails to fork instead of taking
-/// every pid of the host. Not enforced when the invoking user is root.
+/// kernel counts them per user namespace, so the sandbox, the router and
+/// the supervisor share this bound, and a sandbox that reaches it cannot
+/// take every pid of the host (a quarter of the usual `pid_max`). On
+/// systrap a process inside costs about two host tasks, so a uid's
+/// 512 processes (the sandbox's bound per uid) fit seven times over
+/// (see `runsc::Platform`). Not enforced when the invoking user is root.
 pub const DOMAIN_TASKS: u64 = 8192;
 
 /// Sets `RLIMIT_NPROC` to [`DOMAIN_TASKS`] (or the lower hard limit this
@@ -250,6 +252,7 @@ fn fd_at(fds: &[OwnedFd], index: FdIndex) -> Result<BorrowedFd<'_>, SupervisorEr
 /// What serving a running sandbox needs.
 struct Running {
     runsc: PathBuf,
+    platform: runsc::Platform,
     runsc_root: PathBuf,
     container_id: String,
     /// The enforcement network namespace, for the sidecar's read-backs.
@@ -261,6 +264,7 @@ impl Running {
     fn runsc(&self) -> runsc::Runsc<'_> {
         runsc::Runsc {
             runsc: &self.runsc,
+            platform: self.platform,
             root: &self.runsc_root,
             container_id: &self.container_id,
         }
@@ -516,8 +520,20 @@ fn run_sandbox(
         runsc,
         container_id,
     } = prepared;
+    let platform = runsc::Platform::of(&runsc);
+    if platform == runsc::Platform::Ptrace {
+        tracing::warn!(
+            "{} offers no systrap platform: the sandbox runs on ptrace, whose host threads \
+             grow with every process started inside and are never given back, so a sandbox \
+             that starts many processes over its life can reach the Domain's bound of {} \
+             host tasks and end; install runsc 2023 or later (Debian: bookworm-backports)",
+            runsc.display(),
+            DOMAIN_TASKS
+        );
+    }
     let running = Running {
         runsc,
+        platform,
         runsc_root: staged.runsc_root.clone(),
         container_id,
         network: Arc::clone(network),
@@ -528,7 +544,11 @@ fn run_sandbox(
         .run_detached(&staged.bundle)
         .map_err(|e| failed(SupervisorStep::Runtime, chain(&e)))?;
     let elapsed_ms = u64::try_from(began.elapsed().as_millis()).unwrap_or(u64::MAX);
-    tracing::info!(elapsed_ms, "runsc run -detach returned");
+    tracing::info!(
+        elapsed_ms,
+        platform = running.platform.name(),
+        "runsc run -detach returned"
+    );
 
     let (sandbox, gofer) = runsc_processes().map_err(|e| failed(SupervisorStep::Identities, e))?;
     let mailbox = rustix::fs::open(
@@ -665,14 +685,16 @@ fn serve(channel: Arc<Channel>, running: &Running, reaper: Arc<exec::Reaper>) ->
                 // holds up its `runsc kill` (within the bound), not the
                 // other sessions' requests.
                 let reaper = Arc::clone(&reaper);
-                let (runsc, root, container_id) = (
+                let (runsc, platform, root, container_id) = (
                     running.runsc.clone(),
+                    running.platform,
                     running.runsc_root.clone(),
                     running.container_id.clone(),
                 );
                 std::thread::spawn(move || {
                     let runtime = runsc::Runsc {
                         runsc: &runsc,
+                        platform,
                         root: &root,
                         container_id: &container_id,
                     };

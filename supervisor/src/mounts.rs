@@ -215,6 +215,12 @@ pub struct Staged {
     pub bundle: PathBuf,
     /// The runsc state directory.
     pub runsc_root: PathBuf,
+    /// Whether `/tmp` gets a bounded tmpfs of its own
+    /// ([`crate::bundle::TMP_SIZE`]): no persistent dir or volume is
+    /// mounted there and the image's `/tmp` is empty or missing. Otherwise
+    /// `/tmp` is what is mounted there or part of the root filesystem, and
+    /// bounded as that is.
+    pub private_tmp: bool,
 }
 
 /// The descriptors the filesystem is built from.
@@ -287,6 +293,35 @@ fn image_dir(rootfs: BorrowedFd<'_>, sandbox_path: &str) -> Result<Option<OwnedF
             source: e.into(),
         }),
     }
+}
+
+/// Whether the image's `/tmp` is empty or missing, as the sandbox would
+/// resolve it: only then does a tmpfs there hide nothing of the image.
+fn image_tmp_is_empty(rootfs: BorrowedFd<'_>) -> Result<bool, MountError> {
+    let failed = |e: rustix::io::Errno| MountError::Mount {
+        what: "image directory /tmp".into(),
+        target: "/tmp".into(),
+        source: e.into(),
+    };
+    let dir = match rustix::fs::openat2(
+        rootfs,
+        "tmp",
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+        ResolveFlags::IN_ROOT | ResolveFlags::NO_MAGICLINKS | ResolveFlags::NO_XDEV,
+    ) {
+        Ok(dir) => dir,
+        Err(rustix::io::Errno::NOENT) => return Ok(true),
+        Err(rustix::io::Errno::NOTDIR) => return Ok(false),
+        Err(e) => return Err(failed(e)),
+    };
+    for entry in rustix::fs::Dir::read_from(&dir).map_err(failed)? {
+        let entry = entry.map_err(failed)?;
+        if ![&b"."[..], b".."].contains(&entry.file_name().to_bytes()) {
+            return Ok(false);
+        }
+    }
+    Ok(true)
 }
 
 /// Makes every mount of the Domain mount namespace private, so nothing
@@ -539,7 +574,11 @@ pub fn stage(
     })?;
     read_only(&control, "the control area")?;
 
+    let tmp_taken = anchors.iter().any(|(path, _)| path == "/tmp")
+        || volumes.iter().any(|(path, _, _)| path == "/tmp");
+    let private_tmp = !tmp_taken && image_tmp_is_empty(sources.rootfs)?;
     Ok(Staged {
+        private_tmp,
         rootfs,
         anchors,
         workspace,

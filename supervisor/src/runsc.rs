@@ -2,10 +2,11 @@
 //!
 //! Owns the command lines: `--rootless --ignore-cgroups --network=host`
 //! (the sandbox's sockets live in the Domain network namespace runsc is
-//! started in) and a per-generation `--root` state directory. `runsc create`
-//! is refused in rootless mode, so the sandbox starts with `run -detach`,
-//! with a dentry cache sized to the descriptor limit ([`dentry_cache`]).
-//! Trusts the runsc executable the Host Coordinator named.
+//! started in), the gVisor platform ([`Platform`]) and a per-generation
+//! `--root` state directory. `runsc create` is refused in rootless mode, so
+//! the sandbox starts with `run -detach`, with a dentry cache sized to the
+//! descriptor limit ([`dentry_cache`]). Trusts the runsc executable the
+//! Host Coordinator named, and what it prints of its own flags.
 
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
@@ -55,11 +56,70 @@ pub enum RunscError {
     },
 }
 
+/// The gVisor platform, how the sandbox's processes run on the host.
+///
+/// Systrap (runsc 2023 and later) when runsc offers it: each process
+/// inside costs the host about two tasks, a stub process and at most a
+/// few threads, held in a pool that stops growing once as many processes
+/// run as ever ran at once (eight waves of 502 processes left 1,152 host
+/// tasks, the same after the second wave as after the eighth). Ptrace is
+/// what older runsc has (KVM hangs in a nested VM): its stub processes
+/// gain a thread for every sentry thread that ever ran one of their
+/// processes and never give it back, so the host tasks grow with every
+/// wave of processes (5,125, then 7,569, and the third wave of 510 ended
+/// the sandbox when the sentry could not start a thread), whatever the
+/// sandbox's process bound.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Platform {
+    /// `--platform=systrap`.
+    Systrap,
+    /// `--platform=ptrace`.
+    Ptrace,
+}
+
+impl Platform {
+    /// The platform `runsc` should run on: systrap when its flags
+    /// (`runsc flags`, which prints them on standard error) name it, else
+    /// ptrace.
+    pub fn of(runsc: &Path) -> Self {
+        let flags = Command::new(runsc)
+            .arg("flags")
+            .env_clear()
+            .stdin(Stdio::null())
+            .output();
+        match flags {
+            Ok(out) if Self::offered(&String::from_utf8_lossy(&out.stderr)) => Self::Systrap,
+            _ => Self::Ptrace,
+        }
+    }
+
+    /// Whether `runsc flags` printed a `-platform` flag that offers systrap.
+    fn offered(flags: &str) -> bool {
+        let mut lines = flags.lines();
+        while let Some(line) = lines.next() {
+            if line.trim_start().starts_with("-platform ") {
+                return lines.next().is_some_and(|help| help.contains("systrap"));
+            }
+        }
+        false
+    }
+
+    /// Its name, as `--platform` takes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Systrap => "systrap",
+            Self::Ptrace => "ptrace",
+        }
+    }
+}
+
 /// One container's runsc invocations.
 #[derive(Debug)]
 pub struct Runsc<'a> {
     /// The runsc executable.
     pub runsc: &'a Path,
+    /// The platform the sandbox runs on.
+    pub platform: Platform,
     /// The `--root` state directory.
     pub root: &'a Path,
     /// The container ID.
@@ -76,7 +136,9 @@ impl Runsc<'_> {
     {
         let mut command = Command::new(self.runsc);
         command
-            .args(["--rootless", "--ignore-cgroups", "--network=host", "--root"])
+            .args(["--rootless", "--ignore-cgroups", "--network=host"])
+            .arg(format!("--platform={}", self.platform.name()))
+            .arg("--root")
             .arg(self.root)
             .args(args)
             .env_clear()
@@ -160,6 +222,19 @@ const MAX_DENTRIES: u64 = 32_768;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn systrap_is_taken_only_where_runsc_offers_it() {
+        let newer = "  -platform string\n    \tspecifies which platform to use: systrap \
+                     (default), ptrace, kvm. (default \"systrap\")\n  -platform_device_path \
+                     string\n";
+        let older = "  -platform string\n    \tspecifies which platform to use: ptrace \
+                     (default), kvm. (default \"ptrace\")\n  -platform_device_path string\n    \
+                     \tpath to a platform-specific device file (systrap has none)\n";
+        assert!(Platform::offered(newer));
+        assert!(!Platform::offered(older));
+        assert!(!Platform::offered(""));
+    }
 
     #[test]
     fn the_dentry_cache_is_a_third_of_the_descriptor_limit_within_bounds() {

@@ -33,7 +33,7 @@ const COMMAND_TIMEOUT: Duration = Duration::from_secs(60);
 const WAIT: Duration = Duration::from_secs(10);
 
 pub fn trials() -> Vec<Trial> {
-    gated(
+    let mut trials = gated(
         runnable(),
         [
             Trial::test("attach::commands_run_through_pipes", commands_through_pipes),
@@ -81,7 +81,22 @@ pub fn trials() -> Vec<Trial> {
                 refusals,
             ),
         ],
-    )
+    );
+    let systrap = lazaret_tests::domain::runsc_offers_systrap();
+    if std::env::var_os("CI").is_some() {
+        assert!(
+            systrap,
+            "CI must run the process bound tests with a runsc that offers systrap"
+        );
+    }
+    trials.extend(gated(
+        runnable() && systrap,
+        [Trial::test(
+            "attach::waves_of_processes_stop_inside_and_the_sandbox_lives",
+            process_waves,
+        )],
+    ));
+    trials
 }
 
 /// A started command whose output is collected as it arrives; killed (and
@@ -962,6 +977,100 @@ fn fork_bomb_bounded() -> Result {
     let after = run(attach(&host, &ws, &["echo", "still-here"]), None)?;
     assert_eq!(stdout(&after), "still-here\n", "{}", text(&after));
     down(&host, &ws)?;
+    Ok(())
+}
+
+/// The host tasks (processes and threads) of `uid`, as the kernel counts
+/// them against `RLIMIT_NPROC`: zombies included.
+fn host_tasks(uid: u32) -> usize {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .bytes()
+                .all(|b| b.is_ascii_digit())
+        })
+        .filter(|e| e.metadata().is_ok_and(|m| m.uid() == uid))
+        .map(|e| std::fs::read_dir(e.path().join("task")).map_or(0, Iterator::count))
+        .sum()
+}
+
+/// One wave: `count` background `sleep`s held for 2 s, then killed. The
+/// shell says `started N` at the end, or `can't fork` when a fork fails
+/// (and exits; the session's end takes its processes).
+fn wave(count: u32) -> String {
+    format!(
+        "pids=''; i=0; \
+         while [ $i -lt {count} ]; do sleep 600 & pids=\"$pids $!\"; i=$((i+1)); done; \
+         sleep 2; kill $pids; wait; echo \"started $i\""
+    )
+}
+
+/// Waves of processes inside up to the sandbox's process bound, again and
+/// again, as an agent's builds or a hostile one may start them, then waves
+/// past it: each wave within the bound starts whole, each past it fails
+/// to fork inside, the host's tasks for the Domain stay below half the
+/// Domain's own bound, and the sandbox and a session attached before the
+/// first wave live on. Needs runsc's systrap platform (on ptrace the host
+/// tasks grow with every wave until the sandbox ends).
+fn process_waves() -> Result {
+    let (_serial, host) = default_host();
+    let ws = host.workspace.clone();
+    let status = up(&host, &ws)?;
+    let uid = host.uid();
+    let supervisor = status["supervisor"]["pid"]
+        .as_u64()
+        .ok_or("no supervisor pid")?;
+    let limits = std::fs::read_to_string(format!("/proc/{supervisor}/limits"))?;
+    let outer: usize = limits
+        .lines()
+        .find(|l| l.starts_with("Max processes"))
+        .and_then(|l| l.split_whitespace().nth(2))
+        .and_then(|n| n.parse().ok())
+        .ok_or(format!("no process limit in {limits}"))?;
+    let inner = run(attach(&host, &ws, &["sh", "-c", "ulimit -u"]), None)?;
+    let inner: u32 = stdout(&inner).trim().parse()?;
+    let mut kept = Running::start(attach(&host, &ws, &["sleep", "600"]), None)?;
+    wait_until(WAIT, "status to list the kept session", || {
+        (!sessions(&host, &ws).is_empty()).then_some(())
+    })?;
+    let mut peak = host_tasks(uid);
+    // `lazaret-init`, the session leaders and the wave's shell take a few
+    // of the bound.
+    let within = inner - 10;
+    let waves = (0..5).map(|_| within).chain((0..3).map(|_| inner * 2));
+    for (n, size) in waves.enumerate() {
+        let out = Running::start(attach(&host, &ws, &["sh", "-c", &wave(size)]), None)?
+            .finish(Duration::from_secs(120))?;
+        let tasks = host_tasks(uid);
+        peak = peak.max(tasks);
+        eprintln!("wave {} of {size}: {tasks} host tasks", n + 1);
+        let said = stdout(&out);
+        if size == within {
+            assert_eq!(said, format!("started {within}\n"), "{}", text(&out));
+        } else {
+            assert!(
+                said.contains("can't fork"),
+                "wave {} past the bound of {inner} fails to fork inside: {}",
+                n + 1,
+                text(&out)
+            );
+        }
+    }
+    assert!(
+        peak < outer / 2,
+        "the Domain held {peak} host tasks at most, against its bound of {outer}"
+    );
+    let after = run(attach(&host, &ws, &["echo", "still-here"]), None)?;
+    assert_eq!(stdout(&after), "still-here\n", "{}", text(&after));
+    assert_eq!(sessions(&host, &ws).len(), 1, "the kept session lives");
+    kept.kill()?;
+    down(&host, &ws)?;
+    assert_nothing_left(&host);
     Ok(())
 }
 

@@ -72,6 +72,10 @@ pub fn trials() -> Vec<Trial> {
                 "domain::up_shows_progress_as_bars_lines_json_or_nothing",
                 up_progress,
             ),
+            Trial::test(
+                "domain::tmp_is_bounded_and_full_inside_not_on_the_host",
+                tmp_is_bounded,
+            ),
         ],
     )
 }
@@ -935,5 +939,72 @@ fn up_progress() -> Result {
         drop(tmux);
         down(&host, &ws)?;
     }
+    Ok(())
+}
+
+/// The memory the runsc sandbox process holds in memory files (gVisor's
+/// memory for everything inside, its tmpfs pages included): the allocated
+/// bytes of each memfd it has open, counted once.
+fn sandbox_memory(pid: u64) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let mut seen = std::collections::BTreeSet::new();
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| {
+            std::fs::read_link(e.path()).is_ok_and(|l| l.to_string_lossy().starts_with("/memfd:"))
+        })
+        .filter_map(|e| std::fs::metadata(e.path()).ok())
+        .filter(|m| seen.insert(m.ino()))
+        .map(|m| m.blocks() * 512)
+        .sum()
+}
+
+/// `/tmp` inside is a tmpfs of 1 GiB: writing 1.3 GB there fails with
+/// ENOSPC inside, and the sandbox's memory grows by no more than the
+/// bound; removing the file makes room again.
+fn tmp_is_bounded() -> Result {
+    const GIB: u64 = 1 << 30;
+    let (_serial, host) = default_host();
+    let ws = host.workspace.clone();
+    let status = up(&host, &ws)?;
+    let sandbox = status["sandbox"]["pid"].as_u64().ok_or("no sandbox pid")?;
+    let before = sandbox_memory(sandbox);
+    let out = host.exec(
+        &status,
+        "df -k /tmp | tail -1; dd if=/dev/zero of=/tmp/fill bs=1M count=1300 2>&1; \
+         ls -l /tmp/fill",
+    );
+    let said = String::from_utf8_lossy(&out.stdout).into_owned();
+    let grew = sandbox_memory(sandbox).saturating_sub(before);
+    eprintln!("/tmp: {said}; the sandbox's memory grew by {grew} bytes");
+    assert!(
+        said.contains("No space left on device"),
+        "writing past the bound fails inside: {}",
+        text(&out)
+    );
+    let size_kib: u64 = said
+        .lines()
+        .next()
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|n| n.parse().ok())
+        .ok_or(format!("no size in `df`: {said}"))?;
+    assert_eq!(size_kib, GIB / 1024, "df shows the bound: {said}");
+    assert!(
+        grew < GIB + GIB / 10,
+        "the sandbox's memory grew by {grew} bytes for a 1 GiB /tmp"
+    );
+    let out = host.exec(
+        &status,
+        "rm /tmp/fill && echo room > /tmp/again && cat /tmp/again",
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "room\n",
+        "{}",
+        text(&out)
+    );
+    down(&host, &ws)?;
     Ok(())
 }

@@ -1,7 +1,7 @@
 //! Nothing hangs and nothing lies, end to end, as the unprivileged test
 //! user with real runsc: `down` with sessions whose input is never read,
-//! `up` with its coordinator killed at each start-up step, `status` with a
-//! stopped coordinator, the truth after the runsc sandbox is killed, a
+//! `up` with its coordinator killed at each start-up step, `status` and
+//! `down` with a stopped coordinator, the truth after the runsc sandbox is killed, a
 //! Network Sidecar killed while it attests, and a supervisor stopped before
 //! its plan. Every wait is bounded, and every bound is far below the hangs
 //! these tests stand against.
@@ -264,7 +264,23 @@ fn stopped_coordinator() -> Result {
     let took = started.elapsed();
     let output = status.wait_with_output()?;
     let asked_alone = host.lazaret(&ws, &["status", "p"]);
+    // `down` gives up on it within its 30 s, asking and all.
+    let mut stopping = host
+        .command(&bin("lazaret"), &ws)
+        .args(["down", "p"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let down_exited = exited_within(&mut stopping, Duration::from_secs(40));
+    let down_output = stopping.wait_with_output()?;
     signal(coordinator, "CONT")?;
+    let down_exited = down_exited.ok_or("down hung on a stopped coordinator for 40 s")?;
+    assert!(!down_exited.success(), "{}", text(&down_output));
+    assert!(
+        String::from_utf8_lossy(&down_output.stderr).contains("did not answer within 30 s"),
+        "{}",
+        text(&down_output)
+    );
 
     let exited = exited.ok_or("status hung on a stopped coordinator")?;
     let listed: Value = serde_json::from_slice(&output.stdout)

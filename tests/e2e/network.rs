@@ -4,8 +4,9 @@
 //! answers, and a denied host, an unlisted host, host loopback (10.0.2.2)
 //! and an IPv6 address do not, while a host under a deny prefix that a
 //! longer allow prefix covers does; DNS resolves through the resolver the
-//! policy keeps; root in the sandbox cannot add a route or address or open
-//! a raw socket; a connectivity helper that cannot start stops `up` with
+//! policy keeps; under an allow of everything, the host's neighbours (a
+//! subnet on one of its links) stay denied unless named; root in the
+//! sandbox cannot add a route or address or open a raw socket; a connectivity helper that cannot start stops `up` with
 //! nothing left; `down` leaves no slirp4netns and no namespace. Needs root,
 //! runsc, slirp4netns and iproute2; CI provides them.
 
@@ -15,7 +16,9 @@ use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 
 use lazaret_tests::domain::{UserHost, busybox_image, lazaret_processes};
-use lazaret_tests::net::{ALLOWED, ALLOWED_NET, ALLOWED_NET_HOST, DENIED, TestNet, UNLISTED};
+use lazaret_tests::net::{
+    ALLOWED, ALLOWED_NET, ALLOWED_NET_HOST, DENIED, ROOT_SIDE, TestNet, UNLISTED,
+};
 use lazaret_tests::netprobe;
 use libtest_mimic::Trial;
 use serde_json::Value;
@@ -42,6 +45,10 @@ pub fn trials() -> Vec<Trial> {
             Trial::test(
                 "network::special_ranges_and_host_addresses_stay_denied_under_allow_all",
                 platform_deny,
+            ),
+            Trial::test(
+                "network::the_hosts_neighbours_stay_denied_unless_named",
+                neighbours,
             ),
         ],
     )
@@ -391,6 +398,96 @@ fn platform_deny() -> Result {
         caps.lines().any(|l| l == "CapEff:\t0000000000000400"),
         "only CAP_NET_BIND_SERVICE: {caps}"
     );
+    down(&host, &ws)?;
+    assert_nothing_left(&host);
+    Ok(())
+}
+
+/// The host's default gateways, from `ip -4 route show default` in the
+/// root namespace (read only).
+fn default_gateways() -> std::result::Result<Vec<String>, String> {
+    let out = Command::new(lazaret_tests::net::ip_program())
+        .args(["-4", "route", "show", "table", "all", "default"])
+        .output()
+        .map_err(|e| format!("ip route: {e}"))?;
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|line| {
+            let mut words = line.split_whitespace();
+            words.find(|w| *w == "via")?;
+            words.next().map(|g| format!("{g}/32"))
+        })
+        .collect())
+}
+
+/// Under `allow_egress = ["0.0.0.0/0"]`, the host's neighbours are denied:
+/// the test network's veth puts 198.18.0.0/24 on a link of the host, so
+/// its test host there (198.18.0.10) is unreachable from the sandbox,
+/// while a host behind it, reached through a gateway (198.18.3.10), still
+/// answers; the host's default gateway is listed too. An allow that names
+/// the subnet reaches the neighbour again, but not the host's own address
+/// on that link.
+fn neighbours() -> Result {
+    let profile = |allow: &str| {
+        format!(
+            "schema = \"lazaret-trusted-host-config-v1\"\n\
+             [profiles.p]\nimage = \"{}\"\npersistent_dirs = []\n\
+             allow_egress = [{allow}]\n",
+            busybox_image()
+        )
+    };
+    let (_serial, host) = crate::domain::host_with_config(&profile("\"0.0.0.0/0\""));
+    TestNet::remove_stale()?;
+    let net = TestNet::new()?;
+    let target = |address| format!("{address}:{PORT}");
+    let (neighbour, behind) = (target(ALLOWED), target(UNLISTED));
+    let _servers = net.netprobe(&["serve", &neighbour, &behind])?;
+    let ws = host.workspace.clone();
+    let probe_copy = ws.join("netprobe");
+    std::fs::copy(netprobe(), &probe_copy)?;
+    std::fs::set_permissions(&probe_copy, std::fs::Permissions::from_mode(0o755))?;
+
+    let check = host.lazaret(&ws, &["config", "check", "p", "--json"]);
+    assert!(check.status.success(), "{}", text(&check));
+    let check: Value = serde_json::from_slice(&check.stdout)?;
+    let platform: Vec<String> = check["platform_deny"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|v| v.as_str().map(str::to_owned))
+        .collect();
+    let mut expected = vec!["198.18.0.0/24".to_owned(), format!("{ROOT_SIDE}/32")];
+    expected.extend(default_gateways()?);
+    for prefix in &expected {
+        assert!(
+            platform.contains(prefix),
+            "{prefix} among the platform's denials {platform:?}"
+        );
+    }
+
+    let out = host.lazaret(&ws, &["up", "p"]);
+    if !out.status.success() {
+        return Err(format!("up failed: {}", text(&out)).into());
+    }
+    unreachable(&host, &neighbour, &["EHOSTUNREACH"])?;
+    answers(&host, &behind)?;
+    down(&host, &ws)?;
+
+    host.write_config(&profile("\"0.0.0.0/0\", \"198.18.0.0/24\""));
+    let check = host.lazaret(&ws, &["config", "check", "p", "--json"]);
+    let check: Value = serde_json::from_slice(&check.stdout)?;
+    assert!(
+        !check["platform_deny"]
+            .as_array()
+            .is_some_and(|p| p.iter().any(|p| p == "198.18.0.0/24")),
+        "a subnet the profile names is not denied: {check}"
+    );
+    let out = host.lazaret(&ws, &["up", "p"]);
+    if !out.status.success() {
+        return Err(format!("up failed: {}", text(&out)).into());
+    }
+    answers(&host, &neighbour)?;
+    unreachable(&host, &target(ROOT_SIDE), &["EHOSTUNREACH"])?;
     down(&host, &ws)?;
     assert_nothing_left(&host);
     Ok(())

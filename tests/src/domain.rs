@@ -16,6 +16,34 @@ use crate::bin;
 /// module holding such tests locks this for the whole test.
 pub static SERIAL: Mutex<()> = Mutex::new(());
 
+/// The runsc Lazaret runs: the first of the places it looks that exists.
+pub fn runsc() -> Option<PathBuf> {
+    ["/usr/local/bin/runsc", "/usr/bin/runsc"]
+        .into_iter()
+        .map(PathBuf::from)
+        .find(|p| p.is_file())
+}
+
+/// Whether that runsc offers the systrap platform (`runsc flags` names it
+/// for `-platform`, on standard error), which Lazaret then runs the
+/// sandbox on.
+pub fn runsc_offers_systrap() -> bool {
+    let Some(runsc) = runsc() else {
+        return false;
+    };
+    let Ok(out) = Command::new(runsc).arg("flags").output() else {
+        return false;
+    };
+    let flags = String::from_utf8_lossy(&out.stderr);
+    let mut lines = flags.lines();
+    while let Some(line) = lines.next() {
+        if line.trim_start().starts_with("-platform ") {
+            return lines.next().is_some_and(|help| help.contains("systrap"));
+        }
+    }
+    false
+}
+
 /// The unprivileged user the Domain tests run Lazaret as.
 pub const TEST_USER: &str = "lazaret-e2e";
 

@@ -22,9 +22,6 @@ use crate::lifecycle::client::{self, ClientError, RequestError};
 use crate::lifecycle::daemon::IgnoreChangesMode;
 use crate::lifecycle::{DomainPaths, chain};
 
-/// How long `down` waits for the coordinator to exit after stopping.
-const EXIT_WAIT: Duration = Duration::from_secs(30);
-
 impl From<ClientError> for Failure {
     fn from(error: ClientError) -> Self {
         failure(chain(&error))
@@ -241,12 +238,14 @@ pub fn down(globals: &Globals, profile: &str, json: bool) -> Result<(), Failure>
     let (_, paths) = locate(globals, profile)?;
     let deadline = std::time::Instant::now() + OWNER_WAIT;
     loop {
+        // Asking, stopping and exiting share one bound.
+        let bound = std::time::Instant::now() + client::DOWN_TIMEOUT;
         match client::request(&paths, ControlRequest::Down, client::DOWN_TIMEOUT) {
             Ok(ControlResponse::Stopped {
                 generation_id,
                 workspace_changes,
             }) => {
-                client::wait_released(&paths, EXIT_WAIT)?;
+                client::wait_released(&paths, bound, client::DOWN_TIMEOUT)?;
                 if json {
                     return print_json_line(&DownView::stopped(
                         &paths,

@@ -62,9 +62,11 @@ pub(super) fn export(
             Err(e) => return Err(failure(format!("the profile's image: {e}"))),
         },
     };
-    let policy =
-        crate::network::derive_policy(resolved.network(), &crate::network::platform_deny(&[]))
-            .map_err(failure)?;
+    let policy = crate::network::derive_policy(
+        resolved.network(),
+        &crate::network::platform_deny(&crate::network::HostNetwork::default(), &[]),
+    )
+    .map_err(failure)?;
     let manifests = Manifests::new(resolved, &image, &policy);
     super::print(&manifests.to_yaml())
 }
@@ -492,7 +494,10 @@ mod tests {
             allow.iter().map(|p| prefix(p)),
             deny.iter()
                 .map(|p| prefix(p))
-                .chain(crate::network::platform_deny(&[])),
+                .chain(crate::network::platform_deny(
+                    &crate::network::HostNetwork::default(),
+                    &[],
+                )),
             [],
         )
     }

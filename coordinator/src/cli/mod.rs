@@ -254,10 +254,10 @@ fn config_check(globals: &Globals, profile: &str, as_json: bool) -> Result<(), F
         message: format!("invalid configuration: {message}"),
         status: EXIT_INVALID,
     };
-    let host_addresses =
-        crate::network::host_addresses().map_err(|message| Failure { message, status: 1 })?;
-    let planned = crate::network::PlannedNetwork::new(resolved.network(), &host_addresses)
-        .map_err(invalid)?;
+    let host =
+        crate::network::HostNetwork::read().map_err(|message| Failure { message, status: 1 })?;
+    let planned =
+        crate::network::PlannedNetwork::new(resolved.network(), &host).map_err(invalid)?;
     let policy_digest = planned
         .policy
         .digest()

@@ -36,17 +36,21 @@ pub enum ClientError {
         log: String,
     },
     /// The coordinator did not release the Domain in time.
-    #[error("the Host Coordinator did not exit within {0:?} after stopping")]
+    #[error(
+        "the Host Coordinator stopped the Domain but did not exit within {} s of `down`; \
+         it may be stuck: end it, then run `lazaret down` again",
+        .0.as_secs()
+    )]
     Lingering(Duration),
 }
 
 /// How long a coordinator may take to answer `status`.
 pub const STATUS_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// How long a coordinator may take to stop its Domain and answer `down`:
-/// longer than its own bounds on stopping (sessions, supervisor, sandbox,
-/// slirp4netns) added up.
-pub const DOWN_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long `down` may take in all: for its coordinator to stop the
+/// Domain and answer, then exit. Longer than the coordinator's own bounds
+/// on stopping (sessions, supervisor, sandbox, slirp4netns) added up.
+pub const DOWN_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Why a control request got no answer.
 #[derive(Debug, thiserror::Error)]
@@ -80,8 +84,8 @@ pub enum RequestError {
 }
 
 /// Sends one request to the running coordinator of a Domain and waits at
-/// most `within` for its answer (connecting, sending and receiving are each
-/// bounded by it).
+/// most `within` for its answer: connecting, sending and receiving share
+/// that one bound.
 pub fn request(
     paths: &DomainPaths,
     request: ControlRequest,
@@ -118,12 +122,25 @@ pub fn request(
             }));
         }
     };
+    let deadline = Instant::now() + within;
     let socket = lazaret_proto::channel::socket_path_at(dir.as_fd(), super::CONTROL_SOCKET);
     let peer = Endpoint::<ControlRequest, ControlResponse>::connect_within(&socket, within)
         .map_err(&classify)?;
     peer.require_peer_uid(rustix::process::getuid())
         .map_err(&classify)?;
     peer.send(&request, &[]).map_err(&classify)?;
+    // The time the connect and the send took is not given again.
+    let left = deadline.saturating_duration_since(Instant::now());
+    let answered = lazaret_proto::channel::readable_within(peer.as_fd(), left).map_err(|e| {
+        classify(ChannelError::Socket {
+            operation: "wait for an answer on",
+            path: socket_name.clone(),
+            source: e,
+        })
+    })?;
+    if !answered {
+        return Err(classify(ChannelError::NotReady));
+    }
     Ok(peer.recv().map_err(&classify)?.message)
 }
 
@@ -226,9 +243,14 @@ pub fn run_coordinator(
     outcome
 }
 
-/// Waits until no process holds the Domain's lock: the coordinator has
-/// exited.
-pub fn wait_released(paths: &DomainPaths, timeout: Duration) -> Result<(), ClientError> {
+/// Waits until no process holds the Domain's lock (the coordinator has
+/// exited), at most until `deadline`; `bound` is the whole wait it ends,
+/// for the error.
+pub fn wait_released(
+    paths: &DomainPaths,
+    deadline: Instant,
+    bound: Duration,
+) -> Result<(), ClientError> {
     let Ok(fd) = rustix::fs::open(
         paths.lock_file(),
         OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
@@ -236,12 +258,11 @@ pub fn wait_released(paths: &DomainPaths, timeout: Duration) -> Result<(), Clien
     ) else {
         return Ok(());
     };
-    let deadline = Instant::now() + timeout;
     loop {
         match rustix::fs::flock(&fd, FlockOperation::NonBlockingLockShared) {
             Ok(()) => return Ok(()),
             Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(10)),
-            Err(_) => return Err(ClientError::Lingering(timeout)),
+            Err(_) => return Err(ClientError::Lingering(bound)),
         }
     }
 }

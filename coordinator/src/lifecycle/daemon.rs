@@ -754,9 +754,9 @@ fn bring_up(
     let recorder = Recorder::new(Arc::clone(store), generation.generation_id);
     // The policy first: one that cannot be installed stops `up` before
     // anything starts.
-    let host_addresses = crate::network::host_addresses()
+    let host = crate::network::HostNetwork::read()
         .map_err(|message| failure(StartupStep::Network, message))?;
-    let planned = PlannedNetwork::new(resolved.network(), &host_addresses)
+    let planned = PlannedNetwork::new(resolved.network(), &host)
         .map_err(|message| invalid(StartupStep::Network, message))?;
     // So do a host program the sandbox could replace and an image
     // reference that is not one. The workspace's git rules, which take a

@@ -34,8 +34,11 @@ use crate::process::{HeldProcess, kill_and_wait, pidfd_of_child, readable, wait_
 /// The coordinator's end of the supervisor's channel.
 pub(super) type SupervisorChannel = Endpoint<SupervisorRequest, SupervisorReport>;
 
-/// How long the supervisor may take to stop the sandbox.
-const STOP_TIMEOUT: Duration = Duration::from_secs(20);
+/// How long the supervisor may take to answer `Stop`: it answers as soon
+/// as it reads it, and one that does not is killed, which ends the Domain
+/// pid namespace just the same. Short, so that every wait of stopping adds
+/// up to less than `down`'s 30 s ([`super::client::DOWN_TIMEOUT`]).
+const STOP_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How long start-up waits for any one supervisor report.
 const REPORT_TIMEOUT: Duration = Duration::from_secs(60);
