@@ -243,8 +243,16 @@ fn sessions(host: &UserHost, cwd: &Path) -> Vec<Value> {
         .unwrap_or_default()
 }
 
+/// Whether `status` lists a session whose process runs inside the
+/// sandbox (its leader found by the sandbox's pid 1).
+fn running_session(host: &UserHost, cwd: &Path) -> bool {
+    sessions(host, cwd)
+        .iter()
+        .any(|s| s["guest_pid"].as_u64().is_some())
+}
+
 /// The live `runsc exec` processes of `uid` (zombies are not counted).
-fn runsc_execs(uid: u32) -> Vec<String> {
+pub(crate) fn runsc_execs(uid: u32) -> Vec<String> {
     lazaret_processes(uid)
         .into_iter()
         .filter(|line| {
@@ -1083,9 +1091,10 @@ fn down_with_a_session() -> Result {
     wait_until(WAIT, "status to list the session", || {
         (!sessions(&host, &ws).is_empty()).then_some(())
     })?;
-    // The session's process runs (not only its request).
-    wait_until(WAIT, "the session's runsc exec", || {
-        (!runsc_execs(host.uid()).is_empty()).then_some(())
+    // The session's process runs (not only its request): the sandbox's
+    // pid 1 found its leader.
+    wait_until(WAIT, "the session's process to run", || {
+        running_session(&host, &ws).then_some(())
     })?;
 
     down(&host, &ws)?;
@@ -1106,12 +1115,10 @@ fn a_killed_cli() -> Result {
     up(&host, &ws)?;
 
     let mut attached = Running::start(attach(&host, &ws, &["sleep", "100"]), None)?;
-    wait_until(WAIT, "status to list the session", || {
-        (!sessions(&host, &ws).is_empty()).then_some(())
+    wait_until(WAIT, "the session's process to run", || {
+        running_session(&host, &ws).then_some(())
     })?;
-    wait_until(WAIT, "the session's runsc exec", || {
-        (!runsc_execs(host.uid()).is_empty()).then_some(())
-    })?;
+    assert!(!runsc_execs(host.uid()).is_empty(), "no runsc exec runs");
 
     attached.kill()?;
     let killed = attached.finish(WAIT)?;
@@ -1138,7 +1145,7 @@ fn a_killed_cli() -> Result {
 }
 
 /// The processes inside the sandbox whose command line is exactly `args`.
-fn sandbox_processes(host: &UserHost, status: &Value, args: &str) -> Vec<String> {
+pub(crate) fn sandbox_processes(host: &UserHost, status: &Value, args: &str) -> Vec<String> {
     let out = host.exec(status, "ps -o pid,args");
     stdout(&out)
         .lines()

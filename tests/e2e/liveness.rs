@@ -593,10 +593,24 @@ fn stopped_participants() -> Result {
                 text(&out)
             );
             assert!(took < Duration::from_secs(45), "took {took:?}");
+            // A client killed while its session waits to start leaves
+            // nothing behind once the start goes through.
+            let mut waiting = crate::attach::Running::start(
+                crate::attach::attach(&host, &ws, &["sleep", "100"]),
+                None,
+            )?;
+            std::thread::sleep(Duration::from_secs(1));
+            waiting.kill()?;
+            drop(waiting);
             Ok(())
         })();
         signal(pid, "CONT")?;
         result?;
+        wait_until(WAIT, "no session process to be left", || {
+            (crate::attach::runsc_execs(host.uid()).is_empty()
+                && crate::attach::sandbox_processes(&host, &status, "sleep 100").is_empty())
+            .then_some(())
+        })?;
         let out = host
             .command(&bin("lazaret"), &ws)
             .args(["attach", "p", "--", "echo", "running-again"])

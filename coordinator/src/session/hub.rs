@@ -211,10 +211,20 @@ impl Hub {
             Some(route) => route.events.send(event).err().map(|e| e.0),
             None => Some(event),
         };
-        // A process whose session already gave up waiting has no owner: it
-        // must not run on.
+        // A process whose session already gave up waiting (its client went,
+        // or the start took too long) has no owner: it must not run on,
+        // inside the sandbox (its pid 1 then ends the rest of its session)
+        // or as its `runsc exec`.
         if let Some(HubEvent::Started(pidfd)) = unrouted {
-            let _ = pidfd_send_signal(&pidfd, Signal::KILL);
+            let supervisor = Arc::clone(&self.supervisor);
+            tokio::spawn(async move {
+                let kill = SupervisorRequest::SignalExec {
+                    session_id,
+                    signal: ExecSignal::Kill,
+                };
+                let _ = supervisor.send(&kill, &[]).await;
+                let _ = pidfd_send_signal(&pidfd, Signal::KILL);
+            });
         }
         None
     }
@@ -533,20 +543,32 @@ impl Running<'_> {
         // The child's ends now live in the supervisor; only ours remain here.
         drop(passed);
 
+        // The client may go while its process starts: then nothing waits
+        // for the start, and the process is killed once it is reported
+        // (it has no route by then).
+        let (inbox, client) = (&mut self.inbox, self.client.as_ref());
         let started = tokio::time::timeout(START_TIMEOUT, async {
             loop {
-                match self.inbox.recv().await {
-                    Some(HubEvent::Started(pidfd)) => return Ok(pidfd),
-                    Some(HubEvent::Failed(reason)) => return Err(reason),
-                    Some(HubEvent::Exited { .. }) => {}
-                    None => return Err("the Domain is going down".to_owned()),
+                tokio::select! {
+                    event = inbox.recv() => match event {
+                        Some(HubEvent::Started(pidfd)) => return Ok(Ok(pidfd)),
+                        Some(HubEvent::Failed(reason)) => return Ok(Err(reason)),
+                        Some(HubEvent::Exited { .. }) => {}
+                        None => return Ok(Err("the Domain is going down".to_owned())),
+                    },
+                    () = exited(client) => return Err(SessionError::Closed),
                 }
             }
         })
         .await;
         let process = match started {
-            Ok(Ok(pidfd)) => pidfd,
-            Ok(Err(reason)) => return self.refuse(link, reason).await,
+            Ok(Ok(Ok(pidfd))) => pidfd,
+            Ok(Ok(Err(reason))) => return self.refuse(link, reason).await,
+            Ok(Err(gone)) => {
+                tracing::info!("session ended before its process started: {gone}");
+                self.record(SessionTerminalState::Closed, true, None);
+                return Ok(());
+            }
             Err(_) => {
                 let reason = format!(
                     "the sandbox did not start the session's process within {} s: the sandbox \
@@ -557,19 +579,25 @@ impl Running<'_> {
                 return self.refuse(link, reason).await;
             }
         };
-        link.send(&SessionOpened::Opened {
-            session_id: self.session_id,
-        })
-        .await?;
-        self.opened = true;
-        self.record(SessionTerminalState::Running, false, io.pty_identity());
-        tracing::info!(
-            terminal = open.terminal,
-            direct = open.direct_stdio,
-            "session opened"
-        );
-
-        match self.pump(link, &mut io, escalation).await {
+        let opened = link
+            .send(&SessionOpened::Opened {
+                session_id: self.session_id,
+            })
+            .await;
+        let served = match opened {
+            Ok(()) => {
+                self.opened = true;
+                self.record(SessionTerminalState::Running, false, io.pty_identity());
+                tracing::info!(
+                    terminal = open.terminal,
+                    direct = open.direct_stdio,
+                    "session opened"
+                );
+                self.pump(link, &mut io, escalation).await
+            }
+            Err(error) => Err(error),
+        };
+        match served {
             Ok(exit) => {
                 tracing::info!(
                     exit_code = exit.exit_code,
