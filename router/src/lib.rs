@@ -28,6 +28,7 @@
 #![deny(missing_docs)]
 
 mod fuse;
+pub mod ids;
 mod nodes;
 pub mod tree;
 
@@ -145,11 +146,17 @@ fn start(channel: &Channel) -> Result<(fuser::Session<fuse::Router>, RoutingSumm
             format!("the host workspace and isolated descriptors must be directories: {e}"),
         )
     })?;
+    let ids = ids::Ids::of_this_process().map_err(|e| {
+        failed(
+            RouterStep::Privileges,
+            format!("cannot tell which owners and groups the namespace maps: {e}"),
+        )
+    })?;
     let mut config = fuser::Config::default();
     config.n_threads = Some(THREADS);
     config.clone_fd = true;
     let session = fuser::Session::from_fd(
-        fuse::Router::new(tree),
+        fuse::Router::new(tree, ids),
         fuse,
         fuser::SessionACL::All,
         config,

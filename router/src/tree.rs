@@ -9,8 +9,9 @@
 //! link, a rename race) can point the router outside the two trees. The
 //! routing and protection decisions come from the [`Classifier`]; the
 //! kernel's answer for the chosen side is the only other input. Modes the
-//! sandbox sets lose setuid, setgid and group and other write bits, and
-//! the router creates no device node and sets no extended attribute.
+//! sandbox sets lose setuid, setgid and group and other write bits (a
+//! directory keeps a setgid bit it has), and the router creates no device
+//! node and sets no extended attribute.
 //!
 //! Trusts the supervisor's descriptors and the rules it was given; trusts
 //! nothing the sandbox sends beyond the fact that it asked.
@@ -36,6 +37,9 @@ pub type Result<T> = std::result::Result<T, Errno>;
 /// The mode bits the sandbox may set: no setuid, setgid or sticky bit, no
 /// group or other write permission.
 pub const MODE_MASK: u32 = 0o755;
+
+/// The setgid bit, which a directory keeps (see [`masked`]).
+const SETGID: u32 = 0o2000;
 
 /// The error a protected path gives.
 pub const PROTECTED: Errno = Errno::ROFS;
@@ -604,7 +608,7 @@ impl Tree {
                     e
                 }
             })?;
-            rustix::fs::fchmod(&fd, Mode::from_raw_mode(mode & MODE_MASK))?;
+            rustix::fs::fchmod(&fd, masked(fd.as_fd(), mode)?)?;
         }
         if set.uid.is_some() || set.gid.is_some() {
             rustix::fs::chownat(
@@ -1264,10 +1268,25 @@ impl Tree {
     }
 }
 
+/// The mode a `chmod` of the object `fd` to `mode` sets: `mode` masked
+/// with [`MODE_MASK`], except that a directory keeps the setgid bit it has.
+/// That bit gives what is made in the directory the directory's group, as
+/// in a shared project tree; the host's kernel puts it on every directory
+/// made in a setgid one, and a `mkdir -m 755` or `install -d` inside must
+/// not take it off. The sandbox never adds it.
+fn masked(fd: BorrowedFd<'_>, mode: u32) -> Result<Mode> {
+    let current = rustix::fs::fstat(fd)?;
+    let kept = match kind_of(&current) {
+        Kind::Dir => current.st_mode & SETGID,
+        _ => 0,
+    };
+    Ok(Mode::from_raw_mode((mode & MODE_MASK) | kept))
+}
+
 /// Applies `set` to an open file through its descriptor.
 fn set_through(fd: &OwnedFd, set: SetAttr) -> Result<Stat> {
     if let Some(mode) = set.mode {
-        rustix::fs::fchmod(fd, Mode::from_raw_mode(mode & MODE_MASK))?;
+        rustix::fs::fchmod(fd, masked(fd.as_fd(), mode)?)?;
     }
     if set.uid.is_some() || set.gid.is_some() {
         rustix::fs::fchown(
