@@ -18,7 +18,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::OsStr;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -273,6 +273,9 @@ pub struct Tree {
     nodes: RwLock<Nodes>,
     files: Handles<OwnedFd>,
     dirs: Handles<Listing>,
+    /// The router's own uid: the invoking user's, in the Domain user
+    /// namespace.
+    owner: u32,
     /// Held for writing across every change to names (create, link,
     /// remove, rename), from its checks to its effect, so that no other
     /// request of the sandbox can swap a name between the two; held for
@@ -306,6 +309,7 @@ impl Tree {
             nodes: RwLock::new(Nodes::new(root)),
             files: Handles::new(),
             dirs: Handles::new(),
+            owner: rustix::process::geteuid().as_raw(),
             names: RwLock::new(()),
         })
     }
@@ -595,13 +599,7 @@ impl Tree {
         if let Some(mode) = set.mode {
             // fchmod on a descriptor of the object itself: a name replaced
             // by a link in between cannot redirect it.
-            let fd = rustix::fs::openat(
-                &entry.dir,
-                name,
-                OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
-                Mode::empty(),
-            )
-            .map_err(|e| {
+            let fd = self.open_file(&entry, OFlags::RDONLY).map_err(|e| {
                 if e == Errno::LOOP {
                     Errno::OPNOTSUPP
                 } else {
@@ -623,12 +621,7 @@ impl Tree {
             match handle.and_then(|h| self.file(h).ok()) {
                 Some(fd) => rustix::fs::ftruncate(&*fd, size)?,
                 None => {
-                    let fd = rustix::fs::openat(
-                        &entry.dir,
-                        name,
-                        OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
-                        Mode::empty(),
-                    )?;
+                    let fd = self.open_file(&entry, OFlags::WRONLY)?;
                     if kind_of(&rustix::fs::fstat(&fd)?) != Kind::File {
                         return Err(Errno::INVAL);
                     }
@@ -1038,12 +1031,7 @@ impl Tree {
             return Err(PROTECTED);
         }
         let entry = self.entry(&node)?;
-        let fd = rustix::fs::openat(
-            &entry.dir,
-            os(&entry.name),
-            flags | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
-            Mode::empty(),
-        )?;
+        let fd = self.open_file(&entry, flags)?;
         let stat = rustix::fs::fstat(&fd)?;
         if kind_of(&stat) != Kind::File {
             return Err(Errno::INVAL);
@@ -1052,6 +1040,60 @@ impl Tree {
             handle: self.keep_file(fd),
             size: u64::try_from(stat.st_size).unwrap_or(0),
         })
+    }
+
+    /// Opens `entry` with `flags` (no link followed, never blocking).
+    ///
+    /// The router's capabilities do not reach a file whose group the
+    /// Domain user namespace cannot map (a file in a setgid directory of a
+    /// shared group): for the user's own such file, only its owner bits
+    /// apply. Where they refuse, the router adds the missing owner read or
+    /// write bit for the moment of opening and puts the mode back, as the
+    /// owner may, so the sandbox's root has over it what it has over the
+    /// user's files of their own group. gVisor needs it: it makes a file
+    /// with the descriptor it asked for read-only, then opens the file
+    /// again for writing (git makes its objects with mode 0444). The file
+    /// is reached through one `O_PATH` descriptor from the check to the
+    /// reopening: a name swapped meanwhile changes nothing.
+    fn open_file(&self, entry: &Entry, flags: OFlags) -> Result<OwnedFd> {
+        let name = os(&entry.name);
+        match rustix::fs::openat(
+            &entry.dir,
+            name,
+            flags | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
+            Mode::empty(),
+        ) {
+            Err(Errno::ACCESS) => {}
+            other => return other,
+        }
+        let object = rustix::fs::openat(
+            &entry.dir,
+            name,
+            OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?;
+        let stat = rustix::fs::fstat(&object)?;
+        let needed = match flags & OFlags::RWMODE {
+            OFlags::RDONLY => 0o400,
+            OFlags::WRONLY => 0o200,
+            _ => 0o600,
+        };
+        let mode = stat.st_mode & 0o7777;
+        if kind_of(&stat) != Kind::File || stat.st_uid != self.owner || mode & needed == needed {
+            return Err(Errno::ACCESS);
+        }
+        // The object itself, through its descriptor's magic link.
+        let magic = format!("/proc/self/fd/{}", object.as_raw_fd());
+        rustix::fs::chmod(&magic, Mode::from_raw_mode(mode | needed))?;
+        let opened = rustix::fs::open(
+            &magic,
+            flags | OFlags::NONBLOCK | OFlags::CLOEXEC,
+            Mode::empty(),
+        );
+        let restored = rustix::fs::chmod(&magic, Mode::from_raw_mode(mode));
+        let fd = opened?;
+        restored?;
+        Ok(fd)
     }
 
     fn keep_file(&self, fd: OwnedFd) -> u64 {
