@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 
 use lazaret_proto::config::{
     HostAnchor, Ipv4Prefix, ProfileV1, RFC1918, SCHEMA_ID, SandboxPath, TrustedHostConfigurationV1,
-    VolumeKind,
+    VolumeKind, quoted,
 };
 use lazaret_proto::layout::SandboxLayoutV1;
 
@@ -70,7 +70,8 @@ pub fn decode(
             return Err(field(
                 "schema",
                 format!(
-                    "unsupported schema `{s}`: this version of Lazaret reads only `{SCHEMA_ID}`"
+                    "unsupported schema `{}`: this version of Lazaret reads only `{SCHEMA_ID}`",
+                    quoted(s)
                 ),
             ));
         }
