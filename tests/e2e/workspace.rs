@@ -86,6 +86,10 @@ pub fn trials() -> Vec<Trial> {
                     "workspace::files_of_other_groups_are_written_by_their_owner",
                     other_groups,
                 ),
+                Trial::test(
+                    "workspace::a_tree_deeper_than_up_walks_stops_it_naming_its_first_too_deep_directory",
+                    too_deep,
+                ),
             ]),
     )
 }
@@ -796,5 +800,51 @@ fn other_groups() -> Result {
     assert_eq!(owner("setgid/dir")?, (user, share, 0o2755));
     assert_eq!(owner("setgid/moded")?, (user, share, 0o2755));
     assert_eq!(owner("setgid/dir/file")?, (user, share, 0o644));
+    Ok(())
+}
+
+/// A 2,041-level tree in the workspace (each path fits in what the kernel
+/// resolves relative to the workspace, not whole) stops `up` with the
+/// whole reason and the whole path of its first directory below the
+/// walk's bound; ignored, it is not walked and `up` goes on.
+fn too_deep() -> Result {
+    use rustix::fs::{Mode, OFlags};
+    let (_serial, host, ws) = repository_host();
+    let deep = ws.join("deep");
+    std::fs::create_dir(&deep)?;
+    let mut dir = rustix::fs::open(&deep, OFlags::PATH | OFlags::DIRECTORY, Mode::empty())?;
+    for _ in 0..2041 {
+        rustix::fs::mkdirat(&dir, "a", Mode::from_raw_mode(0o755))?;
+        dir = rustix::fs::openat(&dir, "a", OFlags::PATH | OFlags::DIRECTORY, Mode::empty())?;
+    }
+    let chowned = std::process::Command::new("chown")
+        .arg("-R")
+        .arg(format!("{}:{}", host.uid(), host.gid()))
+        .arg(&deep)
+        .status()?;
+    assert!(chowned.success());
+
+    let out = host.lazaret(&ws, &["up", "p"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    let first = format!("{}{}", deep.display(), "/a".repeat(1024));
+    assert!(
+        err.contains("more than 1024 levels deep")
+            && err.contains("set isolate_gitignored = false"),
+        "{err}"
+    );
+    // Whole, up to the note `up` adds after it.
+    assert!(
+        err.contains(&format!(
+            "the first one is {first}; nothing of the generation"
+        )),
+        "{err}"
+    );
+    assert!(!err.contains("more characters"), "{err}");
+    assert!(host.status(&ws, "p").is_none(), "nothing runs");
+
+    sh(&host, &ws, "echo /deep/ >> .gitignore");
+    up(&host, &ws)?;
+    down(&host, &ws)?;
     Ok(())
 }
