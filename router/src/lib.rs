@@ -12,8 +12,9 @@
 //!    request with four descriptors: the `/dev/fuse` connection, the host
 //!    workspace, the Domain's isolated directory, and the sealed memfd of
 //!    the [`WorkspaceRules`] the Host Coordinator took from the host;
-//! 3. compiles the rules, answers the kernel's `INIT` on the connection,
-//!    and reports `Ready`;
+//! 3. compiles the rules, reads its own id maps (which owners and groups
+//!    it shows as they are: see [`ids`]), answers the kernel's `INIT` on
+//!    the connection, and reports `Ready`;
 //! 4. serves the connection until it ends (the mount namespace is gone),
 //!    then exits.
 //!

@@ -1,8 +1,10 @@
 //! The Domain lifecycle end to end, as an unprivileged user with real runsc:
 //! `up`, `status`, files inside the sandbox, `down`, `up` again; a second
 //! `up`; a changed configuration; two Domains on one image; recovery after
-//! the coordinator is killed. Needs root (to create the test user and switch
-//! to it) and runsc; CI provides both.
+//! the coordinator is killed; the lifecycle trials again in a project
+//! directory of another group and under a setgid parent. Needs root (to
+//! create the test user and group and switch to them) and runsc; CI
+//! provides both.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;

@@ -4,9 +4,11 @@
 //! hooks cannot be written inside while git itself works; git metadata the
 //! sandbox plants never runs on the host; modes lose setuid, setgid and
 //! group/other write; subdirectory, worktree, submodule and separate git
-//! directory workspaces; a killed Workspace Router fails closed. Needs root (to create the test
-//! user and switch to it), runsc, git and a `/dev/fuse` the user can open;
-//! CI provides all of them.
+//! directory workspaces; a killed Workspace Router fails closed; files of
+//! other groups, and the main trials again in a project directory of
+//! another group and under a setgid parent; a tree deeper than `up` walks.
+//! Needs root (to create the test user and group and switch to them),
+//! runsc, git and a `/dev/fuse` the user can open; CI provides all of them.
 
 use std::os::unix::fs::MetadataExt;
 use std::os::unix::fs::PermissionsExt;

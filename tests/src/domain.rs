@@ -1,7 +1,9 @@
-//! Helpers for end-to-end Domain tests: an unprivileged test user, a local
-//! busybox image, a scratch host owned by that user, and commands run as it.
+//! Helpers for end-to-end Domain tests: an unprivileged test user (and a
+//! test group it belongs to), a local busybox image, a scratch host owned
+//! by that user whose projects take a [`Shape`], and commands run as it.
 //!
-//! Needs root to create the user and to switch to it; CI runs as root.
+//! Needs root to create the user and group and to switch to them; CI runs
+//! as root.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
