@@ -266,53 +266,243 @@ fn field_aliases_are_not_accepted() {
     );
 }
 
+/// Asserts that `text` is refused as TOML naming `field` at `place`
+/// (`line L, column C`), with every word of `words` in the reason.
+#[track_caller]
+fn syntax_refused(text: &str, field: &str, place: &str, words: &[&str]) -> String {
+    let msg = decode_error(text);
+    assert!(
+        msg.contains(&format!("is not valid TOML: {field} ({place}): ")),
+        "expected `{field} ({place})` in: {msg}"
+    );
+    for word in words {
+        assert!(msg.contains(word), "expected `{word}` in: {msg}");
+    }
+    msg
+}
+
 #[test]
 fn duplicate_keys_and_tables_are_toml_errors() {
     accepted(&minimal("isolate_gitignored = true"));
-    // A duplicate key.
-    let text = minimal("image = 'other'");
-    let msg = decode_error(&text);
-    assert!(msg.contains("not valid TOML"), "{msg}");
-    assert!(msg.contains("duplicate key"), "{msg}");
-    // Where, without quoting the line.
-    assert!(
-        msg.contains("at line 4, column 1") && !msg.contains("image = 'other'"),
-        "{msg}"
+    // A duplicate key: named, where, without quoting the line.
+    let msg = syntax_refused(
+        &minimal("image = 'other'"),
+        "profiles.p.image",
+        "line 4, column 1",
+        &["duplicate key"],
     );
+    assert!(!msg.contains("'other'"), "{msg}");
 
     // A duplicate table.
-    let text = format!("{HEAD}[profiles.p]\n{IMAGE}[profiles.p]\nimage = 'y'\n");
-    let msg = decode_error(&text);
-    assert!(msg.contains("duplicate"), "{msg}");
-    assert!(msg.contains("at line 4"), "{msg}");
+    syntax_refused(
+        &format!("{HEAD}[profiles.p]\n{IMAGE}[profiles.p]\nimage = 'y'\n"),
+        "profiles.p",
+        "line 4, column 11",
+        &["duplicate"],
+    );
 
-    // A duplicate sub-table, and a table redefining an inline table.
-    for text in [
-        minimal("[profiles.p.escalation]\nenabled = true\n[profiles.p.escalation]\nenabled = true"),
-        minimal("escalation = { enabled = true }\n[profiles.p.escalation]\nenabled = true"),
-        format!("{HEAD}[storage]\n[storage]\n[profiles.p]\n{IMAGE}"),
+    // A duplicate sub-table, a table redefining an inline table, a
+    // duplicate top-level table.
+    for (text, field) in [
+        (
+            minimal(
+                "[profiles.p.escalation]\nenabled = true\n[profiles.p.escalation]\nenabled = true",
+            ),
+            "profiles.p.escalation",
+        ),
+        (
+            minimal("escalation = { enabled = true }\n[profiles.p.escalation]\nenabled = true"),
+            "profiles.p.escalation",
+        ),
+        (
+            format!("{HEAD}[storage]\n[storage]\n[profiles.p]\n{IMAGE}"),
+            "storage",
+        ),
     ] {
         let msg = decode_error(&text);
-        assert!(msg.contains("not valid TOML"), "{msg}");
-        assert!(msg.contains("duplicate"), "{msg}");
+        assert!(
+            msg.contains(&format!("is not valid TOML: {field} (")) && msg.contains("duplicate"),
+            "{msg}"
+        );
     }
+
+    // Inside an inline table in an array, and in an array of tables.
+    syntax_refused(
+        &minimal(&format!(
+            "persistent_dirs = ['/root']\nvolumes = [{}, {{ host = '/a', host = '/b' }}]",
+            volume("'/srv/y'", "/root/y", "file", "")
+        )),
+        "profiles.p.volumes[1].host",
+        "line 5, column 86",
+        &["duplicate key"],
+    );
+    syntax_refused(
+        &minimal(
+            "[profiles.p.escalation]\nenabled = true\n\
+             [[profiles.p.escalation.auto_approve]]\nexecutable = '/usr/bin/gh'\n\
+             [[profiles.p.escalation.auto_approve]]\nexecutable = '/usr/bin/gh'\n\
+             executable = '/usr/bin/git'",
+        ),
+        "profiles.p.escalation.auto_approve[1].executable",
+        "line 10, column 1",
+        &["duplicate key"],
+    );
 
     // Through a full load the message names the configuration file.
     let fx = Fixture::new();
     let msg = message(fx.load_text("p", &minimal("image = 'other'")));
     assert!(
-        msg.contains(&fx.config.display().to_string()) && msg.contains("duplicate key"),
+        msg.contains(&fx.config.display().to_string())
+            && msg.contains("profiles.p.image (line 4, column 1): duplicate key"),
         "{msg}"
     );
+}
+
+/// Every kind of TOML syntax error names the field it lies in, the line
+/// and the column.
+#[test]
+fn every_syntax_error_names_its_field() {
+    let cases: &[(&str, &str, &str, &str)] = &[
+        // An unterminated string.
+        (
+            "image2 = 'oci:x\n",
+            "profiles.p.image2",
+            "line 4, column 16",
+            "expected `'`",
+        ),
+        // A key with no value.
+        (
+            "isolate_gitignored = \n",
+            "profiles.p.isolate_gitignored",
+            "line 4, column 22",
+            "quoted",
+        ),
+        // A key with no `=`.
+        (
+            "isolate_gitignored true\n",
+            "profiles.p.isolate_gitignored",
+            "line 4, column 20",
+            "expected `=`",
+        ),
+        // An escape that does not exist.
+        (
+            "env = { A = \"\\q\" }\n",
+            "profiles.p.env.A",
+            "line 4, column 15",
+            "escaped",
+        ),
+        // An extra comma in an array.
+        (
+            "persistent_dirs = ['/root',, '/opt']\n",
+            "profiles.p.persistent_dirs[1]",
+            "line 4, column 28",
+            "comma",
+        ),
+        // A malformed number and date.
+        (
+            "isolate_gitignored = 1__0\n",
+            "profiles.p.isolate_gitignored",
+            "line 4, column 23",
+            "`_`",
+        ),
+        (
+            "isolate_gitignored = 1979-13-01\n",
+            "profiles.p.isolate_gitignored",
+            "line 4, column 22",
+            "month",
+        ),
+        // A key that is not a key.
+        ("!! = 1\n", "profiles.p.!!", "line 4, column 1", "key"),
+        // An unclosed table header.
+        (
+            "[profiles.p.escalation\nenabled = true\n",
+            "profiles.p.escalation",
+            "line 4, column 23",
+            "`]`",
+        ),
+    ];
+    for (extra, field, place, word) in cases {
+        syntax_refused(&minimal(extra), field, place, &[word]);
+    }
+    // A huge quoted key is named by its ends, not whole.
+    let long = "k".repeat(100_000);
+    let msg = decode_error(&minimal(&format!("\"{long}\" = 1\n\"{long}\" = 2")));
+    assert!(
+        msg.contains("duplicate key"),
+        "{}",
+        &msg[..msg.len().min(400)]
+    );
+    assert!(
+        msg.contains("more characters"),
+        "{}",
+        &msg[..msg.len().min(400)]
+    );
+    assert!(msg.len() < 600, "{} bytes", msg.len());
+}
+
+/// The decoder's own refusals name their field too: the schema, an
+/// unknown field, a wrong type, an unknown variant, a missing field and a
+/// value's grammar (each kind has its own test above and below).
+#[test]
+fn every_decode_error_names_its_field() {
+    refused(
+        "schema = 'v0'\n[profiles.p]\nimage = 'x'\n",
+        "schema",
+        &["unsupported schema `v0`"],
+    );
+    refused(&minimal("foo = 1"), "profiles.p.foo", &["unknown field"]);
+    refused(
+        &minimal("isolate_gitignored = 'yes'"),
+        "profiles.p.isolate_gitignored",
+        &["invalid type"],
+    );
+    refused(
+        &minimal(&with_volumes(&[volume("'/srv/x'", "/root/x", "dir", "")])),
+        "profiles.p.volumes[0].kind",
+        &["unknown variant"],
+    );
+    refused(
+        &format!("{HEAD}[profiles.p]\nisolate_gitignored = true\n"),
+        "profiles.p",
+        &["missing field `image`"],
+    );
+    refused(
+        &minimal("persistent_dirs = ['root']"),
+        "profiles.p.persistent_dirs[0]",
+        &["invalid sandbox path `root`"],
+    );
+    // A huge value is quoted by its ends; the rule is whole.
+    let long = "s".repeat(400_000);
+    let msg = decode_error(&format!("schema = '{long}'\n[profiles.p]\nimage = 'x'\n"));
+    expect_field(
+        &msg,
+        "schema",
+        &[
+            "more characters",
+            "reads only `lazaret-trusted-host-config-v1`",
+        ],
+    );
+    assert!(msg.len() < 600, "{} bytes", msg.len());
 }
 
 #[test]
 fn documents_are_utf8_and_strings_nul_free() {
     accepted(&minimal("# café\npersistent_dirs = ['/home/café']"));
+    // Named by the field the first byte that is not UTF-8 lies in.
     let mut bytes = minimal("").into_bytes();
     bytes.extend_from_slice(b"# \xff\xfe\n");
     let msg = chain(&decode_document(&bytes).unwrap_err());
-    assert!(msg.contains("not valid UTF-8"), "{msg}");
+    assert!(
+        msg.contains("profiles.p (line 5, column 3): is not valid UTF-8"),
+        "{msg}"
+    );
+    let mut bytes = minimal("").into_bytes();
+    bytes.extend_from_slice(b"isolate_gitignored = \"\xff\"\n");
+    let msg = chain(&decode_document(&bytes).unwrap_err());
+    assert!(
+        msg.contains("profiles.p.isolate_gitignored (line 5, column 23): is not valid UTF-8"),
+        "{msg}"
+    );
 
     refused(
         &format!("{HEAD}[profiles.p]\nimage = \"a\\u0000b\"\n"),

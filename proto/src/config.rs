@@ -65,7 +65,8 @@ impl<'de> Deserialize<'de> for SchemaId {
             Ok(SchemaId)
         } else {
             Err(de::Error::custom(format!(
-                "unsupported schema `{text}`: this version of Lazaret reads only `{SCHEMA_ID}`"
+                "unsupported schema `{}`: this version of Lazaret reads only `{SCHEMA_ID}`",
+                quoted(&text)
             )))
         }
     }
@@ -217,6 +218,28 @@ pub struct AutoApprovalRuleV1 {
 #[error("{0}")]
 pub struct GrammarError(String);
 
+/// The longest value an error quotes whole, in characters.
+pub const QUOTED_MAX: usize = 160;
+
+/// `text` as an error quotes it: escaped as in a Rust string's debug form
+/// (no control character reaches a terminal), and, when longer than
+/// [`QUOTED_MAX`] characters, its beginning and its end around the count
+/// of those left out. A huge value then never makes a huge message, while
+/// the message itself, its reason and what to do, is never cut.
+pub fn quoted(text: &str) -> String {
+    let escaped: Vec<char> = text.escape_debug().collect();
+    if escaped.len() <= QUOTED_MAX {
+        return escaped.into_iter().collect();
+    }
+    let head = QUOTED_MAX * 3 / 4;
+    let tail = QUOTED_MAX / 4;
+    let left_out = escaped.len() - head - tail;
+    let mut shown: String = escaped[..head].iter().collect();
+    shown.push_str(&format!("…({left_out} more characters)…"));
+    shown.extend(&escaped[escaped.len() - tail..]);
+    shown
+}
+
 fn grammar(message: impl Into<String>) -> GrammarError {
     GrammarError(message.into())
 }
@@ -270,7 +293,7 @@ impl ProfileName {
             return Err(grammar(format!(
                 "invalid profile name `{}`: a name starts with a letter or digit, \
                  continues with letters, digits, `.`, `_` or `-`, and has at most 64 characters",
-                text.escape_debug()
+                quoted(text)
             )));
         }
         Ok(Self(text.to_owned()))
@@ -301,7 +324,7 @@ impl EnvName {
         if !valid_first || !valid_rest {
             return Err(grammar(format!(
                 "invalid environment name `{}`: a name matches [A-Za-z_][A-Za-z0-9_]*",
-                text.escape_debug()
+                quoted(text)
             )));
         }
         Ok(Self(text.to_owned()))
@@ -411,14 +434,16 @@ fn check_components(suffix: &str) -> Result<(), GrammarError> {
             }
             "." | ".." => {
                 return Err(grammar(format!(
-                    "the path has a `{component}` component; write the normalized path"
+                    "the path has a `{}` component; write the normalized path",
+                    quoted(component)
                 )));
             }
             _ => {}
         }
         if component.starts_with('~') {
             return Err(grammar(format!(
-                "`{component}`: `~` expands only as the leading `~/`"
+                "`{}`: `~` expands only as the leading `~/`",
+                quoted(component)
             )));
         }
         if let Some(c) = component
@@ -426,8 +451,9 @@ fn check_components(suffix: &str) -> Result<(), GrammarError> {
             .find(|c| matches!(c, '$' | '`' | '*' | '?' | '[' | ']' | '{' | '}' | '\\'))
         {
             return Err(grammar(format!(
-                "`{component}`: `{c}` would be an expansion, variable, glob or shell form, \
-                 which paths here do not have"
+                "`{}`: `{c}` would be an expansion, variable, glob or shell form, \
+                 which paths here do not have",
+                quoted(component)
             )));
         }
     }
@@ -470,11 +496,11 @@ impl HostPathDecl {
             return Err(grammar(format!(
                 "invalid host path `{}`: a host path is absolute or begins with `~/` \
                  (or `{{profile_dir}}/` for a volume source)",
-                text.escape_debug()
+                quoted(text)
             )));
         };
         check_components(suffix)
-            .map_err(|e| grammar(format!("invalid host path `{}`: {e}", text.escape_debug())))?;
+            .map_err(|e| grammar(format!("invalid host path `{}`: {e}", quoted(text))))?;
         Ok(Self {
             text: text.to_owned(),
             anchor,
@@ -514,18 +540,14 @@ impl SandboxPath {
         let Some(suffix) = text.strip_prefix('/') else {
             return Err(grammar(format!(
                 "invalid sandbox path `{}`: a sandbox path is absolute",
-                text.escape_debug()
+                quoted(text)
             )));
         };
         if suffix.is_empty() {
             return Err(grammar("the sandbox root `/` cannot be used here"));
         }
-        check_components(suffix).map_err(|e| {
-            grammar(format!(
-                "invalid sandbox path `{}`: {e}",
-                text.escape_debug()
-            ))
-        })?;
+        check_components(suffix)
+            .map_err(|e| grammar(format!("invalid sandbox path `{}`: {e}", quoted(text))))?;
         Ok(Self(text.to_owned()))
     }
 
@@ -577,7 +599,7 @@ impl Ipv4Prefix {
             grammar(format!(
                 "invalid IPv4 prefix `{}`: write it as a.b.c.d/len, e.g. `203.0.113.10/32` \
                  (v1 networks are IPv4 only)",
-                text.escape_debug()
+                quoted(text)
             ))
         };
         let (address, len) = text.split_once('/').ok_or_else(invalid)?;

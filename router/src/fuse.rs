@@ -20,6 +20,7 @@ use fuser::{
 };
 use rustix::fs::Stat;
 
+use crate::ids::Ids;
 use crate::nodes::Kind;
 use crate::tree::{SetAttr, SetTime, Tree};
 
@@ -48,12 +49,26 @@ const MAX_IO: u32 = 1 << 20;
 #[derive(Debug)]
 pub struct Router {
     tree: Tree,
+    ids: Ids,
 }
 
 impl Router {
-    /// Serves `tree`.
-    pub fn new(tree: Tree) -> Self {
-        Router { tree }
+    /// Serves `tree`, showing owners and groups through `ids`.
+    pub fn new(tree: Tree, ids: Ids) -> Self {
+        Router { tree, ids }
+    }
+
+    /// The attributes the kernel gets for `stat`.
+    fn attr(&self, ino: u64, stat: &Stat) -> FileAttr {
+        attr(&self.ids, ino, stat)
+    }
+
+    /// Answers a request that makes or finds an entry.
+    fn entry(&self, reply: ReplyEntry, result: crate::tree::Result<(u64, Stat)>) {
+        match result {
+            Ok((ino, stat)) => reply.entry(&TTL, &self.attr(ino, &stat), Generation(0)),
+            Err(e) => reply.error(errno(e)),
+        }
     }
 
     /// A read of a directory from its start lists it again.
@@ -91,7 +106,9 @@ fn time(sec: i64, nsec: u64) -> SystemTime {
     }
 }
 
-fn attr(ino: u64, stat: &Stat) -> FileAttr {
+/// The attributes of `stat`, its owner and group as `ids` shows them
+/// (see [`crate::ids`]).
+fn attr(ids: &Ids, ino: u64, stat: &Stat) -> FileAttr {
     let kind = crate::tree::kind_of(stat);
     FileAttr {
         ino: INodeNo(ino),
@@ -104,19 +121,11 @@ fn attr(ino: u64, stat: &Stat) -> FileAttr {
         kind: file_type(kind, stat),
         perm: (stat.st_mode & 0o7777) as u16,
         nlink: u32::try_from(stat.st_nlink).unwrap_or(u32::MAX),
-        uid: stat.st_uid,
-        gid: stat.st_gid,
+        uid: ids.uids.shown(stat.st_uid),
+        gid: ids.gids.shown(stat.st_gid),
         rdev: 0,
         blksize: u32::try_from(stat.st_blksize).unwrap_or(4096),
         flags: 0,
-    }
-}
-
-/// Answers a request that makes or finds an entry.
-fn entry(reply: ReplyEntry, result: crate::tree::Result<(u64, Stat)>) {
-    match result {
-        Ok((ino, stat)) => reply.entry(&TTL, &attr(ino, &stat), Generation(0)),
-        Err(e) => reply.error(errno(e)),
     }
 }
 
@@ -164,7 +173,7 @@ impl Filesystem for Router {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        entry(reply, self.tree.lookup(parent.0, name.as_bytes()));
+        self.entry(reply, self.tree.lookup(parent.0, name.as_bytes()));
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
@@ -173,7 +182,7 @@ impl Filesystem for Router {
 
     fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
         match self.tree.getattr(ino.0, fh.map(|h| h.0)) {
-            Ok(stat) => reply.attr(&TTL, &attr(ino.0, &stat)),
+            Ok(stat) => reply.attr(&TTL, &self.attr(ino.0, &stat)),
             Err(e) => reply.error(errno(e)),
         }
     }
@@ -196,6 +205,19 @@ impl Filesystem for Router {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
+        // An owner or group the sandbox sets to what it is shown keeps the
+        // host's (`chown` after `create`, as gVisor does, must not take a
+        // setgid directory's group off what is made in it).
+        let (uid, gid) = match (uid, gid) {
+            (None, None) => (None, None),
+            _ => match self.tree.getattr(ino.0, fh.map(|h| h.0)) {
+                Ok(stat) => (
+                    uid.filter(|&u| u != self.ids.uids.shown(stat.st_uid)),
+                    gid.filter(|&g| g != self.ids.gids.shown(stat.st_gid)),
+                ),
+                Err(e) => return reply.error(errno(e)),
+            },
+        };
         let set = SetAttr {
             mode,
             uid,
@@ -205,7 +227,7 @@ impl Filesystem for Router {
             mtime: set_time(mtime),
         };
         match self.tree.setattr(ino.0, set, fh.map(|h| h.0)) {
-            Ok(stat) => reply.attr(&TTL, &attr(ino.0, &stat)),
+            Ok(stat) => reply.attr(&TTL, &self.attr(ino.0, &stat)),
             Err(e) => reply.error(errno(e)),
         }
     }
@@ -227,7 +249,7 @@ impl Filesystem for Router {
         _rdev: u32,
         reply: ReplyEntry,
     ) {
-        entry(
+        self.entry(
             reply,
             self.tree.mknod(parent.0, name.as_bytes(), mode, umask),
         );
@@ -242,7 +264,7 @@ impl Filesystem for Router {
         umask: u32,
         reply: ReplyEntry,
     ) {
-        entry(
+        self.entry(
             reply,
             self.tree.mkdir(parent.0, name.as_bytes(), mode, umask),
         );
@@ -265,7 +287,7 @@ impl Filesystem for Router {
         reply: ReplyEntry,
     ) {
         let target = target.as_os_str().as_bytes();
-        entry(
+        self.entry(
             reply,
             self.tree.symlink(parent.0, link_name.as_bytes(), target),
         );
@@ -300,7 +322,7 @@ impl Filesystem for Router {
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
-        entry(
+        self.entry(
             reply,
             self.tree.link(ino.0, newparent.0, newname.as_bytes()),
         );
@@ -443,7 +465,7 @@ impl Filesystem for Router {
                 Err(e) => return reply.error(errno(e)),
             };
             for (name, next) in [(".", 1u64), ("..", 2)].into_iter().skip(offset as usize) {
-                let dir = attr(ino.0, &stat);
+                let dir = self.attr(ino.0, &stat);
                 if reply.add(ino, next, name, &TTL, &dir, Generation(0)) {
                     return reply.ok();
                 }
@@ -458,7 +480,7 @@ impl Filesystem for Router {
                     next,
                     OsStr::from_bytes(name),
                     &TTL,
-                    &attr(ino, stat),
+                    &self.attr(ino, stat),
                     Generation(0),
                 )
             });
@@ -567,7 +589,7 @@ impl Filesystem for Router {
         {
             Ok((ino, stat, handle)) => reply.created(
                 &TTL,
-                &attr(ino, &stat),
+                &self.attr(ino, &stat),
                 Generation(0),
                 FileHandle(handle),
                 FopenFlags::FOPEN_DIRECT_IO,

@@ -12,8 +12,9 @@
 //!    request with four descriptors: the `/dev/fuse` connection, the host
 //!    workspace, the Domain's isolated directory, and the sealed memfd of
 //!    the [`WorkspaceRules`] the Host Coordinator took from the host;
-//! 3. compiles the rules, answers the kernel's `INIT` on the connection,
-//!    and reports `Ready`;
+//! 3. compiles the rules, reads its own id maps (which owners and groups
+//!    it shows as they are: see [`ids`]), answers the kernel's `INIT` on
+//!    the connection, and reports `Ready`;
 //! 4. serves the connection until it ends (the mount namespace is gone),
 //!    then exits.
 //!
@@ -28,6 +29,7 @@
 #![deny(missing_docs)]
 
 mod fuse;
+pub mod ids;
 mod nodes;
 pub mod tree;
 
@@ -145,11 +147,17 @@ fn start(channel: &Channel) -> Result<(fuser::Session<fuse::Router>, RoutingSumm
             format!("the host workspace and isolated descriptors must be directories: {e}"),
         )
     })?;
+    let ids = ids::Ids::of_this_process().map_err(|e| {
+        failed(
+            RouterStep::Privileges,
+            format!("cannot tell which owners and groups the namespace maps: {e}"),
+        )
+    })?;
     let mut config = fuser::Config::default();
     config.n_threads = Some(THREADS);
     config.clone_fd = true;
     let session = fuser::Session::from_fd(
-        fuse::Router::new(tree),
+        fuse::Router::new(tree, ids),
         fuse,
         fuser::SessionACL::All,
         config,

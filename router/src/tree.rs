@@ -9,15 +9,16 @@
 //! link, a rename race) can point the router outside the two trees. The
 //! routing and protection decisions come from the [`Classifier`]; the
 //! kernel's answer for the chosen side is the only other input. Modes the
-//! sandbox sets lose setuid, setgid and group and other write bits, and
-//! the router creates no device node and sets no extended attribute.
+//! sandbox sets lose setuid, setgid and group and other write bits (a
+//! directory keeps a setgid bit it has), and the router creates no device
+//! node and sets no extended attribute.
 //!
 //! Trusts the supervisor's descriptors and the rules it was given; trusts
 //! nothing the sandbox sends beyond the fact that it asked.
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::OsStr;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -36,6 +37,9 @@ pub type Result<T> = std::result::Result<T, Errno>;
 /// The mode bits the sandbox may set: no setuid, setgid or sticky bit, no
 /// group or other write permission.
 pub const MODE_MASK: u32 = 0o755;
+
+/// The setgid bit, which a directory keeps (see [`masked`]).
+const SETGID: u32 = 0o2000;
 
 /// The error a protected path gives.
 pub const PROTECTED: Errno = Errno::ROFS;
@@ -269,6 +273,9 @@ pub struct Tree {
     nodes: RwLock<Nodes>,
     files: Handles<OwnedFd>,
     dirs: Handles<Listing>,
+    /// The router's own uid: the invoking user's, in the Domain user
+    /// namespace.
+    owner: u32,
     /// Held for writing across every change to names (create, link,
     /// remove, rename), from its checks to its effect, so that no other
     /// request of the sandbox can swap a name between the two; held for
@@ -302,6 +309,7 @@ impl Tree {
             nodes: RwLock::new(Nodes::new(root)),
             files: Handles::new(),
             dirs: Handles::new(),
+            owner: rustix::process::geteuid().as_raw(),
             names: RwLock::new(()),
         })
     }
@@ -591,20 +599,14 @@ impl Tree {
         if let Some(mode) = set.mode {
             // fchmod on a descriptor of the object itself: a name replaced
             // by a link in between cannot redirect it.
-            let fd = rustix::fs::openat(
-                &entry.dir,
-                name,
-                OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
-                Mode::empty(),
-            )
-            .map_err(|e| {
+            let fd = self.open_file(&entry, OFlags::RDONLY).map_err(|e| {
                 if e == Errno::LOOP {
                     Errno::OPNOTSUPP
                 } else {
                     e
                 }
             })?;
-            rustix::fs::fchmod(&fd, Mode::from_raw_mode(mode & MODE_MASK))?;
+            rustix::fs::fchmod(&fd, masked(fd.as_fd(), mode)?)?;
         }
         if set.uid.is_some() || set.gid.is_some() {
             rustix::fs::chownat(
@@ -619,12 +621,7 @@ impl Tree {
             match handle.and_then(|h| self.file(h).ok()) {
                 Some(fd) => rustix::fs::ftruncate(&*fd, size)?,
                 None => {
-                    let fd = rustix::fs::openat(
-                        &entry.dir,
-                        name,
-                        OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
-                        Mode::empty(),
-                    )?;
+                    let fd = self.open_file(&entry, OFlags::WRONLY)?;
                     if kind_of(&rustix::fs::fstat(&fd)?) != Kind::File {
                         return Err(Errno::INVAL);
                     }
@@ -1050,12 +1047,7 @@ impl Tree {
             return Err(PROTECTED);
         }
         let entry = self.entry(&node)?;
-        let fd = rustix::fs::openat(
-            &entry.dir,
-            os(&entry.name),
-            flags | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
-            Mode::empty(),
-        )?;
+        let fd = self.open_file(&entry, flags)?;
         let stat = rustix::fs::fstat(&fd)?;
         if kind_of(&stat) != Kind::File {
             return Err(Errno::INVAL);
@@ -1064,6 +1056,60 @@ impl Tree {
             handle: self.keep_file(fd),
             size: u64::try_from(stat.st_size).unwrap_or(0),
         })
+    }
+
+    /// Opens `entry` with `flags` (no link followed, never blocking).
+    ///
+    /// The router's capabilities do not reach a file whose group the
+    /// Domain user namespace cannot map (a file in a setgid directory of a
+    /// shared group): for the user's own such file, only its owner bits
+    /// apply. Where they refuse, the router adds the missing owner read or
+    /// write bit for the moment of opening and puts the mode back, as the
+    /// owner may, so the sandbox's root has over it what it has over the
+    /// user's files of their own group. gVisor needs it: it makes a file
+    /// with the descriptor it asked for read-only, then opens the file
+    /// again for writing (git makes its objects with mode 0444). The file
+    /// is reached through one `O_PATH` descriptor from the check to the
+    /// reopening: a name swapped meanwhile changes nothing.
+    fn open_file(&self, entry: &Entry, flags: OFlags) -> Result<OwnedFd> {
+        let name = os(&entry.name);
+        match rustix::fs::openat(
+            &entry.dir,
+            name,
+            flags | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
+            Mode::empty(),
+        ) {
+            Err(Errno::ACCESS) => {}
+            other => return other,
+        }
+        let object = rustix::fs::openat(
+            &entry.dir,
+            name,
+            OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?;
+        let stat = rustix::fs::fstat(&object)?;
+        let needed = match flags & OFlags::RWMODE {
+            OFlags::RDONLY => 0o400,
+            OFlags::WRONLY => 0o200,
+            _ => 0o600,
+        };
+        let mode = stat.st_mode & 0o7777;
+        if kind_of(&stat) != Kind::File || stat.st_uid != self.owner || mode & needed == needed {
+            return Err(Errno::ACCESS);
+        }
+        // The object itself, through its descriptor's magic link.
+        let magic = format!("/proc/self/fd/{}", object.as_raw_fd());
+        rustix::fs::chmod(&magic, Mode::from_raw_mode(mode | needed))?;
+        let opened = rustix::fs::open(
+            &magic,
+            flags | OFlags::NONBLOCK | OFlags::CLOEXEC,
+            Mode::empty(),
+        );
+        let restored = rustix::fs::chmod(&magic, Mode::from_raw_mode(mode));
+        let fd = opened?;
+        restored?;
+        Ok(fd)
     }
 
     fn keep_file(&self, fd: OwnedFd) -> u64 {
@@ -1280,10 +1326,25 @@ impl Tree {
     }
 }
 
+/// The mode a `chmod` of the object `fd` to `mode` sets: `mode` masked
+/// with [`MODE_MASK`], except that a directory keeps the setgid bit it has.
+/// That bit gives what is made in the directory the directory's group, as
+/// in a shared project tree; the host's kernel puts it on every directory
+/// made in a setgid one, and a `mkdir -m 755` or `install -d` inside must
+/// not take it off. The sandbox never adds it.
+fn masked(fd: BorrowedFd<'_>, mode: u32) -> Result<Mode> {
+    let current = rustix::fs::fstat(fd)?;
+    let kept = match kind_of(&current) {
+        Kind::Dir => current.st_mode & SETGID,
+        _ => 0,
+    };
+    Ok(Mode::from_raw_mode((mode & MODE_MASK) | kept))
+}
+
 /// Applies `set` to an open file through its descriptor.
 fn set_through(fd: &OwnedFd, set: SetAttr) -> Result<Stat> {
     if let Some(mode) = set.mode {
-        rustix::fs::fchmod(fd, Mode::from_raw_mode(mode & MODE_MASK))?;
+        rustix::fs::fchmod(fd, masked(fd.as_fd(), mode)?)?;
     }
     if set.uid.is_some() || set.gid.is_some() {
         rustix::fs::fchown(

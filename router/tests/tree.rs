@@ -680,6 +680,52 @@ fn modes_never_carry_setuid_setgid_or_group_and_other_write() {
 }
 
 #[test]
+fn a_directory_keeps_the_setgid_bit_it_has_and_never_gains_one() {
+    let s = Scratch::new();
+    let tree = s.tree(true);
+    let mode = |p: &str| std::fs::metadata(s.host.join(p)).unwrap().mode() & 0o7777;
+    let chmod = |ino: u64, mode: u32| {
+        tree.setattr(
+            ino,
+            SetAttr {
+                mode: Some(mode),
+                ..SetAttr::default()
+            },
+            None,
+        )
+        .unwrap();
+    };
+    // A shared tree on the host: new entries take its group.
+    std::fs::create_dir(s.host.join("shared")).unwrap();
+    std::fs::set_permissions(
+        s.host.join("shared"),
+        std::fs::Permissions::from_mode(0o2755),
+    )
+    .unwrap();
+    let shared = ino(&tree, "shared").unwrap();
+    chmod(shared, 0o755);
+    assert_eq!(mode("shared"), 0o2755);
+    // What is made in it: a directory setgid (the kernel's doing) and
+    // staying so; a file never.
+    let (made, _) = tree.mkdir(shared, b"made", 0o755, 0).unwrap();
+    assert_eq!(mode("shared/made"), 0o2755);
+    chmod(made, 0o700);
+    assert_eq!(mode("shared/made"), 0o2700);
+    let (file, _, handle) = tree
+        .create(shared, b"file", 0o2755, 0, libc_wronly())
+        .unwrap();
+    tree.release(handle);
+    chmod(file, 0o2755);
+    assert_eq!(mode("shared/file"), 0o755);
+    // A directory without the bit does not gain it.
+    let (root, _) = parent_and_name(&tree, "plain");
+    let (plain, _) = tree.mkdir(root, b"plain", 0o2755, 0).unwrap();
+    assert_eq!(mode("plain"), 0o755);
+    chmod(plain, 0o2755);
+    assert_eq!(mode("plain"), 0o755);
+}
+
+#[test]
 fn planted_links_do_not_lead_out_of_the_trees() {
     let s = Scratch::new();
     let tree = s.tree(true);

@@ -53,6 +53,19 @@ const MAX_INDEX_LEN: u64 = 1 << 30;
 /// The largest `.git` file read.
 const MAX_GIT_FILE_LEN: u64 = 4096;
 
+/// How many directories below the workspace's root the walk goes. A
+/// deeper directory that is not ignored stops `up` (its `.gitignore`
+/// cannot be left unread), naming it. Projects nest a few dozen levels;
+/// the bound is far above that and keeps the walk, and the paths it names,
+/// finite.
+pub const MAX_WALK_DEPTH: usize = 1024;
+
+/// The longest path of a directory the walk takes, in bytes: the kernel
+/// resolves at most `PATH_MAX` (4096) bytes, its terminating NUL included,
+/// in one call, and git's files in the directory (`.git/commondir`) are
+/// read by their whole path, so some room is left for their names.
+pub const MAX_WALK_PATH_LEN: usize = 4000;
+
 /// Why the rules could not be taken.
 #[derive(Debug, thiserror::Error)]
 pub enum GatherError {
@@ -127,6 +140,36 @@ pub enum GatherError {
         path: String,
         /// What gix-index said.
         reason: String,
+    },
+    /// A directory that is not ignored lies deeper than the walk goes.
+    #[error(
+        "the workspace holds directories more than {max} levels deep, deeper than Lazaret \
+         walks to read the workspace's .gitignore files before the sandbox starts: move them \
+         up, list them (or a directory above them) in a .gitignore, or set \
+         isolate_gitignored = false in the profile; the first one is {path}"
+    )]
+    TooDeep {
+        /// The first directory found below the bound.
+        path: String,
+        /// The bound.
+        max: usize,
+    },
+    /// A directory that is not ignored has a path longer than the kernel
+    /// resolves in one call.
+    #[error(
+        "the workspace holds a directory whose path is {len} bytes long, longer than the \
+         {max} bytes Lazaret reads a directory by (Linux resolves at most 4095 at once), so \
+         its .gitignore cannot be read before the sandbox starts: shorten the names on its \
+         path, move it up, list it (or a directory above it) in a .gitignore, or set \
+         isolate_gitignored = false in the profile; it is {path}"
+    )]
+    PathTooLong {
+        /// The directory.
+        path: String,
+        /// Its path's length in bytes.
+        len: usize,
+        /// The longest path taken.
+        max: usize,
     },
     /// A `.git` file does not name a git directory.
     #[error(
@@ -321,9 +364,11 @@ pub fn gather(
             workspace_path,
             (user, excludes_file.as_deref()),
             &mut classifier,
-            &mut rules,
-            &mut tracked,
-            &mut watched,
+            Found {
+                rules: &mut rules,
+                tracked: &mut tracked,
+                watched: &mut watched,
+            },
             before.as_ref().map(|(before, root)| Before {
                 classifier: before,
                 root: root.clone(),
@@ -828,6 +873,14 @@ struct Before<'a> {
     newly_shared: &'a mut Vec<RelativePath>,
 }
 
+/// What the walk adds to as it goes: the rules, each scope's tracked
+/// paths, and the directories of scripts git runs.
+struct Found<'a> {
+    rules: &'a mut WorkspaceRules,
+    tracked: &'a mut Vec<Vec<(Vec<u8>, bool)>>,
+    watched: &'a mut Vec<RelativePath>,
+}
+
 /// Walks the workspace's host directories that are not ignored, reading
 /// their `.gitignore` files and finding the repositories nested in them
 /// (and the directories of the scripts their git runs, into `watched`);
@@ -840,16 +893,19 @@ fn walk(
     workspace_path: &Path,
     (user, excludes_file): (&UserConfig, Option<&Path>),
     classifier: &mut Classifier,
-    rules: &mut WorkspaceRules,
-    tracked: &mut Vec<Vec<(Vec<u8>, bool)>>,
-    watched: &mut Vec<RelativePath>,
+    found: Found<'_>,
     mut before: Option<Before<'_>>,
 ) -> Result<(), GatherError> {
-    // Each directory with its state by the new rules and, while the
-    // earlier ones shared it too, by those.
+    let Found {
+        rules,
+        tracked,
+        watched,
+    } = found;
+    // Each directory with its depth, its state by the new rules and, while
+    // the earlier ones shared it too, by those.
     let earlier_root = before.as_ref().map(|b| b.root.clone());
-    let mut pending = vec![(Vec::<u8>::new(), classifier.root(), earlier_root)];
-    while let Some((dir_path, state, earlier)) = pending.pop() {
+    let mut pending = vec![(Vec::<u8>::new(), classifier.root(), earlier_root, 0usize)];
+    while let Some((dir_path, state, earlier, depth)) = pending.pop() {
         let label = workspace_path.join(OsStr::from_bytes(&dir_path));
         let fd = match crate::fs::open_dir(workspace, &dir_path, OFlags::RDONLY) {
             Ok(fd) => fd,
@@ -929,6 +985,21 @@ fn walk(
             }
             let child_path = join(&dir_path, name);
             let child_label = workspace_path.join(OsStr::from_bytes(&child_path));
+            if depth + 1 > MAX_WALK_DEPTH {
+                return Err(GatherError::TooDeep {
+                    path: child_label.display().to_string(),
+                    max: MAX_WALK_DEPTH,
+                });
+            }
+            // Its `.git` is looked for by its whole path.
+            let len = child_label.as_os_str().len();
+            if len > MAX_WALK_PATH_LEN {
+                return Err(GatherError::PathTooLong {
+                    path: child_label.display().to_string(),
+                    len,
+                    max: MAX_WALK_PATH_LEN,
+                });
+            }
             if let Some((git_dir, common_dir)) = git_dir_of(&child_label)? {
                 let known = rules.git_dirs.len();
                 add_git_dirs(&[&git_dir, &common_dir], workspace_path, rules);
@@ -970,7 +1041,7 @@ fn walk(
                 });
                 child = classifier.child(&state, &dir_path, name, is_dir, facts).1;
             }
-            pending.push((child_path, child, earlier_child));
+            pending.push((child_path, child, earlier_child, depth + 1));
         }
     }
     Ok(())

@@ -955,3 +955,89 @@ fn rules_that_isolated_nothing_share_nothing_new() {
     let now = gathered_after(&fixture, &fixture.repo, &earlier);
     assert!(now.newly_shared.is_empty(), "{:?}", now.newly_shared);
 }
+
+/// Makes `levels` nested directories named `name` in `dir`, each made and
+/// entered through its parent's descriptor (their whole paths may be
+/// longer than the kernel resolves at once).
+fn nest(dir: &Path, name: &str, levels: usize) {
+    use rustix::fs::{Mode, OFlags};
+    let mut fd = rustix::fs::open(dir, OFlags::PATH | OFlags::DIRECTORY, Mode::empty()).unwrap();
+    for _ in 0..levels {
+        rustix::fs::mkdirat(&fd, name, Mode::from_raw_mode(0o755)).unwrap();
+        fd =
+            rustix::fs::openat(&fd, name, OFlags::PATH | OFlags::DIRECTORY, Mode::empty()).unwrap();
+    }
+}
+
+#[test]
+fn a_tree_deeper_than_the_walk_goes_is_refused_naming_its_first_too_deep_directory() {
+    use lazaret_routing::gather::MAX_WALK_DEPTH;
+    let fixture = Fixture::new();
+    // As deep as the walk goes: taken.
+    nest(&fixture.repo.join("."), "a", MAX_WALK_DEPTH);
+    rules_of(&fixture, &fixture.repo);
+
+    // 2,041 levels: each path fits in what the kernel resolves relative to
+    // the workspace, not whole.
+    let deep = fixture.repo.join("deep");
+    std::fs::create_dir(&deep).unwrap();
+    nest(&deep, "a", 2041);
+    let dir = std::fs::File::open(&fixture.repo).unwrap();
+    let error = gather(dir.as_fd(), &fixture.repo, true, &fixture.user(), None)
+        .expect_err("a tree deeper than the walk goes");
+    let shown = error.to_string();
+    // `deep` is one level down: the first too deep is its 1,024th `a`.
+    let first = format!("{}{}", deep.display(), "/a".repeat(MAX_WALK_DEPTH));
+    assert!(
+        shown.starts_with(&format!(
+            "the workspace holds directories more than {MAX_WALK_DEPTH} levels deep"
+        )),
+        "{shown}"
+    );
+    assert!(
+        shown.contains("list them (or a directory above them) in a .gitignore"),
+        "{shown}"
+    );
+    // The whole path of the first directory below the bound, to its end.
+    assert!(
+        shown.ends_with(&format!("; the first one is {first}")),
+        "{shown}"
+    );
+
+    // Ignored, it is not walked.
+    fixture.write(".gitignore", "/deep/\n");
+    rules_of(&fixture, &fixture.repo);
+}
+
+#[test]
+fn a_directory_path_longer_than_the_kernel_resolves_is_refused_naming_it() {
+    use lazaret_routing::gather::MAX_WALK_PATH_LEN;
+    let fixture = Fixture::new();
+    let long = fixture.repo.join("long");
+    std::fs::create_dir(&long).unwrap();
+    let name = "n".repeat(250);
+    nest(&long, &name, 20);
+    let dir = std::fs::File::open(&fixture.repo).unwrap();
+    let error = gather(dir.as_fd(), &fixture.repo, true, &fixture.user(), None)
+        .expect_err("a path longer than the walk takes");
+    let shown = error.to_string();
+    // The first directory past the bound, named whole.
+    let mut first = long.clone();
+    while first.as_os_str().len() <= MAX_WALK_PATH_LEN {
+        first.push(&name);
+    }
+    assert!(
+        shown.starts_with(&format!(
+            "the workspace holds a directory whose path is {} bytes long",
+            first.as_os_str().len()
+        )),
+        "{shown}"
+    );
+    assert!(shown.contains("shorten the names on its path"), "{shown}");
+    assert!(
+        shown.ends_with(&format!("; it is {}", first.display())),
+        "{shown}"
+    );
+    fixture.write(".gitignore", "long/\n");
+    rules_of(&fixture, &fixture.repo);
+}

@@ -1,83 +1,134 @@
 //! The Domain lifecycle end to end, as an unprivileged user with real runsc:
 //! `up`, `status`, files inside the sandbox, `down`, `up` again; a second
 //! `up`; a changed configuration; two Domains on one image; recovery after
-//! the coordinator is killed. Needs root (to create the test user and switch
-//! to it) and runsc; CI provides both.
+//! the coordinator is killed; the lifecycle trials again in a project
+//! directory of another group and under a setgid parent. Needs root (to
+//! create the test user and group and switch to them) and runsc; CI
+//! provides both.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use lazaret_tests::domain::{
-    SERIAL, UserHost, busybox_image, large_image, lazaret_processes, pid_exists,
+    SERIAL, Shape, UserHost, busybox_image, large_image, lazaret_processes, pid_exists,
 };
 use libtest_mimic::{Failed, Trial};
 use serde_json::Value;
 
 pub fn trials() -> Vec<Trial> {
+    let shaped: [(&str, ShapedTest); 4] = [
+        (
+            "domain::state_survives_down_and_up",
+            state_survives_down_and_up,
+        ),
+        (
+            "domain::a_second_up_joins_or_refuses",
+            a_second_up_joins_or_refuses,
+        ),
+        (
+            "domain::two_domains_share_one_prepared_lower",
+            two_domains_share_one_lower,
+        ),
+        (
+            "domain::a_killed_coordinator_is_recovered",
+            a_killed_coordinator_is_recovered,
+        ),
+    ];
     gated(
         runnable(),
-        [
-            Trial::test(
-                "domain::state_survives_down_and_up",
-                state_survives_down_and_up,
-            ),
-            Trial::test(
-                "domain::a_second_up_joins_or_refuses",
-                a_second_up_joins_or_refuses,
-            ),
-            Trial::test(
-                "domain::two_domains_share_one_prepared_lower",
-                two_domains_share_one_lower,
-            ),
-            Trial::test(
-                "domain::a_killed_coordinator_is_recovered",
-                a_killed_coordinator_is_recovered,
-            ),
-            Trial::test(
-                "domain::down_when_not_running_says_so",
-                down_when_not_running,
-            ),
-            Trial::test(
-                "domain::a_bad_image_fails_cleanly",
-                a_bad_image_fails_cleanly,
-            ),
-            Trial::test(
-                "domain::a_skopeo_planted_on_path_never_runs",
-                a_planted_skopeo_never_runs,
-            ),
-            Trial::test("domain::volumes_mount_with_their_access", volumes),
-            Trial::test(
-                "domain::name_resolution_works_with_a_persistent_etc",
-                persistent_etc,
-            ),
-            Trial::test(
-                "domain::loopback_works_beside_the_policy_tap_only",
-                loopback_only,
-            ),
-            Trial::test("domain::the_coordinator_logs_to_the_journal", journal),
-            Trial::test(
-                "domain::environment_reaches_the_sandbox_not_the_disk",
-                environment,
-            ),
-            Trial::test(
-                "domain::a_killed_supervisor_ends_the_generation",
-                a_killed_supervisor,
-            ),
-            Trial::test(
-                "domain::unmodified_image_content_follows_the_image",
-                image_content_follows,
-            ),
-            Trial::test(
-                "domain::up_shows_progress_as_bars_lines_json_or_nothing",
-                up_progress,
-            ),
-            Trial::test(
-                "domain::tmp_is_bounded_and_full_inside_not_on_the_host",
-                tmp_is_bounded,
-            ),
-        ],
+        shaped
+            .into_iter()
+            .flat_map(|(name, test)| in_every_shape(name, test))
+            .chain([
+                Trial::test(
+                    "domain::down_when_not_running_says_so",
+                    down_when_not_running,
+                ),
+                Trial::test(
+                    "domain::a_bad_image_fails_cleanly",
+                    a_bad_image_fails_cleanly,
+                ),
+                Trial::test(
+                    "domain::a_skopeo_planted_on_path_never_runs",
+                    a_planted_skopeo_never_runs,
+                ),
+                Trial::test("domain::volumes_mount_with_their_access", volumes),
+                Trial::test(
+                    "domain::name_resolution_works_with_a_persistent_etc",
+                    persistent_etc,
+                ),
+                Trial::test(
+                    "domain::loopback_works_beside_the_policy_tap_only",
+                    loopback_only,
+                ),
+                Trial::test("domain::the_coordinator_logs_to_the_journal", journal),
+                Trial::test(
+                    "domain::environment_reaches_the_sandbox_not_the_disk",
+                    environment,
+                ),
+                Trial::test(
+                    "domain::a_killed_supervisor_ends_the_generation",
+                    a_killed_supervisor,
+                ),
+                Trial::test(
+                    "domain::unmodified_image_content_follows_the_image",
+                    image_content_follows,
+                ),
+                Trial::test(
+                    "domain::up_shows_progress_as_bars_lines_json_or_nothing",
+                    up_progress,
+                ),
+                Trial::test(
+                    "domain::tmp_is_bounded_and_full_inside_not_on_the_host",
+                    tmp_is_bounded,
+                ),
+            ]),
     )
+}
+
+/// `test` as the trial `name` with the project in the user's own
+/// directory, and as `name` with each other [`Shape`]'s suffix: a
+/// directory of another group, and one under a setgid parent.
+pub(crate) fn in_every_shape(name: &str, test: ShapedTest) -> Vec<Trial> {
+    std::iter::once(Shape::Own)
+        .chain(Shape::OTHERS)
+        .map(|shape| Trial::test(format!("{name}{}", shape.suffix()), move || test(shape)))
+        .collect()
+}
+
+/// Writes a file and a directory into the top of the workspace `ws` from
+/// inside the Domain of `status`; fails unless both reach the host as the
+/// user's, with the group the host gives them.
+pub(crate) fn writes_reach_the_host(host: &UserHost, status: &Value, ws: &Path) -> Result {
+    let out = host.exec(
+        status,
+        "echo made > /workspace/made-inside && mkdir /workspace/dir-inside && \
+         echo deeper > /workspace/dir-inside/file",
+    );
+    if !out.status.success() {
+        return Err(format!("writing the workspace: {}", text(&out)).into());
+    }
+    for made in ["made-inside", "dir-inside", "dir-inside/file"] {
+        let meta = std::fs::metadata(ws.join(made))?;
+        let owner = (
+            std::os::unix::fs::MetadataExt::uid(&meta),
+            std::os::unix::fs::MetadataExt::gid(&meta),
+        );
+        assert_eq!(owner, (host.uid(), made_group(host)), "{made}");
+    }
+    assert_eq!(std::fs::read_to_string(ws.join("made-inside"))?, "made\n");
+    Ok(())
+}
+
+/// The group a file the sandbox makes in the top of `host`'s workspace
+/// has on the host: the workspace's own group under a setgid parent (as
+/// the host's kernel gives it), the user's primary group otherwise.
+pub(crate) fn made_group(host: &UserHost) -> u32 {
+    match host.shape() {
+        Shape::SetgidParent => host.shape().group().expect("a shape of another group"),
+        Shape::Own | Shape::OtherGroup => host.gid(),
+    }
 }
 
 /// `trials`, ignored unless `runnable` (this machine can run them).
@@ -103,6 +154,9 @@ pub(crate) fn runnable() -> bool {
 
 pub(crate) type Result = std::result::Result<(), Failed>;
 
+/// A test run in every [`Shape`] of project (see [`in_every_shape`]).
+pub(crate) type ShapedTest = fn(Shape) -> Result;
+
 /// The serial lock and a test host with the default one-profile
 /// configuration (profile `p`, the busybox image, `/root` persistent).
 pub(crate) fn default_host() -> (std::sync::MutexGuard<'static, ()>, UserHost) {
@@ -111,10 +165,24 @@ pub(crate) fn default_host() -> (std::sync::MutexGuard<'static, ()>, UserHost) {
 
 /// The serial lock and a test host whose configuration is `text`.
 pub(crate) fn host_with_config(text: &str) -> (std::sync::MutexGuard<'static, ()>, UserHost) {
+    shaped_host(text, Shape::Own)
+}
+
+/// The serial lock and a test host whose configuration is `text` and
+/// whose projects have `shape`.
+pub(crate) fn shaped_host(
+    text: &str,
+    shape: Shape,
+) -> (std::sync::MutexGuard<'static, ()>, UserHost) {
     let serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let host = UserHost::new();
+    let host = UserHost::shaped(shape);
     host.write_config(text);
     (serial, host)
+}
+
+/// [`shaped_host`] with the default one-profile configuration.
+fn default_shaped(shape: Shape) -> (std::sync::MutexGuard<'static, ()>, UserHost) {
+    shaped_host(&config(&busybox_image(), "\"/root\""), shape)
 }
 
 /// Polls `probe` every 100 ms until it yields a value, for at most
@@ -175,8 +243,8 @@ pub(crate) fn down(host: &UserHost, cwd: &Path) -> Result {
     Ok(())
 }
 
-fn state_survives_down_and_up() -> Result {
-    let (_serial, host) = default_host();
+fn state_survives_down_and_up(shape: Shape) -> Result {
+    let (_serial, host) = default_shaped(shape);
     let ws = host.workspace.clone();
 
     let status = up(&host, &ws)?;
@@ -208,11 +276,16 @@ fn state_survives_down_and_up() -> Result {
     }
     let host_file = ws.join("from-sandbox.txt");
     assert_eq!(std::fs::read_to_string(&host_file)?, "shared\n");
-    let owner = std::os::unix::fs::MetadataExt::uid(&std::fs::metadata(&host_file)?);
+    let made = std::fs::metadata(&host_file)?;
     assert_eq!(
-        owner,
+        std::os::unix::fs::MetadataExt::uid(&made),
         host.uid(),
         "workspace files belong to the invoking user"
+    );
+    assert_eq!(
+        std::os::unix::fs::MetadataExt::gid(&made),
+        made_group(&host),
+        "workspace files have the group the host gives them"
     );
 
     let status = up(&host, &ws)?;
@@ -228,13 +301,12 @@ fn state_survives_down_and_up() -> Result {
     Ok(())
 }
 
-fn a_second_up_joins_or_refuses() -> Result {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let host = UserHost::new();
+fn a_second_up_joins_or_refuses(shape: Shape) -> Result {
     let image = busybox_image();
-    host.write_config(&config(&image, "\"/root\""));
+    let (_serial, host) = shaped_host(&config(&image, "\"/root\""), shape);
     let ws = host.workspace.clone();
     let first = up(&host, &ws)?;
+    writes_reach_the_host(&host, &first, &ws)?;
 
     let again = host.lazaret(&ws, &["up", "p"]);
     assert!(again.status.success(), "{}", text(&again));
@@ -259,12 +331,14 @@ fn a_second_up_joins_or_refuses() -> Result {
     Ok(())
 }
 
-fn two_domains_share_one_lower() -> Result {
-    let (_serial, host) = default_host();
+fn two_domains_share_one_lower(shape: Shape) -> Result {
+    let (_serial, host) = default_shaped(shape);
     let first_ws = host.workspace.clone();
-    let second_ws = host.user_dir("second-project");
+    let second_ws = host.project("second-project");
     let first = up(&host, &first_ws)?;
     let second = up(&host, &second_ws)?;
+    writes_reach_the_host(&host, &first, &first_ws)?;
+    writes_reach_the_host(&host, &second, &second_ws)?;
     assert_ne!(first["domain_id"], second["domain_id"]);
     assert_eq!(first["manifest_digest"], second["manifest_digest"]);
     let artifacts = host.storage().join("catalog/artifacts");
@@ -282,8 +356,8 @@ fn two_domains_share_one_lower() -> Result {
     Ok(())
 }
 
-fn a_killed_coordinator_is_recovered() -> Result {
-    let (_serial, host) = default_host();
+fn a_killed_coordinator_is_recovered(shape: Shape) -> Result {
+    let (_serial, host) = default_shaped(shape);
     let ws = host.workspace.clone();
     let status = up(&host, &ws)?;
     let coordinator = status["coordinator"]["pid"].as_u64().unwrap();
@@ -308,6 +382,7 @@ fn a_killed_coordinator_is_recovered() -> Result {
     assert_nothing_left(&host);
     let again = up(&host, &ws)?;
     assert_eq!(again["generation"], 2);
+    writes_reach_the_host(&host, &again, &ws)?;
     down(&host, &ws)?;
     Ok(())
 }

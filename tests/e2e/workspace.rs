@@ -7,21 +7,25 @@
 //! what changed where that cannot be stopped; a submodule cannot be moved;
 //! modes lose setuid, setgid and group/other write; subdirectory,
 //! worktree, submodule and separate git directory workspaces; a killed
-//! Workspace Router fails closed. Needs root (to create the test
-//! user and switch to it), runsc, git and a `/dev/fuse` the user can open;
-//! CI provides all of them.
+//! Workspace Router fails closed; files of other groups, and the main
+//! trials again in a project directory of another group and under a
+//! setgid parent; a tree deeper than `up` walks; a path unignored inside
+//! stays hidden until the developer agrees. Needs root (to create the
+//! test user and group and switch to them), runsc, git and a `/dev/fuse`
+//! the user can open; CI provides all of them.
 
 use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use lazaret_tests::domain::{UserHost, git_image};
+use lazaret_tests::domain::{Shape, UserHost, git_image};
 use libtest_mimic::{Failed, Trial};
 use serde_json::Value;
 
 use crate::domain::{
-    Result, assert_nothing_left, config, down, gated, host_with_config, runnable, text, up,
-    wait_until,
+    Result, ShapedTest, assert_nothing_left, config, down, gated, in_every_shape, made_group,
+    runnable, shaped_host, text, up, wait_until, writes_reach_the_host,
 };
 
 pub fn trials() -> Vec<Trial> {
@@ -39,74 +43,97 @@ pub fn trials() -> Vec<Trial> {
              (packaging/device-access.sh)"
         );
     }
+    let shaped: [(&str, ShapedTest); 5] = [
+        (
+            "workspace::ignored_paths_are_isolated_both_ways",
+            ignored_paths_are_isolated,
+        ),
+        (
+            "workspace::git_works_inside_but_its_configuration_and_hooks_are_read_only",
+            git_works_inside,
+        ),
+        (
+            "workspace::modes_lose_setuid_setgid_and_group_other_write",
+            modes,
+        ),
+        (
+            "workspace::a_subdirectory_takes_the_enclosing_rules",
+            subdirectory,
+        ),
+        (
+            "workspace::a_worktree_and_a_submodule_work",
+            worktree_and_submodule,
+        ),
+    ];
     gated(
         runnable,
-        [
-            Trial::test(
-                "workspace::ignored_paths_are_isolated_both_ways",
-                ignored_paths_are_isolated,
-            ),
-            Trial::test(
-                "workspace::git_works_inside_but_its_configuration_and_hooks_are_read_only",
-                git_works_inside,
-            ),
-            Trial::test(
-                "workspace::a_separate_git_directory_and_what_its_hooks_run_are_read_only",
-                separate_git_dir,
-            ),
-            Trial::test(
-                "workspace::planted_git_metadata_runs_nothing_on_the_host",
-                planted_metadata,
-            ),
-            Trial::test(
-                "workspace::planted_git_metadata_in_a_plain_workspace_runs_nothing",
-                planted_metadata_plain,
-            ),
-            Trial::test(
-                "workspace::modes_lose_setuid_setgid_and_group_other_write",
-                modes,
-            ),
-            Trial::test(
-                "workspace::a_subdirectory_takes_the_enclosing_rules",
-                subdirectory,
-            ),
-            Trial::test(
-                "workspace::a_worktree_and_a_submodule_work",
-                worktree_and_submodule,
-            ),
-            Trial::test(
-                "workspace::a_submodule_cannot_be_moved",
-                submodule_unmovable,
-            ),
-            Trial::test(
-                "workspace::what_host_scripts_load_cannot_be_planted",
-                script_directories,
-            ),
-            Trial::test(
-                "workspace::down_lists_what_changed_where_git_runs_scripts",
-                down_lists_changes,
-            ),
-            Trial::test("workspace::a_killed_router_fails_closed", killed_router),
-            Trial::test(
-                "workspace::a_directory_made_unreadable_inside_stops_the_next_up",
-                unreadable_directory,
-            ),
-            Trial::test(
-                "workspace::a_path_unignored_inside_stays_hidden_until_accepted",
-                unignored_stays_hidden,
-            ),
-        ],
+        shaped
+            .into_iter()
+            .flat_map(|(name, test)| in_every_shape(name, test))
+            .chain([
+                Trial::test(
+                    "workspace::a_separate_git_directory_and_what_its_hooks_run_are_read_only",
+                    separate_git_dir,
+                ),
+                Trial::test(
+                    "workspace::planted_git_metadata_runs_nothing_on_the_host",
+                    planted_metadata,
+                ),
+                Trial::test(
+                    "workspace::planted_git_metadata_in_a_plain_workspace_runs_nothing",
+                    planted_metadata_plain,
+                ),
+                Trial::test("workspace::a_killed_router_fails_closed", killed_router),
+                Trial::test(
+                    "workspace::a_directory_made_unreadable_inside_stops_the_next_up",
+                    unreadable_directory,
+                ),
+                Trial::test(
+                    "workspace::files_of_other_groups_are_written_by_their_owner",
+                    other_groups,
+                ),
+                Trial::test(
+                    "workspace::a_tree_deeper_than_up_walks_stops_it_naming_its_first_too_deep_directory",
+                    too_deep,
+                ),
+                Trial::test(
+                    "workspace::a_submodule_cannot_be_moved",
+                    submodule_unmovable,
+                ),
+                Trial::test(
+                    "workspace::what_host_scripts_load_cannot_be_planted",
+                    script_directories,
+                ),
+                Trial::test(
+                    "workspace::down_lists_what_changed_where_git_runs_scripts",
+                    down_lists_changes,
+                ),
+                Trial::test(
+                    "workspace::a_path_unignored_inside_stays_hidden_until_accepted",
+                    unignored_stays_hidden,
+                ),
+            ]),
     )
 }
 
 /// The serial lock and a test host whose profile `p` runs the git image.
 fn git_host() -> (std::sync::MutexGuard<'static, ()>, UserHost) {
-    host_with_config(&config(&git_image(), "\"/root\""))
+    shaped_git_host(Shape::Own)
+}
+
+/// [`git_host`] with its projects in `shape`.
+fn shaped_git_host(shape: Shape) -> (std::sync::MutexGuard<'static, ()>, UserHost) {
+    shaped_host(&config(&git_image(), "\"/root\""), shape)
 }
 
 /// [`git_host`] whose workspace is a [`repository`], and the workspace.
 fn repository_host() -> (std::sync::MutexGuard<'static, ()>, UserHost, PathBuf) {
-    let (serial, host) = git_host();
+    shaped_repository_host(Shape::Own)
+}
+
+/// [`repository_host`] with its projects in `shape`.
+fn shaped_repository_host(shape: Shape) -> (std::sync::MutexGuard<'static, ()>, UserHost, PathBuf) {
+    let (serial, host) = shaped_git_host(shape);
     let ws = host.workspace.clone();
     repository(&host, &ws);
     (serial, host, ws)
@@ -161,9 +188,10 @@ fn refused_inside(host: &UserHost, status: &Value, script: &str) {
     );
 }
 
-fn ignored_paths_are_isolated() -> Result {
-    let (_serial, host, ws) = repository_host();
+fn ignored_paths_are_isolated(shape: Shape) -> Result {
+    let (_serial, host, ws) = shaped_repository_host(shape);
     let status = up(&host, &ws)?;
+    writes_reach_the_host(&host, &status, &ws)?;
     assert_eq!(
         status["workspace_routing"]["isolate_gitignored"], true,
         "{status}"
@@ -276,8 +304,8 @@ fn ignored_paths_are_isolated() -> Result {
     Ok(())
 }
 
-fn git_works_inside() -> Result {
-    let (_serial, host, ws) = repository_host();
+fn git_works_inside(shape: Shape) -> Result {
+    let (_serial, host, ws) = shaped_repository_host(shape);
     // Hooks kept in the worktree, as husky sets them up.
     sh(
         &host,
@@ -499,25 +527,45 @@ fn planted_metadata_plain() -> Result {
     planted_in(&host, &ws)
 }
 
-fn modes() -> Result {
-    let (_serial, host, ws) = repository_host();
+/// Modes lose setuid, setgid and group and other write; a directory keeps
+/// the setgid bit the host's kernel gives it under a setgid directory
+/// (and nothing else), and what is made has the group the host gives it.
+fn modes(shape: Shape) -> Result {
+    let (_serial, host, ws) = shaped_repository_host(shape);
     let status = up(&host, &ws)?;
     inside(
         &host,
         &status,
         "cd /workspace && echo x > x && chmod 6755 x && mkdir src && chmod 0777 src && \
-         touch y && chmod 0666 y && mkdir -m 2777 shared && umask 0 && echo z > z",
+         touch y && chmod 0666 y && mkdir -m 2777 shared && mkdir plain && chmod 2755 plain && \
+         umask 0 && echo z > z && mkdir -m 0777 open",
     )?;
-    for path in ["x", "src", "y", "shared", "z"] {
-        let mode = std::fs::metadata(ws.join(path))?.mode() & 0o7777;
-        assert_eq!(mode & 0o6022, 0, "{path} has mode {mode:o} on the host");
+    let setgid_dirs = shape == Shape::SetgidParent;
+    for path in ["x", "src", "y", "shared", "plain", "z", "open"] {
+        let meta = std::fs::symlink_metadata(ws.join(path))?;
+        let mode = meta.mode() & 0o7777;
+        if meta.is_dir() {
+            assert_eq!(mode & 0o4022, 0, "{path} has mode {mode:o} on the host");
+            assert_eq!(
+                mode & 0o2000 != 0,
+                setgid_dirs,
+                "{path} has mode {mode:o} on the host"
+            );
+        } else {
+            assert_eq!(mode & 0o6022, 0, "{path} has mode {mode:o} on the host");
+        }
+        assert_eq!(
+            (meta.uid(), meta.gid()),
+            (host.uid(), made_group(&host)),
+            "{path}"
+        );
     }
     down(&host, &ws)?;
     Ok(())
 }
 
-fn subdirectory() -> Result {
-    let (_serial, host, ws) = repository_host();
+fn subdirectory(shape: Shape) -> Result {
+    let (_serial, host, ws) = shaped_repository_host(shape);
     sh(
         &host,
         &ws,
@@ -541,10 +589,10 @@ fn subdirectory() -> Result {
     Ok(())
 }
 
-fn worktree_and_submodule() -> Result {
-    let (_serial, host, ws) = repository_host();
+fn worktree_and_submodule(shape: Shape) -> Result {
+    let (_serial, host, ws) = shaped_repository_host(shape);
     // A submodule from another repository on this host.
-    let library = host.user_dir("library");
+    let library = host.project("library");
     sh(
         &host,
         &library,
@@ -577,7 +625,7 @@ fn worktree_and_submodule() -> Result {
     down(&host, &ws)?;
 
     // A linked worktree of the repository.
-    let parent = host.user_dir("worktrees");
+    let parent = host.project("worktrees");
     let worktree = parent.join("wt");
     sh(
         &host,
@@ -1091,4 +1139,143 @@ fn kept_isolated(status: &Value) -> Vec<String> {
                 .collect()
         })
         .unwrap_or_default()
+}
+
+/// Files and directories of other groups than the user's own, in a
+/// project directory of another group: the owner writes them whatever
+/// their group, read-only ones too (as the sandbox's root writes those of
+/// the user's own group); a group-writable file of another owner is
+/// written through the user's membership of its group, as on the host,
+/// and one the user cannot write on the host stays unwritable; what is made in a setgid
+/// directory takes its group (a directory its setgid bit too), as on the
+/// host, and a `chmod` or `chown` inside does not take them off.
+fn other_groups() -> Result {
+    let (_serial, host) = shaped_git_host(Shape::OtherGroup);
+    let ws = host.workspace.clone();
+    let share = Shape::OtherGroup.group().ok_or("no test group")?;
+    let user = host.uid();
+    // Made as root: files of the user's in a group it is in and in one it
+    // is not in (root's), files of root's the user's group may or may not
+    // write, and a setgid directory of the test group.
+    let file = |name: &str, owner: u32, group: u32, mode: u32| -> Result {
+        let path = ws.join(name);
+        std::fs::write(&path, "host\n")?;
+        std::os::unix::fs::chown(&path, Some(owner), Some(group))?;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode))?;
+        Ok(())
+    };
+    file("mine-shared-group", user, share, 0o644)?;
+    file("mine-read-only", user, share, 0o444)?;
+    file("mine-foreign-group", user, 0, 0o644)?;
+    file("group-writable", 0, share, 0o664)?;
+    file("not-mine", 0, share, 0o644)?;
+    let setgid = ws.join("setgid");
+    std::fs::create_dir(&setgid)?;
+    std::os::unix::fs::chown(&setgid, Some(user), Some(share))?;
+    std::fs::set_permissions(&setgid, std::fs::Permissions::from_mode(0o2755))?;
+
+    let status = up(&host, &ws)?;
+    // The sandbox sees them as its own group's, not as `nogroup`.
+    assert_eq!(
+        inside(&host, &status, "stat -c %u:%g /workspace /workspace/setgid")?,
+        "0:0\n0:0\n"
+    );
+    inside(
+        &host,
+        &status,
+        "cd /workspace && echo inside >> mine-shared-group && \
+         echo inside >> mine-foreign-group && echo inside >> group-writable && \
+         echo inside >> mine-read-only && echo a > setgid/read-only && \
+         chmod 444 setgid/read-only && echo b >> setgid/read-only && \
+         echo made > setgid/file && mkdir setgid/dir && mkdir -m 755 setgid/moded && \
+         echo deeper > setgid/dir/file && chown 0:0 setgid/file setgid/dir && \
+         chmod 755 setgid",
+    )?;
+    refused_inside(&host, &status, "echo inside >> /workspace/not-mine");
+    down(&host, &ws)?;
+
+    for name in [
+        "mine-shared-group",
+        "mine-foreign-group",
+        "group-writable",
+        "mine-read-only",
+    ] {
+        assert_eq!(
+            std::fs::read_to_string(ws.join(name))?,
+            "host\ninside\n",
+            "{name}"
+        );
+    }
+    assert_eq!(std::fs::read_to_string(ws.join("not-mine"))?, "host\n");
+    let owner = |name: &str| -> std::io::Result<(u32, u32, u32)> {
+        let meta = std::fs::symlink_metadata(ws.join(name))?;
+        Ok((meta.uid(), meta.gid(), meta.mode() & 0o7777))
+    };
+    // Writing keeps each file's owner and group.
+    assert_eq!(owner("mine-shared-group")?, (user, share, 0o644));
+    assert_eq!(owner("mine-foreign-group")?, (user, 0, 0o644));
+    assert_eq!(owner("group-writable")?, (0, share, 0o664));
+    // The sandbox's root writes the user's read-only files, whatever
+    // their group, as it writes those of the user's own group; their mode
+    // stays.
+    assert_eq!(owner("mine-read-only")?, (user, share, 0o444));
+    assert_eq!(
+        std::fs::read_to_string(ws.join("setgid/read-only"))?,
+        "a\nb\n"
+    );
+    assert_eq!(owner("setgid/read-only")?, (user, share, 0o444));
+    // What is made in the setgid directory has its group; directories
+    // its setgid bit; the directory keeps its own.
+    assert_eq!(owner("setgid")?, (user, share, 0o2755));
+    assert_eq!(owner("setgid/file")?, (user, share, 0o644));
+    assert_eq!(owner("setgid/dir")?, (user, share, 0o2755));
+    assert_eq!(owner("setgid/moded")?, (user, share, 0o2755));
+    assert_eq!(owner("setgid/dir/file")?, (user, share, 0o644));
+    Ok(())
+}
+
+/// A 2,041-level tree in the workspace (each path fits in what the kernel
+/// resolves relative to the workspace, not whole) stops `up` with the
+/// whole reason and the whole path of its first directory below the
+/// walk's bound; ignored, it is not walked and `up` goes on.
+fn too_deep() -> Result {
+    use rustix::fs::{Mode, OFlags};
+    let (_serial, host, ws) = repository_host();
+    let deep = ws.join("deep");
+    std::fs::create_dir(&deep)?;
+    let mut dir = rustix::fs::open(&deep, OFlags::PATH | OFlags::DIRECTORY, Mode::empty())?;
+    for _ in 0..2041 {
+        rustix::fs::mkdirat(&dir, "a", Mode::from_raw_mode(0o755))?;
+        dir = rustix::fs::openat(&dir, "a", OFlags::PATH | OFlags::DIRECTORY, Mode::empty())?;
+    }
+    let chowned = std::process::Command::new("chown")
+        .arg("-R")
+        .arg(format!("{}:{}", host.uid(), host.gid()))
+        .arg(&deep)
+        .status()?;
+    assert!(chowned.success());
+
+    let out = host.lazaret(&ws, &["up", "p"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    let first = format!("{}{}", deep.display(), "/a".repeat(1024));
+    assert!(
+        err.contains("more than 1024 levels deep")
+            && err.contains("set isolate_gitignored = false"),
+        "{err}"
+    );
+    // Whole, up to the note `up` adds after it.
+    assert!(
+        err.contains(&format!(
+            "the first one is {first}; nothing of the generation"
+        )),
+        "{err}"
+    );
+    assert!(!err.contains("more characters"), "{err}");
+    assert!(host.status(&ws, "p").is_none(), "nothing runs");
+
+    sh(&host, &ws, "echo /deep/ >> .gitignore");
+    up(&host, &ws)?;
+    down(&host, &ws)?;
+    Ok(())
 }

@@ -1,7 +1,9 @@
-//! Helpers for end-to-end Domain tests: an unprivileged test user, a local
-//! busybox image, a scratch host owned by that user, and commands run as it.
+//! Helpers for end-to-end Domain tests: an unprivileged test user (and a
+//! test group it belongs to), a local busybox image, a scratch host owned
+//! by that user whose projects take a [`Shape`], and commands run as it.
 //!
-//! Needs root to create the user and to switch to it; CI runs as root.
+//! Needs root to create the user and group and to switch to them; CI runs
+//! as root.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -58,8 +60,16 @@ pub fn repo_root() -> PathBuf {
 /// Whether this run created the test user (and so must remove it).
 static CREATED_USER: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
-/// Removes the test user if this run created it, and the image it built.
-/// Called once when every test has run.
+/// The group the tests add the test user to, for project directories of
+/// another group than the user's own.
+pub const TEST_GROUP: &str = "lazaret-e2e-share";
+
+/// Whether this run used the test group (and so must remove it).
+static USED_GROUP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Removes the test user if this run created it, the test group if this
+/// run used it, and the images it built. Called once when every test has
+/// run, whatever their outcome.
 pub fn cleanup() {
     for image in [
         IMAGE.get(),
@@ -77,8 +87,90 @@ pub fn cleanup() {
             let _ = std::fs::remove_dir_all(dir);
         }
     }
+    if USED_GROUP.load(std::sync::atomic::Ordering::SeqCst) {
+        // The group is the tests' own: one a killed run left is removed too.
+        let _ = Command::new("groupdel").arg(TEST_GROUP).status();
+    }
     if CREATED_USER.load(std::sync::atomic::Ordering::SeqCst) {
         let _ = Command::new("userdel").arg(TEST_USER).status();
+    }
+}
+
+/// The gid of [`TEST_GROUP`], created if needed, with the test user a
+/// member of it (a supplementary group: the user's primary group stays
+/// its own).
+pub fn test_group() -> u32 {
+    static GROUP: OnceLock<u32> = OnceLock::new();
+    *GROUP.get_or_init(|| {
+        test_user();
+        USED_GROUP.store(true, std::sync::atomic::Ordering::SeqCst);
+        let gid = || -> Option<u32> {
+            let out = Command::new("getent")
+                .args(["group", TEST_GROUP])
+                .output()
+                .ok()?;
+            String::from_utf8_lossy(&out.stdout)
+                .split(':')
+                .nth(2)?
+                .trim()
+                .parse()
+                .ok()
+        };
+        if gid().is_none() {
+            let status = Command::new("groupadd")
+                .args(["--system", TEST_GROUP])
+                .status()
+                .expect("run groupadd");
+            assert!(status.success(), "groupadd {TEST_GROUP} failed");
+        }
+        let status = Command::new("gpasswd")
+            .args(["--add", TEST_USER, TEST_GROUP])
+            .stdout(std::process::Stdio::null())
+            .status()
+            .expect("run gpasswd");
+        assert!(
+            status.success(),
+            "adding {TEST_USER} to {TEST_GROUP} failed"
+        );
+        gid().expect("the test group's gid")
+    })
+}
+
+/// Where a test host's projects lie and which group they have. The
+/// lifecycle and workspace tests run in each.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Shape {
+    /// A directory of the user's own, in the user's primary group.
+    Own,
+    /// A directory whose group is [`TEST_GROUP`], which the user belongs
+    /// to, mode 0755 and not setgid (`mkdir p && chgrp share p`): what is
+    /// made in it has the maker's primary group.
+    OtherGroup,
+    /// A directory in a setgid directory of [`TEST_GROUP`] (a shared
+    /// project area, mode 2775): the project is setgid too, and everything
+    /// made in it, on the host or inside, has that group.
+    SetgidParent,
+}
+
+impl Shape {
+    /// The shapes other than [`Shape::Own`].
+    pub const OTHERS: [Shape; 2] = [Shape::OtherGroup, Shape::SetgidParent];
+
+    /// A trial name's suffix for this shape (empty for [`Shape::Own`]).
+    pub fn suffix(self) -> &'static str {
+        match self {
+            Shape::Own => "",
+            Shape::OtherGroup => "::in_a_directory_of_another_group",
+            Shape::SetgidParent => "::under_a_setgid_parent",
+        }
+    }
+
+    /// The group of the projects of this shape: `None` for the user's own.
+    pub fn group(self) -> Option<u32> {
+        match self {
+            Shape::Own => None,
+            Shape::OtherGroup | Shape::SetgidParent => Some(test_group()),
+        }
     }
 }
 
@@ -238,12 +330,20 @@ pub struct UserHost {
     pub workspace: PathBuf,
     uid: u32,
     gid: u32,
+    shape: Shape,
     profiles: std::sync::Mutex<Vec<(String, PathBuf)>>,
 }
 
 impl UserHost {
     /// Creates the scratch tree and hands it to the test user.
     pub fn new() -> Self {
+        Self::shaped(Shape::Own)
+    }
+
+    /// Creates the scratch tree with its project in `shape`, and hands it
+    /// to the test user; in a shape of another group, the user runs with
+    /// that group as a supplementary group.
+    pub fn shaped(shape: Shape) -> Self {
         let (uid, gid) = test_user();
         let dir = tempfile::Builder::new()
             .prefix("lazaret-e2e-host-")
@@ -253,21 +353,65 @@ impl UserHost {
         std::fs::set_permissions(&base, std::fs::Permissions::from_mode(0o755)).unwrap();
         let home = base.join("home");
         let runtime = base.join("run");
-        let workspace = base.join("project");
-        for d in [&home, &runtime, &workspace] {
+        for d in [&home, &runtime] {
             std::fs::create_dir_all(d).unwrap();
             std::os::unix::fs::chown(d, Some(uid), Some(gid)).unwrap();
         }
         std::fs::set_permissions(&runtime, std::fs::Permissions::from_mode(0o700)).unwrap();
-        Self {
+        if let (Shape::SetgidParent, Some(group)) = (shape, shape.group()) {
+            let area = base.join("shared");
+            std::fs::create_dir(&area).unwrap();
+            std::os::unix::fs::chown(&area, Some(0), Some(group)).unwrap();
+            std::fs::set_permissions(&area, std::fs::Permissions::from_mode(0o2775)).unwrap();
+        }
+        let mut host = Self {
             dir,
             home,
             runtime,
-            workspace,
+            workspace: PathBuf::new(),
             uid,
             gid,
+            shape,
             profiles: Default::default(),
-        }
+        };
+        host.workspace = host.project("project");
+        host
+    }
+
+    /// The shape of this host's projects.
+    pub fn shape(&self) -> Shape {
+        self.shape
+    }
+
+    /// The test user's primary gid.
+    pub fn gid(&self) -> u32 {
+        self.gid
+    }
+
+    /// A new project directory of the test user's, in this host's shape.
+    pub fn project(&self, name: &str) -> PathBuf {
+        let dir = match self.shape {
+            Shape::SetgidParent => self.base().join("shared").join(name),
+            Shape::Own | Shape::OtherGroup => self.base().join(name),
+        };
+        // Made by root: in the setgid area it takes the area's group and
+        // setgid bit, as a directory the user makes there does.
+        std::fs::create_dir(&dir).unwrap();
+        let group = match self.shape {
+            Shape::Own => Some(self.gid),
+            Shape::OtherGroup => self.shape.group(),
+            Shape::SetgidParent => None,
+        };
+        std::os::unix::fs::chown(&dir, Some(self.uid), group).unwrap();
+        std::fs::set_permissions(
+            &dir,
+            std::fs::Permissions::from_mode(match self.shape {
+                Shape::SetgidParent => 0o2755,
+                Shape::Own | Shape::OtherGroup => 0o755,
+            }),
+        )
+        .unwrap();
+        dir
     }
 
     /// The scratch root.
@@ -303,11 +447,15 @@ impl UserHost {
     /// A command run as the test user, in `cwd`, with this host's
     /// environment.
     pub fn command(&self, program: &Path, cwd: &Path) -> Command {
+        let groups = match self.shape.group() {
+            Some(group) => format!("--groups={group}"),
+            None => "--clear-groups".to_owned(),
+        };
         let mut command = Command::new("setpriv");
         command
             .arg(format!("--reuid={}", self.uid))
             .arg(format!("--regid={}", self.gid))
-            .args(["--clear-groups", "--"])
+            .args([groups.as_str(), "--"])
             .arg(program)
             .current_dir(cwd)
             .env_clear()

@@ -61,30 +61,20 @@ impl From<ConfigError> for Failure {
     }
 }
 
-/// The longest line of a message shown to the user, in characters.
-const MAX_SHOWN_LINE: usize = 400;
-
 /// `text` as it may reach the developer's terminal: control characters
 /// other than newline and tab escaped (a configuration value, an image
-/// name or a file name could otherwise set the terminal's title or worse),
-/// and each line cut after [`MAX_SHOWN_LINE`] characters.
+/// name or a file name could otherwise set the terminal's title or worse).
+/// Nothing is cut: an error's reason and what to do come whole, however
+/// long the path before them. What could be huge (a value quoted from the
+/// configuration) is shortened where it is quoted
+/// ([`lazaret_proto::config::quoted`]).
 pub fn printable(text: &str) -> String {
-    let mut out = String::with_capacity(text.len().min(4096));
-    for (i, line) in text.split('\n').enumerate() {
-        if i > 0 {
-            out.push('\n');
-        }
-        for (shown, c) in line.chars().enumerate() {
-            if shown == MAX_SHOWN_LINE {
-                let rest = line.chars().count() - shown;
-                out.push_str(&format!("… ({rest} more characters)"));
-                break;
-            }
-            if c.is_control() && c != '\t' {
-                out.extend(c.escape_default());
-            } else {
-                out.push(c);
-            }
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if c.is_control() && c != '\t' && c != '\n' {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
         }
     }
     out
@@ -532,13 +522,15 @@ fn create_config(path: &std::path::Path, contents: &[u8]) -> Result<(), Failure>
 #[cfg(test)]
 mod tests {
     #[test]
-    fn printable_escapes_controls_and_cuts_long_lines() {
+    fn printable_escapes_controls_and_never_cuts() {
         let shown = super::printable("a\x1b]0;t\x07b\n\tc\u{9b}d");
         assert_eq!(shown, "a\\u{1b}]0;t\\u{7}b\n\tc\\u{9b}d");
-        let long = format!("{}\nnext", "é".repeat(1000));
-        let shown = super::printable(&long);
-        assert!(shown.starts_with(&"é".repeat(400)), "{shown}");
-        assert!(shown.contains("… (600 more characters)\nnext"), "{shown}");
+        // A reason after a path of 4,000 characters comes whole.
+        let long = format!(
+            "cannot read /w{}: make it readable\nnext",
+            "/a".repeat(2000)
+        );
+        assert_eq!(super::printable(&long), long);
     }
 
     use super::*;

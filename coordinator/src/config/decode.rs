@@ -13,33 +13,45 @@ use std::collections::BTreeMap;
 
 use lazaret_proto::config::{
     HostAnchor, Ipv4Prefix, ProfileV1, RFC1918, SCHEMA_ID, SandboxPath, TrustedHostConfigurationV1,
-    VolumeKind,
+    VolumeKind, quoted,
 };
 use lazaret_proto::layout::SandboxLayoutV1;
 
 use super::{ConfigError, field};
 
-/// Where and why `text` is not TOML, without quoting the document (a line
-/// may be long, or hold control characters).
+/// The field at byte `at` of `text` and where that byte is, as a syntax
+/// error names them: `profiles.p.image (line 4, column 1)`.
+fn place(text: &str, at: usize) -> String {
+    let at = at.min(text.len());
+    let before = text.get(..at).unwrap_or(text);
+    let line = before.matches('\n').count() + 1;
+    let column = before.rsplit('\n').next().unwrap_or("").chars().count() + 1;
+    let field = super::keypath::path_at(text, at);
+    format!("{field} (line {line}, column {column})")
+}
+
+/// Where and why `text` is not TOML, naming the field, without quoting the
+/// document (a line may be long, or hold control characters).
 fn toml_error(text: &str, error: &toml::de::Error) -> String {
     let message = error.message().trim_end();
-    match error.span() {
-        Some(span) => {
-            let before = &text[..span.start.min(text.len())];
-            let line = before.matches('\n').count() + 1;
-            let column = before.rsplit('\n').next().unwrap_or("").chars().count() + 1;
-            format!("at line {line}, column {column}: {message}")
-        }
-        None => message.to_owned(),
-    }
+    let at = error.span().map_or(text.len(), |span| span.start);
+    format!("{}: {message}", place(text, at))
 }
 
 /// The document at `source_label` as a TOML table, or the syntax error
-/// with its line.
+/// with its field and line.
 pub(super) fn parse_table(source_label: &str, bytes: &[u8]) -> Result<toml::Table, ConfigError> {
-    let text = std::str::from_utf8(bytes).map_err(|e| ConfigError::Syntax {
-        path: source_label.to_owned(),
-        message: format!("is not valid UTF-8 (at byte {})", e.valid_up_to()),
+    let text = std::str::from_utf8(bytes).map_err(|e| {
+        // The bytes before the first that is not UTF-8 are text.
+        let valid = e.valid_up_to();
+        let before = std::str::from_utf8(&bytes[..valid]).unwrap_or_default();
+        ConfigError::Syntax {
+            path: source_label.to_owned(),
+            message: format!(
+                "{}: is not valid UTF-8 (byte {valid})",
+                place(before, valid)
+            ),
+        }
     })?;
     text.parse()
         .map_err(|e: toml::de::Error| ConfigError::Syntax {
@@ -70,7 +82,8 @@ pub fn decode(
             return Err(field(
                 "schema",
                 format!(
-                    "unsupported schema `{s}`: this version of Lazaret reads only `{SCHEMA_ID}`"
+                    "unsupported schema `{}`: this version of Lazaret reads only `{SCHEMA_ID}`",
+                    quoted(s)
                 ),
             ));
         }

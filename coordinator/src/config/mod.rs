@@ -16,6 +16,7 @@
 pub mod confined;
 mod decode;
 pub mod hostenv;
+mod keypath;
 mod resolve;
 mod source;
 

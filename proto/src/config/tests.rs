@@ -246,3 +246,27 @@ fn image_and_arguments() {
     assert!(Argument::parse("").is_ok());
     assert!(Argument::parse("a\0").is_err());
 }
+
+#[test]
+fn a_quoted_value_is_escaped_and_a_long_one_shows_its_ends() {
+    assert_eq!(quoted("a\u{1b}]0;t\u{7}"), "a\\u{1b}]0;t\\u{7}");
+    let short = "x".repeat(QUOTED_MAX);
+    assert_eq!(quoted(&short), short);
+    let long = format!(
+        "{}{}{}",
+        "b".repeat(200),
+        "m".repeat(400_000),
+        "e".repeat(200)
+    );
+    let shown = quoted(&long);
+    assert!(
+        shown.starts_with(&"b".repeat(QUOTED_MAX * 3 / 4)),
+        "{shown}"
+    );
+    assert!(shown.ends_with(&"e".repeat(QUOTED_MAX / 4)), "{shown}");
+    assert!(
+        shown.contains(&format!("…({} more characters)…", long.len() - QUOTED_MAX)),
+        "{shown}"
+    );
+    assert!(shown.chars().count() < QUOTED_MAX + 40, "{shown}");
+}
