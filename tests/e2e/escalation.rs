@@ -48,6 +48,10 @@ pub fn trials() -> Vec<Trial> {
                 "escalation::disabled_escalation_refuses_every_request",
                 disabled,
             ),
+            Trial::test(
+                "escalation::replies_say_nothing_of_host_files",
+                host_files_unrevealed,
+            ),
         ],
     )
 }
@@ -622,3 +626,91 @@ fn disabled() -> Result {
     assert!(stderr(&out).contains("LAZARET_SESSION"), "{}", text(&out));
     down(&host, &ws)
 }
+
+/// A request for a host path no rule names gets the same reply whether
+/// the path is a private file (`0600`), a directory or nothing at all:
+/// without a terminal, and with one, where the developer is asked about
+/// each and only the prompt says why it cannot run.
+fn host_files_unrevealed() -> Result {
+    let (_serial, host) =
+        host_with_config(&escalation_config(&[rule("/usr/bin/id", &["-u"], false)]));
+    let (uid, gid) = lazaret_tests::domain::test_user();
+    let ssh = host.home.join(".ssh");
+    std::fs::create_dir_all(&ssh)?;
+    let key = ssh.join("id_ed25519");
+    std::fs::write(&key, "-----BEGIN OPENSSH PRIVATE KEY-----\n")?;
+    for (path, mode) in [(&ssh, 0o700), (&key, 0o600)] {
+        std::os::unix::fs::chown(path, Some(uid), Some(gid))?;
+        std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(mode))?;
+    }
+    let paths = [
+        key.display().to_string(),
+        ssh.display().to_string(),
+        ssh.join("id_missing").display().to_string(),
+    ];
+    let ws = host.workspace.clone();
+    up(&host, &ws)?;
+
+    // The reply with the path asked for taken out, and its exit status.
+    let reply = |path: &str, code: Option<i32>, said: &str| {
+        format!("{code:?}: {}", said.replace(path, "PATH"))
+    };
+    let mut without_terminal = Vec::new();
+    for path in &paths {
+        let out = attached(&host, &["lazaret-escalate", path])?;
+        without_terminal.push(reply(path, code(&out), &stdout(&out)));
+    }
+    assert!(
+        without_terminal.iter().all(|r| *r == without_terminal[0]),
+        "without a terminal: {without_terminal:#?}"
+    );
+
+    let tmux = Tmux {
+        host: &host,
+        dir: host.user_dir("tmux"),
+        cwd: ws.clone(),
+    };
+    let pane = format!("{} attach p; sleep 60", bin("lazaret").display());
+    tmux.start(160, 40, &pane)?;
+    tmux.type_until("echo ready-$((20+22))", "ready-42", Duration::from_secs(30))?;
+    let mut with_terminal = Vec::new();
+    for (i, path) in paths.iter().enumerate() {
+        tmux.type_line(&format!(
+            "clear; lazaret-escalate {path} >/workspace/reply-{i} 2>&1; echo rc-$?-{i}"
+        ))?;
+        // The status line, `rc-STATUS-i`, as the pane shows it.
+        let status = |s: &str| {
+            s.lines().find_map(|l| {
+                l.trim_end()
+                    .strip_prefix("rc-")?
+                    .strip_suffix(&format!("-{i}"))
+                    .map(str::to_owned)
+            })
+        };
+        let screen = match tmux.poll(WAIT, |s| {
+            s.contains("the sandbox asks to run a command") || status(s).is_some()
+        })? {
+            Ok(screen) => screen,
+            Err(screen) => return Err(format!("{path}: no prompt and no end:\n{screen}").into()),
+        };
+        if status(&screen).is_none() {
+            // The developer sees why it cannot run; even `y` runs nothing.
+            assert!(screen.contains("cannot run"), "{path}: {screen}");
+            tmux.type_line("y")?;
+        }
+        let screen = match tmux.poll(WAIT, |s| status(s).is_some())? {
+            Ok(screen) => screen,
+            Err(screen) => return Err(format!("{path}: no end:\n{screen}").into()),
+        };
+        let said = std::fs::read_to_string(ws.join(format!("reply-{i}")))?;
+        let rc = status(&screen).unwrap_or_default().parse::<i32>().ok();
+        with_terminal.push(reply(path, rc, &said));
+    }
+    assert!(
+        with_terminal.iter().all(|r| *r == with_terminal[0]),
+        "with a terminal: {with_terminal:#?}"
+    );
+    drop(tmux);
+    down(&host, &ws)
+}
+

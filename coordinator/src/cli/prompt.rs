@@ -43,6 +43,8 @@ const TERMINAL_RESET: &str = "\x18\x1b\\\x0f\x1b[0m\x1b[?25h";
 #[derive(Debug, Default)]
 pub struct Prompter {
     waiting: Option<RequestId>,
+    /// Whether the waiting prompt's command cannot run: any answer denies.
+    deny_only: bool,
     /// When the waiting prompt expires.
     expires_at: Option<UnixTimeNs>,
     line: Vec<u8>,
@@ -88,15 +90,30 @@ impl Prompter {
         self.waiting = Some(prompt.request_id);
         self.expires_at = Some(prompt.expires_at);
         self.line.clear();
+        self.deny_only = prompt.cannot_run.is_some();
         let wait = prompt.expires_at.since(UnixTimeNs::now()).as_secs();
+        // A command that cannot run is still asked about (the sandbox
+        // learns nothing of the host's files from the answer); only here
+        // is it said why, and only a denial is possible.
+        let (cannot_run, question) = match &prompt.cannot_run {
+            Some(why) => (
+                format!("\x20 cannot   run it: {}\r\n", crate::cli::printable(why)),
+                "It cannot run on this host; press Enter to deny it: ",
+            ),
+            None => (
+                String::new(),
+                "Run it on the host? Type y and Enter to approve; anything else denies: ",
+            ),
+        };
         let text = format!(
             "{TERMINAL_RESET}\r\n\
              ── lazaret: the sandbox asks to run a command on this host ──\r\n\
              \x20 session  {session}, asked at {asked}\r\n\
              \x20 command  {command}\r\n\
              \x20 why      {reason}\r\n\
+             {cannot_run}\
              \x20 expires  in {wait} s\r\n\
-             Run it on the host? Type y and Enter to approve; anything else denies: ",
+             {question}",
             session = &prompt.session_id.to_hex()[..8],
             asked = clock(prompt.requested_at),
             command = shown(&prompt.command_argv),
@@ -124,7 +141,10 @@ impl Prompter {
                     let line = String::from_utf8_lossy(&self.line)
                         .trim()
                         .to_ascii_lowercase();
-                    let approved = byte != 0x03 && byte != 0x04 && (line == "y" || line == "yes");
+                    let approved = !self.deny_only
+                        && byte != 0x03
+                        && byte != 0x04
+                        && (line == "y" || line == "yes");
                     let decision = if approved {
                         DeveloperDecisionKind::Approve
                     } else {
@@ -204,6 +224,7 @@ impl Prompter {
     /// Ends the prompt and writes the output held back meanwhile.
     fn end(&mut self, out: &mut dyn Write) -> std::io::Result<()> {
         self.waiting = None;
+        self.deny_only = false;
         self.expires_at = None;
         self.line.clear();
         let held = std::mem::take(&mut self.held);
@@ -224,6 +245,7 @@ mod tests {
             requested_at: UnixTimeNs(3_661 * 1_000_000_000),
             expires_at: UnixTimeNs::now().after(std::time::Duration::from_secs(60)),
             reason: "no rule\u{7}".into(),
+            cannot_run: None,
         }
     }
 
@@ -274,6 +296,39 @@ mod tests {
         let mut p = Prompter::default();
         shown_to(&mut p);
         assert!(p.key(&mut Vec::new(), session, b"y").unwrap().is_none());
+    }
+
+    #[test]
+    fn a_command_that_cannot_run_can_only_be_denied() {
+        let mut p = Prompter::default();
+        let mut out = Vec::new();
+        let null = std::fs::File::open("/dev/null").unwrap();
+        let prompt = EscalationPrompt {
+            cannot_run: Some("/home/u/.ssh/id_ed25519 is not executable\u{1b}[2J".into()),
+            ..prompt()
+        };
+        p.show(&mut out, std::os::fd::AsFd::as_fd(&null), &prompt)
+            .unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert!(
+            text.contains("cannot   run it: /home/u/.ssh/id_ed25519 is not executable"),
+            "{text}"
+        );
+        assert!(text.contains("press Enter to deny"), "{text}");
+        // What the host says is escaped like the rest of the prompt.
+        assert!(text.contains("not executable\\u{1b}[2J"), "{text}");
+        let answer = p
+            .key(&mut Vec::new(), SessionId([0xab; 16]), b"y\r")
+            .unwrap()
+            .expect("answered");
+        assert_eq!(answer.decision, DeveloperDecisionKind::Deny);
+        // The next prompt is asked normally.
+        shown_to(&mut p);
+        let answer = p
+            .key(&mut Vec::new(), SessionId([0xab; 16]), b"y\r")
+            .unwrap()
+            .expect("answered");
+        assert_eq!(answer.decision, DeveloperDecisionKind::Approve);
     }
 
     #[test]

@@ -87,6 +87,9 @@ struct Request {
     executable: Option<Checked>,
     /// Why no rule did, for the prompt and the log.
     reason: String,
+    /// Why its executable cannot run, for the developer's prompt and the
+    /// log only: what goes back into the sandbox never depends on it.
+    cannot_run: Option<String>,
     /// Who decided, for the log.
     decided_by: &'static str,
     /// What the result says beyond its outcome.
@@ -196,7 +199,16 @@ impl SessionEscalation {
     }
 
     /// The developer answered a prompt in this session's terminal.
-    pub fn answer(&mut self, answer: EscalationAnswer) {
+    pub fn answer(&mut self, mut answer: EscalationAnswer) {
+        // A command that cannot run is only ever denied, so that its
+        // answer reads as any other denial.
+        let runnable = self
+            .known
+            .get(&answer.request_id)
+            .is_none_or(|r| r.cannot_run.is_none());
+        if !runnable {
+            answer.decision = DeveloperDecisionKind::Deny;
+        }
         let effects = self
             .requests
             .answer(answer.request_id, answer.decision, UnixTimeNs::now());
@@ -341,6 +353,7 @@ impl SessionEscalation {
             rule: None,
             executable: None,
             reason: String::new(),
+            cannot_run: None,
             decided_by: "policy",
             detail: String::new(),
             started: None,
@@ -368,6 +381,7 @@ impl SessionEscalation {
                     classification,
                     rule = entry.rule,
                     reason = %entry.reason,
+                    cannot_run = entry.cannot_run.as_deref(),
                     "escalation requested"
                 );
                 self.known.insert(id, entry);
@@ -426,6 +440,10 @@ impl SessionEscalation {
                     );
                     return ("no rule", Admission::End(self.refuse(entry, why)));
                 }
+                // Whether the executable can run is said on the prompt
+                // only: a request the developer may be asked about is
+                // asked about, whatever is (or is not) at that path, so
+                // the sandbox cannot probe the host's files with it.
                 match shared.launcher.requested_executable(&entry.argv[0]) {
                     Ok(checked) => {
                         if checked.canonical.as_os_str() != entry.argv[0].as_str() {
@@ -435,15 +453,15 @@ impl SessionEscalation {
                             ));
                         }
                         entry.executable = Some(checked);
-                        (
-                            "ask the developer",
-                            Admission::Ask {
-                                deadline: entry.expires_at,
-                            },
-                        )
                     }
-                    Err(why) => ("no rule", Admission::End(self.refuse(entry, why))),
+                    Err(why) => entry.cannot_run = Some(why),
                 }
+                (
+                    "ask the developer",
+                    Admission::Ask {
+                        deadline: entry.expires_at,
+                    },
+                )
             }
             Classification::RequiresShell { reason } => (
                 "requires a shell",
@@ -463,6 +481,10 @@ impl SessionEscalation {
                     if let Some(request) = self.known.get(&id) {
                         let mut reason = request.reason.clone();
                         truncate(&mut reason, MAX_PROMPT_REASON);
+                        let cannot_run = request.cannot_run.clone().map(|mut why| {
+                            truncate(&mut why, MAX_PROMPT_REASON);
+                            why
+                        });
                         self.events.push_back(Event::Prompt(EscalationPrompt {
                             session_id: self.capability.session_binding.session_id,
                             request_id: id,
@@ -470,6 +492,7 @@ impl SessionEscalation {
                             requested_at: request.issued_at,
                             expires_at: request.expires_at,
                             reason,
+                            cannot_run,
                         }));
                     }
                 }
