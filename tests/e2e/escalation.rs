@@ -49,6 +49,10 @@ pub fn trials() -> Vec<Trial> {
                 disabled,
             ),
             Trial::test(
+                "escalation::an_approved_commands_setsid_children_end_with_it",
+                setsid_children,
+            ),
+            Trial::test(
                 "escalation::replies_say_nothing_of_host_files",
                 host_files_unrevealed,
             ),
@@ -166,12 +170,31 @@ fn auto_approval() -> Result {
 }
 
 /// Each stream arrives whole and in its order, the exit status is the
-/// command's (128+N for signal N), 8 MiB of output arrives intact.
+/// command's (128+N for signal N), 8 MiB of output arrives intact, and a
+/// command the host cannot start ends 126, saying why.
 fn output_and_status() -> Result {
     let dash = canonical("/bin/sh");
-    let (_serial, host) = host_with_config(&escalation_config(&[rule(&dash, &["-c"], true)]));
+    let (_serial, host) = host_with_config("");
+    // A script whose interpreter does not exist: it passes every check,
+    // and its start fails.
+    let broken = host.user_dir("tools").join("broken");
+    std::fs::write(&broken, "#!/nonexistent/interpreter\n")?;
+    std::os::unix::fs::chown(&broken, Some(host.uid()), None)?;
+    std::fs::set_permissions(&broken, std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
+    let broken = broken.display().to_string();
+    host.write_config(&escalation_config(&[
+        rule(&dash, &["-c"], true),
+        rule(&broken, &[], false),
+    ]));
     let ws = host.workspace.clone();
     up(&host, &ws)?;
+    let out = attached(&host, &["lazaret-escalate", &broken])?;
+    assert_eq!(code(&out), Some(126), "{}", text(&out));
+    assert!(
+        stdout(&out).contains(&format!("cannot start {broken}")),
+        "{}",
+        text(&out)
+    );
     // The session merges the client's two streams; inside, each goes to a
     // file of its own.
     let script = "for i in 1 2 3; do echo out$i; echo err$i >&2; done; exit 7";
@@ -712,5 +735,149 @@ fn host_files_unrevealed() -> Result {
     );
     drop(tmux);
     down(&host, &ws)
+}
+
+/// The live processes of `uid` on the host that are `sleep N` for one of
+/// `numbers`, as (pid, N).
+fn host_sleeps(uid: u32, numbers: &[u32]) -> Vec<(u32, u32)> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(|pid| {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+            let mut words = cmdline.split(|b| *b == 0);
+            let program = words.next()?;
+            if !program.ends_with(b"sleep") {
+                return None;
+            }
+            let n: u32 = std::str::from_utf8(words.next()?).ok()?.parse().ok()?;
+            let owner = std::os::unix::fs::MetadataExt::uid(
+                &std::fs::metadata(format!("/proc/{pid}")).ok()?,
+            );
+            (numbers.contains(&n) && owner == uid && lazaret_tests::domain::pid_exists(pid.into()))
+                .then_some((pid, n))
+        })
+        .collect()
+}
+
+/// Kills, when dropped, the test user's `sleep`s a failed trial left on
+/// the host.
+struct Sweep {
+    uid: u32,
+    numbers: Vec<u32>,
+}
+
+impl Drop for Sweep {
+    fn drop(&mut self) {
+        for (pid, _) in host_sleeps(self.uid, &self.numbers) {
+            let _ = lazaret_tests::domain::signal(pid.into(), "KILL");
+        }
+    }
+}
+
+/// Waits until every one of `numbers` runs as a `sleep` on the host.
+fn sleeping(host: &UserHost, numbers: &[u32]) -> Result {
+    wait_until(WAIT, &format!("sleeps {numbers:?} on the host"), || {
+        let found = host_sleeps(host.uid(), numbers);
+        numbers
+            .iter()
+            .all(|n| found.iter().any(|(_, m)| m == n))
+            .then_some(())
+    })?;
+    Ok(())
+}
+
+/// Waits until none of `numbers` runs on the host any more; says which
+/// did when some stay.
+fn gone(host: &UserHost, numbers: &[u32], after: &str) -> Result {
+    match wait_until(Duration::from_secs(3), after, || {
+        host_sleeps(host.uid(), numbers).is_empty().then_some(())
+    }) {
+        Ok(()) => Ok(()),
+        Err(_) => Err(format!(
+            "{after}, these still run on the host: {:?}",
+            host_sleeps(host.uid(), numbers)
+        )
+        .into()),
+    }
+}
+
+/// What an approved command starts in sessions of its own (`setsid`,
+/// `setsid -f`) ends with it: when it exits, when it is cancelled, when
+/// its session ends and when the Domain goes down.
+fn setsid_children() -> Result {
+    let dash = canonical("/bin/sh");
+    let (_serial, host) = host_with_config(&escalation_config(&[rule(&dash, &["-c"], true)]));
+    let _sweep = Sweep {
+        uid: host.uid(),
+        numbers: (303..=313).collect(),
+    };
+    let ws = host.workspace.clone();
+    up(&host, &ws)?;
+    let escapees =
+        |a: u32, b: u32, then: &str| format!("setsid sleep {a} & setsid -f sleep {b}{then}");
+
+    // It exits at once, leaving two sessions behind.
+    let out = attached(
+        &host,
+        &["lazaret-escalate", &dash, "-c", &escapees(303, 304, "")],
+    )?;
+    assert_eq!(code(&out), Some(0), "{}", text(&out));
+    gone(&host, &[303, 304], "after the command exited")?;
+
+    // It is cancelled from inside the sandbox while it runs.
+    let script = format!(
+        "lazaret-escalate {dash} -c '{}' & c=$!; \
+         while [ ! -e /workspace/cancel ]; do sleep 0.1; done; \
+         kill -TERM $c; wait $c; echo rc=$?",
+        escapees(305, 306, "; sleep 307")
+    );
+    let cancelled = Running::start(attach(&host, &ws, &["sh", "-c", &script]), None)?;
+    sleeping(&host, &[305, 306, 307])?;
+    std::fs::write(ws.join("cancel"), b"")?;
+    let out = cancelled.finish(WAIT)?;
+    assert!(has(&out, "rc=130"), "{}", text(&out));
+    gone(&host, &[305, 306, 307], "after the request was cancelled")?;
+
+    // Its session ends (the client is killed).
+    let mut session = Running::start(
+        attach(
+            &host,
+            &ws,
+            &[
+                "lazaret-escalate",
+                &dash,
+                "-c",
+                &escapees(308, 309, "; sleep 310"),
+            ],
+        ),
+        None,
+    )?;
+    sleeping(&host, &[308, 309, 310])?;
+    session.kill()?;
+    drop(session);
+    gone(&host, &[308, 309, 310], "after its session ended")?;
+
+    // The Domain goes down.
+    let running = Running::start(
+        attach(
+            &host,
+            &ws,
+            &[
+                "lazaret-escalate",
+                &dash,
+                "-c",
+                &escapees(311, 312, "; sleep 313"),
+            ],
+        ),
+        None,
+    )?;
+    sleeping(&host, &[311, 312, 313])?;
+    down(&host, &ws)?;
+    gone(&host, &[311, 312, 313], "after `lazaret down`")?;
+    drop(running);
+    Ok(())
 }
 

@@ -23,6 +23,7 @@ pub mod launch;
 pub mod machine;
 pub mod mailbox;
 pub mod session;
+pub mod subreaper;
 
 use std::collections::HashMap;
 use std::os::fd::{AsFd, OwnedFd};

@@ -28,13 +28,12 @@ use lazaret_proto::terminal::{
     MAX_PROMPT_REASON,
 };
 use lazaret_proto::trust::{ProtocolCredentialRole, ProtocolPublicKey, SessionRequestCapability};
-use rustix::process::Signal;
 use sha2::Digest;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinSet;
 
 use super::classify::{Classification, classify, shown};
-use super::launch::{Checked, Ended, HostCommand};
+use super::launch::{Checked, END_WAIT, Ended, HostCommand};
 use super::machine::{Admission, Effect, Rejection, Requests};
 use super::mailbox::{GuestClaim, SessionMailbox, Taken};
 use super::{Escalation, Watch};
@@ -56,7 +55,7 @@ const CHUNK_WINDOW: u64 = 64;
 /// ended.
 const STALL_LIMIT: Duration = Duration::from_secs(300);
 /// How long a cancelled command has between SIGTERM and SIGKILL.
-const TERM_GRACE: Duration = Duration::from_millis(500);
+const TERM_GRACE: Duration = super::subreaper::TERM_GRACE;
 /// How long output may still come after a command exited.
 const DRAIN_LIMIT: Duration = Duration::from_secs(1);
 /// How long the session's end waits for its commands to be ended.
@@ -859,17 +858,22 @@ async fn run(
             read = read_stream(&command.stdout, &mut out_buf) => (read, ResultStream::Stdout),
             read = read_stream(&command.stderr, &mut err_buf) => (read, ResultStream::Stderr),
             () = command.exited(), if exited_at.is_none() => {
-                // Whatever the command left in its group ends with it.
-                command.signal_group(Signal::KILL);
+                // Its launch process has ended whatever the command left.
                 exited_at = Some(tokio::time::Instant::now());
                 continue;
             }
             _ = &mut cancelled, if !cancelling => {
                 cancelling = true;
-                command.signal_group(Signal::TERM);
-                let ended = tokio::time::timeout(TERM_GRACE, command.exited()).await;
-                if ended.is_err() {
-                    command.signal_group(Signal::KILL);
+                // SIGTERM to everything it started, SIGKILL 0.5 s later:
+                // its launch process does both. One that does not exit
+                // in time is told more bluntly.
+                command.cancel();
+                let grace = TERM_GRACE + END_WAIT;
+                if tokio::time::timeout(grace, command.exited()).await.is_err() {
+                    command.end();
+                    if tokio::time::timeout(END_WAIT, command.exited()).await.is_err() {
+                        command.kill();
+                    }
                 }
                 continue;
             }
@@ -925,14 +929,12 @@ async fn run(
                 sent += n as u64;
             }
             Err(why) => {
-                command.signal_group(Signal::KILL);
+                command.end();
                 failure = Some(why);
             }
         }
     }
-    let ended = command
-        .reap()
-        .map_err(|e| format!("cannot learn how the command ended: {e}"))?;
+    let ended = command.reap()?;
     Ok(Ran {
         ended: Some(ended),
         chunks: sequence,
