@@ -52,6 +52,7 @@ pub fn trials() -> Vec<Trial> {
                 "escalation::an_approved_commands_setsid_children_end_with_it",
                 setsid_children,
             ),
+            Trial::test("escalation::a_flooded_mailbox_keeps_the_log_small", flood),
             Trial::test(
                 "escalation::replies_say_nothing_of_host_files",
                 host_files_unrevealed,
@@ -881,3 +882,132 @@ fn setsid_children() -> Result {
     Ok(())
 }
 
+/// The Domain's log files (the current one and the one before it), with
+/// their sizes.
+fn log_files(host: &UserHost) -> Vec<(PathBuf, u64)> {
+    let domains = host.runtime.join("lazaret/domains");
+    let mut found = Vec::new();
+    for domain in std::fs::read_dir(domains).into_iter().flatten().flatten() {
+        for name in ["coordinator.log", "coordinator.log.1"] {
+            let path = domain.path().join(name);
+            if let Ok(meta) = std::fs::metadata(&path) {
+                found.push((path, meta.len()));
+            }
+        }
+    }
+    found
+}
+
+/// The last 4,000 characters of `text`.
+fn tail(text: &str) -> String {
+    let skip = text.chars().count().saturating_sub(4000);
+    text.chars().skip(skip).collect()
+}
+
+fn log_bytes(host: &UserHost) -> u64 {
+    log_files(host).iter().map(|(_, len)| len).sum()
+}
+
+/// A sandbox that floods its mailbox for seconds, with garbage files by
+/// the thousand a second and with requests of 100 KB arguments (with
+/// escalation off, each is refused), leaves a log that grew by little,
+/// whose lines are all short, and which says how many refusals it did not
+/// write out.
+fn flood() -> Result {
+    let (_serial, host) = host_with_config(&config(&busybox_image(), "\"/root\""));
+    let ws = host.workspace.clone();
+    up(&host, &ws)?;
+    let before = log_bytes(&host);
+    let script = r#"
+        m=/run/lazaret/mailbox/$LAZARET_SESSION/requests
+        big=$(head -c 100000 /dev/zero | tr '\0' a)
+        ( i=0; while [ ! -e /tmp/stop ]; do
+            i=$((i+1)); echo garbage > $m/g$i.request
+            # Room for the requests' results: a full mailbox would only
+            # stop this session's own escalation.
+            if [ $((i % 200)) = 0 ]; then sleep 0.05; fi
+          done; echo files=$i ) &
+        ( i=0; while [ ! -e /tmp/stop ]; do
+            i=$((i+1)); lazaret-escalate --timeout 10 /usr/bin/id "$big" >/dev/null 2>&1
+          done; echo requests=$i ) &
+        sleep 8; touch /tmp/stop; wait; echo flooded
+    "#;
+    let out = run(attach(&host, &ws, &["sh", "-c", script]), None)?;
+    assert!(has(&out, "flooded"), "{}", text(&out));
+    let count = |what: &str| {
+        stdout(&out)
+            .lines()
+            .find_map(|l| l.strip_prefix(what)?.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    let (files, requests) = (count("files="), count("requests="));
+    assert!(files > 1000 && requests > 10, "{}", text(&out));
+
+    // The refusals past the first few are counted, and the count is
+    // written once their period ends.
+    let log = match wait_until(Duration::from_secs(20), "the refusals' summary", || {
+        let log = log(&host);
+        log.contains("refusals of this session were not logged")
+            .then_some(log)
+    }) {
+        Ok(log) => log,
+        Err(e) => {
+            let log = log(&host);
+            return Err(
+                format!("{e:?}; {} bytes of log, ending:\n{}", log.len(), tail(&log)).into(),
+            );
+        }
+    };
+    let grew = log_bytes(&host).saturating_sub(before);
+    let longest = log.lines().map(str::len).max().unwrap_or(0);
+    eprintln!(
+        "flood: {files} files and {requests} requests of 100 KB in 8 s; the log grew by \
+         {grew} bytes, its longest line {longest} bytes"
+    );
+    assert!(grew < 256 * 1024, "the log grew by {grew} bytes");
+    for (path, len) in log_files(&host) {
+        assert!(
+            len <= 4 * 1024 * 1024,
+            "{} holds {len} bytes",
+            path.display()
+        );
+    }
+    assert!(longest <= 8 * 1024, "a log line of {longest} bytes");
+    down(&host, &ws)?;
+
+    // A log at its limit when the next generation starts is rotated, and
+    // `lazaret logs` shows the file before the rotation, then the new one.
+    let (current, _) = log_files(&host)
+        .into_iter()
+        .find(|(p, _)| p.ends_with("coordinator.log"))
+        .ok_or("no log file")?;
+    let mut file = std::fs::OpenOptions::new().append(true).open(&current)?;
+    let filler = format!("{}\n", "x".repeat(1023));
+    std::io::Write::write_all(&mut file, b"the-last-line-before-the-rotation\n")?;
+    for _ in 0..4096 {
+        std::io::Write::write_all(&mut file, filler.as_bytes())?;
+    }
+    drop(file);
+    up(&host, &ws)?;
+    let files = log_files(&host);
+    let size = |name: &str| {
+        files
+            .iter()
+            .find(|(p, _)| p.ends_with(name))
+            .map(|(_, len)| *len)
+    };
+    assert!(
+        size("coordinator.log.1") > Some(4 * 1024 * 1024),
+        "{files:?}"
+    );
+    assert!(size("coordinator.log") < Some(64 * 1024), "{files:?}");
+    let shown = self::log(&host);
+    let before = shown.find("the-last-line-before-the-rotation");
+    let continued = shown.find("the Domain log continues here");
+    assert!(
+        before.is_some() && continued.is_some() && before < continued,
+        "{}",
+        tail(&shown)
+    );
+    down(&host, &ws)
+}

@@ -18,6 +18,7 @@
 //! session's part, driven by that session's task. Trusts the resolved
 //! configuration and its own keys; nothing the sandbox writes.
 
+pub mod audit;
 pub mod classify;
 pub mod launch;
 pub mod machine;
