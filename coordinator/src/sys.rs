@@ -1,7 +1,8 @@
 //! The coordinator's only unsafe code: work a spawned child does between
 //! fork and exec, the one socket option rustix does not name
-//! (`SO_PEERPIDFD`), and registering descriptors with the event loop's
-//! reactor.
+//! (`SO_PEERPIDFD`), registering descriptors with the event loop's
+//! reactor, and taking the descriptors the launch mode is handed by
+//! number.
 
 #![allow(unsafe_code)]
 
@@ -55,6 +56,32 @@ pub fn spawn_inheriting(command: &mut Command, setup: ChildSetup<'_>) -> std::io
         });
     }
     command.spawn()
+}
+
+/// Takes the descriptor numbered `raw` that this process's parent handed
+/// it (the launch mode's executable and report pipe), making it
+/// close-on-exec; an error when no such descriptor is open (`fcntl(2)`,
+/// `F_GETFD`) or it is a standard stream.
+pub fn inherited(raw: RawFd) -> std::io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    if raw <= 2 {
+        return Err(std::io::Error::other(format!(
+            "descriptor {raw} is a standard stream"
+        )));
+    }
+    // SAFETY: `F_GETFD` takes no pointer; on a number that is not open it
+    // fails with `EBADF` and changes nothing.
+    if unsafe { libc::fcntl(raw, libc::F_GETFD) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `raw` is open (`F_GETFD` succeeded) and above the standard
+    // streams. The launch mode calls this first thing in `main`, single-
+    // threaded, once for each of the distinct numbers its parent placed
+    // there for it and named on its command line, so nothing else in this
+    // process owns the descriptor.
+    let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(raw) };
+    rustix::io::fcntl_setfd(&fd, rustix::io::FdFlags::CLOEXEC)?;
+    Ok(fd)
 }
 
 /// `SO_PEERPIDFD` (asm-generic, and x86-64's).

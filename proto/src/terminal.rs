@@ -229,6 +229,12 @@ pub struct EscalationPrompt {
     pub expires_at: UnixTimeNs,
     /// Why no rule approved it, at most [`MAX_PROMPT_REASON`] bytes.
     pub reason: String,
+    /// Why its executable cannot run on this host (it is missing, not a
+    /// regular file, not executable, or where a host command may not
+    /// be), at most [`MAX_PROMPT_REASON`] bytes. Such a request is still
+    /// shown, so the sandbox cannot tell from its answer what is on the
+    /// host, but it can only be denied.
+    pub cannot_run: Option<String>,
 }
 
 /// A prompt that no longer waits for an answer: the request expired, or
@@ -336,6 +342,7 @@ mod tests {
                 requested_at: UnixTimeNs(1),
                 expires_at: UnixTimeNs(2),
                 reason: "no rule names /usr/bin/gh".into(),
+                cannot_run: None,
             }),
             SessionTerminalMessage::EscalationSettled(EscalationSettled {
                 session_id: SESSION,
@@ -400,6 +407,7 @@ mod tests {
             requested_at: UnixTimeNs(u64::MAX),
             expires_at: UnixTimeNs(u64::MAX),
             reason: "r".repeat(MAX_PROMPT_REASON),
+            cannot_run: Some("c".repeat(MAX_PROMPT_REASON)),
         });
         round_trip(&prompt);
     }

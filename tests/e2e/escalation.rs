@@ -56,6 +56,15 @@ pub fn trials() -> Vec<Trial> {
                 "escalation::disabled_escalation_refuses_every_request",
                 disabled,
             ),
+            Trial::test(
+                "escalation::an_approved_commands_setsid_children_end_with_it",
+                setsid_children,
+            ),
+            Trial::test("escalation::a_flooded_mailbox_keeps_the_log_small", flood),
+            Trial::test(
+                "escalation::replies_say_nothing_of_host_files",
+                host_files_unrevealed,
+            ),
         ],
     )
 }
@@ -170,12 +179,31 @@ fn auto_approval() -> Result {
 }
 
 /// Each stream arrives whole and in its order, the exit status is the
-/// command's (128+N for signal N), 8 MiB of output arrives intact.
+/// command's (128+N for signal N), 8 MiB of output arrives intact, and a
+/// command the host cannot start ends 126, saying why.
 fn output_and_status() -> Result {
     let dash = canonical("/bin/sh");
-    let (_serial, host) = host_with_config(&escalation_config(&[rule(&dash, &["-c"], true)]));
+    let (_serial, host) = host_with_config("");
+    // A script whose interpreter does not exist: it passes every check,
+    // and its start fails.
+    let broken = host.user_dir("tools").join("broken");
+    std::fs::write(&broken, "#!/nonexistent/interpreter\n")?;
+    std::os::unix::fs::chown(&broken, Some(host.uid()), None)?;
+    std::fs::set_permissions(&broken, std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
+    let broken = broken.display().to_string();
+    host.write_config(&escalation_config(&[
+        rule(&dash, &["-c"], true),
+        rule(&broken, &[], false),
+    ]));
     let ws = host.workspace.clone();
     up(&host, &ws)?;
+    let out = attached(&host, &["lazaret-escalate", &broken])?;
+    assert_eq!(code(&out), Some(126), "{}", text(&out));
+    assert!(
+        stdout(&out).contains(&format!("cannot start {broken}")),
+        "{}",
+        text(&out)
+    );
     // The session merges the client's two streams; inside, each goes to a
     // file of its own.
     let script = "for i in 1 2 3; do echo out$i; echo err$i >&2; done; exit 7";
@@ -797,5 +825,366 @@ fn disabled() -> Result {
     let out = host.exec(&status, "/run/lazaret/bin/lazaret-escalate /usr/bin/id -u");
     assert_eq!(code(&out), Some(69), "{}", text(&out));
     assert!(stderr(&out).contains("LAZARET_SESSION"), "{}", text(&out));
+    down(&host, &ws)
+}
+
+/// A request for a host path no rule names gets the same reply whether
+/// the path is a private file (`0600`), a directory or nothing at all:
+/// without a terminal, and with one, where the developer is asked about
+/// each and only the prompt says why it cannot run.
+fn host_files_unrevealed() -> Result {
+    let (_serial, host) =
+        host_with_config(&escalation_config(&[rule("/usr/bin/id", &["-u"], false)]));
+    let (uid, gid) = lazaret_tests::domain::test_user();
+    let ssh = host.home.join(".ssh");
+    std::fs::create_dir_all(&ssh)?;
+    let key = ssh.join("id_ed25519");
+    std::fs::write(&key, "-----BEGIN OPENSSH PRIVATE KEY-----\n")?;
+    for (path, mode) in [(&ssh, 0o700), (&key, 0o600)] {
+        std::os::unix::fs::chown(path, Some(uid), Some(gid))?;
+        std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(mode))?;
+    }
+    let paths = [
+        key.display().to_string(),
+        ssh.display().to_string(),
+        ssh.join("id_missing").display().to_string(),
+    ];
+    let ws = host.workspace.clone();
+    up(&host, &ws)?;
+
+    // The reply with the path asked for taken out, and its exit status.
+    let reply = |path: &str, code: Option<i32>, said: &str| {
+        format!("{code:?}: {}", said.replace(path, "PATH"))
+    };
+    let mut without_terminal = Vec::new();
+    for path in &paths {
+        let out = attached(&host, &["lazaret-escalate", path])?;
+        without_terminal.push(reply(path, code(&out), &stdout(&out)));
+    }
+    assert!(
+        without_terminal.iter().all(|r| *r == without_terminal[0]),
+        "without a terminal: {without_terminal:#?}"
+    );
+
+    let tmux = Tmux {
+        host: &host,
+        dir: host.user_dir("tmux"),
+        cwd: ws.clone(),
+    };
+    let pane = format!("{} attach p; sleep 60", bin("lazaret").display());
+    tmux.start(160, 40, &pane)?;
+    tmux.type_until("echo ready-$((20+22))", "ready-42", Duration::from_secs(30))?;
+    let mut with_terminal = Vec::new();
+    for (i, path) in paths.iter().enumerate() {
+        tmux.type_line(&format!(
+            "clear; lazaret-escalate {path} >/workspace/reply-{i} 2>&1; echo rc-$?-{i}"
+        ))?;
+        // The status line, `rc-STATUS-i`, as the pane shows it.
+        let status = |s: &str| {
+            s.lines().find_map(|l| {
+                l.trim_end()
+                    .strip_prefix("rc-")?
+                    .strip_suffix(&format!("-{i}"))
+                    .map(str::to_owned)
+            })
+        };
+        let screen = match tmux.poll(WAIT, |s| {
+            s.contains("the sandbox asks to run a command") || status(s).is_some()
+        })? {
+            Ok(screen) => screen,
+            Err(screen) => return Err(format!("{path}: no prompt and no end:\n{screen}").into()),
+        };
+        if status(&screen).is_none() {
+            // The developer sees why it cannot run; even `y` runs nothing.
+            assert!(screen.contains("cannot run"), "{path}: {screen}");
+            tmux.type_line("y")?;
+        }
+        let screen = match tmux.poll(WAIT, |s| status(s).is_some())? {
+            Ok(screen) => screen,
+            Err(screen) => return Err(format!("{path}: no end:\n{screen}").into()),
+        };
+        let said = std::fs::read_to_string(ws.join(format!("reply-{i}")))?;
+        let rc = status(&screen).unwrap_or_default().parse::<i32>().ok();
+        with_terminal.push(reply(path, rc, &said));
+    }
+    assert!(
+        with_terminal.iter().all(|r| *r == with_terminal[0]),
+        "with a terminal: {with_terminal:#?}"
+    );
+    drop(tmux);
+    down(&host, &ws)
+}
+
+/// The live processes of `uid` on the host that are `sleep N` for one of
+/// `numbers`, as (pid, N).
+fn host_sleeps(uid: u32, numbers: &[u32]) -> Vec<(u32, u32)> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(|pid| {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+            let mut words = cmdline.split(|b| *b == 0);
+            let program = words.next()?;
+            if !program.ends_with(b"sleep") {
+                return None;
+            }
+            let n: u32 = std::str::from_utf8(words.next()?).ok()?.parse().ok()?;
+            let owner = std::os::unix::fs::MetadataExt::uid(
+                &std::fs::metadata(format!("/proc/{pid}")).ok()?,
+            );
+            (numbers.contains(&n) && owner == uid && lazaret_tests::domain::pid_exists(pid.into()))
+                .then_some((pid, n))
+        })
+        .collect()
+}
+
+/// Kills, when dropped, the test user's `sleep`s a failed trial left on
+/// the host.
+struct Sweep {
+    uid: u32,
+    numbers: Vec<u32>,
+}
+
+impl Drop for Sweep {
+    fn drop(&mut self) {
+        for (pid, _) in host_sleeps(self.uid, &self.numbers) {
+            let _ = lazaret_tests::domain::signal(pid.into(), "KILL");
+        }
+    }
+}
+
+/// Waits until every one of `numbers` runs as a `sleep` on the host.
+fn sleeping(host: &UserHost, numbers: &[u32]) -> Result {
+    wait_until(WAIT, &format!("sleeps {numbers:?} on the host"), || {
+        let found = host_sleeps(host.uid(), numbers);
+        numbers
+            .iter()
+            .all(|n| found.iter().any(|(_, m)| m == n))
+            .then_some(())
+    })?;
+    Ok(())
+}
+
+/// Waits until none of `numbers` runs on the host any more; says which
+/// did when some stay.
+fn gone(host: &UserHost, numbers: &[u32], after: &str) -> Result {
+    match wait_until(Duration::from_secs(3), after, || {
+        host_sleeps(host.uid(), numbers).is_empty().then_some(())
+    }) {
+        Ok(()) => Ok(()),
+        Err(_) => Err(format!(
+            "{after}, these still run on the host: {:?}",
+            host_sleeps(host.uid(), numbers)
+        )
+        .into()),
+    }
+}
+
+/// What an approved command starts in sessions of its own (`setsid`,
+/// `setsid -f`) ends with it: when it exits, when it is cancelled, when
+/// its session ends and when the Domain goes down.
+fn setsid_children() -> Result {
+    let dash = canonical("/bin/sh");
+    let (_serial, host) = host_with_config(&escalation_config(&[rule(&dash, &["-c"], true)]));
+    let _sweep = Sweep {
+        uid: host.uid(),
+        numbers: (303..=313).collect(),
+    };
+    let ws = host.workspace.clone();
+    up(&host, &ws)?;
+    let escapees =
+        |a: u32, b: u32, then: &str| format!("setsid sleep {a} & setsid -f sleep {b}{then}");
+
+    // It exits at once, leaving two sessions behind.
+    let out = attached(
+        &host,
+        &["lazaret-escalate", &dash, "-c", &escapees(303, 304, "")],
+    )?;
+    assert_eq!(code(&out), Some(0), "{}", text(&out));
+    gone(&host, &[303, 304], "after the command exited")?;
+
+    // It is cancelled from inside the sandbox while it runs.
+    let script = format!(
+        "lazaret-escalate {dash} -c '{}' & c=$!; \
+         while [ ! -e /workspace/cancel ]; do sleep 0.1; done; \
+         kill -TERM $c; wait $c; echo rc=$?",
+        escapees(305, 306, "; sleep 307")
+    );
+    let cancelled = Running::start(attach(&host, &ws, &["sh", "-c", &script]), None)?;
+    sleeping(&host, &[305, 306, 307])?;
+    std::fs::write(ws.join("cancel"), b"")?;
+    let out = cancelled.finish(WAIT)?;
+    assert!(has(&out, "rc=130"), "{}", text(&out));
+    gone(&host, &[305, 306, 307], "after the request was cancelled")?;
+
+    // Its session ends (the client is killed).
+    let mut session = Running::start(
+        attach(
+            &host,
+            &ws,
+            &[
+                "lazaret-escalate",
+                &dash,
+                "-c",
+                &escapees(308, 309, "; sleep 310"),
+            ],
+        ),
+        None,
+    )?;
+    sleeping(&host, &[308, 309, 310])?;
+    session.kill()?;
+    drop(session);
+    gone(&host, &[308, 309, 310], "after its session ended")?;
+
+    // The Domain goes down.
+    let running = Running::start(
+        attach(
+            &host,
+            &ws,
+            &[
+                "lazaret-escalate",
+                &dash,
+                "-c",
+                &escapees(311, 312, "; sleep 313"),
+            ],
+        ),
+        None,
+    )?;
+    sleeping(&host, &[311, 312, 313])?;
+    down(&host, &ws)?;
+    gone(&host, &[311, 312, 313], "after `lazaret down`")?;
+    drop(running);
+    Ok(())
+}
+
+/// The Domain's log files (the current one and the one before it), with
+/// their sizes.
+fn log_files(host: &UserHost) -> Vec<(PathBuf, u64)> {
+    let domains = host.runtime.join("lazaret/domains");
+    let mut found = Vec::new();
+    for domain in std::fs::read_dir(domains).into_iter().flatten().flatten() {
+        for name in ["coordinator.log", "coordinator.log.1"] {
+            let path = domain.path().join(name);
+            if let Ok(meta) = std::fs::metadata(&path) {
+                found.push((path, meta.len()));
+            }
+        }
+    }
+    found
+}
+
+/// The last 4,000 characters of `text`.
+fn tail(text: &str) -> String {
+    let skip = text.chars().count().saturating_sub(4000);
+    text.chars().skip(skip).collect()
+}
+
+fn log_bytes(host: &UserHost) -> u64 {
+    log_files(host).iter().map(|(_, len)| len).sum()
+}
+
+/// A sandbox that floods its mailbox for seconds, with garbage files by
+/// the thousand a second and with requests of 100 KB arguments (with
+/// escalation off, each is refused), leaves a log that grew by little,
+/// whose lines are all short, and which says how many refusals it did not
+/// write out.
+fn flood() -> Result {
+    let (_serial, host) = host_with_config(&config(&busybox_image(), "\"/root\""));
+    let ws = host.workspace.clone();
+    up(&host, &ws)?;
+    let before = log_bytes(&host);
+    let script = r#"
+        m=/run/lazaret/mailbox/$LAZARET_SESSION/requests
+        big=$(head -c 100000 /dev/zero | tr '\0' a)
+        ( i=0; while [ ! -e /tmp/stop ]; do
+            i=$((i+1)); echo garbage > $m/g$i.request
+            # Room for the requests' results: a full mailbox would only
+            # stop this session's own escalation.
+            if [ $((i % 200)) = 0 ]; then sleep 0.05; fi
+          done; echo files=$i ) &
+        ( i=0; while [ ! -e /tmp/stop ]; do
+            i=$((i+1)); lazaret-escalate --timeout 10 /usr/bin/id "$big" >/dev/null 2>&1
+          done; echo requests=$i ) &
+        sleep 8; touch /tmp/stop; wait; echo flooded
+    "#;
+    let out = run(attach(&host, &ws, &["sh", "-c", script]), None)?;
+    assert!(has(&out, "flooded"), "{}", text(&out));
+    let count = |what: &str| {
+        stdout(&out)
+            .lines()
+            .find_map(|l| l.strip_prefix(what)?.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    let (files, requests) = (count("files="), count("requests="));
+    assert!(files > 1000 && requests > 10, "{}", text(&out));
+
+    // The refusals past the first few are counted, and the count is
+    // written once their period ends.
+    let log = match wait_until(Duration::from_secs(20), "the refusals' summary", || {
+        let log = log(&host);
+        log.contains("refusals of this session were not logged")
+            .then_some(log)
+    }) {
+        Ok(log) => log,
+        Err(e) => {
+            let log = log(&host);
+            return Err(
+                format!("{e:?}; {} bytes of log, ending:\n{}", log.len(), tail(&log)).into(),
+            );
+        }
+    };
+    let grew = log_bytes(&host).saturating_sub(before);
+    let longest = log.lines().map(str::len).max().unwrap_or(0);
+    eprintln!(
+        "flood: {files} files and {requests} requests of 100 KB in 8 s; the log grew by \
+         {grew} bytes, its longest line {longest} bytes"
+    );
+    assert!(grew < 256 * 1024, "the log grew by {grew} bytes");
+    for (path, len) in log_files(&host) {
+        assert!(
+            len <= 4 * 1024 * 1024,
+            "{} holds {len} bytes",
+            path.display()
+        );
+    }
+    assert!(longest <= 8 * 1024, "a log line of {longest} bytes");
+    down(&host, &ws)?;
+
+    // A log at its limit when the next generation starts is rotated, and
+    // `lazaret logs` shows the file before the rotation, then the new one.
+    let (current, _) = log_files(&host)
+        .into_iter()
+        .find(|(p, _)| p.ends_with("coordinator.log"))
+        .ok_or("no log file")?;
+    let mut file = std::fs::OpenOptions::new().append(true).open(&current)?;
+    let filler = format!("{}\n", "x".repeat(1023));
+    std::io::Write::write_all(&mut file, b"the-last-line-before-the-rotation\n")?;
+    for _ in 0..4096 {
+        std::io::Write::write_all(&mut file, filler.as_bytes())?;
+    }
+    drop(file);
+    up(&host, &ws)?;
+    let files = log_files(&host);
+    let size = |name: &str| {
+        files
+            .iter()
+            .find(|(p, _)| p.ends_with(name))
+            .map(|(_, len)| *len)
+    };
+    assert!(
+        size("coordinator.log.1") > Some(4 * 1024 * 1024),
+        "{files:?}"
+    );
+    assert!(size("coordinator.log") < Some(64 * 1024), "{files:?}");
+    let shown = self::log(&host);
+    let before = shown.find("the-last-line-before-the-rotation");
+    let continued = shown.find("the Domain log continues here");
+    assert!(
+        before.is_some() && continued.is_some() && before < continued,
+        "{}",
+        tail(&shown)
+    );
     down(&host, &ws)
 }

@@ -1,12 +1,15 @@
 //! `lazaret-coordinator`: the Host Coordinator of one Domain. It is started
 //! by `lazaret up` (mode `start`) with its startup channel on standard
-//! input, never by hand.
+//! input, never by hand; the coordinator starts its own executable in mode
+//! `launch` between itself and each approved host command
+//! (`escalation::subreaper`).
 
 use std::ffi::OsString;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use lazaret_coordinator::escalation::subreaper;
 use lazaret_coordinator::lifecycle::daemon::{self, Args, IgnoreChangesMode};
 
 /// The Host Coordinator of one Lazaret Domain (started by `lazaret up`).
@@ -40,6 +43,11 @@ struct ModeArgs {
 }
 
 fn main() -> ExitCode {
+    let args: Vec<OsString> = std::env::args_os().skip(1).collect();
+    if args.first().is_some_and(|mode| mode == subreaper::MODE) {
+        // Takes the descriptors it is handed by number, first.
+        return subreaper::main(&args);
+    }
     // Nothing inherited beyond the standard streams (the channel is
     // standard input) stays open in a role.
     if let Err(e) = lazaret_proto::sys::close_inherited_descriptors() {

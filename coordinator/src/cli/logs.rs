@@ -2,9 +2,10 @@
 //! went.
 //!
 //! Owns reading the Domain's log file (the helper roles always write
-//! there; the coordinator too when there is no journal), filtering it by
-//! time and following it as it grows, and handing the coordinator's
-//! journal entries to `journalctl` when the journal took them. Trusts the
+//! there; the coordinator too when there is no journal), the one before
+//! its last rotation first, filtering it by time and following it as it
+//! grows and is rotated, and handing the coordinator's journal entries to
+//! `journalctl` when the journal took them. Trusts the
 //! log file's contents only as text to print: control bytes are escaped.
 
 use std::io::{Read, Seek, SeekFrom, Write};
@@ -127,11 +128,15 @@ pub fn logs(
         .map_err(failure)?;
     let journal = crate::lifecycle::journal::socket_path().is_some();
     let log = paths.log_file();
-    let mut file = match std::fs::File::open(&log) {
-        Ok(file) => Some(file),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-        Err(e) => return Err(failure(format!("cannot read {}: {e}", log.display()))),
+    let open = |path: &Path| match std::fs::File::open(path) {
+        Ok(file) => Ok(Some(file)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(failure(format!("cannot read {}: {e}", path.display()))),
     };
+    // The file before the last rotation, then the current one (a rotation
+    // between the two opens leaves out the lines of the file it renamed).
+    let previous = open(&paths.previous_log_file())?;
+    let mut file = open(&log)?;
     let mut keep = since.is_none();
     let read_more = |file: &mut std::fs::File, keep: &mut bool| -> Result<(), Failure> {
         let mut bytes = Vec::new();
@@ -139,6 +144,9 @@ pub fn logs(
             .map_err(|e| failure(format!("cannot read {}: {e}", log.display())))?;
         print_escaped(&since_filter(&String::from_utf8_lossy(&bytes), since, keep))
     };
+    if let Some(mut previous) = previous {
+        read_more(&mut previous, &mut keep)?;
+    }
     match file.as_mut() {
         Some(file) => read_more(file, &mut keep)?,
         None if !journal => {
@@ -154,21 +162,37 @@ pub fn logs(
         return journal_entries(paths, follow, since);
     }
     if follow {
-        let Some(file) = file.as_mut() else {
+        let Some(mut file) = file else {
             return Ok(());
         };
         loop {
             std::thread::sleep(FOLLOW_INTERVAL);
             // A log that was cut short (a new generation) is read again
-            // from its start.
+            // from its start; one that was rotated away is read to its end,
+            // then the new one from its start.
             let len = file.metadata().map(|m| m.len()).unwrap_or(0);
             if file.stream_position().unwrap_or(0) > len {
                 let _ = file.seek(SeekFrom::Start(0));
             }
-            read_more(file, &mut keep)?;
+            read_more(&mut file, &mut keep)?;
+            if rotated(&file, &log)
+                && let Some(new) = open(&log)?
+            {
+                file = new;
+                read_more(&mut file, &mut keep)?;
+            }
         }
     }
     Ok(())
+}
+
+/// Whether `path` names another file than `file` now (it was rotated).
+fn rotated(file: &std::fs::File, path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (file.metadata(), std::fs::metadata(path)) {
+        (Ok(open), Ok(now)) => (open.dev(), open.ino()) != (now.dev(), now.ino()),
+        _ => false,
+    }
 }
 
 /// Shows the coordinator's journal entries of the Domain with `journalctl`.

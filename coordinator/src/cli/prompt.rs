@@ -149,15 +149,19 @@ fn render(prompt: &EscalationPrompt, now: UnixTimeNs, size: Size) -> (Vec<String
     field(&mut lines, "session", &session);
     field(&mut lines, "command", &shown_ascii(&prompt.command_argv));
     field(&mut lines, "why", &ascii(&prompt.reason));
+    // A command that cannot run is still asked about (so the sandbox
+    // learns nothing of the host's files from the answer); only here is
+    // it said why, and only a denial is possible.
+    if let Some(why) = &prompt.cannot_run {
+        field(&mut lines, "cannot", &format!("run it: {}", ascii(why)));
+    }
     let wait = prompt.expires_at.since(now).as_secs();
     field(&mut lines, "expires", &format!("in {wait} s"));
-    wrap(
-        &mut lines,
-        "",
-        "",
-        "Run it on the host? Type y and Enter to approve; anything else denies.",
-        width,
-    );
+    let question = match prompt.cannot_run {
+        Some(_) => "It cannot run on this host; press Enter to deny it.",
+        None => "Run it on the host? Type y and Enter to approve; anything else denies.",
+    };
+    wrap(&mut lines, "", "", question, width);
     lines.push("> ".into());
     if lines.len() <= rows {
         return (lines, true);
@@ -267,6 +271,7 @@ impl Prompter {
         };
         let request_id = waiting.prompt.request_id;
         let whole = waiting.whole;
+        let can_run = waiting.prompt.cannot_run.is_none();
         for &byte in bytes {
             match (self.keys, byte) {
                 (Keys::Text, 0x1b) => {
@@ -293,8 +298,11 @@ impl Prompter {
                     let line = String::from_utf8_lossy(&self.line)
                         .trim()
                         .to_ascii_lowercase();
-                    let approved =
-                        whole && byte != 0x03 && byte != 0x04 && (line == "y" || line == "yes");
+                    let approved = whole
+                        && can_run
+                        && byte != 0x03
+                        && byte != 0x04
+                        && (line == "y" || line == "yes");
                     let decision = if approved {
                         DeveloperDecisionKind::Approve
                     } else {
@@ -409,6 +417,7 @@ mod tests {
             requested_at: UnixTimeNs(3_661 * 1_000_000_000),
             expires_at: UnixTimeNs::now().after(std::time::Duration::from_secs(60)),
             reason: "no rule\u{7}\u{202e}".into(),
+            cannot_run: None,
         }
     }
 
@@ -520,6 +529,47 @@ mod tests {
         assert!(String::from_utf8_lossy(&out).contains("/usr/bin/gh"));
         let answer = p
             .key(&mut Vec::new(), session, b"y\r", &mut Screen::default())
+            .unwrap()
+            .expect("answered");
+        assert_eq!(answer.decision, DeveloperDecisionKind::Approve);
+    }
+
+    #[test]
+    fn a_command_that_cannot_run_can_only_be_denied() {
+        let session = SessionId([0xab; 16]);
+        let mut p = Prompter::default();
+        let mut out = Vec::new();
+        let null = std::fs::File::open("/dev/null").unwrap();
+        let prompt = EscalationPrompt {
+            cannot_run: Some("/home/u/.ssh/id_ed25519 is not executable\u{1b}[2J".into()),
+            ..prompt()
+        };
+        let mut screen = Screen::default();
+        p.show(
+            &mut out,
+            std::os::fd::AsFd::as_fd(&null),
+            &prompt,
+            &screen,
+            (40, 120),
+        )
+        .unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert!(
+            text.contains("cannot   run it: /home/u/.ssh/id_ed25519 is not executable"),
+            "{text}"
+        );
+        assert!(text.contains("press Enter to deny"), "{text}");
+        // What the host says is escaped like the rest of the prompt.
+        assert!(text.contains(r"not executable\u{1b}[2J"), "{text}");
+        let answer = p
+            .key(&mut Vec::new(), session, b"y\r", &mut screen)
+            .unwrap()
+            .expect("answered");
+        assert_eq!(answer.decision, DeveloperDecisionKind::Deny);
+        // The next prompt is asked normally.
+        shown_to(&mut p, (40, 120));
+        let answer = p
+            .key(&mut Vec::new(), session, b"y\r", &mut screen)
             .unwrap()
             .expect("answered");
         assert_eq!(answer.decision, DeveloperDecisionKind::Approve);

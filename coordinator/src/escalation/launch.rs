@@ -8,19 +8,24 @@
 //! user. An executable the developer approved by its path is resolved to
 //! its canonical path, must lie outside everything the sandbox can write
 //! and every Lazaret tree, and passes the same checks. The command is then
-//! `/proc/self/fd/N` of that open descriptor, inherited by the child alone
-//! (so a script's interpreter reads the same object): no shell, no `PATH`,
-//! no descriptor or environment of the requester's choosing. It runs in
-//! the host workspace with [`HOST_ENVIRONMENT`], in a process group of its
-//! own that is ended with it; the coordinator's death ends it too.
+//! `/proc/self/fd/N` of that open descriptor, inherited by the command
+//! alone (so a script's interpreter reads the same object), through a
+//! launch process ([`super::subreaper`]) that ends everything the command
+//! starts when it ends, is cancelled, or its session or Domain ends, and
+//! when the coordinator dies: no shell, no `PATH`, no descriptor or
+//! environment of the requester's choosing. It runs in the host workspace
+//! with [`HOST_ENVIRONMENT`].
 //! Trusts the configuration's plans; nothing from the sandbox but argv.
 
+use std::ffi::OsString;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use rustix::fs::FileType;
-use rustix::process::{Pid, Signal, WaitId, WaitIdOptions};
+use rustix::process::{Signal, WaitId, WaitIdOptions};
+
+use super::subreaper;
 
 use crate::aio::{Exit, Stream};
 use crate::config::confined::{canonicalize, overlaps, proc_self_fd};
@@ -177,14 +182,25 @@ impl Launcher {
         check_executable(&executable.canonical, &executable.opened, self.uid)
     }
 
-    /// Starts `argv` (element zero as the program's name) as `/proc/self/fd/N`
-    /// of `executable`.
+    /// Starts `argv` (element zero as the program's name) as
+    /// `/proc/self/fd/N` of `executable`, through a launch process: this
+    /// coordinator's own executable in mode `launch`
+    /// ([`super::subreaper`]), which starts the command, ends whatever it
+    /// leaves behind, and reports how it ended.
     pub fn spawn(&self, executable: &Checked, argv: &[String]) -> std::io::Result<HostCommand> {
         let exe = executable.opened.fd.as_fd();
-        let mut command = Command::new(format!("/proc/self/fd/{}", exe.as_raw_fd()));
-        std::os::unix::process::CommandExt::arg0(&mut command, &argv[0]);
+        let (report, report_end) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
+        let arguments = subreaper::Arguments {
+            executable: exe.as_raw_fd(),
+            report: report_end.as_raw_fd(),
+            parent: rustix::process::getpid().as_raw_nonzero().get(),
+            argv: argv.iter().map(OsString::from).collect(),
+        };
+        // The running coordinator's own image, whatever its path holds now.
+        let mut command = Command::new("/proc/self/exe");
+        std::os::unix::process::CommandExt::arg0(&mut command, "lazaret-coordinator");
         command
-            .args(&argv[1..])
+            .args(arguments.to_args())
             .env_clear()
             .env("PATH", HOST_PATH)
             .env("LANG", "C.UTF-8")
@@ -194,16 +210,19 @@ impl Launcher {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         std::os::unix::process::CommandExt::process_group(&mut command, 0);
-        // The child alone inherits the executable's descriptor, and dies
-        // with the coordinator.
+        // The launch process alone inherits the executable's descriptor
+        // and the report pipe (and passes on only the first), and is
+        // killed if the coordinator dies before it has set its own
+        // parent-death signal.
         let mut child = crate::sys::spawn_inheriting(
             &mut command,
             crate::sys::ChildSetup {
-                fds: &[exe],
+                fds: &[exe, report_end.as_fd()],
                 user_namespace: None,
                 die_with_parent: true,
             },
         )?;
+        drop(report_end);
         // The child is ours and not yet waited for: its pid names it until
         // it is reaped, which only this pidfd's holder does.
         let pidfd = crate::process::pidfd_of_child(&child)?;
@@ -214,12 +233,11 @@ impl Launcher {
         let stdout = out(child.stdout.take().map(OwnedFd::from))?;
         let stderr = out(child.stderr.take().map(OwnedFd::from))?;
         let exit = Exit::watch(pidfd.as_fd())?;
-        let group = Pid::from_raw(i32::try_from(child.id()).unwrap_or(-1))
-            .ok_or_else(|| std::io::Error::other("the child has no pid"))?;
         Ok(HostCommand {
             pidfd,
-            group,
             exit,
+            report,
+            program: executable.canonical.display().to_string(),
             stdout: Some(stdout),
             stderr: Some(stderr),
             reaped: false,
@@ -227,14 +245,16 @@ impl Launcher {
     }
 }
 
-/// A running host command: its pidfd, its process group, its output.
+/// A running host command, as its launch process: that process's pidfd,
+/// its report pipe, the command's output.
 #[derive(Debug)]
 pub struct HostCommand {
     pidfd: OwnedFd,
-    /// The group's id: the leader's pid, which cannot be reused while the
-    /// leader is unreaped.
-    group: Pid,
     exit: Exit,
+    /// Where the launch process says how the command ended.
+    report: OwnedFd,
+    /// The executable's canonical path, for messages.
+    program: String,
     /// Its standard output, until it ends.
     pub stdout: Option<Stream>,
     /// Its standard error, until it ends.
@@ -251,46 +271,91 @@ pub enum Ended {
     Signaled(u8),
 }
 
+/// How long a launch process has to end everything once told to, before
+/// it is told more bluntly (`SIGHUP`, then `SIGKILL`).
+pub const END_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
 impl HostCommand {
-    /// Completes when the leader has exited (it is not reaped yet).
+    /// Completes when the launch process has exited (it is not reaped
+    /// yet): the command has ended, and everything it started with it.
     pub async fn exited(&self) {
         self.exit.exited().await;
     }
 
-    /// Sends `signal` to the whole group, while the leader is unreaped.
-    pub fn signal_group(&self, signal: Signal) {
+    fn signal(&self, signal: Signal) {
         if !self.reaped {
-            let _ = rustix::process::kill_process_group(self.group, signal);
+            let _ = rustix::process::pidfd_send_signal(&self.pidfd, signal);
         }
     }
 
-    /// Ends what is left of the group, then reaps the leader: how it ended.
-    pub fn reap(&mut self) -> std::io::Result<Ended> {
-        self.signal_group(Signal::KILL);
+    /// Cancels the command: `SIGTERM` to it and to everything it started,
+    /// and `SIGKILL` 0.5 s later to whatever is left.
+    pub fn cancel(&self) {
+        self.signal(Signal::TERM);
+    }
+
+    /// Ends the command and everything it started now (`SIGKILL`).
+    pub fn end(&self) {
+        self.signal(Signal::HUP);
+    }
+
+    /// Kills the launch process itself: only for one that does not exit
+    /// when told to (what it had not ended yet may then run on).
+    pub fn kill(&self) {
+        self.signal(Signal::KILL);
+    }
+
+    /// Reaps the exited launch process: how the command ended, or why it
+    /// could not be started.
+    pub fn reap(&mut self) -> Result<Ended, String> {
         let status =
-            rustix::process::waitid(WaitId::PidFd(self.pidfd.as_fd()), WaitIdOptions::EXITED)?
-                .ok_or_else(|| std::io::Error::other("waitid reported nothing"))?;
+            rustix::process::waitid(WaitId::PidFd(self.pidfd.as_fd()), WaitIdOptions::EXITED)
+                .map_err(|e| format!("cannot learn how the command ended: {e}"))?
+                .ok_or_else(|| "cannot learn how the command ended".to_owned())?;
         self.reaped = true;
-        if let Some(signal) = status.terminating_signal() {
-            return Ok(Ended::Signaled(u8::try_from(signal).unwrap_or(u8::MAX)));
+        let mut bytes = vec![0u8; subreaper::MAX_REPORT];
+        let mut len = 0;
+        while len < bytes.len() {
+            match rustix::io::read(&self.report, &mut bytes[len..]) {
+                Ok(0) => break,
+                Ok(n) => len += n,
+                Err(rustix::io::Errno::INTR) => {}
+                Err(_) => break,
+            }
         }
-        let code = status.exit_status().unwrap_or(255);
-        Ok(Ended::Exited(u8::try_from(code & 0xff).unwrap_or(255)))
+        match subreaper::Report::decode(&bytes[..len]) {
+            Some(subreaper::Report::Exited(code)) => Ok(Ended::Exited(code)),
+            Some(subreaper::Report::Signaled(signal)) => Ok(Ended::Signaled(signal)),
+            Some(subreaper::Report::Failed(why)) => {
+                Err(format!("cannot start {}: {why}", self.program))
+            }
+            // Killed before it could say: as it ended.
+            None => Ok(match status.terminating_signal() {
+                Some(signal) => Ended::Signaled(u8::try_from(signal).unwrap_or(u8::MAX)),
+                None => Ended::Exited(
+                    u8::try_from(status.exit_status().unwrap_or(255) & 0xff).unwrap_or(255),
+                ),
+            }),
+        }
     }
 }
 
 impl Drop for HostCommand {
     fn drop(&mut self) {
-        // A command whose session or Domain ended never runs on. It is
-        // reaped off the event loop: a killed process may take a moment
-        // to exit (in uninterruptible sleep), which no task waits for.
+        // A command whose session or Domain ended never runs on. Its
+        // launch process is reaped off the event loop: ending everything
+        // below it may take a moment (a process in uninterruptible
+        // sleep), which no task waits for.
         if !self.reaped {
-            self.signal_group(Signal::KILL);
-            let _ = rustix::process::pidfd_send_signal(&self.pidfd, Signal::KILL);
+            self.end();
             if let Ok(pidfd) = self.pidfd.try_clone() {
                 let reaper = std::thread::Builder::new()
                     .name("lazaret-reap".into())
                     .spawn(move || {
+                        let waited = crate::process::wait_exit(pidfd.as_fd(), 5 * END_WAIT);
+                        if !waited.unwrap_or(false) {
+                            let _ = rustix::process::pidfd_send_signal(&pidfd, Signal::KILL);
+                        }
                         let _ = rustix::process::waitid(
                             WaitId::PidFd(pidfd.as_fd()),
                             WaitIdOptions::EXITED,

@@ -18,11 +18,13 @@
 //! session's part, driven by that session's task. Trusts the resolved
 //! configuration and its own keys; nothing the sandbox writes.
 
+pub mod audit;
 pub mod classify;
 pub mod launch;
 pub mod machine;
 pub mod mailbox;
 pub mod session;
+pub mod subreaper;
 
 use std::collections::HashMap;
 use std::os::fd::{AsFd, OwnedFd};

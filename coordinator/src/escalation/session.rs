@@ -28,13 +28,13 @@ use lazaret_proto::terminal::{
     MAX_PROMPT_REASON,
 };
 use lazaret_proto::trust::{ProtocolCredentialRole, ProtocolPublicKey, SessionRequestCapability};
-use rustix::process::Signal;
 use sha2::Digest;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinSet;
 
+use super::audit;
 use super::classify::{Classification, classify, shown};
-use super::launch::{Checked, Ended, HostCommand};
+use super::launch::{Checked, END_WAIT, Ended, HostCommand};
 use super::machine::{Admission, Effect, Rejection, Requests};
 use super::mailbox::{GuestClaim, SessionMailbox, Taken};
 use super::{Escalation, Watch};
@@ -56,7 +56,7 @@ const CHUNK_WINDOW: u64 = 64;
 /// ended.
 const STALL_LIMIT: Duration = Duration::from_secs(300);
 /// How long a cancelled command has between SIGTERM and SIGKILL.
-const TERM_GRACE: Duration = Duration::from_millis(500);
+const TERM_GRACE: Duration = super::subreaper::TERM_GRACE;
 /// How long output may still come after a command exited.
 const DRAIN_LIMIT: Duration = Duration::from_secs(1);
 /// How long the session's end waits for its commands to be ended.
@@ -87,6 +87,12 @@ struct Request {
     executable: Option<Checked>,
     /// Why no rule did, for the prompt and the log.
     reason: String,
+    /// Whether its request and end are logged (a request that ended at
+    /// once may be only counted: [`audit::Refusals`]).
+    logged: bool,
+    /// Why its executable cannot run, for the developer's prompt and the
+    /// log only: what goes back into the sandbox never depends on it.
+    cannot_run: Option<String>,
     /// Who decided, for the log.
     decided_by: &'static str,
     /// What the result says beyond its outcome.
@@ -130,6 +136,8 @@ pub struct SessionEscalation {
     tasks: JoinSet<()>,
     /// Whether the watch still reports the mailbox's changes.
     watched: bool,
+    /// The refusals of the current period, logged or counted.
+    refusals: audit::Refusals,
 }
 
 impl SessionEscalation {
@@ -160,6 +168,7 @@ impl SessionEscalation {
             results: HashMap::new(),
             tasks: JoinSet::new(),
             watched: true,
+            refusals: audit::Refusals::default(),
         }
     }
 
@@ -178,6 +187,13 @@ impl SessionEscalation {
                     None => std::future::pending().await,
                 }
             };
+            let summary_due = self.refusals.due();
+            let until_summary = async {
+                match summary_due {
+                    Some(at) => tokio::time::sleep_until(at.into()).await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 changed = self.watch.requests.changed(), if self.watched => {
                     match changed {
@@ -190,13 +206,23 @@ impl SessionEscalation {
                     let effects = self.requests.expire(UnixTimeNs::now());
                     self.apply(effects);
                 }
+                () = until_summary => self.sum_up_refusals(false),
                 Some(_) = self.tasks.join_next(), if !self.tasks.is_empty() => {}
             }
         }
     }
 
     /// The developer answered a prompt in this session's terminal.
-    pub fn answer(&mut self, answer: EscalationAnswer) {
+    pub fn answer(&mut self, mut answer: EscalationAnswer) {
+        // A command that cannot run is only ever denied, so that its
+        // answer reads as any other denial.
+        let runnable = self
+            .known
+            .get(&answer.request_id)
+            .is_none_or(|r| r.cannot_run.is_none());
+        if !runnable {
+            answer.decision = DeveloperDecisionKind::Deny;
+        }
         let effects = self
             .requests
             .answer(answer.request_id, answer.decision, UnixTimeNs::now());
@@ -230,6 +256,7 @@ impl SessionEscalation {
     pub async fn close(mut self) {
         let effects = self.requests.close();
         self.apply(effects);
+        self.sum_up_refusals(true);
         let _ = tokio::time::timeout(CLOSE_WAIT, async {
             while self.tasks.join_next().await.is_some() {}
         })
@@ -258,30 +285,77 @@ impl SessionEscalation {
             match item {
                 Taken::File { name, bytes } => self.record(&name, &bytes),
                 Taken::Refused { name, why } => {
-                    tracing::warn!(file = %name, "escalation mailbox file refused: {why}");
+                    if self.refusal(audit::Refused::File) {
+                        tracing::warn!(
+                            file = %audit::field(&name),
+                            "escalation mailbox file refused: {}",
+                            audit::field(&why)
+                        );
+                    }
                 }
             }
         }
     }
 
+    /// Whether a refusal now is logged: the first ones of each period
+    /// are, the rest are counted ([`audit::Refusals`]).
+    fn refusal(&mut self, kind: audit::Refused) -> bool {
+        let now = Instant::now();
+        self.sum_up_refusals(false);
+        self.refusals.admit(kind, now)
+    }
+
+    /// Logs how many refusals went unlogged in a period that ended (or,
+    /// `closing`, in the current one).
+    fn sum_up_refusals(&mut self, closing: bool) {
+        let Some(unlogged) = self.refusals.summary(Instant::now(), closing) else {
+            return;
+        };
+        tracing::warn!(
+            files = unlogged.files,
+            records = unlogged.records,
+            requests = unlogged.requests,
+            "{} escalation refusals of this session were not logged (at most {} are in {} s): \
+             {} mailbox files, {} records, {} requests refused or denied at once",
+            unlogged.total(),
+            audit::REFUSALS_PER_PERIOD,
+            audit::REFUSAL_PERIOD.as_secs(),
+            unlogged.files,
+            unlogged.records,
+            unlogged.requests,
+        );
+    }
+
+    /// Logs a record refused (within the rate of [`Self::refusal`]).
+    fn refused_record(&mut self, name: &str, request: Option<RequestId>, why: &str) {
+        if self.refusal(audit::Refused::Record) {
+            tracing::warn!(
+                file = %audit::field(name),
+                request = request.map(tracing::field::display),
+                "escalation record refused: {}",
+                audit::field(why)
+            );
+        }
+    }
+
     /// Verifies and acts on one record file.
     fn record(&mut self, name: &str, bytes: &[u8]) {
-        let refuse = |why: String| {
-            tracing::warn!(file = %name, "escalation record refused: {why}");
-        };
         let now = UnixTimeNs::now();
         let record = match verify(name, bytes, &self.sandbox_key, &self.capability, now) {
             Ok(record) => record,
-            Err(why) => return refuse(why),
+            Err(why) => return self.refused_record(name, None, &why),
         };
         match record {
             MailboxRecord::Request(request) => self.request(name, request, now),
             MailboxRecord::Cancellation(cancel) => {
+                let id = Some(cancel.request_id);
                 if let Some(why) = stale(cancel.issued_at, now) {
-                    return refuse(format!("the cancellation is stale: {why}"));
+                    let why = format!("the cancellation is stale: {why}");
+                    return self.refused_record(name, id, &why);
                 }
                 if !self.requests.is_open(cancel.request_id) {
-                    return refuse("it cancels no open request of this session".into());
+                    let why = "it cancels no open request of this session";
+                    return self.refused_record(name, id, why);
                 }
                 tracing::info!(request = %cancel.request_id, "escalation cancelled by the sandbox");
                 if let Some(request) = self.known.get_mut(&cancel.request_id) {
@@ -314,14 +388,9 @@ impl SessionEscalation {
     fn request(&mut self, name: &str, request: MailboxRequest, now: UnixTimeNs) {
         let id = request.request_id;
         if self.requests.has_seen(id) {
-            tracing::warn!(
-                file = %name,
-                request = %id,
-                "escalation record refused: its request id was used before (a replay)"
-            );
-            return;
+            let why = "its request id was used before (a replay)";
+            return self.refused_record(name, Some(id), why);
         }
-        let argv_shown = shown(&request.command_argv);
         let stale = stale(request.issued_at, now).or_else(|| {
             if request.expires_at <= now {
                 Some("it had expired when the host read it".into())
@@ -341,6 +410,8 @@ impl SessionEscalation {
             rule: None,
             executable: None,
             reason: String::new(),
+            logged: true,
+            cannot_run: None,
             decided_by: "policy",
             detail: String::new(),
             started: None,
@@ -353,23 +424,30 @@ impl SessionEscalation {
         match self.requests.admit(id, admission) {
             Err(Rejection::Replayed) => {}
             Err(Rejection::Busy) => {
-                tracing::warn!(
-                    file = %name,
-                    request = %id,
-                    "escalation record refused: this session used all its {} request ids; \
-                     further requests need a new session",
+                let why = format!(
+                    "this session used all its {} request ids; further requests need a new \
+                     session",
                     super::machine::MAX_REQUESTS_PER_SESSION
                 );
+                self.refused_record(name, Some(id), &why);
             }
             Ok(effects) => {
-                tracing::info!(
-                    request = %id,
-                    argv = %argv_shown,
-                    classification,
-                    rule = entry.rule,
-                    reason = %entry.reason,
-                    "escalation requested"
-                );
+                // A request that ends at once (refused, or denied without
+                // asking) is a refusal, logged at its rate.
+                let at_once = matches!(admission, Admission::End(_))
+                    || matches!(effects.as_slice(), [Effect::Busy(_)]);
+                entry.logged = !at_once || self.refusal(audit::Refused::Request);
+                if entry.logged {
+                    tracing::info!(
+                        request = %id,
+                        argv = %audit::argv(&entry.argv),
+                        classification,
+                        rule = entry.rule,
+                        reason = %audit::field(&entry.reason),
+                        cannot_run = entry.cannot_run.as_deref().map(audit::field).as_deref(),
+                        "escalation requested"
+                    );
+                }
                 self.known.insert(id, entry);
                 self.apply(effects);
             }
@@ -426,6 +504,10 @@ impl SessionEscalation {
                     );
                     return ("no rule", Admission::End(self.refuse(entry, why)));
                 }
+                // Whether the executable can run is said on the prompt
+                // only: a request the developer may be asked about is
+                // asked about, whatever is (or is not) at that path, so
+                // the sandbox cannot probe the host's files with it.
                 match shared.launcher.requested_executable(&entry.argv[0]) {
                     Ok(checked) => {
                         if checked.canonical.as_os_str() != entry.argv[0].as_str() {
@@ -435,15 +517,15 @@ impl SessionEscalation {
                             ));
                         }
                         entry.executable = Some(checked);
-                        (
-                            "ask the developer",
-                            Admission::Ask {
-                                deadline: entry.expires_at,
-                            },
-                        )
                     }
-                    Err(why) => ("no rule", Admission::End(self.refuse(entry, why))),
+                    Err(why) => entry.cannot_run = Some(why),
                 }
+                (
+                    "ask the developer",
+                    Admission::Ask {
+                        deadline: entry.expires_at,
+                    },
+                )
             }
             Classification::RequiresShell { reason } => (
                 "requires a shell",
@@ -463,6 +545,10 @@ impl SessionEscalation {
                     if let Some(request) = self.known.get(&id) {
                         let mut reason = request.reason.clone();
                         truncate(&mut reason, MAX_PROMPT_REASON);
+                        let cannot_run = request.cannot_run.clone().map(|mut why| {
+                            truncate(&mut why, MAX_PROMPT_REASON);
+                            why
+                        });
                         self.events.push_back(Event::Prompt(EscalationPrompt {
                             session_id: self.capability.session_binding.session_id,
                             request_id: id,
@@ -470,6 +556,7 @@ impl SessionEscalation {
                             requested_at: request.issued_at,
                             expires_at: request.expires_at,
                             reason,
+                            cannot_run,
                         }));
                     }
                 }
@@ -645,19 +732,21 @@ impl SessionEscalation {
             };
         }
         truncate(&mut request.detail, MAX_RESULT_DETAIL);
-        tracing::info!(
-            request = %id,
-            argv = %shown(&request.argv),
-            outcome = ?outcome,
-            decided_by = request.decided_by,
-            exit_code,
-            signal = terminating_signal,
-            duration_ms = request.started.map(|s| s.elapsed().as_millis() as u64),
-            output_chunks = ran.chunks,
-            output_truncated = ran.truncated,
-            detail = %request.detail,
-            "escalation finished"
-        );
+        if request.logged {
+            tracing::info!(
+                request = %id,
+                argv = %audit::argv(&request.argv),
+                outcome = ?outcome,
+                decided_by = request.decided_by,
+                exit_code,
+                signal = terminating_signal,
+                duration_ms = request.started.map(|s| s.elapsed().as_millis() as u64),
+                output_chunks = ran.chunks,
+                output_truncated = ran.truncated,
+                detail = %audit::field(&request.detail),
+                "escalation finished"
+            );
+        }
         let record = MailboxRecord::Result(MailboxResult {
             protocol_version: ProtocolVersion::V1,
             session_binding: self.capability.session_binding.clone(),
@@ -836,17 +925,22 @@ async fn run(
             read = read_stream(&command.stdout, &mut out_buf) => (read, ResultStream::Stdout),
             read = read_stream(&command.stderr, &mut err_buf) => (read, ResultStream::Stderr),
             () = command.exited(), if exited_at.is_none() => {
-                // Whatever the command left in its group ends with it.
-                command.signal_group(Signal::KILL);
+                // Its launch process has ended whatever the command left.
                 exited_at = Some(tokio::time::Instant::now());
                 continue;
             }
             _ = &mut cancelled, if !cancelling => {
                 cancelling = true;
-                command.signal_group(Signal::TERM);
-                let ended = tokio::time::timeout(TERM_GRACE, command.exited()).await;
-                if ended.is_err() {
-                    command.signal_group(Signal::KILL);
+                // SIGTERM to everything it started, SIGKILL 0.5 s later:
+                // its launch process does both. One that does not exit
+                // in time is told more bluntly.
+                command.cancel();
+                let grace = TERM_GRACE + END_WAIT;
+                if tokio::time::timeout(grace, command.exited()).await.is_err() {
+                    command.end();
+                    if tokio::time::timeout(END_WAIT, command.exited()).await.is_err() {
+                        command.kill();
+                    }
                 }
                 continue;
             }
@@ -902,14 +996,12 @@ async fn run(
                 sent += n as u64;
             }
             Err(why) => {
-                command.signal_group(Signal::KILL);
+                command.end();
                 failure = Some(why);
             }
         }
     }
-    let ended = command
-        .reap()
-        .map_err(|e| format!("cannot learn how the command ended: {e}"))?;
+    let ended = command.reap()?;
     Ok(Ran {
         ended: Some(ended),
         chunks: sequence,

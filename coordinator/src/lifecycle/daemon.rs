@@ -47,7 +47,6 @@ use lazaret_proto::ownership::{
 };
 use lazaret_proto::store::{Domain, Generation, GenerationState, ParticipantState};
 use lazaret_proto::trust::{GenerationIdentity, ProtocolCredential, TrustManifest};
-use rustix::fs::{Mode, OFlags};
 
 use super::record::{Became, Intent, Recorder};
 use super::recovery::{finish_stale, release_generation};
@@ -55,7 +54,6 @@ use super::supervisor::{PlanInputs, Supervisor};
 use super::{DomainPaths, chain};
 use crate::catalog::{PreparedLower, StorageCatalog};
 use crate::config::{self, HostEnvironment, LoadRequest, ResolvedDomainConfiguration, RetainedDir};
-use crate::image::fsops::open_beneath;
 use crate::image::parse_reference;
 use crate::network::{ConnectivityHelper, PlannedNetwork};
 use crate::process::HeldProcess;
@@ -275,28 +273,18 @@ fn try_lock(runtime: &RetainedDir) -> Result<Option<OwnedFd>, Failure> {
     })
 }
 
-/// Sends standard output and error to the Domain log.
+/// Sends standard output and error to the Domain log, kept to its size
+/// ([`super::logfile`]).
 fn redirect_to_log(runtime: &RetainedDir) -> Result<(), Failure> {
-    let fd = open_beneath(
-        runtime.fd(),
-        super::LOG_FILE,
-        OFlags::WRONLY | OFlags::CREATE | OFlags::APPEND,
-        Mode::RUSR | Mode::WUSR,
-    )
-    .map_err(|e| {
-        failure(
-            StartupStep::Ownership,
-            format!("cannot open the Domain log: {e}"),
-        )
-    })?;
-    rustix::stdio::dup2_stdout(&fd)
-        .and_then(|()| rustix::stdio::dup2_stderr(&fd))
-        .map_err(|e| {
+    let log =
+        super::logfile::LogFile::open(runtime.fd(), super::logfile::FILE_LIMIT).map_err(|e| {
             failure(
                 StartupStep::Ownership,
-                format!("cannot log to the Domain log: {e}"),
+                format!("cannot open the Domain log: {e}"),
             )
-        })
+        })?;
+    super::logfile::install(log);
+    Ok(())
 }
 
 /// The stores of a Domain whose ownership this process holds.

@@ -1,6 +1,7 @@
 //! Where the Host Coordinator's logs go: `tracing` events, to the systemd
 //! journal through `tracing-journald` when its socket exists, else to the
-//! Domain's `coordinator.log` (standard error, once redirected).
+//! Domain's `coordinator.log` ([`super::logfile`], which keeps it to its
+//! size).
 //!
 //! Owns the subscriber of the coordinator process and the names of the
 //! fields every event carries through its spans: `LAZARET_DOMAIN` and
@@ -41,7 +42,7 @@ pub fn init() -> bool {
     let to_journal = journal.is_some();
     let file = (!to_journal).then(|| {
         tracing_subscriber::fmt::layer()
-            .with_writer(std::io::stderr)
+            .with_writer(|| super::logfile::EventWriter)
             .with_ansi(false)
             .with_target(false)
     });

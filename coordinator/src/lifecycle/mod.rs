@@ -12,6 +12,7 @@
 pub mod client;
 pub mod daemon;
 pub mod journal;
+pub mod logfile;
 mod network;
 mod record;
 pub mod recovery;
@@ -97,6 +98,12 @@ impl DomainPaths {
     /// The log file.
     pub fn log_file(&self) -> PathBuf {
         self.runtime_dir.join(LOG_FILE)
+    }
+
+    /// The log file before the last rotation
+    /// ([`logfile::PREVIOUS_LOG_FILE`]).
+    pub fn previous_log_file(&self) -> PathBuf {
+        self.runtime_dir.join(logfile::PREVIOUS_LOG_FILE)
     }
 
     /// The name of a generation's runtime directory.

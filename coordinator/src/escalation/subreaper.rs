@@ -1,0 +1,510 @@
+//! The launch process of an approved host command: the coordinator's own
+//! executable started in mode `launch`, between the coordinator and the
+//! command, which ends everything the command started.
+//!
+//! A command that puts a child in a session of its own (`setsid`,
+//! `setsid -f`, a daemon's double fork) takes it out of the command's
+//! process group, and killing the group misses it. So the command is
+//! started by this process instead, a child subreaper
+//! (`PR_SET_CHILD_SUBREAPER`, prctl(2)): whatever the command leaves
+//! behind is re-parented here, not to init, and is found by walking the
+//! children lists of `/proc` (`/proc/PID/task/TID/children`, proc(5)) down
+//! from this process. When the command exits, everything still below
+//! this process is killed and reaped; on `SIGTERM` (a cancellation)
+//! everything gets `SIGTERM`, and 0.5 s later, or as soon as the command
+//! exits, `SIGKILL`; on `SIGHUP` (its session or Domain ended, or the
+//! coordinator died: this process's parent-death signal) everything is
+//! killed at once. Only then does this process exit, after writing how
+//! the command ended on its report pipe.
+//!
+//! A direct child is signalled by its pid (only this process reaps it, so
+//! the pid cannot name another process meanwhile); a deeper one through a
+//! pidfd, once its parent is proven to be the one it was found under. The
+//! command itself dies with this process (`PR_SET_PDEATHSIG`). What it
+//! hands to something outside this tree (a service manager, `at`, an SSH
+//! connection to this host) is beyond reach, and so is what it started
+//! once it has killed this process itself: it runs as the same user.
+//! Trusts the coordinator that started it (its arguments and descriptors);
+//! nothing the command does.
+
+use std::ffi::OsString;
+use std::io::Write;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::process::{Command, ExitCode, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use rustix::process::{Pid, Signal, WaitOptions};
+
+/// The argument that selects this mode of `lazaret-coordinator`.
+pub const MODE: &str = "launch";
+
+/// How long a cancelled command has between `SIGTERM` and `SIGKILL`.
+pub const TERM_GRACE: Duration = Duration::from_millis(500);
+
+/// The most bytes of a report.
+pub const MAX_REPORT: usize = 4096;
+
+/// How the command ended, as the report pipe says it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Report {
+    /// It exited with this status.
+    Exited(u8),
+    /// This signal ended it.
+    Signaled(u8),
+    /// It could not be started: why.
+    Failed(String),
+}
+
+impl Report {
+    /// The report's bytes on the pipe.
+    pub fn encode(&self) -> Vec<u8> {
+        let text = match self {
+            Report::Exited(code) => format!("exited {code}"),
+            Report::Signaled(signal) => format!("signaled {signal}"),
+            Report::Failed(why) => format!("failed {why}"),
+        };
+        let mut bytes = text.into_bytes();
+        bytes.truncate(MAX_REPORT);
+        bytes
+    }
+
+    /// Reads a report; `None` when it is not one (the launch process was
+    /// killed before it wrote it).
+    pub fn decode(bytes: &[u8]) -> Option<Self> {
+        let text = std::str::from_utf8(bytes).ok()?;
+        let (kind, rest) = text.split_once(' ')?;
+        match kind {
+            "exited" => rest.parse().ok().map(Report::Exited),
+            "signaled" => rest.parse().ok().map(Report::Signaled),
+            "failed" => Some(Report::Failed(rest.to_owned())),
+            _ => None,
+        }
+    }
+}
+
+/// What the coordinator hands the launch process.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Arguments {
+    /// The executable's descriptor, which the command runs as
+    /// `/proc/self/fd/N`.
+    pub executable: i32,
+    /// Where the report goes.
+    pub report: i32,
+    /// The coordinator's pid, to check that it still is the parent once
+    /// the parent-death signal is set.
+    pub parent: i32,
+    /// The command: element zero is its name (`argv[0]`).
+    pub argv: Vec<OsString>,
+}
+
+impl Arguments {
+    /// The arguments after [`MODE`]: `EXE_FD REPORT_FD PARENT_PID --
+    /// ARGV...`.
+    pub fn to_args(&self) -> Vec<OsString> {
+        let mut args: Vec<OsString> = vec![
+            MODE.into(),
+            self.executable.to_string().into(),
+            self.report.to_string().into(),
+            self.parent.to_string().into(),
+            "--".into(),
+        ];
+        args.extend(self.argv.iter().cloned());
+        args
+    }
+
+    /// Parses what [`Self::to_args`] made (after the program's name).
+    pub fn parse(args: &[OsString]) -> Result<Self, String> {
+        let number = |i: usize| -> Result<i32, String> {
+            args.get(i)
+                .and_then(|a| a.to_str())
+                .and_then(|a| a.parse().ok())
+                .ok_or_else(|| format!("argument {i} is not a number"))
+        };
+        if args.first().map(|a| a.as_bytes()) != Some(MODE.as_bytes()) {
+            return Err(format!("the first argument is not `{MODE}`"));
+        }
+        if args.get(4).map(|a| a.as_bytes()) != Some(b"--") {
+            return Err("the command does not follow `--`".into());
+        }
+        let argv = args[5..].to_vec();
+        if argv.is_empty() {
+            return Err("no command".into());
+        }
+        let parsed = Self {
+            executable: number(1)?,
+            report: number(2)?,
+            parent: number(3)?,
+            argv,
+        };
+        if parsed.executable == parsed.report {
+            return Err("the executable and the report share a descriptor".into());
+        }
+        Ok(parsed)
+    }
+}
+
+/// The signals that end the command, as they arrive.
+struct Signals {
+    wake: std::os::unix::net::UnixStream,
+    terminate: Arc<AtomicBool>,
+    hang_up: Arc<AtomicBool>,
+}
+
+impl Signals {
+    /// Catches `SIGTERM` and `SIGINT` (a cancellation), `SIGHUP` (end it
+    /// all now) and `SIGCHLD` (something to reap), each also waking
+    /// [`Self::wait`].
+    fn catch() -> std::io::Result<Self> {
+        use signal_hook::consts::{SIGCHLD, SIGHUP, SIGINT, SIGTERM};
+        let (wake, write) = std::os::unix::net::UnixStream::pair()?;
+        wake.set_nonblocking(true)?;
+        write.set_nonblocking(true)?;
+        let terminate = Arc::new(AtomicBool::new(false));
+        let hang_up = Arc::new(AtomicBool::new(false));
+        signal_hook::flag::register(SIGTERM, Arc::clone(&terminate))?;
+        signal_hook::flag::register(SIGINT, Arc::clone(&terminate))?;
+        signal_hook::flag::register(SIGHUP, Arc::clone(&hang_up))?;
+        for signal in [SIGTERM, SIGINT, SIGHUP, SIGCHLD] {
+            signal_hook::low_level::pipe::register(signal, write.try_clone()?)?;
+        }
+        Ok(Self {
+            wake,
+            terminate,
+            hang_up,
+        })
+    }
+
+    /// Waits until a signal arrived or `until` passed.
+    fn wait(&self, until: Option<Instant>) {
+        let timeout = until.map(|at| {
+            let left = at.saturating_duration_since(Instant::now());
+            rustix::event::Timespec {
+                tv_sec: i64::try_from(left.as_secs()).unwrap_or(i64::MAX),
+                tv_nsec: i64::from(left.subsec_nanos()),
+            }
+        });
+        let mut fds = [rustix::event::PollFd::new(
+            &self.wake,
+            rustix::event::PollFlags::IN,
+        )];
+        let _ = rustix::event::poll(&mut fds, timeout.as_ref());
+        let mut sink = [0u8; 64];
+        while rustix::io::read(&self.wake, &mut sink).is_ok_and(|n| n > 0) {}
+    }
+}
+
+/// How a reaped child ended.
+fn report_of(status: rustix::process::WaitStatus) -> Report {
+    match status.terminating_signal() {
+        Some(signal) => Report::Signaled(u8::try_from(signal).unwrap_or(u8::MAX)),
+        None => {
+            Report::Exited(u8::try_from(status.exit_status().unwrap_or(255) & 0xff).unwrap_or(255))
+        }
+    }
+}
+
+/// This process's children and theirs, down the tree: (pid, its parent).
+fn descendants(me: Pid) -> Vec<(Pid, Pid)> {
+    let mut found = Vec::new();
+    let mut parents = vec![me];
+    while let Some(parent) = parents.pop() {
+        for child in children(parent) {
+            if found.iter().any(|(p, _)| *p == child) || child == me {
+                continue;
+            }
+            found.push((child, parent));
+            parents.push(child);
+        }
+    }
+    found
+}
+
+/// The children of `parent`: the children lists of its threads, or, on a
+/// kernel without them (`CONFIG_PROC_CHILDREN`), every process whose
+/// parent it is.
+fn children(parent: Pid) -> Vec<Pid> {
+    let tasks = format!("/proc/{}/task", parent.as_raw_nonzero());
+    let Ok(threads) = std::fs::read_dir(&tasks) else {
+        return Vec::new();
+    };
+    let mut found = Vec::new();
+    let mut listed = false;
+    for thread in threads.flatten() {
+        if let Ok(text) = std::fs::read_to_string(thread.path().join("children")) {
+            listed = true;
+            found.extend(parse_pids(&text));
+        }
+    }
+    if !listed {
+        found = scan_children(parent);
+    }
+    found
+}
+
+/// The pids of a children list: numbers separated by spaces.
+fn parse_pids(text: &str) -> impl Iterator<Item = Pid> + '_ {
+    text.split_ascii_whitespace()
+        .filter_map(|n| n.parse().ok())
+        .filter_map(Pid::from_raw)
+}
+
+/// Every process whose parent is `parent`, by its `stat`.
+fn scan_children(parent: Pid) -> Vec<Pid> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter_map(Pid::from_raw)
+        .filter(|pid| parent_of(*pid) == Some(parent))
+        .collect()
+}
+
+/// The parent of `pid`, from `/proc/PID/stat` (its fourth field, after the
+/// parenthesized name, which may hold anything).
+fn parent_of(pid: Pid) -> Option<Pid> {
+    let stat = std::fs::read(format!("/proc/{}/stat", pid.as_raw_nonzero())).ok()?;
+    parse_parent(&stat)
+}
+
+fn parse_parent(stat: &[u8]) -> Option<Pid> {
+    let close = stat.iter().rposition(|b| *b == b')')?;
+    let rest = std::str::from_utf8(&stat[close + 1..]).ok()?;
+    let mut fields = rest.split_ascii_whitespace();
+    let _state = fields.next()?;
+    Pid::from_raw(fields.next()?.parse().ok()?)
+}
+
+/// Sends `signal` to `pid`, found as a child of `parent`: by pid when it
+/// is this process's own child, else through a pidfd, once the process it
+/// names is proven to be that one (a child of `parent`, or re-parented
+/// here) and alive while that was read.
+fn send(me: Pid, pid: Pid, parent: Pid, signal: Signal) {
+    if parent == me {
+        let _ = rustix::process::kill_process(pid, signal);
+        return;
+    }
+    let Ok(pidfd) = rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()) else {
+        return;
+    };
+    let proven = matches!(parent_of(pid), Some(p) if p == parent || p == me);
+    if proven && alive(&pidfd) {
+        let _ = rustix::process::pidfd_send_signal(&pidfd, signal);
+    }
+}
+
+/// Whether the process behind `pidfd` has not exited (its pidfd is not
+/// readable yet).
+fn alive(pidfd: &OwnedFd) -> bool {
+    let mut fds = [rustix::event::PollFd::new(
+        pidfd,
+        rustix::event::PollFlags::IN,
+    )];
+    let zero = rustix::event::Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    matches!(rustix::event::poll(&mut fds, Some(&zero)), Ok(0))
+}
+
+/// Sends `signal` to everything below this process, once.
+fn signal_all(me: Pid, signal: Signal) {
+    for (pid, parent) in descendants(me) {
+        send(me, pid, parent, signal);
+    }
+}
+
+/// Reaps what has ended without waiting, noting the command's end if it
+/// was among them; whether any child is left.
+fn reap_ended(command: Pid, ended: &mut Option<Report>) -> bool {
+    loop {
+        match rustix::process::wait(WaitOptions::NOHANG) {
+            Ok(Some((pid, status))) => {
+                if pid == command {
+                    *ended = Some(report_of(status));
+                }
+            }
+            Err(rustix::io::Errno::INTR) => {}
+            Ok(None) => return true,
+            Err(_) => return false,
+        }
+    }
+}
+
+/// How long [`kill_all`] waits for a killed child before it looks for
+/// more: re-parented processes, or ones the last walk missed.
+const KILL_ROUND: Duration = Duration::from_millis(20);
+
+/// How long [`kill_all`] goes on. A process killed in uninterruptible
+/// sleep (a hung network file system) exits only when it wakes; past
+/// this it is left with its `SIGKILL` pending, to be reaped by init.
+const KILL_LIMIT: Duration = Duration::from_secs(5);
+
+/// Kills everything below this process and reaps it, until no child is
+/// left: what a killed process had started is re-parented here and found
+/// on the next round.
+fn kill_all(me: Pid, command: Pid, signals: &Signals, ended: &mut Option<Report>) {
+    let limit = Instant::now() + KILL_LIMIT;
+    loop {
+        for (pid, parent) in descendants(me) {
+            send(me, pid, parent, Signal::KILL);
+        }
+        if !reap_ended(command, ended) || Instant::now() >= limit {
+            return;
+        }
+        // A child's end (SIGCHLD) wakes this at once.
+        signals.wait(Some(Instant::now() + KILL_ROUND));
+    }
+}
+
+/// Runs the command of `args` to its end and ends whatever it left.
+pub fn main(args: &[OsString]) -> ExitCode {
+    let args = match Arguments::parse(args) {
+        Ok(args) => args,
+        Err(why) => {
+            eprintln!("lazaret-coordinator launch: {why}; this mode is started by the coordinator");
+            return ExitCode::FAILURE;
+        }
+    };
+    let (executable, report) = match (
+        crate::sys::inherited(args.executable),
+        crate::sys::inherited(args.report),
+    ) {
+        (Ok(executable), Ok(report)) => (executable, report),
+        _ => {
+            eprintln!("lazaret-coordinator launch: the descriptors it was given are not open");
+            return ExitCode::FAILURE;
+        }
+    };
+    let mut report = std::fs::File::from(report);
+    let outcome = run(&args, executable);
+    let _ = report.write_all(&outcome.encode());
+    ExitCode::SUCCESS
+}
+
+/// Starts the command and follows it to its end.
+fn run(args: &Arguments, executable: OwnedFd) -> Report {
+    let me = rustix::process::getpid();
+    // Ends with the coordinator, but ends what is below it first.
+    let setup = rustix::process::set_parent_process_death_signal(Some(Signal::HUP))
+        .and_then(|()| rustix::process::set_child_subreaper(Some(me)))
+        .map_err(std::io::Error::from);
+    let signals = match setup.and_then(|()| Signals::catch()) {
+        Ok(signals) => signals,
+        Err(e) => return Report::Failed(format!("cannot prepare its launch: {e}")),
+    };
+    if rustix::process::getppid()
+        .map(Pid::as_raw_nonzero)
+        .map(i32::from)
+        != Some(args.parent)
+    {
+        return Report::Failed("the coordinator ended before it started".into());
+    }
+    let command = match spawn(args, &executable) {
+        Ok(pid) => pid,
+        Err(e) => return Report::Failed(e.to_string()),
+    };
+    drop(executable);
+    // Only the command and what it starts hold the output pipes now, so
+    // the coordinator sees them end with it.
+    if let Ok(null) = rustix::fs::open(
+        "/dev/null",
+        rustix::fs::OFlags::WRONLY | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    ) {
+        let _ = rustix::stdio::dup2_stdout(&null);
+        let _ = rustix::stdio::dup2_stderr(&null);
+    }
+
+    let mut ended: Option<Report> = None;
+    let mut grace_ends: Option<Instant> = None;
+    loop {
+        reap_ended(command, &mut ended);
+        if ended.is_some() || signals.hang_up.load(Ordering::Relaxed) {
+            break;
+        }
+        if grace_ends.is_some_and(|at| Instant::now() >= at) {
+            break;
+        }
+        if grace_ends.is_none() && signals.terminate.load(Ordering::Relaxed) {
+            signal_all(me, Signal::TERM);
+            grace_ends = Some(Instant::now() + TERM_GRACE);
+            continue;
+        }
+        signals.wait(grace_ends);
+    }
+    kill_all(me, command, &signals, &mut ended);
+    ended.unwrap_or(Report::Signaled(Signal::KILL.as_raw() as u8))
+}
+
+/// Starts the command: `/proc/self/fd/N` of the executable with the
+/// command's name as `argv[0]`, this process's environment, working
+/// directory and standard streams, in a process group of its own (a
+/// `kill 0` in it does not reach this process), killed if this process
+/// dies. The executable's descriptor is the only one it inherits.
+fn spawn(args: &Arguments, executable: &OwnedFd) -> std::io::Result<Pid> {
+    let path = crate::config::confined::proc_self_fd(executable.as_fd());
+    let mut command = Command::new(&path);
+    std::os::unix::process::CommandExt::arg0(&mut command, &args.argv[0]);
+    command
+        .args(&args.argv[1..])
+        .stdin(Stdio::inherit())
+        .stdout(Stdio::inherit())
+        .stderr(Stdio::inherit());
+    std::os::unix::process::CommandExt::process_group(&mut command, 0);
+    let child = crate::sys::spawn_inheriting(
+        &mut command,
+        crate::sys::ChildSetup {
+            fds: &[executable.as_fd()],
+            user_namespace: None,
+            die_with_parent: true,
+        },
+    )?;
+    let pid = i32::try_from(child.id()).ok().and_then(Pid::from_raw);
+    // The child is reaped by `wait`, not through `Child`.
+    drop(child);
+    pid.ok_or_else(|| std::io::Error::other("the command has no pid"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn arguments_and_reports_survive_their_trip() {
+        let args = Arguments {
+            executable: 7,
+            report: 9,
+            parent: 4242,
+            argv: vec!["/usr/bin/gh".into(), "--".into(), "-x".into(), "".into()],
+        };
+        assert_eq!(Arguments::parse(&args.to_args()), Ok(args));
+        assert!(Arguments::parse(&["launch".into(), "7".into()]).is_err());
+        assert!(Arguments::parse(&["start".into()]).is_err());
+        for report in [
+            Report::Exited(0),
+            Report::Exited(255),
+            Report::Signaled(9),
+            Report::Failed("cannot start it: no such file".into()),
+        ] {
+            assert_eq!(Report::decode(&report.encode()), Some(report));
+        }
+        assert_eq!(Report::decode(b""), None);
+        assert_eq!(Report::decode(b"exited x"), None);
+    }
+
+    #[test]
+    fn a_parent_is_read_past_any_name() {
+        let stat = b"1234 (a) b (c) S 77 1234 1234 0 -1";
+        assert_eq!(parse_parent(stat), Pid::from_raw(77));
+        assert_eq!(parse_parent(b"1 (x"), None);
+        let pids: Vec<i32> = parse_pids("12 13 \n")
+            .map(|p| p.as_raw_nonzero().get())
+            .collect();
+        assert_eq!(pids, [12, 13]);
+    }
+}
