@@ -273,19 +273,8 @@ fn interactive_approval() -> Result {
     ]));
     let ws = host.workspace.clone();
     up(&host, &ws)?;
-    let open = |name: &str| -> std::result::Result<Tmux<'_>, Failed> {
-        let tmux = Tmux {
-            host: &host,
-            dir: host.user_dir(name),
-            cwd: ws.clone(),
-        };
-        let pane = format!("{} attach p; sleep 60", bin("lazaret").display());
-        tmux.start(120, 40, &pane)?;
-        tmux.type_until("echo ready-$((20+22))", "ready-42", Duration::from_secs(30))?;
-        Ok(tmux)
-    };
-    let a = open("tmux-a")?;
-    let b = open("tmux-b")?;
+    let a = shell_in_tmux(&host, "tmux-a", (120, 40))?;
+    let b = shell_in_tmux(&host, "tmux-b", (120, 40))?;
     let asks = |screen: &str| screen.contains("the sandbox asks to run a command");
 
     b.type_line("lazaret-escalate /usr/bin/id -g; echo rc=$?")?;
@@ -414,17 +403,7 @@ fn painted_terminal() -> Result {
     let (_serial, host) = host_with_config(&escalation_config(&[]));
     let ws = host.workspace.clone();
     up(&host, &ws)?;
-    let tmux = Tmux {
-        host: &host,
-        dir: host.user_dir("tmux"),
-        cwd: ws.clone(),
-    };
-    tmux.start(
-        100,
-        30,
-        &format!("{} attach p; sleep 60", bin("lazaret").display()),
-    )?;
-    tmux.type_until("echo ready-$((20+22))", "ready-42", Duration::from_secs(30))?;
+    let tmux = shell_in_tmux(&host, "tmux", (100, 30))?;
     let rc = |name: &str| {
         std::fs::read_to_string(ws.join(name))
             .ok()
@@ -485,17 +464,7 @@ fn output_while_prompting() -> Result {
     let (_serial, host) = host_with_config(&escalation_config(&[]));
     let ws = host.workspace.clone();
     up(&host, &ws)?;
-    let tmux = Tmux {
-        host: &host,
-        dir: host.user_dir("tmux"),
-        cwd: ws.clone(),
-    };
-    tmux.start(
-        100,
-        30,
-        &format!("{} attach p; sleep 60", bin("lazaret").display()),
-    )?;
-    tmux.type_until("echo ready-$((20+22))", "ready-42", Duration::from_secs(30))?;
+    let tmux = shell_in_tmux(&host, "tmux", (100, 30))?;
     tmux.type_line(
         "yes & y=$!; lazaret-escalate /usr/bin/id -g; echo rc=$? > /workspace/rc; kill $y",
     )?;
@@ -519,6 +488,25 @@ fn output_while_prompting() -> Result {
     tmux.type_until("clear; echo alive-$((40+2))", "alive-42", WAIT)?;
     drop(tmux);
     down(&host, &ws)
+}
+
+/// An interactive `lazaret attach p` in the workspace, in a tmux window of
+/// `(columns, rows)` whose server lives under the directory `name`, once its
+/// shell answers.
+fn shell_in_tmux<'a>(
+    host: &'a UserHost,
+    name: &str,
+    (columns, rows): (u16, u16),
+) -> std::result::Result<Tmux<'a>, Failed> {
+    let tmux = Tmux {
+        host,
+        dir: host.user_dir(name),
+        cwd: host.workspace.clone(),
+    };
+    let pane = format!("{} attach p; sleep 60", bin("lazaret").display());
+    tmux.start(columns, rows, &pane)?;
+    tmux.type_until("echo ready-$((20+22))", "ready-42", Duration::from_secs(30))?;
+    Ok(tmux)
 }
 
 /// A request as the sandbox would make it, under `bundle`'s binding.
@@ -866,14 +854,7 @@ fn host_files_unrevealed() -> Result {
         "without a terminal: {without_terminal:#?}"
     );
 
-    let tmux = Tmux {
-        host: &host,
-        dir: host.user_dir("tmux"),
-        cwd: ws.clone(),
-    };
-    let pane = format!("{} attach p; sleep 60", bin("lazaret").display());
-    tmux.start(160, 40, &pane)?;
-    tmux.type_until("echo ready-$((20+22))", "ready-42", Duration::from_secs(30))?;
+    let tmux = shell_in_tmux(&host, "tmux", (160, 40))?;
     let mut with_terminal = Vec::new();
     for (i, path) in paths.iter().enumerate() {
         tmux.type_line(&format!(

@@ -192,21 +192,10 @@ mod tests {
     use lazaret_proto::ids::{ConfigurationFingerprint, DomainId};
     use lazaret_proto::ownership::{PreparedLowerOwnership, PublicationOwnership};
     use lazaret_proto::process::PersistedHostProcessOwnership;
-    use lazaret_proto::store::{Domain, GenerationState};
+    use lazaret_proto::store::GenerationState;
 
     fn store() -> (tempfile::TempDir, Arc<DomainStore>) {
-        let dir = tempfile::tempdir().unwrap();
-        let retained = crate::config::confined::ensure_root(
-            &dir.path().join("domain"),
-            rustix::process::getuid().as_raw(),
-        )
-        .unwrap();
-        let domain = Domain {
-            domain_id: DomainId([7; 32]),
-            profile_name: "p".into(),
-            canonical_workspace: HostPath::from(std::path::Path::new("/w")),
-        };
-        let store = DomainStore::open(&retained, &domain).unwrap();
+        let (dir, store) = crate::store::scratch();
         (dir, Arc::new(store))
     }
 

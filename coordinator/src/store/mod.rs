@@ -482,26 +482,31 @@ impl DomainStore {
     }
 }
 
+/// A Domain Store of a made-up Domain in a scratch directory, for tests.
+#[cfg(test)]
+pub(crate) fn scratch() -> (tempfile::TempDir, DomainStore) {
+    let dir = tempfile::tempdir().unwrap();
+    let retained = crate::config::confined::ensure_root(
+        &dir.path().join("domain"),
+        rustix::process::getuid().as_raw(),
+    )
+    .unwrap();
+    let domain = Domain {
+        domain_id: lazaret_proto::ids::DomainId([7; 32]),
+        profile_name: "p".into(),
+        canonical_workspace: lazaret_proto::common::HostPath::from(std::path::Path::new("/w")),
+    };
+    let store = DomainStore::open(&retained, &domain).unwrap();
+    (dir, store)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use lazaret_proto::common::HostPath;
-    use lazaret_proto::ids::DomainId;
 
     #[test]
     fn only_the_newest_generations_workspace_rules_are_kept() {
-        let dir = tempfile::tempdir().unwrap();
-        let retained = crate::config::confined::ensure_root(
-            &dir.path().join("domain"),
-            rustix::process::getuid().as_raw(),
-        )
-        .unwrap();
-        let domain = Domain {
-            domain_id: DomainId([7; 32]),
-            profile_name: "p".into(),
-            canonical_workspace: HostPath::from(std::path::Path::new("/w")),
-        };
-        let store = DomainStore::open(&retained, &domain).unwrap();
+        let (_dir, store) = scratch();
         for generation in [1, 2, 5] {
             store
                 .put_participants_and_rules(&[], None, Some((GenerationId(generation), b"x")))
