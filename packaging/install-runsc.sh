@@ -37,12 +37,17 @@ if [ -n "$candidate" ] && [ "$candidate" != "(none)" ] &&
     echo "==> installing runsc $candidate"
     as_root apt-get install -y -q --no-install-recommends runsc
 elif [ "$codename" = bookworm ]; then
-    # The first Debian mirror of the machine's own sources (one-line or
-    # deb822), not its security or backports source.
-    mirror=$({ cat /etc/apt/sources.list /etc/apt/sources.list.d/*.list \
-        /etc/apt/sources.list.d/*.sources 2>/dev/null || true; } |
-        grep -E '^(URIs:|deb )' | grep -oE 'https?://[^ ]+' |
-        grep -v -e security -e backports | head -1 || true)
+    # The machine's own Debian mirror: the first source (deb822 first, then
+    # one-line) whose suite is bookworm itself, not security, backports or
+    # another vendor's repository.
+    mirror=$({ cat /etc/apt/sources.list.d/*.sources 2>/dev/null || true; } |
+        awk '/^URIs:/ {uri=$2} /^Suites:/ {for (i = 2; i <= NF; i++) if ($i == "bookworm") print uri}' |
+        grep -oE '^https?://[^ ]+' | head -1 || true)
+    if [ -z "$mirror" ]; then
+        mirror=$({ cat /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null || true; } |
+            awk '$1 == "deb" {for (i = 2; i <= NF; i++) if ($i ~ /^https?:/ && $(i + 1) == "bookworm") print $i}' |
+            head -1 || true)
+    fi
     mirror=${mirror:-http://deb.debian.org/debian}
     echo "==> adding Debian's bookworm-backports ($mirror) for runsc with systrap"
     as_root tee /etc/apt/sources.list.d/lazaret-bookworm-backports.sources >/dev/null <<EOF

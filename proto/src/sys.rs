@@ -7,6 +7,29 @@
 
 #![allow(unsafe_code)]
 
+/// Marks every descriptor above standard error close-on-exec
+/// (`close_range(3, ~0, CLOSE_RANGE_CLOEXEC)`, `close_range(2)`): for a
+/// process that takes descriptors it was handed by number, so that no
+/// other one it inherited reaches a program it executes.
+pub fn cloexec_inherited_descriptors() -> std::io::Result<()> {
+    // SAFETY: `close_range` takes no pointers, and with
+    // `CLOSE_RANGE_CLOEXEC` it closes nothing: it only sets a flag on each
+    // descriptor, which no owner of one relies on being clear.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            3u32,
+            u32::MAX,
+            libc::CLOSE_RANGE_CLOEXEC,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
 /// Closes every descriptor above standard error (`close_range(3, ~0, 0)`).
 /// Call it first in a role's `main`, while the process is single-threaded
 /// and before anything else opens a descriptor.

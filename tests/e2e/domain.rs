@@ -1067,8 +1067,9 @@ fn tmp_is_bounded() -> Result {
         .ok_or(format!("no size in `df`: {said}"))?;
     assert_eq!(size_kib, GIB / 1024, "df shows the bound: {said}");
     assert!(
-        grew < GIB + GIB / 10,
-        "the sandbox's memory grew by {grew} bytes for a 1 GiB /tmp"
+        (GIB / 2..GIB + GIB / 10).contains(&grew),
+        "the sandbox's memory grew by {grew} bytes for a 1 GiB /tmp (the measure must see the \
+         file's memory, and no more than the bound)"
     );
     let out = host.exec(
         &status,

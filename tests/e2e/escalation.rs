@@ -875,11 +875,13 @@ fn host_files_unrevealed() -> Result {
             Ok(screen) => screen,
             Err(screen) => return Err(format!("{path}: no prompt and no end:\n{screen}").into()),
         };
-        if status(&screen).is_none() {
-            // The developer sees why it cannot run; even `y` runs nothing.
-            assert!(screen.contains("cannot run"), "{path}: {screen}");
-            tmux.type_line("y")?;
-        }
+        // Each is asked about, whatever is at the path; the developer sees
+        // why it cannot run, and even `y` runs nothing.
+        assert!(
+            status(&screen).is_none() && screen.contains("cannot run"),
+            "{path} was not asked about: {screen}"
+        );
+        tmux.type_line("y")?;
         let screen = match tmux.poll(WAIT, |s| status(s).is_some())? {
             Ok(screen) => screen,
             Err(screen) => return Err(format!("{path}: no end:\n{screen}").into()),
@@ -978,12 +980,21 @@ fn setsid_children() -> Result {
     let escapees =
         |a: u32, b: u32, then: &str| format!("setsid sleep {a} & setsid -f sleep {b}{then}");
 
-    // It exits at once, leaving two sessions behind.
+    // It exits as soon as both run, leaving two sessions behind.
+    let started = "; for i in $(seq 50); do \
+                   pgrep -f '^sleep 303$' >/dev/null && pgrep -f '^sleep 304$' >/dev/null \
+                   && echo both-started && break; sleep 0.1; done";
     let out = attached(
         &host,
-        &["lazaret-escalate", &dash, "-c", &escapees(303, 304, "")],
+        &[
+            "lazaret-escalate",
+            &dash,
+            "-c",
+            &escapees(303, 304, started),
+        ],
     )?;
     assert_eq!(code(&out), Some(0), "{}", text(&out));
+    assert!(has(&out, "both-started"), "{}", text(&out));
     gone(&host, &[303, 304], "after the command exited")?;
 
     // It is cancelled from inside the sandbox while it runs.

@@ -140,8 +140,12 @@ pub fn logs(
     let mut keep = since.is_none();
     let read_more = |file: &mut std::fs::File, keep: &mut bool| -> Result<(), Failure> {
         let mut bytes = Vec::new();
-        file.read_to_end(&mut bytes)
-            .map_err(|e| failure(format!("cannot read {}: {e}", log.display())))?;
+        file.read_to_end(&mut bytes).map_err(|e| {
+            failure(format!(
+                "cannot read the Domain log in {}: {e}",
+                paths.runtime_dir.display()
+            ))
+        })?;
         print_escaped(&since_filter(&String::from_utf8_lossy(&bytes), since, keep))
     };
     if let Some(mut previous) = previous {

@@ -44,7 +44,7 @@ pub struct IgnoreChangesView {
     pub paths: Vec<String>,
     /// How many in all (`paths` may name fewer).
     pub count: u64,
-    /// `kept` or `accepted`.
+    /// `asking`, `kept` or `accepted`.
     pub outcome: &'static str,
 }
 

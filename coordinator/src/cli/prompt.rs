@@ -55,14 +55,47 @@ struct Waiting {
     whole: bool,
 }
 
-/// Where the keyboard's bytes are: in text, or in an escape sequence a
-/// key sent (an arrow, a function key, a focus report), which is dropped.
+/// Where the keyboard's bytes are: in text, or in an escape sequence, which
+/// is dropped whole: one a key sent (an arrow, a function key, a focus
+/// report), or a terminal's reply to a query the sandbox wrote before the
+/// prompt (a cursor position, a colour, a title, a setting: control
+/// sequences and strings, with 7-bit or 8-bit introducers), none of which
+/// may become a typed answer.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 enum Keys {
     #[default]
     Text,
+    /// After ESC.
     Escape,
+    /// In a control sequence (CSI or SS3), until its final byte.
     Sequence,
+    /// In a string (OSC, DCS, APC, PM, SOS), until BEL or ST.
+    String,
+    /// In a string, after ESC: `\` ends it.
+    StringEscape,
+}
+
+impl Keys {
+    /// The state after `byte`, and whether `byte` is typed text.
+    fn next(self, byte: u8) -> (Keys, bool) {
+        match (self, byte) {
+            (Keys::Text, 0x1b) => (Keys::Escape, false),
+            // 8-bit CSI and SS3, and DCS, SOS, OSC, PM and APC.
+            (Keys::Text, 0x9b | 0x8f) => (Keys::Sequence, false),
+            (Keys::Text, 0x90 | 0x98 | 0x9d | 0x9e | 0x9f) => (Keys::String, false),
+            (Keys::Text, _) => (Keys::Text, true),
+            (Keys::Escape, b'[' | b'O') => (Keys::Sequence, false),
+            (Keys::Escape, b']' | b'P' | b'_' | b'^' | b'X') => (Keys::String, false),
+            (Keys::Escape, _) => (Keys::Text, false),
+            (Keys::Sequence, 0x40..=0x7e) => (Keys::Text, false),
+            (Keys::Sequence, _) => (Keys::Sequence, false),
+            (Keys::String, 0x07 | 0x9c) => (Keys::Text, false),
+            (Keys::String, 0x1b) => (Keys::StringEscape, false),
+            (Keys::String, _) => (Keys::String, false),
+            (Keys::StringEscape, b'\\') => (Keys::Text, false),
+            (Keys::StringEscape, _) => (Keys::String, false),
+        }
+    }
 }
 
 /// A prompt waiting for its answer, and the output held back meanwhile.
@@ -273,25 +306,10 @@ impl Prompter {
         let whole = waiting.whole;
         let can_run = waiting.prompt.cannot_run.is_none();
         for &byte in bytes {
-            match (self.keys, byte) {
-                (Keys::Text, 0x1b) => {
-                    self.keys = Keys::Escape;
-                    continue;
-                }
-                (Keys::Escape, b'[' | b'O') => {
-                    self.keys = Keys::Sequence;
-                    continue;
-                }
-                (Keys::Escape, _) => {
-                    self.keys = Keys::Text;
-                    continue;
-                }
-                (Keys::Sequence, 0x40..=0x7e) => {
-                    self.keys = Keys::Text;
-                    continue;
-                }
-                (Keys::Sequence, _) => continue,
-                (Keys::Text, _) => {}
+            let (keys, typed) = self.keys.next(byte);
+            self.keys = keys;
+            if !typed {
+                continue;
             }
             match byte {
                 b'\r' | b'\n' | 0x03 | 0x04 => {
@@ -476,6 +494,12 @@ mod tests {
             (b"YES\r", true),
             (b"yx\x7f\r", true),
             (b"\x1b[Ay\x1b[I\r", true),
+            // Replies to queries: a colour, a title with a `y` in it, a
+            // setting, a position, 8-bit ones; none is typed.
+            (b"\x1b]11;rgb:0000/0000/0000\x1b\\y\r", true),
+            (b"\x1b]lyes\x07\r", false),
+            (b"\x1bP1$r0;1m\x1b\\\r", false),
+            (b"\x1b[12;1R\x9d10;y\x9c\r", false),
             (b"yarn\r", false),
             (b"\r", false),
             (b"n\r", false),

@@ -72,6 +72,15 @@ const PALETTE_RESET: u16 = 104;
 const SPECIAL_RESET: u16 = 105;
 const DYNAMIC_RESET: std::ops::RangeInclusive<u16> = 110..=119;
 
+/// How many palette colours (OSC 4) and special colours (OSC 5) a terminal
+/// has: the indices followed.
+const PALETTE_SIZE: u16 = 256;
+const SPECIAL_SIZE: u16 = 5;
+
+/// xterm's key modifier resources (`CSI > Pp ; Pv m`) are numbered below
+/// this.
+const MODIFIER_RESOURCES: u16 = 8;
+
 /// The parser passes at most this many OSC parameters, and this many
 /// bytes of one OSC string: a string that reached either may have said
 /// more than the model saw.
@@ -326,10 +335,11 @@ impl Screen {
         let mut out = Vec::new();
         // Region and margins off, origin off, insert off, autowrap on, no
         // reverse video, the keyboard unlocked, the cursor shown, ASCII in
-        // every character set, default attributes.
+        // every character set, 7-bit replies (so that none can be taken for
+        // typed text), default attributes.
         out.extend_from_slice(
             b"\x1b[?69l\x1b[?6l\x1b[r\x1b[4l\x1b[20l\x1b[2l\x1b[?7h\x1b[?5l\x1b[?25h\
-              \x1b(B\x1b)B\x1b*B\x1b+B\x0f\x1b>\x1b[=0;1u",
+              \x1b(B\x1b)B\x1b*B\x1b+B\x0f\x1b>\x1b[=0;1u\x1b F",
         );
         for (mode, default) in PRIVATE {
             if matches!(mode, 5 | 6 | 7 | 25 | 69 | 2026) {
@@ -345,7 +355,9 @@ impl Screen {
         for resource in s.modified_keys.keys() {
             out.extend_from_slice(format!("\x1b[>{resource}m").as_bytes());
         }
-        out.extend_from_slice(&self.colour_resets());
+        // Every colour the terminal lets a program set, whatever the model
+        // saw: only what the sandbox set comes back afterwards.
+        out.extend_from_slice(&colour_resets(true, |_| true));
         out.extend_from_slice(b"\x1b[0m");
         out
     }
@@ -410,21 +422,27 @@ impl Screen {
     /// when the model is unsure).
     fn colour_resets(&self) -> Vec<u8> {
         let s = &self.state;
-        let mut out = String::new();
-        let all = s.tainted;
-        if all || s.colours.keys().any(|c| matches!(c, Colour::Palette(_))) {
-            out.push_str("\x1b]104\x1b\\");
-        }
-        if all || s.colours.keys().any(|c| matches!(c, Colour::Special(_))) {
-            out.push_str("\x1b]105\x1b\\");
-        }
-        for n in DYNAMIC {
-            if all || s.colours.contains_key(&Colour::Dynamic(n)) {
-                let _ = write!(out, "\x1b]{}\x1b\\", n + 100);
-            }
-        }
-        out.into_bytes()
+        colour_resets(s.tainted, |kind| s.colours.keys().any(kind))
     }
+}
+
+/// OSC strings that reset the palette, the special colours and each
+/// dynamic colour: all of them with `all`, else those `set` says a colour
+/// of was set (asked with a test of each kind).
+fn colour_resets(all: bool, set: impl Fn(&dyn Fn(&Colour) -> bool) -> bool) -> Vec<u8> {
+    let mut out = String::new();
+    if all || set(&|c| matches!(c, Colour::Palette(_))) {
+        out.push_str("\x1b]104\x1b\\");
+    }
+    if all || set(&|c| matches!(c, Colour::Special(_))) {
+        out.push_str("\x1b]105\x1b\\");
+    }
+    for n in DYNAMIC {
+        if all || set(&|c| *c == Colour::Dynamic(n)) {
+            let _ = write!(out, "\x1b]{}\x1b\\", n + 100);
+        }
+    }
+    out.into_bytes()
 }
 
 /// `CSI [?] mode h|l` setting `mode` to `value`.
@@ -572,7 +590,15 @@ impl State {
                     let [index, spec] = pair else {
                         continue;
                     };
-                    let Some(index) = number(index) else {
+                    // Indices beyond the terminal's colours change nothing
+                    // the model needs to follow, and are not kept: what it
+                    // keeps stays bounded.
+                    let limit = if code == PALETTE {
+                        PALETTE_SIZE
+                    } else {
+                        SPECIAL_SIZE
+                    };
+                    let Some(index) = number(index).filter(|i| *i < limit) else {
                         self.tainted = true;
                         continue;
                     };
@@ -715,6 +741,7 @@ impl vte::Perform for State {
             ([b' '], 'q') => {
                 self.cursor_style = (first != 0).then_some(first);
             }
+            ([b'>'], 'm') if first >= MODIFIER_RESOURCES => self.tainted = true,
             ([b'>'], 'm') => match values(params).nth(1) {
                 Some(value) if params.len() > 1 => {
                     self.modified_keys.insert(first, value);
@@ -924,6 +951,20 @@ mod tests {
         let frame = after(&[b"\x1b[>11u"]).prompt_frame();
         assert!(shown(&frame.begin).contains("ESC[=0;1u"));
         assert!(shown(&frame.end).contains("ESC[=11;1u"));
+    }
+
+    #[test]
+    fn what_the_model_keeps_is_bounded() {
+        let mut flood = Vec::new();
+        for index in 0..20_000u32 {
+            flood.extend_from_slice(format!("\x1b]4;{index};rgb:00/00/00\x07").as_bytes());
+            flood.extend_from_slice(format!("\x1b[>{index};1m").as_bytes());
+        }
+        let screen = after(&[&flood]);
+        assert!(screen.state.colours.len() <= 256);
+        assert!(screen.state.modified_keys.len() <= 8);
+        assert!(screen.state.tainted);
+        assert!(screen.prompt_frame().end.len() < 64 * 1024);
     }
 
     #[test]

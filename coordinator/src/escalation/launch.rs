@@ -294,7 +294,8 @@ impl HostCommand {
         self.signal(Signal::TERM);
     }
 
-    /// Ends the command and everything it started now (`SIGKILL`).
+    /// Ends the command and everything it started now: `SIGHUP` to its
+    /// launch process, which kills them all (`SIGKILL`).
     pub fn end(&self) {
         self.signal(Signal::HUP);
     }
@@ -329,13 +330,15 @@ impl HostCommand {
             Some(subreaper::Report::Failed(why)) => {
                 Err(format!("cannot start {}: {why}", self.program))
             }
-            // Killed before it could say: as it ended.
-            None => Ok(match status.terminating_signal() {
-                Some(signal) => Ended::Signaled(u8::try_from(signal).unwrap_or(u8::MAX)),
-                None => Ended::Exited(
-                    u8::try_from(status.exit_status().unwrap_or(255) & 0xff).unwrap_or(255),
-                ),
-            }),
+            // Killed before it could say: as it ended. One that exited
+            // without a report failed, whatever its status.
+            None => match status.terminating_signal() {
+                Some(signal) => Ok(Ended::Signaled(u8::try_from(signal).unwrap_or(u8::MAX))),
+                None => Err(format!(
+                    "cannot tell how {} ended: its launch process gave no report",
+                    self.program
+                )),
+            },
         }
     }
 }

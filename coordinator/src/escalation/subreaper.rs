@@ -66,9 +66,12 @@ impl Report {
             Report::Signaled(signal) => format!("signaled {signal}"),
             Report::Failed(why) => format!("failed {why}"),
         };
-        let mut bytes = text.into_bytes();
-        bytes.truncate(MAX_REPORT);
-        bytes
+        // Cut on a character's boundary, so the report still decodes.
+        let mut end = text.len().min(MAX_REPORT);
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.as_bytes()[..end].to_vec()
     }
 
     /// Reads a report; `None` when it is not one (the launch process was
@@ -363,6 +366,12 @@ fn kill_all(me: Pid, command: Pid, signals: &Signals, ended: &mut Option<Report>
 
 /// Runs the command of `args` to its end and ends whatever it left.
 pub fn main(args: &[OsString]) -> ExitCode {
+    // Sanitized first: no descriptor it inherited reaches the command but
+    // the two it takes below (the command gets the executable's anew).
+    if let Err(e) = lazaret_proto::sys::cloexec_inherited_descriptors() {
+        eprintln!("lazaret-coordinator launch: cannot mark inherited descriptors: {e}");
+        return ExitCode::FAILURE;
+    }
     let args = match Arguments::parse(args) {
         Ok(args) => args,
         Err(why) => {
@@ -382,8 +391,12 @@ pub fn main(args: &[OsString]) -> ExitCode {
     };
     let mut report = std::fs::File::from(report);
     let outcome = run(&args, executable);
-    let _ = report.write_all(&outcome.encode());
-    ExitCode::SUCCESS
+    // A report that could not be written is a failure of the launch, not
+    // a clean exit of the command.
+    match report.write_all(&outcome.encode()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(_) => ExitCode::FAILURE,
+    }
 }
 
 /// Starts the command and follows it to its end.
@@ -403,6 +416,11 @@ fn run(args: &Arguments, executable: OwnedFd) -> Report {
         != Some(args.parent)
     {
         return Report::Failed("the coordinator ended before it started".into());
+    }
+    // Cancelled, or its session or Domain ended, while this process made
+    // ready: the command never starts.
+    if signals.terminate.load(Ordering::SeqCst) || signals.hang_up.load(Ordering::SeqCst) {
+        return Report::Failed("it was cancelled before it started".into());
     }
     let command = match spawn(args, &executable) {
         Ok(pid) => pid,

@@ -79,12 +79,21 @@ impl LogFile {
     /// Writes one event (a line, or a message of several): cut to
     /// [`MAX_LINE`], after a rotation when it would take the file past its
     /// limit. A failure is dropped: logging never stops the coordinator.
+    /// An event that would take the file past its limit and cannot be
+    /// rotated away (a full tmpfs, no descriptor left) is dropped too, so
+    /// the file never outgrows its limit.
     pub fn write_event(&self, event: &[u8]) {
         let event = bounded_line(event, MAX_LINE);
         let mut file = self.lock();
-        let len = file.metadata().map_or(0, |m| m.len());
-        if len + event.len() as u64 > self.limit && len > 0 {
-            let _ = self.rotate(&mut file);
+        let Ok(len) = file.metadata().map(|m| m.len()) else {
+            return;
+        };
+        if len + event.len() as u64 > self.limit
+            && len > 0
+            && (self.rotate(&mut file).is_err()
+                || file_len(&file) + event.len() as u64 > self.limit)
+        {
+            return;
         }
         let _ = file.write_all(&event);
     }
@@ -92,7 +101,12 @@ impl LogFile {
     /// Renames the file to [`PREVIOUS_LOG_FILE`] and opens a new one, which
     /// becomes standard output and error.
     fn rotate(&self, file: &mut std::fs::File) -> std::io::Result<()> {
-        rustix::fs::renameat(&self.dir, LOG_FILE, &self.dir, PREVIOUS_LOG_FILE)?;
+        // No current file: an earlier rotation renamed it and could not
+        // open the next (it is made now).
+        match rustix::fs::renameat(&self.dir, LOG_FILE, &self.dir, PREVIOUS_LOG_FILE) {
+            Ok(()) | Err(rustix::io::Errno::NOENT) => {}
+            Err(e) => return Err(e.into()),
+        }
         let mut new = open_current(self.dir.as_fd())?;
         if self.streams {
             rustix::stdio::dup2_stdout(new.as_fd())?;
@@ -102,6 +116,11 @@ impl LogFile {
         *file = new;
         Ok(())
     }
+}
+
+/// The length of `file`; when it cannot be read, more than any limit.
+fn file_len(file: &std::fs::File) -> u64 {
+    file.metadata().map_or(u64::MAX / 2, |m| m.len())
 }
 
 fn open_current(dir: BorrowedFd<'_>) -> std::io::Result<std::fs::File> {

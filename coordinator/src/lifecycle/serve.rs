@@ -33,6 +33,9 @@ use crate::session::hub::Hub;
 
 type ControlPeer = AsyncChannel<ControlResponse, ControlRequest>;
 
+/// How many changed paths below the script directories the log names.
+const LOGGED_CHANGES: usize = 20;
+
 /// How long a control client has to send its request.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -152,10 +155,20 @@ pub(super) fn serve(
         .workspace_watch
         .changes(resolved.authorities().workspace.fd());
     if workspace_changes.total > 0 || !workspace_changes.unchecked.is_empty() {
+        // Named in the log whatever ended the generation: only `down` is
+        // answered with the list.
+        let first: Vec<String> = workspace_changes
+            .changes
+            .iter()
+            .take(LOGGED_CHANGES)
+            .map(|c| format!("{:?} {:?}", c.change, String::from_utf8_lossy(&c.path.0)))
+            .collect();
         tracing::warn!(
             changed = workspace_changes.total,
             unchecked = workspace_changes.unchecked.len(),
-            "files changed below directories holding scripts git runs"
+            first = %first.join(", "),
+            "files changed below directories holding scripts git runs; review them before \
+             the next git command"
         );
     }
     let id = generation.generation_id;
