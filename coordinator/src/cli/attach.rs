@@ -679,10 +679,7 @@ fn deny_waiting(
     session_id: lazaret_proto::ids::SessionId,
     screen: &mut Screen,
 ) -> Result<(), String> {
-    if !prompter.waiting() {
-        return Ok(());
-    }
-    if let Ok(Some(answer)) = prompter.key(stdout, session_id, b"\x03", screen) {
+    if let Ok(Some(answer)) = prompter.deny(stdout, session_id, screen) {
         link.send(&SessionTerminalEvent::EscalationAnswer(answer))
             .map_err(|e| format!("the connection to the Domain was lost: {}", chain(&e)))?;
     }

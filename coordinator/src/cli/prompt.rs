@@ -347,6 +347,25 @@ impl Prompter {
         Ok(None)
     }
 
+    /// Denies the waiting prompt, whatever was typed: nobody is left to
+    /// answer it (this side is ending its session).
+    pub fn deny(
+        &mut self,
+        out: &mut dyn Write,
+        session_id: SessionId,
+        screen: &mut Screen,
+    ) -> std::io::Result<Option<EscalationAnswer>> {
+        let Some(request_id) = self.request() else {
+            return Ok(None);
+        };
+        self.end(out, screen)?;
+        Ok(Some(EscalationAnswer {
+            session_id,
+            request_id,
+            decision: DeveloperDecisionKind::Deny,
+        }))
+    }
+
     /// The request behind the waiting prompt ended without an answer.
     pub fn settled(
         &mut self,
@@ -597,6 +616,30 @@ mod tests {
             .unwrap()
             .expect("answered");
         assert_eq!(answer.decision, DeveloperDecisionKind::Approve);
+    }
+
+    #[test]
+    fn a_prompt_denied_for_its_ending_session_is_denied_mid_sequence_too() {
+        let session = SessionId([0xab; 16]);
+        let mut p = Prompter::default();
+        shown_to(&mut p, (40, 120));
+        let mut screen = Screen::default();
+        // `y` typed, then the start of a terminal's reply.
+        assert!(
+            p.key(&mut Vec::new(), session, b"y\x1b]11;", &mut screen)
+                .unwrap()
+                .is_none()
+        );
+        p.hold(b"later");
+        let mut out = Vec::new();
+        let answer = p
+            .deny(&mut out, session, &mut screen)
+            .unwrap()
+            .expect("denied");
+        assert_eq!(answer.decision, DeveloperDecisionKind::Deny);
+        assert!(!p.waiting());
+        assert!(String::from_utf8_lossy(&out).ends_with("later"));
+        assert!(p.deny(&mut out, session, &mut screen).unwrap().is_none());
     }
 
     #[test]
