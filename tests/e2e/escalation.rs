@@ -1011,40 +1011,26 @@ fn setsid_children() -> Result {
     assert!(has(&out, "rc=130"), "{}", text(&out));
     gone(&host, &[305, 306, 307], "after the request was cancelled")?;
 
+    // A session whose approved command leaves `setsid` sleeps `a` and `b`
+    // behind and sleeps `c` itself, once all three run.
+    let escaping = |[a, b, c]: [u32; 3]| -> std::result::Result<Running, Failed> {
+        let command = escapees(a, b, &format!("; sleep {c}"));
+        let session = Running::start(
+            attach(&host, &ws, &["lazaret-escalate", &dash, "-c", &command]),
+            None,
+        )?;
+        sleeping(&host, &[a, b, c])?;
+        Ok(session)
+    };
+
     // Its session ends (the client is killed).
-    let mut session = Running::start(
-        attach(
-            &host,
-            &ws,
-            &[
-                "lazaret-escalate",
-                &dash,
-                "-c",
-                &escapees(308, 309, "; sleep 310"),
-            ],
-        ),
-        None,
-    )?;
-    sleeping(&host, &[308, 309, 310])?;
+    let mut session = escaping([308, 309, 310])?;
     session.kill()?;
     drop(session);
     gone(&host, &[308, 309, 310], "after its session ended")?;
 
     // The Domain goes down.
-    let running = Running::start(
-        attach(
-            &host,
-            &ws,
-            &[
-                "lazaret-escalate",
-                &dash,
-                "-c",
-                &escapees(311, 312, "; sleep 313"),
-            ],
-        ),
-        None,
-    )?;
-    sleeping(&host, &[311, 312, 313])?;
+    let running = escaping([311, 312, 313])?;
     down(&host, &ws)?;
     gone(&host, &[311, 312, 313], "after `lazaret down`")?;
     drop(running);
