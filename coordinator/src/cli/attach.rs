@@ -13,12 +13,15 @@
 use std::io::{IsTerminal, Write};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use lazaret_proto::ids::SessionId;
+use lazaret_proto::mailbox::DeveloperDecisionKind;
 use lazaret_proto::session::{OpenSession, SessionOpened};
 use lazaret_proto::terminal::{
-    MAX_TERMINAL_CHUNK, SessionClose, SessionExitOutcome, SessionTerminalEvent,
-    SessionTerminalMessage, TerminalInput, TerminalResize, TerminalSignal, TerminalSignalKind,
+    EscalationAnswer, EscalationPrompt, MAX_TERMINAL_CHUNK, SessionClose, SessionExitOutcome,
+    SessionTerminalEvent, SessionTerminalMessage, TerminalInput, TerminalResize, TerminalSignal,
+    TerminalSignalKind,
 };
 use rustix::event::{PollFd, PollFlags, poll};
 use rustix::termios::{OptionalActions, Termios};
@@ -27,7 +30,7 @@ use super::screen::Screen;
 use super::{Failure, Globals, failure, prompt};
 use crate::config::HostEnvironment;
 use crate::lifecycle::{DomainPaths, chain};
-use crate::session::link::{LinkError, TlsLink};
+use crate::session::link::TlsLink;
 use crate::session::tls::{ClientCredential, read_publication, server_name};
 use crate::session::{CREDENTIAL_DIR, SESSION_SOCKET};
 
@@ -264,12 +267,9 @@ fn connect_and_run(
         ),
         (
             signal_hook::consts::SIGTERM,
-            Raised::End(TerminalSignalKind::Terminate, signal_hook::consts::SIGTERM),
+            Raised::End(EndedHere::Terminated),
         ),
-        (
-            signal_hook::consts::SIGHUP,
-            Raised::End(TerminalSignalKind::Hangup, signal_hook::consts::SIGHUP),
-        ),
+        (signal_hook::consts::SIGHUP, Raised::End(EndedHere::HungUp)),
     ] {
         let (read, write) = rustix::pipe::pipe_with(
             rustix::pipe::PipeFlags::CLOEXEC | rustix::pipe::PipeFlags::NONBLOCK,
@@ -336,9 +336,9 @@ enum Raised {
     Resize,
     /// Passed to the session's process.
     Forward(TerminalSignalKind),
-    /// Passed to the session's process, and the session ends: at once if
-    /// the process ends within [`ENDING_GRACE`], else when that is over.
-    End(TerminalSignalKind, i32),
+    /// The session ends: at once if its process ends within
+    /// [`ENDING_GRACE`] of being told, else when that is over.
+    End(EndedHere),
 }
 
 /// How long a session's process has to end after this CLI was asked to
@@ -349,8 +349,10 @@ const ENDING_GRACE: Duration = Duration::from_secs(2);
 /// Why this side ended a session.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum EndedHere {
-    /// SIGTERM or SIGHUP.
-    Signal(i32),
+    /// SIGTERM.
+    Terminated,
+    /// SIGHUP.
+    HungUp,
     /// The terminal went away (its input ended or failed, or its output
     /// could not be written).
     TerminalLost,
@@ -359,29 +361,33 @@ enum EndedHere {
 }
 
 impl EndedHere {
-    /// The signal the exit status names (SIGHUP for a lost terminal).
+    /// The signal the exit status names.
     fn signal(self) -> i32 {
         match self {
-            Self::Signal(signal) => signal,
-            Self::TerminalLost => signal_hook::consts::SIGHUP,
+            Self::Terminated => signal_hook::consts::SIGTERM,
+            Self::HungUp | Self::TerminalLost => signal_hook::consts::SIGHUP,
             Self::OutputClosed => signal_hook::consts::SIGPIPE,
+        }
+    }
+
+    /// What the session's process is told: a hangup where the terminal
+    /// went, as a terminal's hangup tells it.
+    fn told(self) -> TerminalSignalKind {
+        match self {
+            Self::Terminated | Self::OutputClosed => TerminalSignalKind::Terminate,
+            Self::HungUp | Self::TerminalLost => TerminalSignalKind::Hangup,
         }
     }
 }
 
 impl std::fmt::Display for EndedHere {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::Signal(signal) if *signal == signal_hook::consts::SIGTERM => {
-                f.write_str("lazaret attach was asked to stop (SIGTERM)")
-            }
-            Self::Signal(signal) if *signal == signal_hook::consts::SIGHUP => {
-                f.write_str("the terminal hung up (SIGHUP)")
-            }
-            Self::Signal(signal) => write!(f, "signal {signal}"),
-            Self::TerminalLost => f.write_str("the terminal went away"),
-            Self::OutputClosed => f.write_str("standard output was closed"),
-        }
+        f.write_str(match self {
+            Self::Terminated => "lazaret attach was asked to stop (SIGTERM)",
+            Self::HungUp => "the terminal hung up (SIGHUP)",
+            Self::TerminalLost => "the terminal went away",
+            Self::OutputClosed => "standard output was closed",
+        })
     }
 }
 
@@ -412,97 +418,45 @@ fn not_running(profile: &str) -> Failure {
 /// over.
 fn relay(
     link: &mut TlsLink,
-    session_id: lazaret_proto::ids::SessionId,
+    session_id: SessionId,
     signal_pipes: &[(OwnedFd, Raised)],
     forward_stdin: bool,
     screen: Option<&mut Screen>,
 ) -> Result<Ended, String> {
     let stdin = std::io::stdin();
     let stdin = stdin.as_fd();
-    let mut stdout = std::io::stdout().lock();
+    let link_fd = link.fd().try_clone_to_owned().map_err(|e| e.to_string())?;
+    let terminal = screen.is_some();
+    let mut unfollowed = Screen::default();
+    let mut relay = Relay {
+        link,
+        session_id,
+        stdout: std::io::stdout().lock(),
+        screen: screen.unwrap_or(&mut unfollowed),
+        terminal,
+        // Prompts are shown only where a developer can see and answer them.
+        can_prompt: terminal && std::io::stdout().is_terminal(),
+        prompter: prompt::Prompter::default(),
+        ending: None,
+        stdout_open: true,
+    };
     let mut stdin_open = forward_stdin;
     let mut buf = vec![0u8; MAX_TERMINAL_CHUNK];
-    let lost =
-        |e: &dyn std::error::Error| format!("the connection to the Domain was lost: {}", chain(e));
-    let link_fd = link.fd().try_clone_to_owned().map_err(|e| e.to_string())?;
-    // Prompts are shown only where a developer can see and answer them.
-    let terminal = screen.is_some();
-    let can_prompt = terminal && std::io::stdout().is_terminal();
-    let mut unfollowed = Screen::default();
-    let screen = screen.unwrap_or(&mut unfollowed);
-    let mut prompter = prompt::Prompter::default();
-    // Once this side ends the session: why, and until when its process may
-    // still end by itself.
-    let mut ending: Option<(EndedHere, std::time::Instant)> = None;
-    let mut stdout_open = true;
     loop {
         // Frames already read (some may have come with the previous ones)
         // are handled before waiting for more.
-        while let Some(message) = link
+        while let Some(message) = relay
+            .link
             .next_frame::<SessionTerminalMessage>()
             .map_err(|e| lost(&e))?
         {
-            match message {
-                SessionTerminalMessage::Output(output) => {
-                    if prompter.waiting() {
-                        prompter.hold(&output.bytes);
-                    } else if stdout_open {
-                        if terminal {
-                            screen.observe(&output.bytes);
-                        }
-                        if stdout
-                            .write_all(&output.bytes)
-                            .and_then(|()| stdout.flush())
-                            .is_err()
-                        {
-                            // A closed standard output ends the session.
-                            stdout_open = false;
-                            let why = if terminal {
-                                EndedHere::TerminalLost
-                            } else {
-                                EndedHere::OutputClosed
-                            };
-                            end_here(link, session_id, &mut ending, why, terminal)
-                                .map_err(|e| lost(&e))?;
-                        }
-                    }
-                }
-                SessionTerminalMessage::Exit(exit) => {
-                    let _ = prompter.abandon(&mut stdout, screen);
-                    return Ok(Ended::Session(exit.outcome, exit.exit_code));
-                }
-                SessionTerminalMessage::EscalationPrompt(request) => {
-                    if can_prompt && ending.is_none() {
-                        prompter
-                            .show(&mut stdout, stdin, &request, screen, window_size())
-                            .map_err(|e| e.to_string())?;
-                    } else {
-                        // Nobody here can read a prompt: the answer is no.
-                        if ending.is_none() {
-                            eprint!(
-                                "lazaret: denied a host command the sandbox asked for, because \
-                                 this terminal cannot show the prompt: {}\r\n",
-                                crate::escalation::classify::shown_ascii(&request.command_argv)
-                            );
-                        }
-                        let answer = lazaret_proto::terminal::EscalationAnswer {
-                            session_id,
-                            request_id: request.request_id,
-                            decision: lazaret_proto::mailbox::DeveloperDecisionKind::Deny,
-                        };
-                        link.send(&SessionTerminalEvent::EscalationAnswer(answer))
-                            .map_err(|e| lost(&e))?;
-                    }
-                }
-                SessionTerminalMessage::EscalationSettled(settled) => prompter
-                    .settled(&mut stdout, &settled, screen)
-                    .map_err(|e| e.to_string())?,
+            if let Some(ended) = relay.message(message)? {
+                return Ok(ended);
             }
-            redraw_after_prompt(link, &mut prompter, session_id).map_err(|e| lost(&e))?;
         }
-        if let Some((why, until)) = ending {
-            if std::time::Instant::now() >= until {
-                let _ = prompter.abandon(&mut stdout, screen);
+        if let Some((why, until)) = relay.ending {
+            if Instant::now() >= until {
+                let _ = relay.prompter.abandon(&mut relay.stdout, relay.screen);
                 return Ok(Ended::Here(why));
             }
         }
@@ -513,7 +467,7 @@ fn relay(
         let room = !stdin_open || writable(link_fd.as_fd());
         // While a prompt holds output back and the held output is full,
         // the connection is not read (its sender waits) until the answer.
-        let reading = if prompter.full() {
+        let reading = if relay.prompter.full() {
             PollFlags::empty()
         } else {
             PollFlags::IN
@@ -533,18 +487,9 @@ fn relay(
         if read_stdin {
             fds.push(PollFd::new(&stdin, PollFlags::IN));
         }
-        // A waiting prompt bounds the wait (past its expiry it comes down
-        // here even if the Host Coordinator never says so), and so does
-        // the grace of a session this side is ending.
-        let deadline = [
-            prompter.time_left(),
-            ending.map(|(_, until)| until.saturating_duration_since(std::time::Instant::now())),
-        ]
-        .into_iter()
-        .flatten()
-        .min();
-        let timeout =
-            deadline.map(|left| rustix::event::Timespec::try_from(left).unwrap_or_default());
+        let timeout = relay
+            .deadline()
+            .map(|left| rustix::event::Timespec::try_from(left).unwrap_or_default());
         match poll(&mut fds, timeout.as_ref()) {
             Ok(_) => {}
             Err(rustix::io::Errno::INTR) => continue,
@@ -553,164 +498,241 @@ fn relay(
         let link_revents = fds[0].revents();
         let ready: Vec<bool> = fds.iter().map(|f| !f.revents().is_empty()).collect();
         drop(fds);
-        prompter
-            .expire(&mut stdout, screen)
-            .map_err(|e| e.to_string())?;
-        redraw_after_prompt(link, &mut prompter, session_id).map_err(|e| lost(&e))?;
+        relay.expire_prompt()?;
         // A connection that hung up or failed is read even while held
         // output is full (poll reports that whatever was asked): the read
         // tells that it ended, where skipping it would poll again at once.
         let link_ready = link_revents.intersects(PollFlags::HUP | PollFlags::ERR)
-            || (!prompter.full() && link_revents.contains(PollFlags::IN));
-        let stdin_ready = read_stdin && ready[1 + signal_pipes.len()];
-
+            || (!relay.prompter.full() && link_revents.contains(PollFlags::IN));
         for ((fd, raised), _) in signal_pipes.iter().zip(&ready[1..]).filter(|(_, r)| **r) {
             let mut bytes = [0u8; 16];
             while matches!(rustix::io::read(fd, &mut bytes), Ok(n) if n > 0) {}
-            match *raised {
-                Raised::Resize => {
-                    let (rows, columns) = window_size();
-                    prompter
-                        .resized(&mut stdout, (rows, columns))
-                        .map_err(|e| e.to_string())?;
-                    send_resize(link, session_id).map_err(|e| lost(&e))?;
-                }
-                Raised::Forward(signal) => link
-                    .send(&SessionTerminalEvent::Signal(TerminalSignal {
-                        session_id,
-                        signal,
-                    }))
-                    .map_err(|e| lost(&e))?,
-                Raised::End(signal, number) => {
-                    link.send(&SessionTerminalEvent::Signal(TerminalSignal {
-                        session_id,
-                        signal,
-                    }))
-                    .map_err(|e| lost(&e))?;
-                    if ending.is_none() {
-                        ending = Some((
-                            EndedHere::Signal(number),
-                            std::time::Instant::now() + ENDING_GRACE,
-                        ));
-                    }
-                    deny_waiting(link, &mut prompter, &mut stdout, session_id, screen)?;
-                }
-            }
+            relay.raised(*raised)?;
         }
-        if stdin_ready {
+        if read_stdin && ready[1 + signal_pipes.len()] {
             match rustix::io::read(stdin, &mut buf) {
-                Ok(n) if n > 0 && prompter.waiting() => {
-                    // Keys answer the prompt; none reaches the sandbox.
-                    let answer = prompter
-                        .key(&mut stdout, session_id, &buf[..n], screen)
-                        .map_err(|e| e.to_string())?;
-                    if let Some(answer) = answer {
-                        link.send(&SessionTerminalEvent::EscalationAnswer(answer))
-                            .map_err(|e| lost(&e))?;
-                    }
-                    redraw_after_prompt(link, &mut prompter, session_id).map_err(|e| lost(&e))?;
-                }
-                Ok(n) if n > 0 => link
-                    .send(&SessionTerminalEvent::Input(TerminalInput {
-                        session_id,
-                        bytes: buf[..n].to_vec(),
-                    }))
-                    .map_err(|e| lost(&e))?,
+                Ok(n) if n > 0 => relay.typed(&buf[..n])?,
                 Err(rustix::io::Errno::INTR | rustix::io::Errno::AGAIN) => {}
                 // A terminal in raw mode never ends its input (Ctrl-D is a
                 // key): an end or a failure is the terminal going away.
                 _ if terminal => {
                     stdin_open = false;
-                    end_here(
-                        link,
-                        session_id,
-                        &mut ending,
-                        EndedHere::TerminalLost,
-                        terminal,
-                    )
-                    .map_err(|e| lost(&e))?;
-                    deny_waiting(link, &mut prompter, &mut stdout, session_id, screen)?;
+                    relay.end_here(EndedHere::TerminalLost)?;
                 }
                 Ok(_) => {
                     stdin_open = false;
-                    link.send(&SessionTerminalEvent::Close(SessionClose { session_id }))
-                        .map_err(|e| lost(&e))?;
+                    relay.send(&SessionTerminalEvent::Close(SessionClose { session_id }))?;
                 }
                 Err(_) => stdin_open = false,
             }
         }
         if link_ready {
-            link.fill().map_err(|e| lost(&e))?;
+            relay.link.fill().map_err(|e| lost(&e))?;
         }
     }
 }
 
-/// Ends the session from this side: its process is told (SIGHUP for a
-/// lost terminal, SIGTERM for a closed output without one), and has
-/// [`ENDING_GRACE`] to end.
-fn end_here(
-    link: &mut TlsLink,
-    session_id: lazaret_proto::ids::SessionId,
-    ending: &mut Option<(EndedHere, std::time::Instant)>,
-    why: EndedHere,
+/// What a failed send or receive on the session connection says.
+fn lost(error: &dyn std::error::Error) -> String {
+    format!("the connection to the Domain was lost: {}", chain(error))
+}
+
+/// One session's relay: the connection, the terminal (or standard output)
+/// and the prompt shown on it.
+struct Relay<'a> {
+    link: &'a mut TlsLink,
+    session_id: SessionId,
+    stdout: std::io::StdoutLock<'static>,
+    /// What the output has changed on the terminal (unused without one).
+    screen: &'a mut Screen,
     terminal: bool,
-) -> Result<(), LinkError> {
-    if ending.is_some() {
-        return Ok(());
-    }
-    *ending = Some((why, std::time::Instant::now() + ENDING_GRACE));
-    let signal = if terminal {
-        TerminalSignalKind::Hangup
-    } else {
-        TerminalSignalKind::Terminate
-    };
-    link.send(&SessionTerminalEvent::Signal(TerminalSignal {
-        session_id,
-        signal,
-    }))
+    can_prompt: bool,
+    prompter: prompt::Prompter,
+    /// Once this side ends the session: why, and until when its process
+    /// may still end by itself.
+    ending: Option<(EndedHere, Instant)>,
+    stdout_open: bool,
 }
 
-/// A prompt that waits while this side ends its session is denied: nobody
-/// is left to answer it.
-fn deny_waiting(
-    link: &mut TlsLink,
-    prompter: &mut prompt::Prompter,
-    stdout: &mut dyn Write,
-    session_id: lazaret_proto::ids::SessionId,
-    screen: &mut Screen,
-) -> Result<(), String> {
-    if let Ok(Some(answer)) = prompter.deny(stdout, session_id, screen) {
-        link.send(&SessionTerminalEvent::EscalationAnswer(answer))
-            .map_err(|e| format!("the connection to the Domain was lost: {}", chain(&e)))?;
+impl Relay<'_> {
+    fn send(&mut self, event: &SessionTerminalEvent) -> Result<(), String> {
+        self.link.send(event).map_err(|e| lost(&e))
     }
-    Ok(())
-}
 
-/// The window's size, sent to the Host Coordinator.
-fn send_resize(
-    link: &mut TlsLink,
-    session_id: lazaret_proto::ids::SessionId,
-) -> Result<(), LinkError> {
-    let (rows, columns) = window_size();
-    link.send(&SessionTerminalEvent::Resize(TerminalResize {
-        session_id,
-        rows,
-        columns,
-        width_pixels: 0,
-        height_pixels: 0,
-    }))
-}
-
-/// After a prompt drawn over a program's own screen: the size again, which
-/// the Host Coordinator passes on as a window change, so the program draws
-/// its screen again.
-fn redraw_after_prompt(
-    link: &mut TlsLink,
-    prompter: &mut prompt::Prompter,
-    session_id: lazaret_proto::ids::SessionId,
-) -> Result<(), LinkError> {
-    if prompter.take_redraw() {
-        send_resize(link, session_id)?;
+    /// Acts on one message from the Host Coordinator: the session's end,
+    /// when it is one.
+    fn message(&mut self, message: SessionTerminalMessage) -> Result<Option<Ended>, String> {
+        match message {
+            SessionTerminalMessage::Output(output) => self.output(&output.bytes)?,
+            SessionTerminalMessage::Exit(exit) => {
+                let _ = self.prompter.abandon(&mut self.stdout, self.screen);
+                return Ok(Some(Ended::Session(exit.outcome, exit.exit_code)));
+            }
+            SessionTerminalMessage::EscalationPrompt(request) => self.prompt(&request)?,
+            SessionTerminalMessage::EscalationSettled(settled) => self
+                .prompter
+                .settled(&mut self.stdout, &settled, self.screen)
+                .map_err(|e| e.to_string())?,
+        }
+        self.after_prompt()?;
+        Ok(None)
     }
-    Ok(())
+
+    /// Writes the process's output, or holds it while a prompt waits; a
+    /// closed standard output ends the session.
+    fn output(&mut self, bytes: &[u8]) -> Result<(), String> {
+        if self.prompter.waiting() {
+            self.prompter.hold(bytes);
+            return Ok(());
+        }
+        if !self.stdout_open {
+            return Ok(());
+        }
+        if self.terminal {
+            self.screen.observe(bytes);
+        }
+        if self
+            .stdout
+            .write_all(bytes)
+            .and_then(|()| self.stdout.flush())
+            .is_err()
+        {
+            self.stdout_open = false;
+            let why = if self.terminal {
+                EndedHere::TerminalLost
+            } else {
+                EndedHere::OutputClosed
+            };
+            self.end_here(why)?;
+        }
+        Ok(())
+    }
+
+    /// Shows an escalation prompt where a developer can answer it; denies
+    /// it everywhere else.
+    fn prompt(&mut self, request: &EscalationPrompt) -> Result<(), String> {
+        if self.can_prompt && self.ending.is_none() {
+            let keyboard = std::io::stdin();
+            return self
+                .prompter
+                .show(
+                    &mut self.stdout,
+                    keyboard.as_fd(),
+                    request,
+                    self.screen,
+                    window_size(),
+                )
+                .map_err(|e| e.to_string());
+        }
+        if self.ending.is_none() {
+            eprint!(
+                "lazaret: denied a host command the sandbox asked for, because this terminal \
+                 cannot show the prompt: {}\r\n",
+                crate::escalation::classify::shown_ascii(&request.command_argv)
+            );
+        }
+        self.send(&SessionTerminalEvent::EscalationAnswer(EscalationAnswer {
+            session_id: self.session_id,
+            request_id: request.request_id,
+            decision: DeveloperDecisionKind::Deny,
+        }))
+    }
+
+    /// Keys typed: the prompt's while one waits, else the process's input.
+    fn typed(&mut self, bytes: &[u8]) -> Result<(), String> {
+        if !self.prompter.waiting() {
+            return self.send(&SessionTerminalEvent::Input(TerminalInput {
+                session_id: self.session_id,
+                bytes: bytes.to_vec(),
+            }));
+        }
+        let answer = self
+            .prompter
+            .key(&mut self.stdout, self.session_id, bytes, self.screen)
+            .map_err(|e| e.to_string())?;
+        if let Some(answer) = answer {
+            self.send(&SessionTerminalEvent::EscalationAnswer(answer))?;
+        }
+        self.after_prompt()
+    }
+
+    /// Acts on a signal this CLI got.
+    fn raised(&mut self, raised: Raised) -> Result<(), String> {
+        match raised {
+            Raised::Resize => {
+                self.prompter
+                    .resized(&mut self.stdout, window_size())
+                    .map_err(|e| e.to_string())?;
+                self.send_resize()
+            }
+            Raised::Forward(signal) => self.send(&SessionTerminalEvent::Signal(TerminalSignal {
+                session_id: self.session_id,
+                signal,
+            })),
+            Raised::End(why) => self.end_here(why),
+        }
+    }
+
+    /// Ends the session from this side: its process is told (once), and
+    /// has [`ENDING_GRACE`] to end; a prompt waiting is denied, since
+    /// nobody is left to answer it.
+    fn end_here(&mut self, why: EndedHere) -> Result<(), String> {
+        if self.ending.is_none() {
+            self.ending = Some((why, Instant::now() + ENDING_GRACE));
+            self.send(&SessionTerminalEvent::Signal(TerminalSignal {
+                session_id: self.session_id,
+                signal: why.told(),
+            }))?;
+        }
+        if let Ok(Some(answer)) = self
+            .prompter
+            .deny(&mut self.stdout, self.session_id, self.screen)
+        {
+            self.send(&SessionTerminalEvent::EscalationAnswer(answer))?;
+        }
+        Ok(())
+    }
+
+    /// How long the wait for the next event may last: a waiting prompt
+    /// comes down past its expiry even if the Host Coordinator never says
+    /// so, and a session this side ends has its grace.
+    fn deadline(&self) -> Option<Duration> {
+        let grace = self
+            .ending
+            .map(|(_, until)| until.saturating_duration_since(Instant::now()));
+        [self.prompter.time_left(), grace]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+
+    /// Takes a prompt down past its expiry.
+    fn expire_prompt(&mut self) -> Result<(), String> {
+        self.prompter
+            .expire(&mut self.stdout, self.screen)
+            .map_err(|e| e.to_string())?;
+        self.after_prompt()
+    }
+
+    /// The window's size, sent to the Host Coordinator.
+    fn send_resize(&mut self) -> Result<(), String> {
+        let (rows, columns) = window_size();
+        self.send(&SessionTerminalEvent::Resize(TerminalResize {
+            session_id: self.session_id,
+            rows,
+            columns,
+            width_pixels: 0,
+            height_pixels: 0,
+        }))
+    }
+
+    /// After a prompt drawn over a program's own screen: the size again,
+    /// which the Host Coordinator passes on as a window change, so the
+    /// program draws its screen again.
+    fn after_prompt(&mut self) -> Result<(), String> {
+        if self.prompter.take_redraw() {
+            self.send_resize()?;
+        }
+        Ok(())
+    }
 }

@@ -350,16 +350,12 @@ impl DownView {
                 .changes
                 .iter()
                 .map(|c| ChangeView {
-                    path: String::from_utf8_lossy(c.path.as_bytes()).into_owned(),
+                    path: path_text(&c.path),
                     change: c.change.as_str(),
                 })
                 .collect(),
             workspace_changes_total: changes.total,
-            workspace_unchecked: changes
-                .unchecked
-                .iter()
-                .map(|d| String::from_utf8_lossy(d.as_bytes()).into_owned())
-                .collect(),
+            workspace_unchecked: changes.unchecked.iter().map(path_text).collect(),
         }
     }
 
