@@ -20,6 +20,7 @@ pub mod ids;
 pub mod layout;
 pub mod logging;
 pub mod mailbox;
+pub mod names;
 pub mod memfd;
 pub mod network;
 pub mod ownership;
