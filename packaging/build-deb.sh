@@ -33,7 +33,7 @@ if [ -z "${LAZARET_SKIP_BUILD:-}" ]; then
     packaging/build.sh
 fi
 release=target/release
-for bin in lazaret lazaret-coordinator lazaret-supervisor lazaret-router lazaret-netsidecar; do
+for bin in lazaret lazaret-coordinator lazaret-supervisor lazaret-router lazaret-netsidecar lazaret-resolver; do
     if [ ! -x "$release/$bin" ]; then
         echo "error: $release/$bin is missing; run packaging/build.sh" >&2
         exit 1
@@ -52,7 +52,7 @@ install -d -m 0755 "$root/DEBIAN" "$root/usr/bin" "$root/usr/libexec/lazaret" \
     "$root/usr/share/zsh/vendor-completions" "$root/usr/share/fish/vendor_completions.d" \
     "$root/usr/share/lazaret/images" "$root/usr/share/doc/lazaret/docs/roles"
 install -m 0755 "$release/lazaret" "$root/usr/bin/lazaret"
-for role in lazaret-coordinator lazaret-supervisor lazaret-router lazaret-netsidecar; do
+for role in lazaret-coordinator lazaret-supervisor lazaret-router lazaret-netsidecar lazaret-resolver; do
     install -m 0755 "$release/$role" "$root/usr/libexec/lazaret/$role"
 done
 strip --strip-unneeded "$root/usr/bin/lazaret" "$root"/usr/libexec/lazaret/* 2>/dev/null || true

@@ -20,7 +20,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use lazaret_proto::codec;
-use lazaret_proto::network::{ConnectivityLink, DerivedNetworkPolicy, IpPrefix};
+use lazaret_proto::names::DnsMode;
+use lazaret_proto::network::{ConnectivityLink, DerivedNetworkPolicy, IpPrefix, NamedEgress};
 use rustix::fs::{Mode, OFlags};
 
 use crate::config::EffectiveNetworkPolicy;
@@ -242,6 +243,8 @@ pub struct PlannedNetwork {
     pub policy: DerivedNetworkPolicy,
     /// The platform's denials in it ([`platform_deny`]).
     pub platform_deny: Vec<IpPrefix>,
+    /// Its names, when Lazaret's resolver serves the sandbox ([`names`]).
+    pub names: Option<NamedEgress>,
 }
 
 impl PlannedNetwork {
@@ -253,8 +256,33 @@ impl PlannedNetwork {
         Ok(Self {
             policy,
             platform_deny,
+            names: names(network),
         })
     }
+
+    /// The name servers the sandbox's `/etc/resolv.conf` names: Lazaret's
+    /// resolver when it serves, else the policy's resolvers.
+    pub fn nameservers(&self) -> Vec<Ipv4Addr> {
+        if self.names.is_some() {
+            return vec![*NamedEgress::LISTEN.ip()];
+        }
+        self.policy
+            .resolvers
+            .iter()
+            .filter_map(|r| match r.address {
+                std::net::IpAddr::V4(a) => Some(a),
+                std::net::IpAddr::V6(_) => None,
+            })
+            .collect()
+    }
+}
+
+/// The names part of a policy: none when DNS is the host's and no host is
+/// named (v1, and v2 with `dns = "host"` alone), which keeps v1's exact
+/// network.
+pub fn names(network: &EffectiveNetworkPolicy) -> Option<NamedEgress> {
+    (network.dns == DnsMode::Lazaret || !network.hosts.is_empty())
+        .then(|| NamedEgress::new(network.hosts.iter().cloned(), network.dns))
 }
 
 /// The prefixes `network` allows, as policy prefixes.
@@ -465,6 +493,8 @@ mod tests {
             &EffectiveNetworkPolicy {
                 allow: vec![prefix("198.18.0.10/32"), prefix("10.222.0.0/16")],
                 deny,
+                hosts: Vec::new(),
+                dns: lazaret_proto::names::DnsMode::Host,
             },
             &[],
         )
@@ -487,6 +517,8 @@ mod tests {
             &EffectiveNetworkPolicy {
                 allow: vec![],
                 deny,
+                hosts: Vec::new(),
+                dns: lazaret_proto::names::DnsMode::Host,
             },
             &[],
         )
@@ -517,6 +549,8 @@ mod tests {
                     prefix("169.254.10.0/24"),
                 ],
                 deny: RFC1918.to_vec(),
+                hosts: Vec::new(),
+                dns: lazaret_proto::names::DnsMode::Host,
             },
             &host,
         )
@@ -585,6 +619,10 @@ mod tests {
             &EffectiveNetworkPolicy {
                 allow: allow.iter().map(|p| prefix(p)).collect(),
                 deny: RFC1918.to_vec(),
+                hosts: Vec::new(),
+                dns: lazaret_proto::names::DnsMode::Host,
+                hosts: Vec::new(),
+                dns: lazaret_proto::names::DnsMode::Host,
             },
             &neighbourhood(),
         )

@@ -3,7 +3,10 @@
 //!
 //! One table, `inet lazaret`, with two base chains that drop by default:
 //! `output` holds the policy's [`FilterRule`]s in order (first match wins),
-//! `input` accepts only loopback and replies to what left. The routes
+//! `input` accepts only loopback and replies to what left. A policy with
+//! names adds the set `names` of IPv4 addresses with timeouts, which
+//! Lazaret's resolver fills ([`admit`]) and [`FilterRule::AcceptNamed`]
+//! looks up. The routes
 //! already decide every destination; the filter decides again, so a route
 //! changed from outside the sandbox (or a bug in how routes are installed)
 //! opens nothing. The table, its chains and its rules are added in one
@@ -14,7 +17,7 @@
 
 use std::net::{IpAddr, Ipv4Addr};
 
-use lazaret_proto::network::{FilterRule, IpPrefix, PolicyAction};
+use lazaret_proto::network::{AdmittedAddress, FilterRule, IpPrefix, PolicyAction};
 use lazaret_proto::sidecar::{SidecarError, SidecarStep};
 
 use crate::failed;
@@ -75,6 +78,30 @@ const NEQ: u32 = 1;
 /// (`NF_CT_STATE_BIT`), in host byte order as the kernel keeps it.
 const ESTABLISHED_OR_RELATED: u32 = (1 << 1) | (1 << 2);
 
+/// The set of admitted addresses, and its attributes (`NFTA_SET_*`,
+/// `NFTA_SET_ELEM_*`): IPv4 addresses (`ipv4_addr`, key type 7) with
+/// timeouts (`NFT_SET_TIMEOUT`).
+const SET: &str = "names";
+const SET_TABLE: u16 = 1;
+const SET_NAME: u16 = 2;
+const SET_FLAGS: u16 = 3;
+const SET_KEY_TYPE: u16 = 4;
+const SET_KEY_LEN: u16 = 5;
+const SET_ID: u16 = 10;
+const SET_TIMEOUT_FLAG: u32 = 0x10;
+const IPV4_ADDR_TYPE: u32 = 7;
+/// The set's transaction-local id, for the rule that looks it up in the
+/// same batch.
+const SET_ID_VALUE: u32 = 1;
+const ELEMENTS_TABLE: u16 = 1;
+const ELEMENTS_SET: u16 = 2;
+const ELEMENTS_LIST: u16 = 3;
+const ELEMENT_KEY: u16 = 1;
+const ELEMENT_TIMEOUT: u16 = 4;
+const ELEMENT_EXPIRATION: u16 = 5;
+/// `NFT_META_MARK`.
+const META_MARK: u32 = 3;
+
 fn error(detail: impl std::fmt::Display) -> SidecarError {
     failed(SidecarStep::Filter, detail)
 }
@@ -93,6 +120,8 @@ enum Expr {
     Ct(u32),
     /// Compares the register with `data` by `op`.
     Cmp { op: u32, data: Vec<u8> },
+    /// Matches when the register holds a member of the set [`SET`].
+    Lookup,
     /// The rule's verdict.
     Verdict(u32),
 }
@@ -134,6 +163,10 @@ impl Expr {
                     d.bytes(DATA_VALUE, value);
                 });
                 "cmp"
+            }
+            Expr::Lookup => {
+                data.str(1, SET).u32(2, REGISTER).u32(4, SET_ID_VALUE);
+                "lookup"
             }
             Expr::Verdict(code) => {
                 data.u32(1, VERDICT_REGISTER).nested(2, |d| {
@@ -222,6 +255,19 @@ impl Expr {
                     data: value(3)?,
                 }
             }
+            "lookup" => {
+                // The set by name (and, as written, by its id), its source
+                // register, no flags: not inverted, not a map.
+                only(&[1, 2, 4, 5])?;
+                register(2, REGISTER)?;
+                if string(get(1).ok_or(Malformed("a lookup names no set"))?)? != SET {
+                    return Err(Malformed("a lookup names another set"));
+                }
+                if get(5).is_some() && number(5)? != 0 {
+                    return Err(Malformed("a lookup is inverted"));
+                }
+                Expr::Lookup
+            }
             "immediate" => {
                 only(&[1, 2])?;
                 register(1, VERDICT_REGISTER)?;
@@ -304,30 +350,21 @@ fn rules(rule: &FilterRule) -> Result<Vec<Vec<Expr>>, SidecarError> {
             },
             Expr::Verdict(ACCEPT),
         ]],
-        FilterRule::AcceptDns { resolver } => [17u8, 6]
-            .map(|protocol| {
-                let mut exprs = ipv4().to_vec();
-                exprs.extend(daddr(resolver, 32));
-                exprs.extend([
-                    Expr::Meta(META_L4PROTO),
-                    Expr::Cmp {
-                        op: EQ,
-                        data: vec![protocol],
-                    },
-                    Expr::Payload {
-                        base: TRANSPORT_HEADER,
-                        offset: 2,
-                        len: 2,
-                    },
-                    Expr::Cmp {
-                        op: EQ,
-                        data: 53u16.to_be_bytes().to_vec(),
-                    },
-                    Expr::Verdict(ACCEPT),
-                ]);
-                exprs
-            })
-            .into(),
+        FilterRule::AcceptDns { resolver } => dns(resolver, None),
+        FilterRule::AcceptMarkedDns { resolver, mark } => dns(resolver, Some(mark)),
+        FilterRule::AcceptNamed => {
+            let mut exprs = ipv4().to_vec();
+            exprs.extend([
+                Expr::Payload {
+                    base: NETWORK_HEADER,
+                    offset: 16,
+                    len: 4,
+                },
+                Expr::Lookup,
+                Expr::Verdict(ACCEPT),
+            ]);
+            vec![exprs]
+        }
         FilterRule::Prefix { network, action } => {
             let IpAddr::V4(address) = network.address else {
                 return Err(error(format!(
@@ -341,6 +378,44 @@ fn rules(rule: &FilterRule) -> Result<Vec<Vec<Expr>>, SidecarError> {
             vec![exprs]
         }
     })
+}
+
+/// The two rules (UDP, then TCP) accepting DNS to `resolver`, only from
+/// sockets carrying `mark` when one is given.
+fn dns(resolver: Ipv4Addr, mark: Option<u32>) -> Vec<Vec<Expr>> {
+    [17u8, 6]
+        .map(|protocol| {
+            let mut exprs = ipv4().to_vec();
+            exprs.extend(daddr(resolver, 32));
+            if let Some(mark) = mark {
+                exprs.extend([
+                    Expr::Meta(META_MARK),
+                    Expr::Cmp {
+                        op: EQ,
+                        data: mark.to_ne_bytes().to_vec(),
+                    },
+                ]);
+            }
+            exprs.extend([
+                Expr::Meta(META_L4PROTO),
+                Expr::Cmp {
+                    op: EQ,
+                    data: vec![protocol],
+                },
+                Expr::Payload {
+                    base: TRANSPORT_HEADER,
+                    offset: 2,
+                    len: 2,
+                },
+                Expr::Cmp {
+                    op: EQ,
+                    data: 53u16.to_be_bytes().to_vec(),
+                },
+                Expr::Verdict(ACCEPT),
+            ]);
+            exprs
+        })
+        .into()
 }
 
 /// The `input` chain's rules: loopback, and replies.
@@ -409,6 +484,16 @@ pub fn install(filter: &[FilterRule]) -> Result<(), SidecarError> {
         table,
         format!("table inet {TABLE}"),
     );
+    if filter.contains(&FilterRule::AcceptNamed) {
+        let mut set = Attrs::default();
+        set.str(SET_TABLE, TABLE)
+            .str(SET_NAME, SET)
+            .u32(SET_FLAGS, SET_TIMEOUT_FLAG)
+            .u32(SET_KEY_TYPE, IPV4_ADDR_TYPE)
+            .u32(SET_KEY_LEN, 4)
+            .u32(SET_ID, SET_ID_VALUE);
+        batch.add(Kind::Set, FAMILY_INET, create, set, format!("set {SET}"));
+    }
     for (name, hook) in [("output", HOOK_OUTPUT), ("input", HOOK_INPUT)] {
         let mut chain = Attrs::default();
         chain
@@ -496,9 +581,19 @@ pub fn read_back() -> Result<Vec<FilterRule>, SidecarError> {
             tables.len()
         )));
     }
-    for kind in [Kind::Set, Kind::Object, Kind::Flowtable] {
+    for kind in [Kind::Object, Kind::Flowtable] {
         if let Some(object) = dump(kind)?.first() {
             return Err(foreign(kind, format!("{} bytes", object.attrs.len())));
+        }
+    }
+    let sets = dump(Kind::Set)?;
+    let mut named = false;
+    for set in &sets {
+        let attrs = parse(&set.attrs).map_err(|m| malformed("set", m))?;
+        match set_of(&attrs) {
+            Ok(()) if set.family == FAMILY_INET && !named => named = true,
+            Ok(()) => return Err(foreign(Kind::Set, format!("a second {SET}"))),
+            Err(Malformed(why)) => return Err(foreign(Kind::Set, why.to_owned())),
         }
     }
 
@@ -534,7 +629,153 @@ pub fn read_back() -> Result<Vec<FilterRule>, SidecarError> {
             "the input chain holds other rules: {input:?}; {NOT_WRITTEN_HERE}"
         )));
     }
-    rules_of(&output)
+    let rules = rules_of(&output)?;
+    if named != rules.contains(&FilterRule::AcceptNamed) {
+        return Err(error(format!(
+            "the set {SET} and the rule that looks it up do not come together; \
+             {NOT_WRITTEN_HERE}"
+        )));
+    }
+    Ok(rules)
+}
+
+/// The set's members and the time each has left, read from the kernel.
+pub fn read_admitted() -> Result<Vec<AdmittedAddress>, SidecarError> {
+    let mut attrs = Attrs::default();
+    attrs.str(ELEMENTS_TABLE, TABLE).str(ELEMENTS_SET, SET);
+    let dumped = socket()?
+        .dump_of(Kind::SetElement, FAMILY_INET, &attrs)
+        .map_err(|e| filter_failed("cannot read the set of admitted addresses", &e))?;
+    let malformed = |Malformed(why)| error(format!("a dumped set element is malformed: {why}"));
+    let mut admitted = Vec::new();
+    for object in dumped {
+        let attrs = parse(&object.attrs).map_err(malformed)?;
+        let Ok(list) = field(&attrs, ELEMENTS_LIST) else {
+            continue;
+        };
+        for (kind, element) in parse(list).map_err(malformed)? {
+            if kind != LIST_ELEMENT {
+                continue;
+            }
+            let element = parse(element).map_err(malformed)?;
+            let key = parse(field(&element, ELEMENT_KEY).map_err(malformed)?).map_err(malformed)?;
+            let address = field(&key, DATA_VALUE)
+                .ok()
+                .and_then(|v| <[u8; 4]>::try_from(v).ok())
+                .ok_or_else(|| error("a set element is not an IPv4 address"))?;
+            let expires_in_ms = field(&element, ELEMENT_EXPIRATION)
+                .ok()
+                .and_then(|v| <[u8; 8]>::try_from(v).ok())
+                .map_or(0, u64::from_be_bytes);
+            admitted.push(AdmittedAddress {
+                address: Ipv4Addr::from(address),
+                expires_in_ms,
+            });
+        }
+    }
+    admitted.sort_by_key(|a| a.address);
+    Ok(admitted)
+}
+
+/// Checks a dumped set is the one [`install`] writes: this table's
+/// [`SET`], of IPv4 addresses, with timeouts.
+fn set_of(attrs: &[(u16, &[u8])]) -> Result<(), Malformed> {
+    let text = |kind| field(attrs, kind).and_then(string);
+    let number = |kind| field(attrs, kind).and_then(be_u32);
+    if text(SET_TABLE)? != TABLE || text(SET_NAME)? != SET {
+        return Err(Malformed("a set of another name"));
+    }
+    if number(SET_FLAGS)? != SET_TIMEOUT_FLAG
+        || number(SET_KEY_TYPE)? != IPV4_ADDR_TYPE
+        || number(SET_KEY_LEN)? != 4
+    {
+        return Err(Malformed("a set of other flags or keys"));
+    }
+    Ok(())
+}
+
+/// The set of admitted addresses, for Lazaret's resolver to fill.
+pub struct NamedSet {
+    socket: Socket,
+}
+
+impl std::fmt::Debug for NamedSet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("NamedSet")
+    }
+}
+
+impl NamedSet {
+    /// Opens the netlink socket that fills it (CAP_NET_ADMIN in the
+    /// namespace is checked on every message, not only here).
+    pub fn open() -> Result<Self, SidecarError> {
+        Ok(Self { socket: socket()? })
+    }
+
+    /// Admits `address` for `timeout`, or renews it.
+    pub fn admit(
+        &mut self,
+        address: Ipv4Addr,
+        timeout: std::time::Duration,
+    ) -> Result<(), SidecarError> {
+        admit(&mut self.socket, address, timeout)
+            .map_err(|e| filter_failed(&format!("cannot admit {address}"), &e))
+    }
+}
+
+/// Admits `address` into the set for `timeout`, or renews it there: a
+/// fresh element, or, when one is there, the old one deleted and a fresh
+/// one added in one transaction (an element's timeout cannot be changed
+/// in place on every kernel Lazaret runs on).
+fn admit(
+    socket: &mut Socket,
+    address: Ipv4Addr,
+    timeout: std::time::Duration,
+) -> Result<(), Failure> {
+    let elements = |with_timeout: bool| {
+        let mut attrs = Attrs::default();
+        attrs
+            .str(ELEMENTS_TABLE, TABLE)
+            .str(ELEMENTS_SET, SET)
+            .nested(ELEMENTS_LIST, |list| {
+                list.nested(LIST_ELEMENT, |e| {
+                    e.nested(ELEMENT_KEY, |k| {
+                        k.bytes(DATA_VALUE, &address.octets());
+                    });
+                    if with_timeout {
+                        let ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
+                        e.u64(ELEMENT_TIMEOUT, ms);
+                    }
+                });
+            });
+        attrs
+    };
+    let what = format!("{address} in set {SET}");
+    let mut fresh = Batch::new();
+    fresh.add(
+        Kind::SetElement,
+        FAMILY_INET,
+        NLM_F_CREATE | NLM_F_EXCL,
+        elements(true),
+        what.clone(),
+    );
+    match socket.apply(&fresh) {
+        Err(Failure::Refused { errno, .. })
+            if errno.raw_os_error() == Some(rustix::io::Errno::EXIST.raw_os_error()) =>
+        {
+            let mut renew = Batch::new();
+            renew.delete(Kind::SetElement, FAMILY_INET, elements(false), what.clone());
+            renew.add(
+                Kind::SetElement,
+                FAMILY_INET,
+                NLM_F_CREATE | NLM_F_EXCL,
+                elements(true),
+                what,
+            );
+            socket.apply(&renew)
+        }
+        other => other,
+    }
 }
 
 /// The value of attribute `kind`.
@@ -604,7 +845,7 @@ fn rules_of(output: &[Vec<Expr>]) -> Result<Vec<FilterRule>, SidecarError> {
 /// The [`FilterRule`]s a rule could be written for, by the destination it
 /// matches.
 fn candidates(exprs: &[Expr]) -> Vec<FilterRule> {
-    let mut candidates = vec![FilterRule::AcceptLoopback];
+    let mut candidates = vec![FilterRule::AcceptLoopback, FilterRule::AcceptNamed];
     let network = match exprs {
         [_, _, Expr::Verdict(_)] => IpPrefix::ipv4([0; 4], 0),
         [_, _, Expr::Payload { .. }, Expr::Cmp { data, .. }, ..] => <[u8; 4]>::try_from(&data[..])
@@ -630,6 +871,14 @@ fn candidates(exprs: &[Expr]) -> Vec<FilterRule> {
             && network.prefix_len == 32
         {
             candidates.push(FilterRule::AcceptDns { resolver });
+            if let Some(Expr::Cmp { data, .. }) = exprs.get(5)
+                && let Ok(mark) = <[u8; 4]>::try_from(&data[..])
+            {
+                candidates.push(FilterRule::AcceptMarkedDns {
+                    resolver,
+                    mark: u32::from_ne_bytes(mark),
+                });
+            }
         }
         for action in [PolicyAction::Allow, PolicyAction::Deny] {
             candidates.push(FilterRule::Prefix { network, action });
@@ -663,6 +912,21 @@ mod tests {
         ]
     }
 
+    /// A filter with names: DNS only from the resolver's marked sockets,
+    /// and the set of admitted addresses last.
+    fn named() -> Vec<FilterRule> {
+        vec![
+            FilterRule::AcceptLoopback,
+            FilterRule::AcceptMarkedDns {
+                resolver: Ipv4Addr::new(10, 0, 2, 3),
+                mark: 0x4c5a_0053,
+            },
+            prefix([224, 0, 0, 0], 4, PolicyAction::Deny),
+            prefix([10, 0, 0, 0], 8, PolicyAction::Deny),
+            FilterRule::AcceptNamed,
+        ]
+    }
+
     /// What the kernel dumps back is what was encoded; decoding it gives
     /// the expression again.
     fn round_trip(expr: &Expr) -> Expr {
@@ -679,6 +943,13 @@ mod tests {
             .map(|exprs| exprs.iter().map(round_trip).collect())
             .collect();
         assert_eq!(written.len(), filter.len() + 1, "DNS takes two rules");
+        assert_eq!(rules_of(&written).unwrap(), filter);
+        let filter = named();
+        let written: Vec<Vec<Expr>> = filter
+            .iter()
+            .flat_map(|r| rules(r).unwrap())
+            .map(|exprs| exprs.iter().map(round_trip).collect())
+            .collect();
         assert_eq!(rules_of(&written).unwrap(), filter);
         for exprs in input_rules() {
             let read: Vec<Expr> = exprs.iter().map(round_trip).collect();
@@ -822,5 +1093,49 @@ mod tests {
             "{}",
             refused.detail
         );
+        nft(&["delete", "table", "ip", "other"]);
+        nft(&["delete", "table", "inet", "lazaret"]);
+
+        // With names: the set, the marked DNS rules and the lookup.
+        let filter = named();
+        install(&filter).unwrap();
+        assert_eq!(read_back().unwrap(), filter);
+        let listed = nft(&["list", "ruleset"]);
+        for expected in [
+            "ip daddr @names accept",
+            "meta mark 0x4c5a0053",
+            "flags timeout",
+        ] {
+            assert!(
+                listed.contains(expected),
+                "nft lists no `{expected}`:\n{listed}"
+            );
+        }
+        let mut socket = Socket::open().unwrap();
+        let address = Ipv4Addr::new(198, 18, 0, 10);
+        admit(&mut socket, address, std::time::Duration::from_secs(30)).unwrap();
+        // Admitted again, it is renewed with the new timeout.
+        admit(&mut socket, address, std::time::Duration::from_secs(90)).unwrap();
+        let set = nft(&["list", "set", "inet", "lazaret", "names"]);
+        assert!(set.contains("198.18.0.10 timeout 1m30s"), "{set}");
+        let admitted = read_admitted().unwrap();
+        assert!(
+            matches!(admitted[..], [AdmittedAddress { address, expires_in_ms }]
+                if address == Ipv4Addr::new(198, 18, 0, 10)
+                    && (60_000..=90_000).contains(&expires_in_ms)),
+            "{admitted:?}"
+        );
+        assert_eq!(read_back().unwrap(), filter, "elements are not rules");
+        // A second set beside it is foreign.
+        nft(&[
+            "add",
+            "set",
+            "inet",
+            "lazaret",
+            "other",
+            "{ type ipv4_addr; }",
+        ]);
+        let refused = read_back().unwrap_err();
+        assert!(refused.detail.contains("another set"), "{}", refused.detail);
     }
 }

@@ -12,7 +12,8 @@ use std::net::{IpAddr, Ipv4Addr};
 
 use futures_util::TryStreamExt;
 use lazaret_proto::network::{
-    AddressFamily, ConnectivityLink, DerivedNetworkPolicy, IpPrefix, PolicyAction, PrefixRule,
+    AddressFamily, ConnectivityLink, DerivedNetworkPolicy, IpPrefix, NamedEgress, PolicyAction,
+    PrefixRule,
 };
 use lazaret_proto::sidecar::{SidecarError, SidecarStep};
 use rtnetlink::packet_route::AddressFamily as NetlinkFamily;
@@ -44,9 +45,11 @@ const TABLE_LOCAL: u32 = 255;
 /// The kernel's `default` routing table (`RT_TABLE_DEFAULT`).
 const TABLE_DEFAULT: u32 = 253;
 
-/// Installs `policy` on `link` and reads the namespace back.
+/// Installs `policy` (with the default route `names` needs, when it
+/// allows hosts) on `link` and reads the namespace back.
 pub async fn install(
     policy: &DerivedNetworkPolicy,
+    names: Option<&NamedEgress>,
     link: &ConnectivityLink,
 ) -> Result<Readback, SidecarError> {
     let (connection, handle, _) = rtnetlink::new_connection()
@@ -96,7 +99,17 @@ pub async fn install(
         .await
         .map_err(|e| step(&format!("cannot address {}", link.tap_name), e))?;
 
-    for rule in &policy.prefix_rules {
+    let resolver_route = |rule: &PrefixRule| {
+        policy
+            .resolvers
+            .iter()
+            .any(|r| rule.network == IpPrefix::host(r.address))
+    };
+    for rule in policy
+        .expected_routes(names)
+        .iter()
+        .filter(|r| !resolver_route(r))
+    {
         let IpAddr::V4(network) = rule.network.address else {
             return Err(failed(
                 SidecarStep::Routes,

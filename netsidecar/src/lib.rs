@@ -38,6 +38,8 @@ mod install;
 mod nfnetlink;
 mod probe;
 
+pub use filter::NamedSet;
+
 use std::os::fd::BorrowedFd;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -48,8 +50,8 @@ use lazaret_proto::common::UnixTimeNs;
 use lazaret_proto::error_chain as chain;
 use lazaret_proto::memfd;
 use lazaret_proto::network::{
-    DerivedNetworkPolicy, NetworkObservation, NetworkReadinessAttestation,
-    NetworkReadinessAttestationSchemaId, PolicyDelivery,
+    DerivedNetworkPolicy, FilterRule, NetworkObservation, NetworkReadinessAttestation,
+    NetworkReadinessAttestationSchemaId, Observed, PolicyDelivery,
 };
 use lazaret_proto::ownership::NamespaceIdentity;
 use lazaret_proto::sidecar::{
@@ -158,7 +160,7 @@ fn netlink_runtime() -> Result<tokio::runtime::Runtime, SidecarError> {
 fn observe(
     request: ObserveRequest,
     fds: &[std::os::fd::OwnedFd],
-) -> Result<NetworkObservation, SidecarError> {
+) -> Result<Observed, SidecarError> {
     let parameters = request.parameters;
     check_namespace(
         descriptor(fds, request.namespace)?,
@@ -169,12 +171,21 @@ fn observe(
         .validate()
         .map_err(|e| failed(SidecarStep::Request, format!("link: {e}")))?;
     let readback = netlink_runtime()?.block_on(install::observe(&parameters.link))?;
-    Ok(NetworkObservation {
-        policy_delivery: PolicyDelivery::SealedMemfd,
-        helper_ready: readback.tap_up,
-        observed_routes: readback.routes,
-        ipv6_disabled: readback.ipv6_disabled,
-        observed_filter: filter::read_back()?,
+    let observed_filter = filter::read_back()?;
+    let admitted = if observed_filter.contains(&FilterRule::AcceptNamed) {
+        filter::read_admitted()?
+    } else {
+        Vec::new()
+    };
+    Ok(Observed {
+        observation: NetworkObservation {
+            policy_delivery: PolicyDelivery::SealedMemfd,
+            helper_ready: readback.tap_up,
+            observed_routes: readback.routes,
+            ipv6_disabled: readback.ipv6_disabled,
+            observed_filter,
+        },
+        admitted,
     })
 }
 
@@ -201,13 +212,14 @@ fn attest(
     // The filter needs no device, so it is installed while the
     // connectivity helper attaches; the routes need the helper's device.
     let began = Instant::now();
-    filter::install(&policy.expected_filter())?;
+    let names = parameters.names.as_ref();
+    filter::install(&policy.expected_filter(names))?;
     await_helper(fd(helper_ready)?)?;
     let attached = began.elapsed();
-    let readback = netlink_runtime()?.block_on(install::install(&policy, link))?;
+    let readback = netlink_runtime()?.block_on(install::install(&policy, names, link))?;
     let installed = began.elapsed();
     // The filter is read back while the DNS probes' answers travel.
-    let probing = probe::start(&policy, link);
+    let probing = probe::start(&policy, names, link);
     let observed_filter = filter::read_back()?;
     let probes = probing.finish();
     tracing::info!(
@@ -321,7 +333,7 @@ fn check_namespace(fd: BorrowedFd<'_>, expected: NamespaceIdentity) -> Result<()
 }
 
 /// Reads and validates the policy from a memfd sealed against every change.
-fn read_policy(fd: BorrowedFd<'_>) -> Result<DerivedNetworkPolicy, SidecarError> {
+pub fn read_policy(fd: BorrowedFd<'_>) -> Result<DerivedNetworkPolicy, SidecarError> {
     let step = SidecarStep::Policy;
     let bytes = memfd::read_sealed(fd, DerivedNetworkPolicy::MAX_ENCODED_LEN)
         .map_err(|e| failed(step, format!("the policy: {}", chain(&e))))?;

@@ -58,6 +58,8 @@ pub enum Kind {
     Rule = 6,
     /// `NFT_MSG_NEWSET`.
     Set = 9,
+    /// `NFT_MSG_NEWSETELEM`: an element of a set.
+    SetElement = 12,
     /// `NFT_MSG_NEWOBJ`.
     Object = 18,
     /// `NFT_MSG_NEWFLOWTABLE`.
@@ -82,6 +84,7 @@ impl Kind {
             Kind::Chain => "chain",
             Kind::Rule => "rule",
             Kind::Set => "set",
+            Kind::SetElement => "set element",
             Kind::Object => "stateful object",
             Kind::Flowtable => "flowtable",
         }
@@ -107,6 +110,11 @@ impl Attrs {
         let mut bytes = value.as_bytes().to_vec();
         bytes.push(0);
         self.bytes(kind, &bytes)
+    }
+
+    /// Adds a 64-bit attribute in network byte order.
+    pub fn u64(&mut self, kind: u16, value: u64) -> &mut Self {
+        self.bytes(kind, &value.to_be_bytes())
     }
 
     /// Adds a 32-bit attribute in network byte order, as nf_tables wants
@@ -214,6 +222,13 @@ impl Batch {
     pub fn add(&mut self, kind: Kind, family: u8, flags: u16, attrs: Attrs, what: String) {
         self.messages
             .push((kind.new_type(), flags, family, attrs, what));
+    }
+
+    /// Deletes an object of `kind` in `family` (`NFT_MSG_DEL*`, two above
+    /// `NEW*`); `what` names it in a refusal.
+    pub fn delete(&mut self, kind: Kind, family: u8, attrs: Attrs, what: String) {
+        self.messages
+            .push((kind.new_type() + 2, 0, family, attrs, what));
     }
 
     /// What the message with sequence number `seq` adds, in a batch whose
@@ -359,6 +374,17 @@ impl Socket {
 
     /// Every object of `kind` in every family.
     pub fn dump(&mut self, kind: Kind) -> Result<Vec<Object>, Failure> {
+        self.dump_of(kind, 0, &Attrs::default())
+    }
+
+    /// Every object of `kind` that `attrs` select in `family` (the
+    /// elements of one set).
+    pub fn dump_of(
+        &mut self,
+        kind: Kind,
+        family: u8,
+        attrs: &Attrs,
+    ) -> Result<Vec<Object>, Failure> {
         self.seq = self.seq.wrapping_add(1);
         let seq = self.seq;
         let mut out = Vec::new();
@@ -367,9 +393,9 @@ impl Socket {
             kind.get_type(),
             NLM_F_REQUEST | NLM_F_DUMP,
             seq,
+            family,
             0,
-            0,
-            &[],
+            &attrs.0,
         );
         self.socket.send(&out, 0)?;
         let mut objects = Vec::new();

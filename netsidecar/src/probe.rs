@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use lazaret_proto::network::{
     ConnectivityLink, DeniedDestinationObservation, DerivedNetworkPolicy, DnsObservation,
-    DnsOutcome, PermittedDestinationObservation,
+    DnsOutcome, NamedEgress, PermittedDestinationObservation,
 };
 
 /// The name every readiness DNS probe asks for: one a resolver answers
@@ -47,13 +47,21 @@ pub struct Pending {
 /// Sends one DNS query to every resolver, then probes every destination
 /// of the policy's probe plan while the answers travel; the caller may do
 /// more meanwhile, and collects the answers with [`Pending::finish`].
-pub fn start(policy: &DerivedNetworkPolicy, link: &ConnectivityLink) -> Pending {
+///
+/// With `names`, only Lazaret's resolver's marked sockets reach a
+/// resolver, so the queries leave marked as its do.
+pub fn start(
+    policy: &DerivedNetworkPolicy,
+    names: Option<&NamedEgress>,
+    link: &ConnectivityLink,
+) -> Pending {
+    let mark = names.map(|_| NamedEgress::UPSTREAM_MARK);
     let queries = policy
         .resolvers
         .iter()
-        .map(|r| Query::send(r.address))
+        .map(|r| Query::send(r.address, mark))
         .collect();
-    let plan = policy.probe_plan(link.gateway);
+    let plan = policy.probe_plan(link.gateway, names);
     let denied = plan
         .denied
         .iter()
@@ -122,11 +130,17 @@ struct Query {
 }
 
 impl Query {
-    /// Sends the query to `resolver`.
-    fn send(resolver: IpAddr) -> Self {
+    /// Sends the query to `resolver`, from a socket carrying `mark` when
+    /// one is given.
+    fn send(resolver: IpAddr, mark: Option<u32>) -> Self {
         let id = query_id();
         let socket = (|| {
-            let socket = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0))?;
+            let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::DGRAM, None)?;
+            if let Some(mark) = mark {
+                socket.set_mark(mark)?;
+            }
+            socket.bind(&SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)).into())?;
+            let socket = UdpSocket::from(socket);
             socket.connect((resolver, 53))?;
             socket.send(&encode_query(id, QUERY_NAME))?;
             Ok(socket)

@@ -282,6 +282,8 @@ pub enum GenerationProcess {
     WorkspaceRouter,
     /// `slirp4netns`, the connectivity helper.
     ConnectivityHelper,
+    /// Lazaret's resolver.
+    Resolver,
 }
 
 /// A generation's process that is stopped (SIGSTOP, a tracer): it runs no
@@ -387,6 +389,25 @@ pub struct NetworkStatus {
     /// What reading the namespace back found when this status was asked
     /// for.
     pub recheck: NetworkRecheck,
+    /// The policy's names and Lazaret's resolver, when it serves them.
+    pub names: Option<NamesStatus>,
+}
+
+/// The names a generation's sandbox may reach, and the resolver that
+/// answers them.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NamesStatus {
+    /// The names, and who answers the others.
+    pub names: crate::network::NamedEgress,
+    /// Lazaret's resolver.
+    pub resolver: PidfsProcessIdentityV1,
+    /// Whether it still runs.
+    pub resolver_running: bool,
+    /// What its readiness probes saw.
+    pub readiness: crate::resolver::ResolverReadiness,
+    /// The addresses its set holds now, with the time each has left; empty
+    /// when the status was not read back.
+    pub admitted: Vec<crate::network::AdmittedAddress>,
 }
 
 /// The policy re-verified: the enforcement namespace read back (routes,

@@ -15,13 +15,15 @@
 //! observations before believing it.
 
 use std::collections::BTreeSet;
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddrV4};
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
 use crate::codec::{EncodeError, WireRecord};
 use crate::common::{UnixTimeNs, schema_id, tagged_digest};
 use crate::ids::{DomainId, GenerationId, NetworkSidecarId, Sha256Digest};
+use crate::names::{DnsMode, HostPattern};
 
 pub use crate::ownership::NamespaceIdentity;
 
@@ -43,6 +45,12 @@ schema_id!(
     /// `lazaret-network-readiness-identity-v1`; also its fingerprint's
     /// separator.
     NetworkReadinessIdentitySchemaId = "lazaret-network-readiness-identity-v1"
+);
+
+schema_id!(
+    /// The schema identifier of a policy's names,
+    /// `lazaret-named-egress-v1`; also its digest's separator.
+    NamedEgressSchemaId = "lazaret-named-egress-v1"
 );
 
 /// An IP address family.
@@ -199,6 +207,111 @@ pub enum FilterRule {
         /// Accept or drop.
         action: PolicyAction,
     },
+    /// DNS (UDP and TCP port 53) to a resolver is accepted from sockets
+    /// that carry `mark`: Lazaret's resolver's, never the sandbox's.
+    AcceptMarkedDns {
+        /// The upstream resolver.
+        resolver: Ipv4Addr,
+        /// The socket mark.
+        mark: u32,
+    },
+    /// Traffic to a member of the set of addresses Lazaret's resolver
+    /// answered for allowed names is accepted.
+    AcceptNamed,
+}
+
+/// The names part of a v2 policy: which host names the sandbox may reach,
+/// and who answers its DNS. The addresses those names have are learnt at
+/// run time: Lazaret's resolver admits each answered address into the
+/// filter's set for the answer's lifetime ([`Self::admission_timeout`])
+/// before the sandbox sees the answer.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NamedEgress {
+    /// Always `lazaret-named-egress-v1`.
+    pub schema_id: NamedEgressSchemaId,
+    /// The allowed names, sorted and deduplicated.
+    pub hosts: Vec<HostPattern>,
+    /// Who answers names the policy does not allow.
+    pub dns: DnsMode,
+}
+
+impl NamedEgress {
+    /// Where Lazaret's resolver listens in the enforcement namespace: the
+    /// sandbox's only name server.
+    pub const LISTEN: SocketAddrV4 = SocketAddrV4::new(Ipv4Addr::new(127, 0, 0, 53), 53);
+    /// The mark on the resolver's upstream socket; the filter lets only
+    /// marked DNS reach the upstream resolver. The sandbox cannot mark its
+    /// sockets (it has no CAP_NET_ADMIN, and gVisor does not pass marks).
+    pub const UPSTREAM_MARK: u32 = 0x4c5a_0053;
+    /// The shortest and longest time an answered address stays admitted.
+    pub const TTL_CLAMP: (Duration, Duration) =
+        (Duration::from_secs(30), Duration::from_secs(3600));
+    /// The name the readiness probe asks to be refused.
+    pub const REFUSED_PROBE: &'static str = "lazaret-readiness-probe.invalid";
+
+    /// The names part of a policy, sorted and deduplicated.
+    pub fn new(hosts: impl IntoIterator<Item = HostPattern>, dns: DnsMode) -> Self {
+        let mut hosts: Vec<_> = hosts.into_iter().collect();
+        hosts.sort();
+        hosts.dedup();
+        Self {
+            schema_id: NamedEgressSchemaId,
+            hosts,
+            dns,
+        }
+    }
+
+    /// Whether the policy allows `name` (any case, with or without the
+    /// root dot).
+    pub fn allows(&self, name: &str) -> bool {
+        crate::names::allowed(&self.hosts, name)
+    }
+
+    /// How long an address answered with `ttl` stays admitted: the TTL
+    /// clamped to [`Self::TTL_CLAMP`].
+    pub fn admission_timeout(ttl: Duration) -> Duration {
+        ttl.clamp(Self::TTL_CLAMP.0, Self::TTL_CLAMP.1)
+    }
+
+    /// The name the readiness probe asks to be answered: the first exact
+    /// name, else a name under the first wildcard.
+    pub fn allowed_probe(&self) -> Option<String> {
+        self.hosts
+            .iter()
+            .find(|h| !h.is_wildcard())
+            .or_else(|| self.hosts.first())
+            .map(|h| h.as_str().replacen('*', "lazaret-readiness-probe", 1))
+    }
+
+    /// SHA-256 over the schema identifier, a NUL, and the encoding.
+    pub fn digest(&self) -> Result<Sha256Digest, EncodeError> {
+        tagged_digest(NamedEgressSchemaId::TEXT, self)
+    }
+}
+
+impl WireRecord for NamedEgress {
+    const NAME: &'static str = "NamedEgress";
+    const MAX_ENCODED_LEN: usize = 512 * 1024;
+}
+
+/// An address in the filter's set of addresses Lazaret's resolver
+/// admitted, and for how long still.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AdmittedAddress {
+    /// The address.
+    pub address: Ipv4Addr,
+    /// Milliseconds until it expires.
+    pub expires_in_ms: u64,
+}
+
+/// What a read-back of a running namespace found: the namespace, and the
+/// addresses admitted for names (none without names).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Observed {
+    /// The routes, filter, device and IPv6 switches.
+    pub observation: NetworkObservation,
+    /// The set's members.
+    pub admitted: Vec<AdmittedAddress>,
 }
 
 /// Multicast and limited broadcast: the filter drops them before any
@@ -450,10 +563,22 @@ impl DerivedNetworkPolicy {
     }
 
     /// The routes that implement the policy, as rules, sorted: every prefix
-    /// rule, and each resolver as an allowed host route. This is what the
+    /// rule, each resolver as an allowed host route, and, when `names`
+    /// allows hosts, a default route: their addresses are learnt at run
+    /// time, so the filter's set alone decides them. This is what the
     /// sidecar must read back from the enforcement namespace.
-    pub fn expected_routes(&self) -> Vec<PrefixRule> {
+    pub fn expected_routes(&self, names: Option<&NamedEgress>) -> Vec<PrefixRule> {
         let mut routes = self.prefix_rules.clone();
+        let everything = IpPrefix::ipv4([0, 0, 0, 0], 0).expect("0.0.0.0/0 is a prefix");
+        if names.is_some_and(|n| !n.hosts.is_empty())
+            && !routes.iter().any(|r| r.network == everything)
+        {
+            routes.push(PrefixRule {
+                family: AddressFamily::IPv4,
+                network: everything,
+                action: PolicyAction::Allow,
+            });
+        }
         routes.extend(self.resolvers.iter().map(|r| PrefixRule {
             family: r.family,
             network: IpPrefix::host(r.address),
@@ -465,12 +590,18 @@ impl DerivedNetworkPolicy {
     }
 
     /// The output filter that enforces the policy a second time, rule by
-    /// rule in order: loopback, DNS to each resolver, the multicast and
-    /// broadcast drops, then every prefix rule, longest prefix first (so
-    /// the first match is the longest, as with routes).
-    pub fn expected_filter(&self) -> Vec<FilterRule> {
+    /// rule in order: loopback, DNS to each resolver (with `names`, only
+    /// from Lazaret's resolver's marked sockets), the multicast and
+    /// broadcast drops, every prefix rule, longest prefix first (so the
+    /// first match is the longest, as with routes), then, when `names`
+    /// allows hosts, the addresses its resolver admitted.
+    pub fn expected_filter(&self, names: Option<&NamedEgress>) -> Vec<FilterRule> {
         let mut filter = vec![FilterRule::AcceptLoopback];
         filter.extend(self.resolvers.iter().filter_map(|r| match r.address {
+            IpAddr::V4(resolver) if names.is_some() => Some(FilterRule::AcceptMarkedDns {
+                resolver,
+                mark: NamedEgress::UPSTREAM_MARK,
+            }),
             IpAddr::V4(resolver) => Some(FilterRule::AcceptDns { resolver }),
             IpAddr::V6(_) => None,
         }));
@@ -486,6 +617,9 @@ impl DerivedNetworkPolicy {
             network: r.network,
             action: r.action,
         }));
+        if names.is_some_and(|n| !n.hosts.is_empty()) {
+            filter.push(FilterRule::AcceptNamed);
+        }
         filter
     }
 
@@ -493,7 +627,23 @@ impl DerivedNetworkPolicy {
     /// route's action, else the family's default; a disabled family is
     /// denied.
     pub fn action_for(&self, address: IpAddr) -> PolicyAction {
-        self.decide(&self.expected_routes(), address)
+        self.decide(&self.expected_routes(None), address)
+    }
+
+    /// Whether Lazaret's resolver may admit `address` for an allowed name:
+    /// never one a prefix rule denies (the platform's denials, RFC 1918 and
+    /// the profile's `deny_egress`, whatever longer prefix allows within
+    /// them), nor loopback, nor a resolver. An allowed name that points
+    /// there is a rebinding attempt.
+    pub fn admits(&self, address: Ipv4Addr) -> bool {
+        let ip = IpAddr::V4(address);
+        !(address.is_loopback()
+            || address.is_unspecified()
+            || self.resolvers.iter().any(|r| r.address == ip)
+            || self
+                .prefix_rules
+                .iter()
+                .any(|r| r.action == PolicyAction::Deny && r.network.contains(ip)))
     }
 
     /// [`Self::action_for`], with the expected routes already computed.
@@ -521,8 +671,8 @@ impl DerivedNetworkPolicy {
     /// and the connectivity helper's gateway (host loopback) when the
     /// policy denies it. Probing sends no packet: it asks the kernel for a
     /// route by connecting a datagram socket.
-    pub fn probe_plan(&self, gateway: Ipv4Addr) -> ProbePlan {
-        let routes = self.expected_routes();
+    pub fn probe_plan(&self, gateway: Ipv4Addr, names: Option<&NamedEgress>) -> ProbePlan {
+        let routes = self.expected_routes(names);
         let mut plan = ProbePlan::default();
         let mut add = |address: IpAddr, action: PolicyAction| match action {
             PolicyAction::Allow => plan.permitted.push(address),
@@ -858,18 +1008,19 @@ impl NetworkReadinessAttestation {
         &self,
         expected: &NetworkReadinessIdentity,
         policy: &DerivedNetworkPolicy,
+        names: Option<&NamedEgress>,
         link: &ConnectivityLink,
     ) -> Result<(), AttestationMismatch> {
         if self.readiness_identity() != *expected {
             return Err(AttestationMismatch::Identity);
         }
-        if self.observation.observed_routes != policy.expected_routes() {
+        if self.observation.observed_routes != policy.expected_routes(names) {
             return Err(AttestationMismatch::Routes);
         }
-        if self.observation.observed_filter != policy.expected_filter() {
+        if self.observation.observed_filter != policy.expected_filter(names) {
             return Err(AttestationMismatch::Filter);
         }
-        let plan = policy.probe_plan(link.gateway);
+        let plan = policy.probe_plan(link.gateway, names);
         let mut denied: Vec<_> = self
             .denied_destinations
             .iter()
@@ -917,12 +1068,16 @@ impl NetworkObservation {
     /// How what a later read-back found differs from `policy` in force:
     /// nothing when the routes, the rules and the filter are still the
     /// policy's and the helper's device is up.
-    pub fn drift(&self, policy: &DerivedNetworkPolicy) -> Vec<NetworkDrift> {
+    pub fn drift(
+        &self,
+        policy: &DerivedNetworkPolicy,
+        names: Option<&NamedEgress>,
+    ) -> Vec<NetworkDrift> {
         let mut drift = Vec::new();
-        if self.observed_routes != policy.expected_routes() {
+        if self.observed_routes != policy.expected_routes(names) {
             drift.push(NetworkDrift::Routes);
         }
-        if self.observed_filter != policy.expected_filter() {
+        if self.observed_filter != policy.expected_filter(names) {
             drift.push(NetworkDrift::Filter);
         }
         if !self.helper_ready {
@@ -1028,7 +1183,7 @@ pub(crate) mod tests {
                 helper_ready: true,
                 observed_routes: policy.prefix_rules.clone(),
                 ipv6_disabled: true,
-                observed_filter: policy.expected_filter(),
+                observed_filter: policy.expected_filter(None),
             },
             denied_destinations: vec![DeniedDestinationObservation {
                 destination: IpAddr::V4(Ipv4Addr::new(10, 1, 2, 3)),
@@ -1155,7 +1310,7 @@ pub(crate) mod tests {
             [ConnectivityLink::SLIRP4NETNS_RESOLVER],
         );
         let link = ConnectivityLink::slirp4netns();
-        let plan = policy.probe_plan(link.gateway);
+        let plan = policy.probe_plan(link.gateway, None);
         assert_eq!(
             plan.permitted,
             vec![v4(10, 0, 2, 3), v4(10, 222, 0, 1), v4(198, 18, 0, 10)]
@@ -1181,7 +1336,7 @@ pub(crate) mod tests {
             [IpPrefix::ipv4([10, 0, 0, 0], 8).unwrap()],
             [ConnectivityLink::SLIRP4NETNS_RESOLVER],
         );
-        let plan = open.probe_plan(link.gateway);
+        let plan = open.probe_plan(link.gateway, None);
         assert_eq!(plan.denied, vec![v4(10, 0, 0, 1), v4(10, 0, 2, 2)]);
         assert!(plan.permitted.contains(&v4(0, 0, 0, 1)));
     }
@@ -1190,11 +1345,11 @@ pub(crate) mod tests {
     /// route read back, every planned destination probed as the policy
     /// wants.
     fn attestation_of(policy: &DerivedNetworkPolicy) -> NetworkReadinessAttestation {
-        let plan = policy.probe_plan(ConnectivityLink::slirp4netns().gateway);
+        let plan = policy.probe_plan(ConnectivityLink::slirp4netns().gateway, None);
         let mut attestation = attestation();
         attestation.derived_policy_digest = policy.digest().unwrap();
-        attestation.observation.observed_routes = policy.expected_routes();
-        attestation.observation.observed_filter = policy.expected_filter();
+        attestation.observation.observed_routes = policy.expected_routes(None);
+        attestation.observation.observed_filter = policy.expected_filter(None);
         attestation.denied_destinations = plan
             .denied
             .iter()
@@ -1249,7 +1404,7 @@ pub(crate) mod tests {
             [IpPrefix::ipv4([198, 18, 0, 0], 24).unwrap()],
             [ConnectivityLink::SLIRP4NETNS_RESOLVER],
         );
-        let filter = policy.expected_filter();
+        let filter = policy.expected_filter(None);
         let prefix = |octets, len, action| FilterRule::Prefix {
             network: IpPrefix::ipv4(octets, len).unwrap(),
             action,
@@ -1301,51 +1456,51 @@ pub(crate) mod tests {
         let link = ConnectivityLink::slirp4netns();
         let good = attestation_of(&policy);
         let identity = good.readiness_identity();
-        assert_eq!(good.verify(&identity, &policy, &link), Ok(()));
+        assert_eq!(good.verify(&identity, &policy, None, &link), Ok(()));
 
         let mut other = identity;
         other.generation_id = GenerationId(9);
         assert_eq!(
-            good.verify(&other, &policy, &link),
+            good.verify(&other, &policy, None, &link),
             Err(AttestationMismatch::Identity)
         );
         let mut routes = good.clone();
         routes.observation.observed_routes.pop();
         assert_eq!(
-            routes.verify(&identity, &policy, &link),
+            routes.verify(&identity, &policy, None, &link),
             Err(AttestationMismatch::Routes)
         );
         // A filter rule missing, or two swapped (first match wins).
         let mut filter = good.clone();
         filter.observation.observed_filter.pop();
         assert_eq!(
-            filter.verify(&identity, &policy, &link),
+            filter.verify(&identity, &policy, None, &link),
             Err(AttestationMismatch::Filter)
         );
         let mut swapped = good.clone();
         swapped.observation.observed_filter.swap(3, 4);
         assert_eq!(
-            swapped.verify(&identity, &policy, &link),
+            swapped.verify(&identity, &policy, None, &link),
             Err(AttestationMismatch::Filter)
         );
         let mut skipped = good.clone();
         skipped.denied_destinations.pop();
         assert_eq!(
-            skipped.verify(&identity, &policy, &link),
+            skipped.verify(&identity, &policy, None, &link),
             Err(AttestationMismatch::Probes)
         );
         let mut open = good.clone();
         open.denied_destinations[0].unreachable = false;
         assert_eq!(
-            open.verify(&identity, &policy, &link),
+            open.verify(&identity, &policy, None, &link),
             Err(AttestationMismatch::NotReady)
         );
         let mut dns = good;
         dns.dns_observations[0].outcome = DnsOutcome::TimedOut;
-        assert_eq!(dns.verify(&identity, &policy, &link), Ok(()));
+        assert_eq!(dns.verify(&identity, &policy, None, &link), Ok(()));
         dns.dns_observations[0].outcome = DnsOutcome::Unreachable;
         assert_eq!(
-            dns.verify(&identity, &policy, &link),
+            dns.verify(&identity, &policy, None, &link),
             Err(AttestationMismatch::NotReady)
         );
     }

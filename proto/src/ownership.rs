@@ -132,6 +132,9 @@ pub struct NetworkOwnership {
     pub enforcement_namespace: Option<NamespaceIdentity>,
     /// The Domain user namespace that owns it.
     pub owning_user_namespace: Option<NamespaceIdentity>,
+    /// Lazaret's resolver, when the policy has names; it lives in the
+    /// Domain pid namespace and ends with it.
+    pub resolver: PersistedHostProcessOwnership,
 }
 
 /// The generation's helper processes.

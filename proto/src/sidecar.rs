@@ -15,7 +15,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::codec::WireRecord;
 use crate::ids::NetworkSidecarId;
-use crate::network::{ConnectivityLink, NetworkReachabilityProbe, NetworkReadinessAttestation};
+use crate::network::{
+    ConnectivityLink, NamedEgress, NetworkReachabilityProbe, NetworkReadinessAttestation,
+};
 use crate::supervisor::FdIndex;
 
 /// What an attestation is asked for; the Host Coordinator chooses it and
@@ -28,6 +30,10 @@ pub struct AttestParameters {
     pub network_sidecar_id: NetworkSidecarId,
     /// The connectivity helper's network in the namespace.
     pub link: ConnectivityLink,
+    /// The policy's names (a v2 profile's), whose resolver alone may ask
+    /// the upstream resolver and whose admitted addresses the filter's set
+    /// holds.
+    pub names: Option<NamedEgress>,
 }
 
 /// What the sidecar is asked to do: install the policy in the namespace,
@@ -122,7 +128,7 @@ pub enum SidecarReport {
     /// Installing or probing failed.
     Failed(SidecarError),
     /// What a read-back found.
-    Observed(Box<crate::network::NetworkObservation>),
+    Observed(Box<crate::network::Observed>),
 }
 
 impl WireRecord for SidecarReport {

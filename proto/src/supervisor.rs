@@ -330,6 +330,16 @@ pub enum SupervisorReport {
     },
     /// The Network Sidecar installed the policy and attested it.
     NetworkAttested(Box<NetworkReadinessAttestation>),
+    /// The Network Sidecar attested a policy with names, and Lazaret's
+    /// resolver serves them; the packet carries the resolver's pidfd.
+    NamesServed {
+        /// The sidecar's attestation.
+        attestation: Box<NetworkReadinessAttestation>,
+        /// The pidfd of the resolver.
+        resolver: FdIndex,
+        /// What the resolver's readiness probes saw.
+        readiness: crate::resolver::ResolverReadiness,
+    },
     /// The sandbox runs; the packet carries the pidfds of its host
     /// processes.
     SandboxRunning {
@@ -376,7 +386,7 @@ pub enum SupervisorReport {
     Stopped,
     /// What the Network Sidecar read back from the enforcement namespace,
     /// or why it could not.
-    NetworkObserved(Result<Box<crate::network::NetworkObservation>, String>),
+    NetworkObserved(Result<Box<crate::network::Observed>, String>),
 }
 
 impl WireRecord for SupervisorReport {

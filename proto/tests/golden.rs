@@ -172,7 +172,7 @@ fn network_readiness_attestation() -> NetworkReadinessAttestation {
         observation: NetworkObservation {
             policy_delivery: PolicyDelivery::SealedMemfd,
             helper_ready: true,
-            observed_filter: policy.expected_filter(),
+            observed_filter: policy.expected_filter(None),
             observed_routes: policy.prefix_rules,
             ipv6_disabled: true,
         },

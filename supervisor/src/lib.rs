@@ -370,6 +370,7 @@ fn attest(
     [policy, helper_ready]: [&OwnedFd; 2],
     parameters: lazaret_proto::sidecar::AttestParameters,
 ) -> bool {
+    let names = parameters.names.clone();
     let attested = sidecar.and_then(|sidecar| {
         network::attest(
             sidecar,
@@ -377,10 +378,24 @@ fn attest(
             [network, policy, helper_ready].map(AsFd::as_fd),
         )
     });
-    match attested {
-        Ok(attestation) => {
+    // A policy with names: Lazaret's resolver, once the filter holds its set.
+    let served = attested.and_then(|attestation| match names {
+        None => Ok((attestation, None)),
+        Some(names) => network::serve_names(names, policy.as_fd())
+            .map(|resolver| (attestation, Some(resolver))),
+    });
+    match served {
+        Ok((attestation, None)) => {
             let report = SupervisorReport::NetworkAttested(Box::new(attestation));
             send(channel, SupervisorStep::Network, &report, &[]).is_ok()
+        }
+        Ok((attestation, Some((pidfd, readiness)))) => {
+            let report = SupervisorReport::NamesServed {
+                attestation: Box::new(attestation),
+                resolver: FdIndex(0),
+                readiness,
+            };
+            send(channel, SupervisorStep::Network, &report, &[pidfd.as_fd()]).is_ok()
         }
         Err(detail) => {
             report_failure(channel, failed(SupervisorStep::Network, detail));

@@ -10,10 +10,13 @@
 //! reaps it. Trusts the Host Coordinator's request; does not trust the
 //! sidecar's report beyond relaying it (the Host Coordinator verifies it).
 
-use std::os::fd::BorrowedFd;
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::time::Duration;
 
-use lazaret_proto::network::{NetworkObservation, NetworkReadinessAttestation};
+use lazaret_proto::network::{
+    ConnectivityLink, NamedEgress, NetworkReadinessAttestation, Observed,
+};
+use lazaret_proto::resolver::{ResolverReadiness, ResolverReport, ResolverRequest, ServeRequest};
 use lazaret_proto::sidecar::{
     AttestParameters, AttestRequest, ObserveParameters, ObserveRequest, SidecarReport,
     SidecarRequest,
@@ -66,6 +69,44 @@ pub fn attest(
     sidecar.finish(result)
 }
 
+/// How long Lazaret's resolver may take to bind, probe itself (an allowed
+/// name's probe waits for upstream) and report.
+const RESOLVER_READY_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// Lazaret's resolver, started.
+pub type Resolver = Helper<ResolverRequest, ResolverReport>;
+
+/// Starts Lazaret's resolver in the network namespace this process runs
+/// in, with CAP_NET_ADMIN and CAP_NET_BIND_SERVICE alone, on `names` and
+/// `policy` (the sealed memfd the sidecar had), once the sidecar's filter
+/// holds the set it fills; returns its pidfd and readiness. It is left
+/// running, for the Domain pid 1's reaper; it exits when this process does.
+pub fn serve_names(
+    names: NamedEgress,
+    policy: BorrowedFd<'_>,
+) -> Result<(OwnedFd, ResolverReadiness), String> {
+    let resolver = Resolver::start(
+        "lazaret-resolver",
+        "Lazaret's resolver",
+        lazaret_proto::resolver::CAPABILITIES,
+        false,
+    )?;
+    let request = ResolverRequest::Serve(ServeRequest {
+        names,
+        upstream: ConnectivityLink::SLIRP4NETNS_RESOLVER,
+        policy: FdIndex(0),
+    });
+    let result = resolver
+        .send(&request, &[policy])
+        .and_then(|()| resolver.report(RESOLVER_READY_TIMEOUT))
+        .and_then(|report| match report {
+            ResolverReport::Serving(readiness) => Ok(readiness),
+            ResolverReport::Failed(error) => Err(format!("Lazaret's resolver: {error}")),
+        })
+        .and_then(|readiness| Ok((resolver.pidfd()?, readiness)));
+    resolver.keep_if_ok(result)
+}
+
 /// How long a read-back may take.
 const OBSERVE_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -74,7 +115,7 @@ const OBSERVE_TIMEOUT: Duration = Duration::from_secs(10);
 pub fn observe(
     parameters: ObserveParameters,
     namespace: BorrowedFd<'_>,
-) -> Result<NetworkObservation, String> {
+) -> Result<Observed, String> {
     let sidecar = start_sidecar()?;
     let request = SidecarRequest::Observe(ObserveRequest {
         parameters,

@@ -451,12 +451,16 @@ fn outside_a_domain() -> Result {
     ))));
     assert_eq!(code, Some(64), "{err}");
     assert!(err.contains("usage: lazaret-escalate"), "{err}");
-    // The sidecar is started by the supervisor, never by hand.
-    let (code, _, err) = text(&run(&mut std::process::Command::new(bin(
-        "lazaret-netsidecar",
-    ))));
-    assert_eq!(code, Some(2), "{err}");
-    assert!(err.contains("started by lazaret-supervisor"), "{err}");
+    // The sidecar and the resolver are started by the supervisor, never by
+    // hand.
+    for role in ["lazaret-netsidecar", "lazaret-resolver"] {
+        let (code, _, err) = text(&run(&mut std::process::Command::new(bin(role))));
+        assert_eq!(code, Some(2), "{role}: {err}");
+        assert!(
+            err.contains("started by lazaret-supervisor"),
+            "{role}: {err}"
+        );
+    }
     // The coordinator and supervisor are started by `lazaret`, never by hand.
     let (code, _, err) = text(&run(&mut std::process::Command::new(bin(
         "lazaret-coordinator",

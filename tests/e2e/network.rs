@@ -50,6 +50,8 @@ pub fn trials() -> Vec<Trial> {
                 "network::the_hosts_neighbours_stay_denied_unless_named",
                 neighbours,
             ),
+            Trial::test("network::names_are_the_way_out", names_are_the_way_out),
+            Trial::test("network::host_dns_forwards_as_v1", host_dns_forwards_as_v1),
         ],
     )
 }
@@ -559,5 +561,302 @@ fn dead_helper() -> Result {
         !namespace_alive(inode),
         "the enforcement namespace outlived the generation"
     );
+    Ok(())
+}
+
+/// The test zone: each name and the address the test's DNS server gives
+/// it.
+const ZONE: [(&str, &str); 4] = [
+    ("allowed.test.invalid", "198.18.2.10"),
+    ("wild.test.invalid", "198.18.3.10"),
+    ("denied.test.invalid", "198.18.3.20"),
+    ("rebind.test.invalid", "10.1.2.3"),
+];
+
+/// A v2 profile `p` that names hosts and no prefix.
+fn names_config(extra: &str) -> String {
+    format!(
+        "schema = \"lazaret-trusted-host-config-v2\"\n\
+         [profiles.p]\nimage = \"{}\"\npersistent_dirs = []\n\
+         allow_hosts = [\"allowed.test.invalid\", \"*.wild.test.invalid\", \"rebind.test.invalid\"]\n\
+         {extra}",
+        busybox_image()
+    )
+}
+
+/// The test's DNS server: Debian's dnsmasq in the test namespace at
+/// `ALLOWED:53`, authoritative for [`ZONE`] with a TTL of 5 s, logging every
+/// query it receives to `log`.
+fn dns_server<'n>(
+    net: &'n TestNet,
+    log: &Path,
+) -> std::result::Result<lazaret_tests::net::Server<'n>, Box<dyn std::error::Error>> {
+    let mut args = vec![
+        "dnsmasq".to_owned(),
+        "--keep-in-foreground".into(),
+        "--conf-file=/dev/null".into(),
+        "--no-resolv".into(),
+        "--no-hosts".into(),
+        "--bind-interfaces".into(),
+        format!("--listen-address={ALLOWED}"),
+        "--port=53".into(),
+        "--local-ttl=5".into(),
+        "--user=root".into(),
+        "--pid-file=".into(),
+        "--log-queries".into(),
+        format!("--log-facility={}", log.display()),
+    ];
+    args.extend(
+        ZONE.iter()
+            .map(|(name, address)| format!("--address=/{name}/{address}")),
+    );
+    // dnsmasq says nothing when it serves: the server is announced, then
+    // dnsmasq replaces the shell; `up` comes seconds later.
+    let script = format!("echo ready; exec {}", args.join(" "));
+    Ok(net.spawn(["/bin/sh", "-c", &script])?)
+}
+
+/// How many queries for names under `zone` the test's DNS server logged.
+fn queries_for(log: &Path, zone: &str) -> usize {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains("query[") && l.contains(zone))
+        .count()
+}
+
+/// `nslookup NAME` inside the sandbox; the addresses it printed for it.
+fn lookup(host: &UserHost, name: &str) -> (Output, Vec<String>) {
+    let out = shell(host, &format!("nslookup {name}"));
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    // busybox prints the server first, then `Name:` and `Address:` lines.
+    let answer = stdout.split("Name:").nth(1).unwrap_or("");
+    let addresses = answer
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("Address:"))
+        .map(|a| a.trim().split(' ').next().unwrap_or("").to_owned())
+        .collect();
+    (out, addresses)
+}
+
+/// Brings `p` up under the test's DNS server (slirp4netns in a private
+/// mount namespace whose resolv.conf names it, so no query leaves the
+/// machine), with the network probe in the workspace.
+fn names_up(host: &UserHost) -> Result {
+    let probe_copy = host.workspace.join("netprobe");
+    std::fs::copy(netprobe(), &probe_copy)?;
+    std::fs::set_permissions(&probe_copy, std::fs::Permissions::from_mode(0o755))?;
+    let resolv = host.base().join("resolv.conf");
+    std::fs::write(&resolv, format!("nameserver {ALLOWED}\n"))?;
+    std::fs::set_permissions(&resolv, std::fs::Permissions::from_mode(0o644))?;
+    let wrapper = private_mounts(
+        "mount --bind \"$0\" /etc/resolv.conf && exec \"$@\"",
+        resolv.as_os_str(),
+    );
+    let ws = host.workspace.clone();
+    let out = host.lazaret_under(&wrapper, &ws, &["up", "p"]);
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!("up failed: {}", text(&out)).into())
+    }
+}
+
+/// Names are the way out, and DNS is not: only allowed names resolve, each
+/// reachable once looked up and only until its admission expires; a name
+/// the policy does not allow never reaches a DNS server; no resolver but
+/// Lazaret's answers the sandbox; an allowed name pointing into a denied
+/// range gets no address; `status` shows the names and what they admitted.
+/// Then Lazaret's resolver is killed: lookups fail closed, `status` says
+/// so, `down` cleans up and `up` works again.
+fn names_are_the_way_out() -> Result {
+    let (_serial, host) = crate::domain::host_with_config(&names_config(""));
+    TestNet::remove_stale()?;
+    let net = TestNet::new()?;
+    // A third host, off the host's links, for the name the policy denies.
+    net.command("ip")
+        .args(["addr", "add", "198.18.3.20/32", "dev", net.test_link()])
+        .status()?;
+    let _servers = net.netprobe(&[
+        "serve",
+        &format!("{ALLOWED_NET_HOST}:{PORT}"),
+        &format!("{UNLISTED}:{PORT}"),
+        &format!("198.18.3.20:{PORT}"),
+    ])?;
+    let log = host.base().join("dnsmasq.log");
+    let _dns = dns_server(&net, &log)?;
+    names_up(&host)?;
+    let ws = host.workspace.clone();
+    let (allowed, wild, denied) = (
+        format!("{ALLOWED_NET_HOST}:{PORT}"),
+        format!("{UNLISTED}:{PORT}"),
+        format!("198.18.3.20:{PORT}"),
+    );
+
+    // Before any lookup, no address is reachable: names are learnt.
+    unreachable(&host, &allowed, &["EPERM", "ETIMEDOUT"])?;
+    let out = shell(&host, "cat /etc/resolv.conf");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("nameserver 127.0.0.53"),
+        "{}",
+        text(&out)
+    );
+
+    // Allowed names resolve, and their addresses answer.
+    let (out, addresses) = lookup(&host, "allowed.test.invalid");
+    assert_eq!(addresses, ["198.18.2.10"], "{}", text(&out));
+    answers(&host, &allowed)?;
+    let (out, addresses) = lookup(&host, "a.b.wild.test.invalid");
+    assert_eq!(addresses, ["198.18.3.10"], "{}", text(&out));
+    answers(&host, &wild)?;
+    // The wildcard's own suffix is not allowed.
+    let (_, addresses) = lookup(&host, "wild.test.invalid");
+    assert!(addresses.is_empty(), "{addresses:?}");
+
+    // A denied name does not resolve, and its address stays unreachable.
+    let (_, addresses) = lookup(&host, "denied.test.invalid");
+    assert!(addresses.is_empty(), "{addresses:?}");
+    unreachable(&host, &denied, &["EPERM", "ETIMEDOUT"])?;
+    // 100 lookups under a disallowed zone never reach a DNS server.
+    let out = shell(
+        &host,
+        "i=0; while [ $i -lt 100 ]; do nslookup x$i-$$.denied.test.invalid >/dev/null 2>&1; \
+         i=$((i+1)); done; echo done",
+    );
+    assert!(out.stdout.starts_with(b"done"), "{}", text(&out));
+    assert_eq!(
+        queries_for(&log, "denied.test.invalid"),
+        0,
+        "a disallowed name reached the DNS server"
+    );
+    assert!(
+        queries_for(&log, "allowed.test.invalid") > 0,
+        "the DNS server logs queries"
+    );
+    // No resolver but Lazaret's answers: neither the test's DNS server nor
+    // slirp4netns's forwarder.
+    for server in [ALLOWED.to_string(), "10.0.2.3".into()] {
+        let out = shell(
+            &host,
+            &format!("timeout 8 nslookup allowed.test.invalid {server}"),
+        );
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            !stdout.contains("198.18.2.10"),
+            "{server} answered the sandbox: {}",
+            text(&out)
+        );
+    }
+    // An allowed name that points into a denied range gets no address.
+    let (out, addresses) = lookup(&host, "rebind.test.invalid");
+    assert!(addresses.is_empty(), "{}", text(&out));
+
+    // `status` shows the names, the resolver and what it admitted.
+    let status = host.status(&ws, "p").ok_or("no status")?;
+    let names = &status["network"]["names"];
+    assert_eq!(names["dns"], "lazaret", "{names}");
+    assert_eq!(names["resolver"]["running"], true, "{names}");
+    let admitted: Vec<&str> = names["admitted"]
+        .as_array()
+        .ok_or("no admitted list")?
+        .iter()
+        .filter_map(|a| a["address"].as_str())
+        .collect();
+    assert_eq!(admitted, ["198.18.2.10", "198.18.3.10"], "{names}");
+    assert_eq!(
+        status["network"]["recheck"]["state"], "holds",
+        "{}",
+        status["network"]
+    );
+    let human = host.lazaret(&ws, &["status", "p"]);
+    let human = String::from_utf8_lossy(&human.stdout);
+    assert!(
+        human.contains("allowed.test.invalid, *.wild.test.invalid"),
+        "{human}"
+    );
+
+    // The TTL (5 s) is clamped to 30 s: after it, a new connection fails
+    // until the name is looked up again.
+    std::thread::sleep(std::time::Duration::from_secs(32));
+    unreachable(&host, &allowed, &["EPERM", "ETIMEDOUT"])?;
+    let (_, addresses) = lookup(&host, "allowed.test.invalid");
+    assert_eq!(addresses, ["198.18.2.10"]);
+    answers(&host, &allowed)?;
+
+    // Lazaret's resolver killed: lookups fail closed, status says so.
+    let pid = names["resolver"]["pid"].as_u64().ok_or("no resolver pid")?;
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline"))?;
+    assert!(
+        cmdline.ends_with(b"lazaret-resolver\0"),
+        "pid {pid} is not the resolver"
+    );
+    Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .status()?;
+    wait_until(
+        std::time::Duration::from_secs(10),
+        "status to say the resolver is gone",
+        || {
+            let status = host.status(&ws, "p")?;
+            (status["network"]["names"]["resolver"]["running"] == false).then_some(status)
+        },
+    )
+    .and_then(|status| {
+        if status["state"] == "degraded" {
+            Ok(())
+        } else {
+            Err(format!("a dead resolver looks alive: {status}").into())
+        }
+    })?;
+    let (out, addresses) = lookup(&host, "allowed.test.invalid");
+    assert!(
+        addresses.is_empty() && !out.status.success(),
+        "{}",
+        text(&out)
+    );
+    down(&host, &ws)?;
+    assert_nothing_left(&host);
+    names_up(&host)?;
+    let (out, addresses) = lookup(&host, "allowed.test.invalid");
+    assert_eq!(addresses, ["198.18.2.10"], "{}", text(&out));
+    down(&host, &ws)?;
+    assert_nothing_left(&host);
+    Ok(())
+}
+
+/// A v2 profile with `dns = "host"` and no names keeps v1's network: the
+/// sandbox's resolver is slirp4netns's forwarder, and any name resolves.
+fn host_dns_forwards_as_v1() -> Result {
+    let (_serial, host) = crate::domain::host_with_config(&names_config("dns = \"host\"\n")
+        .replace("allow_hosts = [\"allowed.test.invalid\", \"*.wild.test.invalid\", \"rebind.test.invalid\"]\n", ""));
+    TestNet::remove_stale()?;
+    let net = TestNet::new()?;
+    let log = host.base().join("dnsmasq.log");
+    let _dns = dns_server(&net, &log)?;
+    let ws = host.workspace.clone();
+    let check = host.lazaret(&ws, &["config", "check", "p"]);
+    assert!(
+        String::from_utf8_lossy(&check.stderr).contains("way out"),
+        "config check warns that DNS is a way out: {}",
+        text(&check)
+    );
+    names_up(&host)?;
+    let out = shell(&host, "cat /etc/resolv.conf");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("nameserver 10.0.2.3"),
+        "{}",
+        text(&out)
+    );
+    let (out, addresses) = lookup(&host, "denied.test.invalid");
+    assert_eq!(addresses, ["198.18.3.20"], "{}", text(&out));
+    assert!(queries_for(&log, "denied.test.invalid") > 0);
+    let status = host.status(&ws, "p").ok_or("no status")?;
+    assert!(
+        status["network"]["names"].is_null(),
+        "{}",
+        status["network"]
+    );
+    down(&host, &ws)?;
+    assert_nothing_left(&host);
     Ok(())
 }

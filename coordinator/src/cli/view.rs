@@ -9,6 +9,7 @@ use serde::Serialize;
 use lazaret_proto::common::UnixTimeNs;
 use lazaret_proto::control::{DomainStatus, NetworkRecheck, NetworkStatus, SessionSummary};
 use lazaret_proto::ids::to_hex;
+use lazaret_proto::names::DnsMode;
 use lazaret_proto::network::{DnsObservation, DnsOutcome, IpPrefix, PolicyAction};
 use lazaret_proto::process::PidfsProcessIdentityV1;
 use lazaret_proto::router::RelativePath;
@@ -167,6 +168,37 @@ pub struct NetworkView {
     pub denied_probes: Vec<DeniedProbeView>,
     pub permitted_probes: Vec<PermittedProbeView>,
     pub dns: Vec<DnsView>,
+    /// The names the sandbox may reach and Lazaret's resolver, when the
+    /// policy has names.
+    pub names: Option<NamesView>,
+}
+
+/// The names a policy allows, and the resolver that answers them.
+#[derive(Serialize)]
+pub struct NamesView {
+    pub allow_hosts: Vec<String>,
+    /// `lazaret` (only allowed names answered) or `host` (others forwarded).
+    pub dns: &'static str,
+    pub resolver: ResolverView,
+    /// The addresses admitted for allowed names, as read back for this
+    /// status, with the seconds each has left.
+    pub admitted: Vec<AdmittedView>,
+}
+
+/// Lazaret's resolver and whether it still runs.
+#[derive(Serialize)]
+pub struct ResolverView {
+    pub listen: String,
+    pub pid: u32,
+    pub start_time_ticks: u64,
+    pub running: bool,
+}
+
+/// An address in the set of admitted addresses.
+#[derive(Serialize)]
+pub struct AdmittedView {
+    pub address: String,
+    pub expires_in_s: u64,
 }
 
 /// The connectivity helper.
@@ -255,6 +287,7 @@ fn stopped_problem(stopped: &lazaret_proto::control::StoppedProcess) -> String {
             "/workspace does not answer and no session can start",
         ),
         P::ConnectivityHelper => ("slirp4netns", "the sandbox's network does not answer"),
+        P::Resolver => ("Lazaret's resolver", "names do not resolve in the sandbox"),
     };
     let pid = stopped.identity.host_pid;
     format!(
@@ -311,6 +344,7 @@ impl StatusView {
         // its policy is named.
         let mut problems: Vec<String> = routing.problem(&status.profile).into_iter().collect();
         problems.extend(recheck_problem(&status.network.recheck));
+        problems.extend(resolver_problem(&status.network, &status.profile));
         problems.extend(status.stopped.iter().map(stopped_problem));
         let state = if problems.is_empty() {
             format!("{:?}", status.state).to_lowercase()
@@ -449,8 +483,41 @@ impl NetworkView {
                 })
                 .collect(),
             dns: a.dns_observations.iter().map(DnsView::from).collect(),
+            names: network.names.as_ref().map(|n| NamesView {
+                allow_hosts: n.names.hosts.iter().map(ToString::to_string).collect(),
+                dns: match n.names.dns {
+                    DnsMode::Lazaret => "lazaret",
+                    DnsMode::Host => "host",
+                },
+                resolver: ResolverView {
+                    listen: n.readiness.listen.to_string(),
+                    pid: n.resolver.host_pid,
+                    start_time_ticks: n.resolver.start_time_ticks,
+                    running: n.resolver_running,
+                },
+                admitted: n
+                    .admitted
+                    .iter()
+                    .map(|a| AdmittedView {
+                        address: a.address.to_string(),
+                        expires_in_s: a.expires_in_ms.div_ceil(1000),
+                    })
+                    .collect(),
+            }),
         }
     }
+}
+
+/// What is wrong, if anything, with Lazaret's resolver.
+fn resolver_problem(network: &NetworkStatus, profile: &str) -> Option<String> {
+    let names = network.names.as_ref()?;
+    (!names.resolver_running).then(|| {
+        format!(
+            "Lazaret's resolver (pid {}) exited: names do not resolve in the sandbox; run \
+             `lazaret down {profile}` and `lazaret up {profile}`",
+            names.resolver.host_pid
+        )
+    })
 }
 
 /// What is wrong, if anything, with the network read back for a status.
@@ -580,7 +647,34 @@ impl StatusView {
                 n.connectivity_helper.pid
             ),
         );
-        row("  dns", dns);
+        match &n.names {
+            None => row("  dns", dns),
+            Some(names) => {
+                row("  hosts", join_or_none(&names.allow_hosts));
+                let resolver = if names.resolver.running {
+                    format!("resolver pid {}", names.resolver.pid)
+                } else {
+                    "GONE: the resolver exited, nothing resolves".into()
+                };
+                let others = match names.dns {
+                    "host" => "other names leave through the host's resolver",
+                    _ => "other names refused, never sent out",
+                };
+                row(
+                    "  dns",
+                    format!(
+                        "Lazaret's resolver on {} ({resolver}); {others}",
+                        names.resolver.listen
+                    ),
+                );
+                let admitted: Vec<String> = names
+                    .admitted
+                    .iter()
+                    .map(|a| format!("{} ({}s)", a.address, a.expires_in_s))
+                    .collect();
+                row("  admitted", join_or_none(&admitted));
+            }
+        }
         for problem in &self.problems {
             row("PROBLEM", super::printable(problem));
         }

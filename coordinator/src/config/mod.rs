@@ -143,6 +143,11 @@ pub struct EffectiveNetworkPolicy {
     pub allow: Vec<Ipv4Prefix>,
     /// Prefixes it may not reach; always holds RFC 1918.
     pub deny: Vec<Ipv4Prefix>,
+    /// Host names it may reach (v2's `allow_hosts`), sorted and
+    /// deduplicated; none in a v1 document.
+    pub hosts: Vec<lazaret_proto::names::HostPattern>,
+    /// Who answers its DNS: v2's `dns`; the host's in a v1 document.
+    pub dns: lazaret_proto::names::DnsMode,
 }
 
 /// A volume source opened through its plan.

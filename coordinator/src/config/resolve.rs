@@ -345,7 +345,12 @@ pub fn resolve(
         domain_id,
         fingerprint,
         record,
-        network: EffectiveNetworkPolicy { allow, deny },
+        network: EffectiveNetworkPolicy {
+            allow,
+            deny,
+            hosts: Vec::new(),
+            dns: lazaret_proto::names::DnsMode::Host,
+        },
         environment,
         authorities: ConfinedAuthorities {
             config_file: source.plan,

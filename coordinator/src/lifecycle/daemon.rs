@@ -636,6 +636,8 @@ pub(super) struct Live {
     runtime_root: HostPath,
     pub(super) helper: ConnectivityHelper,
     pub(super) network: NetworkStatus,
+    /// Lazaret's resolver, when the policy has names.
+    pub(super) resolver: Option<HeldProcess>,
     pub(super) router: HeldProcess,
     pub(super) workspace: WorkspaceStatus,
     /// What the directories holding scripts git runs held at `up`, for
@@ -690,6 +692,7 @@ impl Live {
             (P::Gofer, self.gofer.as_ref()),
             (P::WorkspaceRouter, Some(&self.router)),
             (P::ConnectivityHelper, Some(&self.helper.held)),
+            (P::Resolver, self.resolver.as_ref()),
         ];
         processes
             .into_iter()
@@ -714,6 +717,7 @@ fn programs_outside_the_sandbox(auth: &crate::config::ConfinedAuthorities) -> Re
         "lazaret-supervisor",
         "lazaret-router",
         "lazaret-netsidecar",
+        "lazaret-resolver",
     ];
     let mut programs = roles
         .iter()
@@ -817,7 +821,7 @@ fn bring_up(
     // While the image, state and workspace are prepared and the plan is
     // sent, slirp4netns attaches to the enforcement namespace as soon as
     // the supervisor reports it.
-    let network_policy = planned.policy.clone();
+    let nameservers = planned.nameservers();
     let helper_slot = &mut starting.helper;
     let cx = Context {
         reporter,
@@ -854,7 +858,7 @@ fn bring_up(
                     became,
                     &runsc,
                     container_id,
-                    &network_policy,
+                    nameservers,
                 )
             })
         },
@@ -874,7 +878,8 @@ fn bring_up(
             super::workspace::routed(resolved, storage.workspace, routing, report)
         })
         .map_err(|failure| helper_failed(failure, helper))?;
-    let (network, network_record) = super::network::verify(reporter, requested, attestation)?;
+    let (network, resolver, network_record) =
+        super::network::verify(reporter, requested, attestation)?;
     let Published {
         listener,
         sessions,
@@ -936,6 +941,7 @@ fn bring_up(
         runtime_root: running.runtime_root,
         helper,
         network,
+        resolver,
         router: routed.router,
         workspace: routed.status,
         workspace_watch: routed.watch,
@@ -1205,7 +1211,7 @@ fn send_plan(
     became: Vec<Became>,
     runsc: &Path,
     container_id: ContainerId,
-    policy: &lazaret_proto::network::DerivedNetworkPolicy,
+    nameservers: Vec<std::net::Ipv4Addr>,
 ) -> Result<Planned, Failure> {
     let Context {
         recorder,
@@ -1256,7 +1262,7 @@ fn send_plan(
             container_id,
         },
         generation,
-        policy,
+        nameservers,
     )?;
     Ok(Planned {
         storage,

@@ -14,13 +14,15 @@
 
 use std::os::fd::AsFd;
 
-use lazaret_proto::control::{NetworkRecheck, NetworkStatus, StartupStep};
+use lazaret_proto::control::{NamesStatus, NetworkRecheck, NetworkStatus, StartupStep};
+use lazaret_proto::names::DnsMode;
+use lazaret_proto::resolver::ResolverReadiness;
 
 use crate::network::PlannedNetwork;
 use lazaret_proto::ids::NetworkSidecarId;
 use lazaret_proto::network::{
-    ConnectivityLink, DnsOutcome, NetworkReachabilityProbe, NetworkReadinessAttestation,
-    NetworkReadinessIdentity, NetworkReadinessIdentitySchemaId,
+    ConnectivityLink, DnsOutcome, NamedEgress, NetworkReachabilityProbe, NetworkReadinessIdentity,
+    NetworkReadinessIdentitySchemaId,
 };
 use lazaret_proto::ownership::{HelperOwnership, NetworkOwnership, ParticipantOwnership};
 use lazaret_proto::process::{PersistedHostProcessOwnership, PidfsProcessIdentityV1};
@@ -29,8 +31,9 @@ use lazaret_proto::store::ParticipantState;
 
 use super::daemon::{Context, Failure, Reporter, at, failure};
 use super::record::{Became, Intent};
-use super::supervisor::{Namespaces, Supervisor};
+use super::supervisor::{Attested, Namespaces, Supervisor};
 use crate::network::{ConnectivityHelper, policy_memfd};
+use crate::process::HeldProcess;
 use crate::session;
 use crate::store::Slot;
 
@@ -46,6 +49,7 @@ pub(super) struct Requested {
     network_intent: Intent,
     link: ConnectivityLink,
     helper: PidfsProcessIdentityV1,
+    names: Option<NamedEgress>,
 }
 
 /// The connectivity helper's record, with the sidecar that attests the
@@ -114,6 +118,7 @@ pub(super) fn attach(
     PlannedNetwork {
         policy,
         platform_deny,
+        names,
     }: PlannedNetwork,
     helper: &mut Option<ConnectivityHelper>,
 ) -> Result<Requested, Failure> {
@@ -148,6 +153,7 @@ pub(super) fn attach(
             },
             network_sidecar_id,
             link: link.clone(),
+            names: names.clone(),
         },
         memfd.as_fd(),
         ready_read.as_fd(),
@@ -200,17 +206,23 @@ pub(super) fn attach(
         network_intent: records.network,
         link,
         helper: running.held.identity,
+        names,
     })
 }
 
 /// Verifies the Network Sidecar's attestation against the identity this
-/// coordinator expects and the policy itself: the network participant
-/// became attested, for the caller to record before the sandbox starts.
+/// coordinator expects and the policy itself, and, for a policy with
+/// names, Lazaret's resolver's readiness against the names: the network
+/// participant became attested (with the resolver), for the caller to
+/// record before the sandbox starts.
 pub(super) fn verify(
     reporter: &Reporter,
     requested: Requested,
-    attestation: NetworkReadinessAttestation,
-) -> Result<(NetworkStatus, Became), Failure> {
+    Attested {
+        attestation,
+        resolver,
+    }: Attested,
+) -> Result<(NetworkStatus, Option<HeldProcess>, Became), Failure> {
     let Requested {
         policy,
         platform_deny,
@@ -219,13 +231,47 @@ pub(super) fn verify(
         network_intent,
         link,
         helper,
+        names,
     } = requested;
-    attestation.verify(&expected, &policy, &link).map_err(|e| {
-        failure(
-            STEP,
-            format!("the Network Sidecar's attestation is refused: {e}"),
-        )
-    })?;
+    attestation
+        .verify(&expected, &policy, names.as_ref(), &link)
+        .map_err(|e| {
+            failure(
+                STEP,
+                format!("the Network Sidecar's attestation is refused: {e}"),
+            )
+        })?;
+    let (names, resolver) = match (names, resolver) {
+        (None, None) => (None, None),
+        (Some(names), Some((pidfd, readiness))) => {
+            readiness
+                .verify(&names)
+                .map_err(|e| failure(STEP, format!("Lazaret's resolver is refused: {e}")))?;
+            let held = HeldProcess::from_pidfd(pidfd).map_err(|e| at(STEP)(&e))?;
+            network.resolver = held.committed();
+            reporter.progress(STEP, resolver_summary(&names, &readiness));
+            let status = NamesStatus {
+                names,
+                resolver: held.identity,
+                resolver_running: true,
+                readiness,
+                admitted: Vec::new(),
+            };
+            (Some(status), Some(held))
+        }
+        (Some(_), None) => {
+            return Err(failure(
+                STEP,
+                "the policy has names but no resolver serves them",
+            ));
+        }
+        (None, Some(_)) => {
+            return Err(failure(
+                STEP,
+                "a resolver was started for a policy without names",
+            ));
+        }
+    };
     let readiness_fingerprint = expected.fingerprint().map_err(|e| at(STEP)(&e))?;
     network.readiness_fingerprint = Some(readiness_fingerprint);
     network.readiness_evidence = Some(attestation.evidence().map_err(|e| at(STEP)(&e))?);
@@ -240,8 +286,31 @@ pub(super) fn verify(
         attestation,
         connectivity_helper: helper,
         recheck: NetworkRecheck::NotChecked,
+        names,
     };
-    Ok((status, became))
+    Ok((status, resolver, became))
+}
+
+/// One line saying what the resolver's probes showed.
+fn resolver_summary(names: &NamedEgress, readiness: &ResolverReadiness) -> String {
+    let allowed = match &readiness.allowed_probe {
+        Some(probe) => format!(
+            "{} answered (rcode {}, {} addresses)",
+            probe.name,
+            probe.response_code,
+            probe.addresses.len()
+        ),
+        None => "no name allowed".into(),
+    };
+    format!(
+        "Lazaret's resolver serves {} names on {}: {allowed}; others {}",
+        names.hosts.len(),
+        readiness.listen,
+        match names.dns {
+            DnsMode::Lazaret => "refused",
+            DnsMode::Host => "forwarded to the host's resolver",
+        }
+    )
 }
 
 /// One line saying what the attestation showed.

@@ -205,7 +205,11 @@ pub fn release_generation(
                 // directory is the Domain's persistent state.
                 killed += usize::from(stop_recorded("workspace router", n, &routing.router)?);
             }
-            ParticipantOwnership::Network(_) => {}
+            ParticipantOwnership::Network(network) => {
+                // Lazaret's resolver, like the router, ends with the
+                // Domain pid namespace; one that outlived it is stopped.
+                killed += usize::from(stop_recorded("resolver", n, &network.resolver)?);
+            }
         }
         store.put_participant(slot, &next)?;
     }

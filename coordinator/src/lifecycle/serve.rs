@@ -226,6 +226,7 @@ struct Watched {
     gofer: Option<Exit>,
     slirp4netns: Exit,
     router: Exit,
+    resolver: Option<Exit>,
     terminate: tokio::signal::unix::Signal,
 }
 
@@ -265,6 +266,11 @@ impl Watched {
                 .transpose()?,
             slirp4netns: Exit::watch(live.helper.held.pidfd.as_fd())?,
             router: Exit::watch(live.router.pidfd.as_fd())?,
+            resolver: live
+                .resolver
+                .as_ref()
+                .map(|resolver| Exit::watch(resolver.pidfd.as_fd()))
+                .transpose()?,
             terminate: tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?,
         })
     }
@@ -299,12 +305,26 @@ impl Watched {
                         tracing::error!("{problem}");
                     }
                 }
+                () = exited(self.resolver.as_ref()), if resolver_running(live) => {
+                    // Names fail closed: nothing answers the sandbox's
+                    // queries, and no address is admitted any more. The
+                    // generation stays; status says what happened.
+                    if let Some(names) = live.network.names.as_mut() {
+                        names.resolver_running = false;
+                    }
+                    tracing::error!(
+                        "Lazaret's resolver exited unexpectedly: names no longer resolve in \
+                         the sandbox, and addresses already admitted expire; run `lazaret down \
+                         {profile}` and `lazaret up {profile}` to start a new one",
+                        profile = resolved.profile().as_str()
+                    );
+                }
                 _ = self.terminate.recv() => return Ending::Terminated,
                 report = supervisor.recv() => match report {
                     Ok(report) => match hub.dispatch(report) {
                         None => {}
                         Some(SupervisorReport::NetworkObserved(observed)) => {
-                            let recheck = recheck(&live.network, observed);
+                            let recheck = recheck(&mut live.network, observed);
                             recheck_due = None;
                             answer(&mut waiting, live, resolved, generation, &hub, &recheck);
                         }
@@ -363,6 +383,14 @@ impl Watched {
     }
 }
 
+/// Whether the generation's resolver is still taken to run.
+fn resolver_running(live: &Live) -> bool {
+    live.network
+        .names
+        .as_ref()
+        .is_some_and(|n| n.resolver_running)
+}
+
 /// Completes at `due`, or never when there is nothing due.
 async fn sleep_until(due: Option<tokio::time::Instant>) {
     match due {
@@ -371,15 +399,24 @@ async fn sleep_until(due: Option<tokio::time::Instant>) {
     }
 }
 
-/// What a read-back of the network says about the policy in force.
+/// What a read-back of the network says about the policy in force; the
+/// addresses it found admitted for names are kept for the status.
 fn recheck(
-    network: &NetworkStatus,
-    observed: Result<Box<lazaret_proto::network::NetworkObservation>, String>,
+    network: &mut NetworkStatus,
+    observed: Result<Box<lazaret_proto::network::Observed>, String>,
 ) -> NetworkRecheck {
     let at = lazaret_proto::common::UnixTimeNs::now();
     match observed {
-        Ok(observation) => {
-            let drift = observation.drift(&network.policy);
+        Ok(observed) => {
+            let lazaret_proto::network::Observed {
+                observation,
+                admitted,
+            } = *observed;
+            if let Some(names) = network.names.as_mut() {
+                names.admitted = admitted;
+            }
+            let names = network.names.as_ref().map(|n| &n.names);
+            let drift = observation.drift(&network.policy, names);
             if drift.is_empty() {
                 NetworkRecheck::Holds { at }
             } else {

@@ -17,7 +17,7 @@ use lazaret_proto::channel::{ChannelError, Endpoint, Received};
 use lazaret_proto::common::HostPath;
 use lazaret_proto::control::StartupStep;
 use lazaret_proto::ids::ContainerId;
-use lazaret_proto::network::{DerivedNetworkPolicy, NetworkReadinessAttestation};
+use lazaret_proto::network::NetworkReadinessAttestation;
 use lazaret_proto::ownership::NamespaceIdentity;
 use lazaret_proto::sidecar::AttestParameters;
 use lazaret_proto::store::Generation;
@@ -140,7 +140,7 @@ impl Supervisor {
         resolved: &ResolvedDomainConfiguration,
         inputs: PlanInputs<'_>,
         generation: &Generation,
-        policy: &DerivedNetworkPolicy,
+        nameservers: Vec<std::net::Ipv4Addr>,
     ) -> Result<(), Failure> {
         let auth = resolved.authorities();
         let mut fds = FdList::new();
@@ -169,14 +169,6 @@ impl Supervisor {
                 access: v.volume.access,
             })
             .collect();
-        let resolvers = policy
-            .resolvers
-            .iter()
-            .filter_map(|r| match r.address {
-                std::net::IpAddr::V4(a) => Some(a),
-                std::net::IpAddr::V6(_) => None,
-            })
-            .collect();
         let plan = SandboxPlan {
             domain_id: resolved.domain_id(),
             generation_id: generation.generation_id,
@@ -190,7 +182,7 @@ impl Supervisor {
             workspace_rules,
             anchors,
             volumes,
-            resolvers,
+            resolvers: nameservers,
         };
         self.channel
             .send(&SupervisorRequest::Start(plan), fds.as_slice())
@@ -223,7 +215,7 @@ impl Supervisor {
     pub(super) fn two_reports<R>(
         &self,
         routed: impl FnOnce(Received<SupervisorReport>) -> Result<R, Failure>,
-    ) -> Result<(R, NetworkReadinessAttestation), Failure> {
+    ) -> Result<(R, Attested), Failure> {
         await_routed_and_attested(&self.channel, routed)
     }
 
@@ -236,6 +228,14 @@ impl Supervisor {
     }
 }
 
+/// The network's report: the sidecar's attestation and, for a policy with
+/// names, Lazaret's resolver (its pidfd) and what its probes saw.
+#[derive(Debug)]
+pub(super) struct Attested {
+    pub(super) attestation: NetworkReadinessAttestation,
+    pub(super) resolver: Option<(OwnedFd, lazaret_proto::resolver::ResolverReadiness)>,
+}
+
 /// The router's report (`WorkspaceRouted`), handed to `routed` as soon as
 /// it comes, and the attestation (`NetworkAttested`). They come in either
 /// order, since the supervisor stages the plan while its sidecar attests;
@@ -245,7 +245,7 @@ impl Supervisor {
 fn await_routed_and_attested<R>(
     supervisor: &SupervisorChannel,
     routed: impl FnOnce(Received<SupervisorReport>) -> Result<R, Failure>,
-) -> Result<(R, NetworkReadinessAttestation), Failure> {
+) -> Result<(R, Attested), Failure> {
     // The router, or what takes its report until it comes.
     let mut router = Err(routed);
     let mut attested = None;
@@ -264,7 +264,23 @@ fn await_routed_and_attested<R>(
                 };
             }
             SupervisorReport::NetworkAttested(attestation) if attested.is_none() => {
-                attested = Some(*attestation);
+                attested = Some(Attested {
+                    attestation: *attestation,
+                    resolver: None,
+                });
+            }
+            SupervisorReport::NamesServed {
+                attestation,
+                resolver,
+                readiness,
+            } if attested.is_none() => {
+                let pidfd = resolver
+                    .pick(received.fds)
+                    .ok_or_else(|| failure(step, "the supervisor sent no resolver pidfd"))?;
+                attested = Some(Attested {
+                    attestation: *attestation,
+                    resolver: Some((pidfd, readiness)),
+                });
             }
             other => return Err(unexpected(step, &other)),
         }

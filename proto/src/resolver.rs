@@ -1,0 +1,160 @@
+//! The Runtime Supervisor ↔ resolver link: the one request that starts
+//! Lazaret's resolver for a generation, and the one report that says it
+//! serves, with what its readiness probes saw.
+//!
+//! This module owns the messages of that channel. The sealed policy memfd
+//! travels beside the request with SCM_RIGHTS. The resolver trusts only the
+//! supervisor at the other end of its inherited channel and validates the
+//! policy it reads; the Host Coordinator trusts no field of the report
+//! until it checks it against the names it asked for.
+
+use std::net::{Ipv4Addr, SocketAddrV4};
+
+use serde::{Deserialize, Serialize};
+
+use crate::codec::WireRecord;
+use crate::ids::Sha256Digest;
+use crate::network::NamedEgress;
+use crate::supervisor::FdIndex;
+
+/// What the resolver is asked to do: serve `names` for the policy in the
+/// memfd, upstream through `upstream`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServeRequest {
+    /// The names the sandbox may resolve, and who answers the others.
+    pub names: NamedEgress,
+    /// The resolver it forwards to (the connectivity helper's).
+    pub upstream: Ipv4Addr,
+    /// The sealed memfd holding the encoded
+    /// [`DerivedNetworkPolicy`](crate::network::DerivedNetworkPolicy), whose
+    /// denials no admitted address may fall in.
+    pub policy: FdIndex,
+}
+
+/// The supervisor's request to its resolver.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ResolverRequest {
+    /// Serve until the channel closes.
+    Serve(ServeRequest),
+}
+
+impl WireRecord for ResolverRequest {
+    const NAME: &'static str = "ResolverRequest";
+}
+
+/// One readiness query the resolver sent to itself, and its answer.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResolverProbe {
+    /// The name asked for (type A).
+    pub name: String,
+    /// The answer's RCODE (0 NOERROR, 2 SERVFAIL, 3 NXDOMAIN, 5 REFUSED).
+    pub response_code: u8,
+    /// The addresses answered.
+    pub addresses: Vec<Ipv4Addr>,
+    /// Whether the query was sent upstream.
+    pub forwarded: bool,
+}
+
+/// The capabilities the resolver is started with, in the Domain user
+/// namespace: binding port 53 (dropped once bound), marking its upstream
+/// sockets and filling the filter's set.
+pub const CAPABILITIES: rustix::thread::CapabilitySet =
+    rustix::thread::CapabilitySet::NET_ADMIN.union(rustix::thread::CapabilitySet::NET_BIND_SERVICE);
+
+/// The rcode of a refused query.
+pub const REFUSED: u8 = 5;
+
+/// What the resolver reports once it serves: where, for which names, and
+/// its two readiness probes.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResolverReadiness {
+    /// The digest of the [`NamedEgress`] it serves.
+    pub names_digest: Sha256Digest,
+    /// Where it listens.
+    pub listen: SocketAddrV4,
+    /// A name the policy allows, answered (by the upstream or, when it is
+    /// silent, with SERVFAIL); none when no name is allowed.
+    pub allowed_probe: Option<ResolverProbe>,
+    /// A name the policy does not allow: refused without being forwarded
+    /// (forwarded with `dns = "host"`).
+    pub refused_probe: ResolverProbe,
+}
+
+impl ResolverReadiness {
+    /// Checks the readiness is about `names` and shows them served: the
+    /// same names, the listening address, the disallowed probe refused and
+    /// never forwarded unless DNS is the host's, and the allowed probe
+    /// answered when a name is allowed.
+    pub fn verify(&self, names: &NamedEgress) -> Result<(), String> {
+        let digest = names
+            .digest()
+            .map_err(|e| format!("cannot digest the names: {e}"))?;
+        if self.names_digest != digest {
+            return Err("it serves other names than it was given".into());
+        }
+        if self.listen != NamedEgress::LISTEN {
+            return Err(format!(
+                "it listens on {}, not {}",
+                self.listen,
+                NamedEgress::LISTEN
+            ));
+        }
+        let refused = &self.refused_probe;
+        if refused.name != NamedEgress::REFUSED_PROBE {
+            return Err(format!("it probed {:?} as the refused name", refused.name));
+        }
+        if names.dns == crate::names::DnsMode::Lazaret
+            && (refused.forwarded || refused.response_code != REFUSED)
+        {
+            return Err(format!(
+                "it did not refuse a name the policy does not allow (rcode {}, forwarded: {})",
+                refused.response_code, refused.forwarded
+            ));
+        }
+        match (&self.allowed_probe, names.allowed_probe()) {
+            (None, None) => Ok(()),
+            (Some(probe), Some(name)) if probe.name == name && probe.forwarded => Ok(()),
+            (Some(probe), _) => Err(format!(
+                "its allowed probe {:?} was not the expected name or was not forwarded",
+                probe.name
+            )),
+            (None, Some(name)) => Err(format!("it did not probe the allowed name {name}")),
+        }
+    }
+}
+
+/// The step a resolver failed at.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ResolverStep {
+    /// Checking its own privileges.
+    Privileges,
+    /// Reading its request or policy.
+    Request,
+    /// Opening its sockets.
+    Sockets,
+    /// Probing itself.
+    Probe,
+}
+
+/// Why the resolver does not serve.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[error("{step:?}: {detail}")]
+pub struct ResolverError {
+    /// The step.
+    pub step: ResolverStep,
+    /// What failed, for the user.
+    pub detail: String,
+}
+
+/// The resolver's one report.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ResolverReport {
+    /// It serves, and keeps serving until its channel closes.
+    Serving(ResolverReadiness),
+    /// It could not start serving; it exits.
+    Failed(ResolverError),
+}
+
+impl WireRecord for ResolverReport {
+    const NAME: &'static str = "ResolverReport";
+}

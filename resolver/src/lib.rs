@@ -1,0 +1,487 @@
+//! Lazaret's resolver: the sandbox's only name server, for a generation
+//! whose profile names hosts (configuration v2).
+//!
+//! The Runtime Supervisor starts it in the enforcement network namespace,
+//! after the Network Sidecar has installed the filter, with CAP_NET_ADMIN
+//! and CAP_NET_BIND_SERVICE in the Domain user namespace and nothing else.
+//! It then:
+//! 1. checks those are exactly its privileges;
+//! 2. takes its channel and receives one [`ServeRequest`]: the names, the
+//!    upstream resolver, and the sealed policy whose denials no admitted
+//!    address may fall in;
+//! 3. binds [`NamedEgress::LISTEN`], opens the filter's set and drops
+//!    CAP_NET_BIND_SERVICE;
+//! 4. serves, on one thread: a query for an allowed name's A records goes
+//!    upstream from a socket marked [`NamedEgress::UPSTREAM_MARK`] (the
+//!    only sockets the filter lets reach the upstream resolver); every
+//!    address at the end of the answer's CNAME chain is admitted into the
+//!    filter's set for its TTL, clamped, before the sandbox sees the
+//!    answer; an answer with an address the policy denies is emptied
+//!    (rebinding). AAAA for an allowed name is answered empty, anything
+//!    else refused at once (or, with `dns = "host"`, relayed, admitting
+//!    nothing). At most [`MAX_IN_FLIGHT`] queries wait for upstream;
+//! 5. probes itself (one disallowed name, refused without going upstream;
+//!    one allowed name, answered) and reports [`ResolverReadiness`];
+//! 6. serves until its channel closes (the supervisor is gone), then exits.
+//!
+//! It trusts only the supervisor at the other end of its inherited channel;
+//! the sandbox's queries and upstream's answers are untrusted bytes
+//! ([`answer`]).
+
+#![deny(missing_docs)]
+
+pub mod answer;
+
+use std::collections::BTreeSet;
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket as StdUdpSocket};
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use hickory_proto::op::{Message, ResponseCode};
+use lazaret_netsidecar::NamedSet;
+use lazaret_proto::channel::{Endpoint, Received};
+use lazaret_proto::error_chain as chain;
+use lazaret_proto::network::{DerivedNetworkPolicy, NamedEgress};
+use lazaret_proto::resolver::{
+    ResolverError, ResolverProbe, ResolverReadiness, ResolverReport, ResolverRequest, ResolverStep,
+    ServeRequest,
+};
+use rustix::thread::{CapabilitySet, CapabilitySets};
+use tokio::net::UdpSocket;
+use tokio::sync::Semaphore;
+
+use crate::answer::{Decision, Upstream};
+
+type Channel = Endpoint<ResolverReport, ResolverRequest>;
+
+/// The most queries waiting for upstream at once; one more is answered
+/// SERVFAIL at once.
+pub const MAX_IN_FLIGHT: usize = 64;
+/// How long upstream may take to answer, the query sent again halfway.
+pub const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(2);
+/// How many distinct refused names the log names.
+const LOGGED_REFUSALS: usize = 200;
+
+use lazaret_proto::resolver::CAPABILITIES;
+
+fn failed(step: ResolverStep, detail: impl std::fmt::Display) -> ResolverError {
+    ResolverError {
+        step,
+        detail: detail.to_string(),
+    }
+}
+
+/// Runs the resolver until its channel closes.
+pub fn run() -> ExitCode {
+    // Nothing inherited beyond the standard streams (the channel is
+    // standard input) stays open in a role.
+    if let Err(e) = lazaret_proto::sys::close_inherited_descriptors() {
+        eprintln!("lazaret-resolver: cannot close inherited descriptors: {e}");
+        return ExitCode::FAILURE;
+    }
+    if std::env::args_os().len() > 1 {
+        eprintln!(
+            "lazaret-resolver: started with unexpected arguments; it is started by \
+             lazaret-supervisor, not by hand"
+        );
+        return ExitCode::from(2);
+    }
+    lazaret_proto::logging::init();
+    let channel = match Channel::take_role_stdin("lazaret-resolver", "lazaret-supervisor") {
+        Ok(channel) => channel,
+        Err(message) => {
+            tracing::error!("{message}");
+            return ExitCode::from(2);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            tracing::error!("cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let started = start(&channel).and_then(|server| {
+        let readiness = runtime.block_on(server.probe())?;
+        Ok((server, readiness))
+    });
+    let server = match started {
+        Ok((server, readiness)) => {
+            if let Err(e) = channel.send(&ResolverReport::Serving(readiness), &[]) {
+                tracing::error!("cannot report: {}", chain(&e));
+                return ExitCode::FAILURE;
+            }
+            server
+        }
+        Err(error) => {
+            tracing::error!("{error}");
+            let _ = channel.send(&ResolverReport::Failed(error), &[]);
+            return ExitCode::FAILURE;
+        }
+    };
+    // The supervisor never sends a second request: any message, or the
+    // channel's end, means stop.
+    std::thread::spawn(move || {
+        let _ = channel.recv();
+        tracing::info!("the supervisor is gone; the resolver stops");
+        std::process::exit(0);
+    });
+    runtime.block_on(server.serve_forever());
+    ExitCode::FAILURE
+}
+
+/// The resolver, ready to serve.
+struct Server {
+    names: Arc<NamedEgress>,
+    policy: Arc<DerivedNetworkPolicy>,
+    upstream: SocketAddrV4,
+    listen: StdUdpSocket,
+    set: Arc<Mutex<NamedSet>>,
+    /// Queries sent upstream so far, for the readiness probes.
+    forwarded: Arc<AtomicU64>,
+}
+
+/// Takes the request, opens the sockets and the set, and gives up what
+/// only that needed.
+fn start(channel: &Channel) -> Result<Server, ResolverError> {
+    lazaret_proto::privilege::require_exactly(
+        CAPABILITIES,
+        "start it through lazaret-supervisor, which grants exactly CAP_NET_ADMIN and \
+         CAP_NET_BIND_SERVICE",
+    )
+    .map_err(|e| failed(ResolverStep::Privileges, e))?;
+    let Received { message, fds } = channel
+        .recv()
+        .map_err(|e| failed(ResolverStep::Request, chain(&e)))?;
+    let ResolverRequest::Serve(ServeRequest {
+        names,
+        upstream,
+        policy,
+    }) = message;
+    let policy_fd = policy
+        .get(&fds)
+        .ok_or_else(|| failed(ResolverStep::Request, "the policy descriptor is missing"))?;
+    let policy = lazaret_netsidecar::read_policy(policy_fd)
+        .map_err(|e| failed(ResolverStep::Request, e.detail))?;
+    let listen = StdUdpSocket::bind(NamedEgress::LISTEN).map_err(|e| {
+        failed(
+            ResolverStep::Sockets,
+            format!("cannot listen on {}: {e}", NamedEgress::LISTEN),
+        )
+    })?;
+    listen
+        .set_nonblocking(true)
+        .map_err(|e| failed(ResolverStep::Sockets, e))?;
+    let set = NamedSet::open().map_err(|e| failed(ResolverStep::Sockets, e.detail))?;
+    // Binding port 53 is done; marking sockets and filling the set need
+    // CAP_NET_ADMIN alone. No thread exists yet, so this holds for all.
+    rustix::thread::set_capabilities(
+        None,
+        CapabilitySets {
+            effective: CapabilitySet::NET_ADMIN,
+            permitted: CapabilitySet::NET_ADMIN,
+            inheritable: CapabilitySet::empty(),
+        },
+    )
+    .map_err(|e| {
+        failed(
+            ResolverStep::Privileges,
+            format!("cannot drop CAP_NET_BIND_SERVICE: {e}"),
+        )
+    })?;
+    Ok(Server {
+        names: Arc::new(names),
+        policy: Arc::new(policy),
+        upstream: SocketAddrV4::new(upstream, 53),
+        listen,
+        set: Arc::new(Mutex::new(set)),
+        forwarded: Arc::new(AtomicU64::new(0)),
+    })
+}
+
+impl Server {
+    /// Serves on a task of the current runtime, sends the two readiness
+    /// queries to it, and says what they got.
+    async fn probe(&self) -> Result<ResolverReadiness, ResolverError> {
+        let listen = self
+            .listen
+            .try_clone()
+            .map_err(|e| failed(ResolverStep::Sockets, e))?;
+        let serving = tokio::spawn(self.clone_parts().serve(listen));
+        let probe = |name: String| async move {
+            let before = self.forwarded.load(Ordering::SeqCst);
+            let (response_code, addresses) = ask(&name).await?;
+            Ok::<_, ResolverError>(ResolverProbe {
+                name,
+                response_code,
+                addresses,
+                forwarded: self.forwarded.load(Ordering::SeqCst) != before,
+            })
+        };
+        let refused_probe = probe(NamedEgress::REFUSED_PROBE.to_owned()).await;
+        let allowed_probe = match self.names.allowed_probe() {
+            Some(name) => Some(probe(name).await),
+            None => None,
+        };
+        serving.abort();
+        Ok(ResolverReadiness {
+            names_digest: self
+                .names
+                .digest()
+                .map_err(|e| failed(ResolverStep::Probe, chain(&e)))?,
+            listen: NamedEgress::LISTEN,
+            allowed_probe: allowed_probe.transpose()?,
+            refused_probe: refused_probe?,
+        })
+    }
+
+    fn clone_parts(&self) -> Parts {
+        Parts {
+            names: Arc::clone(&self.names),
+            policy: Arc::clone(&self.policy),
+            upstream: self.upstream,
+            set: Arc::clone(&self.set),
+            forwarded: Arc::clone(&self.forwarded),
+        }
+    }
+
+    async fn serve_forever(self) {
+        let parts = self.clone_parts();
+        parts.serve(self.listen).await;
+    }
+}
+
+/// What each query's task shares.
+#[derive(Clone)]
+struct Parts {
+    names: Arc<NamedEgress>,
+    policy: Arc<DerivedNetworkPolicy>,
+    upstream: SocketAddrV4,
+    set: Arc<Mutex<NamedSet>>,
+    forwarded: Arc<AtomicU64>,
+}
+
+impl Parts {
+    /// Answers every datagram that reaches `listen`.
+    async fn serve(self, listen: StdUdpSocket) {
+        let listen = match UdpSocket::from_std(listen) {
+            Ok(socket) => Arc::new(socket),
+            Err(e) => {
+                tracing::error!("cannot serve on {}: {e}", NamedEgress::LISTEN);
+                return;
+            }
+        };
+        let in_flight = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
+        let refused = Arc::new(Mutex::new(BTreeSet::new()));
+        let mut buffer = vec![0u8; 4096];
+        loop {
+            let (len, client) = match listen.recv_from(&mut buffer).await {
+                Ok(received) => received,
+                Err(e) => {
+                    tracing::warn!("cannot receive a query: {e}");
+                    continue;
+                }
+            };
+            let reply = match answer::decide(&self.names, &buffer[..len]) {
+                Decision::Drop => continue,
+                Decision::Reply(bytes) => {
+                    log_refusal(&refused, &buffer[..len]);
+                    bytes
+                }
+                decision => {
+                    let Ok(permit) = Arc::clone(&in_flight).try_acquire_owned() else {
+                        if let Decision::Resolve(q) | Decision::Relay(q) = decision {
+                            let _ = listen
+                                .send_to(&answer::reply(&q, ResponseCode::ServFail, vec![]), client)
+                                .await;
+                        }
+                        continue;
+                    };
+                    let parts = self.clone();
+                    let listen = Arc::clone(&listen);
+                    tokio::spawn(async move {
+                        let bytes = parts.resolve(decision).await;
+                        let _ = listen.send_to(&bytes, client).await;
+                        drop(permit);
+                    });
+                    continue;
+                }
+            };
+            let _ = listen.send_to(&reply, client).await;
+        }
+    }
+
+    /// Asks upstream, admits what an allowed name resolves to, and returns
+    /// the sandbox's answer.
+    async fn resolve(&self, decision: Decision) -> Vec<u8> {
+        let (Decision::Resolve(query) | Decision::Relay(query)) = &decision else {
+            return Vec::new();
+        };
+        let relay = matches!(decision, Decision::Relay(_));
+        let id = random_id();
+        let bytes = if relay {
+            let mut fresh = query.clone();
+            fresh.set_id(id);
+            fresh.to_vec().unwrap_or_default()
+        } else {
+            answer::upstream_query(query, id)
+        };
+        self.forwarded.fetch_add(1, Ordering::SeqCst);
+        let answered = match self.ask_upstream(&bytes, id, query).await {
+            Ok(answered) => answered,
+            Err(why) => {
+                tracing::warn!("upstream did not answer for {}: {why}", name_of(query));
+                return answer::reply(query, ResponseCode::ServFail, vec![]);
+            }
+        };
+        if relay {
+            return answer::relayed(query, answered);
+        }
+        match answer::read_upstream(query, &answered, |a| self.policy.admits(a)) {
+            Upstream::Rebinding(address) => {
+                tracing::warn!(
+                    "{} resolves to {address}, which the policy denies: answered with no \
+                     address (a name may not point into a denied range)",
+                    name_of(query)
+                );
+                answer::reply(query, ResponseCode::NoError, vec![])
+            }
+            Upstream::Addresses {
+                code,
+                records,
+                admit,
+            } => {
+                let admitted = {
+                    let mut set = self.set.lock().unwrap_or_else(|p| p.into_inner());
+                    admit
+                        .iter()
+                        .try_for_each(|&(address, timeout)| set.admit(address, timeout))
+                };
+                match admitted {
+                    Ok(()) => answer::reply(query, code, records),
+                    Err(e) => {
+                        tracing::error!("{}: {}", name_of(query), e.detail);
+                        answer::reply(query, ResponseCode::ServFail, vec![])
+                    }
+                }
+            }
+        }
+    }
+
+    /// Sends `bytes` upstream from a fresh marked socket, again halfway
+    /// through [`UPSTREAM_TIMEOUT`], and waits for the answer with `id` to
+    /// `query`'s question.
+    async fn ask_upstream(
+        &self,
+        bytes: &[u8],
+        id: u16,
+        query: &Message,
+    ) -> Result<Message, String> {
+        let socket = marked_socket(self.upstream).map_err(|e| e.to_string())?;
+        let mut buffer = vec![0u8; 65535];
+        for _ in 0..2 {
+            socket.send(bytes).await.map_err(|e| e.to_string())?;
+            let wait = tokio::time::timeout(UPSTREAM_TIMEOUT / 2, async {
+                loop {
+                    let len = socket.recv(&mut buffer).await?;
+                    if let Some(answer) = answer::answers(&buffer[..len], id, query) {
+                        return Ok::<_, std::io::Error>(answer);
+                    }
+                }
+            });
+            match wait.await {
+                Ok(Ok(answer)) => return Ok(answer),
+                Ok(Err(e)) => return Err(e.to_string()),
+                Err(_) => {}
+            }
+        }
+        Err(format!(
+            "no answer from {} within {} s",
+            self.upstream,
+            UPSTREAM_TIMEOUT.as_secs()
+        ))
+    }
+}
+
+/// A UDP socket connected to `upstream`, carrying the mark the filter
+/// lets through.
+fn marked_socket(upstream: SocketAddrV4) -> std::io::Result<UdpSocket> {
+    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::DGRAM, None)?;
+    socket.set_mark(NamedEgress::UPSTREAM_MARK)?;
+    socket.set_nonblocking(true)?;
+    socket.bind(&SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)).into())?;
+    socket.connect(&SocketAddr::V4(upstream).into())?;
+    UdpSocket::from_std(socket.into())
+}
+
+/// Sends a query for `name` to the listening address, as a client in the
+/// sandbox does, and returns the answer's code and addresses.
+async fn ask(name: &str) -> Result<(u8, Vec<Ipv4Addr>), ResolverError> {
+    let step = ResolverStep::Probe;
+    let id = random_id();
+    let query = answer::client_query(name, id)
+        .ok_or_else(|| failed(step, format!("{name} is not a name")))?;
+    let socket = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0))
+        .await
+        .map_err(|e| failed(step, e))?;
+    socket
+        .connect(NamedEgress::LISTEN)
+        .await
+        .map_err(|e| failed(step, e))?;
+    socket.send(&query).await.map_err(|e| failed(step, e))?;
+    let mut buffer = vec![0u8; 4096];
+    let wait = UPSTREAM_TIMEOUT + Duration::from_secs(1);
+    let answered = tokio::time::timeout(wait, async {
+        loop {
+            let len = socket.recv(&mut buffer).await?;
+            if let Some(answer) = answer::client_answer(&buffer[..len], id) {
+                return Ok::<_, std::io::Error>(answer);
+            }
+        }
+    })
+    .await
+    .map_err(|_| {
+        failed(
+            step,
+            format!("no answer for {name} within {} s", wait.as_secs()),
+        )
+    })?;
+    answered.map_err(|e| failed(step, e))
+}
+
+/// A query id nobody can guess: upstream's answers are matched by it.
+fn random_id() -> u16 {
+    let mut bytes = [0u8; 2];
+    if rustix::rand::getrandom(&mut bytes, rustix::rand::GetRandomFlags::empty()).is_err() {
+        bytes = (std::process::id() as u16 ^ 0x5a5a).to_ne_bytes();
+    }
+    u16::from_ne_bytes(bytes)
+}
+
+fn name_of(query: &Message) -> String {
+    query
+        .queries()
+        .first()
+        .map_or_else(|| "?".into(), |q| q.name().to_ascii())
+}
+
+/// Logs a refused name the first time, up to [`LOGGED_REFUSALS`] names,
+/// so the Domain log tells what a profile may be missing.
+fn log_refusal(refused: &Mutex<BTreeSet<String>>, datagram: &[u8]) {
+    let Ok(query) = Message::from_vec(datagram) else {
+        return;
+    };
+    let name = name_of(&query);
+    let mut seen = refused.lock().unwrap_or_else(|p| p.into_inner());
+    if seen.len() < LOGGED_REFUSALS && seen.insert(name.clone()) {
+        tracing::info!("refused {name}: not in allow_hosts");
+        if seen.len() == LOGGED_REFUSALS {
+            tracing::info!("further refused names are not logged");
+        }
+    }
+}
