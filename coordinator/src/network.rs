@@ -465,6 +465,8 @@ mod tests {
             &EffectiveNetworkPolicy {
                 allow: vec![prefix("198.18.0.10/32"), prefix("10.222.0.0/16")],
                 deny,
+                hosts: Vec::new(),
+                dns: lazaret_proto::names::DnsMode::Host,
             },
             &[],
         )
@@ -487,6 +489,8 @@ mod tests {
             &EffectiveNetworkPolicy {
                 allow: vec![],
                 deny,
+                hosts: Vec::new(),
+                dns: lazaret_proto::names::DnsMode::Host,
             },
             &[],
         )
@@ -517,6 +521,8 @@ mod tests {
                     prefix("169.254.10.0/24"),
                 ],
                 deny: RFC1918.to_vec(),
+                hosts: Vec::new(),
+                dns: lazaret_proto::names::DnsMode::Host,
             },
             &host,
         )
@@ -585,6 +591,8 @@ mod tests {
             &EffectiveNetworkPolicy {
                 allow: allow.iter().map(|p| prefix(p)).collect(),
                 deny: RFC1918.to_vec(),
+                hosts: Vec::new(),
+                dns: lazaret_proto::names::DnsMode::Host,
             },
             &neighbourhood(),
         )

@@ -60,7 +60,9 @@ pub enum HostPatternError {
     #[error("has `*` other than as `*.` at its start")]
     MisplacedWildcard,
     /// A wildcard over a top-level domain or less.
-    #[error("is a wildcard over fewer than two labels; write `*.` and a suffix such as `example.org`")]
+    #[error(
+        "is a wildcard over fewer than two labels; write `*.` and a suffix such as `example.org`"
+    )]
     BroadWildcard,
     /// An all-numeric last label: an address, not a name.
     #[error("is an address, not a name; addresses go in `allow_egress`")]
@@ -212,7 +214,10 @@ mod tests {
             ("a..b", HostPatternError::EmptyLabel),
             (".a.b", HostPatternError::EmptyLabel),
             (long_label.as_str(), HostPatternError::LongLabel(64)),
-            (long_name.as_str(), HostPatternError::TooLong(long_name.len())),
+            (
+                long_name.as_str(),
+                HostPatternError::TooLong(long_name.len()),
+            ),
             ("Example.org", HostPatternError::UpperCase),
             ("bücher.example", HostPatternError::NotAscii),
             ("a_b.example", HostPatternError::BadCharacter('_')),

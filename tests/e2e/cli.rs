@@ -329,7 +329,7 @@ fn invalid_exits_2() -> Result {
         (
             VALID.replace(
                 "lazaret-trusted-host-config-v1",
-                "lazaret-trusted-host-config-v2",
+                "lazaret-trusted-host-config-v3",
             ),
             "schema: ",
         ),
