@@ -621,8 +621,6 @@ mod tests {
                 deny: RFC1918.to_vec(),
                 hosts: Vec::new(),
                 dns: lazaret_proto::names::DnsMode::Host,
-                hosts: Vec::new(),
-                dns: lazaret_proto::names::DnsMode::Host,
             },
             &neighbourhood(),
         )

@@ -2018,7 +2018,7 @@ const FUZZ_KEYS: &[&str] = &[
 ];
 const FUZZ_STRINGS: &[&str] = &[
     "lazaret-trusted-host-config-v1",
-    "lazaret-trusted-host-config-v2",
+    "lazaret-trusted-host-config-v3",
     "",
     " ",
     "/root",
@@ -2266,7 +2266,7 @@ const ARG_WORDS: Vocab = Vocab {
 };
 const SCHEMA_WORDS: Vocab = Vocab {
     valid: &[SCHEMA_ID],
-    invalid: &["lazaret-trusted-host-config-v2", ""],
+    invalid: &["lazaret-trusted-host-config-v3", ""],
 };
 
 /// Mostly `typed`; with `junk`, sometimes a random value of any type.

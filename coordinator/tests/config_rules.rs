@@ -166,7 +166,7 @@ fn schema_is_required_and_exact() {
         &["required", "lazaret-trusted-host-config-v1"],
     );
     for wrong in [
-        "lazaret-trusted-host-config-v2",
+        "lazaret-trusted-host-config-v3",
         "Lazaret-Trusted-Host-Config-V1",
         "lazaret-trusted-host-config-v1 ",
         "",
@@ -187,7 +187,7 @@ fn schema_is_required_and_exact() {
     // Dispatch comes first: a document of another version is named as such,
     // not as a list of unknown fields.
     refused(
-        "schema = 'lazaret-trusted-host-config-v2'\nnew_field = 1\n[agents.x]\n",
+        "schema = 'lazaret-trusted-host-config-v3'\nnew_field = 1\n[agents.x]\n",
         "schema",
         &["unsupported schema"],
     );

@@ -1,6 +1,9 @@
-//! The trusted-host configuration v1: its document shape, the grammar of
-//! every string it holds, and the two digests derived from a resolved
-//! profile (`DomainIdV1` and `ConfigurationFingerprintV1`).
+//! The trusted-host configuration, v1 and v2: their document shapes, the
+//! grammar of every string they hold, and the digests derived from a
+//! resolved profile (`DomainIdV1`, `ConfigurationFingerprintV1` and
+//! `ConfigurationFingerprintV2`). A v2 document is a v1 document whose
+//! profiles may also name hosts (`allow_hosts`) and choose who answers DNS
+//! (`dns`).
 //!
 //! This module owns syntax only: each grammar newtype refuses a malformed
 //! value when it is decoded, so no later stage sees one. Relations between
@@ -18,6 +21,12 @@ use crate::ids::{ConfigurationFingerprint, DomainId};
 
 /// The exact dispatch identifier of a v1 document's `schema` field.
 pub const SCHEMA_ID: &str = "lazaret-trusted-host-config-v1";
+
+mod v2;
+pub use v2::{
+    ConfigSchema, ConfigurationFingerprintRecordV2, ConfigurationRecord, NamePolicyV2, ProfileV2,
+    SCHEMA_ID_V2, SchemaIdV2, TrustedHostConfigurationV2, dns_mode_spelling,
+};
 
 /// The largest configuration source Lazaret reads, in bytes.
 pub const MAX_SOURCE_LEN: u64 = 1_048_576;
@@ -65,7 +74,7 @@ impl<'de> Deserialize<'de> for SchemaId {
             Ok(SchemaId)
         } else {
             Err(de::Error::custom(format!(
-                "unsupported schema `{}`: this version of Lazaret reads only `{SCHEMA_ID}`",
+                "unsupported schema `{}`: a v1 document's schema is `{SCHEMA_ID}`",
                 quoted(&text)
             )))
         }
@@ -799,6 +808,14 @@ pub fn domain_id(
 impl ConfigurationFingerprintRecordV1 {
     /// The canonical preimage of `ConfigurationFingerprintV1`.
     pub fn canonical_bytes(&self) -> Result<Vec<u8>, FramingError> {
+        let mut preimage = Preimage::separator(b"lazaret-configuration-fingerprint-v1\0");
+        self.append_fields(&mut preimage)?;
+        Ok(preimage.0)
+    }
+
+    /// Appends every field, after the separator, as the v1 preimage frames
+    /// them (the v2 preimage frames them the same way).
+    fn append_fields(&self, preimage: &mut Preimage) -> Result<(), FramingError> {
         let paths = self
             .persistent_dirs
             .iter()
@@ -856,7 +873,6 @@ impl ConfigurationFingerprintRecordV1 {
             })
             .collect::<Result<_, _>>()?;
 
-        let mut preimage = Preimage::separator(b"lazaret-configuration-fingerprint-v1\0");
         preimage
             .bytes(self.selected_profile.as_bytes())?
             .bytes(&self.storage_root)?
@@ -870,7 +886,7 @@ impl ConfigurationFingerprintRecordV1 {
             .list_sorted(prefixes(&self.effective_deny_prefixes))?
             .boolean(self.escalation_enabled)
             .list_sorted(rules)?;
-        Ok(preimage.0)
+        Ok(())
     }
 
     /// `ConfigurationFingerprintV1`: SHA-256 of [`Self::canonical_bytes`].

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::codec::WireRecord;
 use crate::common::{HostPath, UnixTimeNs};
-use crate::config::ConfigurationFingerprintRecordV1;
+use crate::config::ConfigurationRecord;
 use crate::ids::{
     ConfigurationFingerprint, ContainerId, DomainId, GenerationId, ManifestDigest, SessionId,
 };
@@ -236,9 +236,10 @@ pub struct DomainStatus {
     pub started_at: UnixTimeNs,
     /// The configuration it runs with.
     pub configuration_fingerprint: ConfigurationFingerprint,
-    /// The resolved configuration behind that fingerprint (names only, no
-    /// environment values), so a mismatch can be named field by field.
-    pub configuration: ConfigurationFingerprintRecordV1,
+    /// The resolved configuration behind that fingerprint, of its
+    /// document's schema (names only, no environment values), so a
+    /// mismatch can be named field by field.
+    pub configuration: ConfigurationRecord,
     /// The manifest digest the reference resolved to.
     pub manifest_digest: ManifestDigest,
     /// The runsc container.

@@ -22,6 +22,10 @@ pub fn trials() -> Vec<Trial> {
         ),
         Trial::test("cli::check_prints_a_human_summary", check_human),
         Trial::test(
+            "cli::check_shows_host_names_and_warns_that_host_dns_is_a_way_out",
+            check_v2,
+        ),
+        Trial::test(
             "cli::global_options_go_before_or_after_the_subcommand",
             global_options,
         ),
@@ -221,6 +225,68 @@ fn check_human() -> Result {
     Ok(())
 }
 
+/// A v2 profile's names and DNS mode are shown; `dns = "host"` and a v1
+/// file are warned about on standard error (or in `warnings` with
+/// `--json`), and the check still succeeds.
+fn check_v2() -> Result {
+    let s = Scratch::new();
+    let v2 = VALID
+        .replace(
+            "lazaret-trusted-host-config-v1",
+            "lazaret-trusted-host-config-v2",
+        )
+        .replace(
+            "deny_egress = [\"198.18.5.0/24\"]\n",
+            "deny_egress = [\"198.18.5.0/24\"]\n\
+             allow_hosts = [\"registry.npmjs.org\", \"*.pkgs.example.org\"]\n\
+             dns = \"host\"\n",
+        );
+    write_config(&s, &v2);
+    let check = |args: &[&str]| text(&run(s.lazaret(args).env("LAZARET_TEST_TOKEN", "x")));
+    let (code, out, err) = check(&["config", "check", "dev"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        out.contains("egress hosts     *.pkgs.example.org, registry.npmjs.org\n"),
+        "{out}"
+    );
+    assert!(out.contains("dns              host"), "{out}");
+    assert!(
+        err.starts_with("lazaret: warning: profile `dev` has dns = \"host\": DNS is a way out"),
+        "{err}"
+    );
+    let (code, out, err) = check(&["config", "check", "dev", "--json"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(err.is_empty(), "warnings go in the JSON: {err}");
+    let report: Value = serde_json::from_str(&out)?;
+    assert_eq!(report["schema"], "lazaret-trusted-host-config-v2");
+    assert_eq!(
+        report["allow_hosts"],
+        serde_json::json!(["*.pkgs.example.org", "registry.npmjs.org"])
+    );
+    assert_eq!(report["dns"], "host");
+    assert!(
+        report["warnings"][0]
+            .as_str()
+            .is_some_and(|w| w.contains("way out")),
+        "{report}"
+    );
+
+    // Lazaret's resolver: no warning.
+    write_config(&s, &v2.replace("dns = \"host\"\n", ""));
+    let (code, out, err) = check(&["config", "check", "dev"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("dns              lazaret"), "{out}");
+    assert!(err.is_empty(), "{err}");
+
+    // A v1 file: what v2 adds.
+    write_config(&s, VALID);
+    let (code, _, err) = check(&["config", "check", "dev"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(err.contains("v1 configuration"), "{err}");
+    assert!(err.contains("allow_hosts, egress by host name"), "{err}");
+    Ok(())
+}
+
 fn global_options() -> Result {
     let s = Scratch::new();
     let config = s.base().join("elsewhere.toml");
@@ -329,7 +395,7 @@ fn invalid_exits_2() -> Result {
         (
             VALID.replace(
                 "lazaret-trusted-host-config-v1",
-                "lazaret-trusted-host-config-v2",
+                "lazaret-trusted-host-config-v3",
             ),
             "schema: ",
         ),

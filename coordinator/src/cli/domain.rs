@@ -114,7 +114,9 @@ pub fn up(globals: &Globals, profile: &str, mode: Mode, accept: bool) -> Result<
             format!(
                 "Domain {} is up: profile `{profile}`, generation {}, image {}\n\
                  open a shell inside with: lazaret attach {profile}\n",
-                status.domain_id, status.generation_id, status.configuration.image
+                status.domain_id,
+                status.generation_id,
+                status.configuration.base().image
             ),
         ),
         StartupEvent::AlreadyRunning {

@@ -256,7 +256,53 @@ fn config_check(globals: &Globals, profile: &str, as_json: bool) -> Result<(), F
     if as_json {
         return print_json(&report);
     }
-    print(&report.text())
+    print(&report.text())?;
+    for warning in &report.warnings {
+        eprintln!("lazaret: warning: {}", printable(warning));
+    }
+    Ok(())
+}
+
+/// What `config check` warns about in a valid profile: where DNS is a way
+/// out, and where names cannot resolve although the sandbox may connect.
+fn config_warnings(resolved: &ResolvedDomainConfiguration) -> Vec<String> {
+    use lazaret_proto::config::SCHEMA_ID_V2;
+    use lazaret_proto::names::DnsMode;
+    let profile = resolved.profile();
+    let network = resolved.network();
+    let mut warnings = Vec::new();
+    match resolved.schema() {
+        config::ConfigSchema::V1 => warnings.push(format!(
+            "this is a v1 configuration: profile `{profile}` reaches hosts by address only, \
+             and every name its sandbox looks up leaves through the host's resolver (DNS is a \
+             way out of the sandbox). v2 (schema = \"{SCHEMA_ID_V2}\") adds allow_hosts, egress by \
+             host name, and a resolver that answers only the allowed names; to migrate, change \
+             the schema line and list the hosts each profile needs (docs/config.md, \
+             \"Migrating from v1\")"
+        )),
+        config::ConfigSchema::V2 => match network.dns {
+            DnsMode::Host => warnings.push(format!(
+                "profile `{profile}` has dns = \"host\": DNS is a way out of the sandbox. \
+                 Every name the sandbox looks up leaves through the host's resolver, so data \
+                 can leave in the names themselves whatever the allow lists say; remove the \
+                 line to let Lazaret's resolver answer only the names in allow_hosts"
+            )),
+            DnsMode::Lazaret if network.hosts.is_empty() && !network.allow.is_empty() => warnings
+                .push(format!(
+                    "profile `{profile}` may connect to {} but no name resolves in its sandbox \
+                     (allow_hosts is empty): list the host names it needs in allow_hosts",
+                    view::join_or_none(
+                        &network
+                            .allow
+                            .iter()
+                            .map(ToString::to_string)
+                            .collect::<Vec<_>>()
+                    )
+                )),
+            DnsMode::Lazaret => {}
+        },
+    }
+    warnings
 }
 
 /// What `lazaret config check` reports: `--json` is its serialization and
@@ -265,6 +311,8 @@ fn config_check(globals: &Globals, profile: &str, as_json: bool) -> Result<(), F
 struct ConfigReport {
     profile: String,
     config: String,
+    /// The `schema` the document declared.
+    schema: &'static str,
     domain_id: String,
     configuration_fingerprint: String,
     workspace: String,
@@ -279,9 +327,16 @@ struct ConfigReport {
     env: std::collections::BTreeMap<String, String>,
     effective_allow: Vec<String>,
     effective_deny: Vec<String>,
+    /// The host names allowed, sorted (none for v1).
+    allow_hosts: Vec<String>,
+    /// Who answers DNS: `lazaret` or `host` (always `host` for v1).
+    dns: &'static str,
     platform_deny: Vec<String>,
     network_policy_digest: String,
     escalation: EscalationReport,
+    /// What the profile allows that deserves a second look; the text
+    /// report prints them on standard error.
+    warnings: Vec<String>,
 }
 
 #[derive(serde::Serialize)]
@@ -321,6 +376,7 @@ impl ConfigReport {
         ConfigReport {
             profile: resolved.profile().as_str().to_owned(),
             config: auth.config_file.canonical_label().display().to_string(),
+            schema: resolved.schema().id(),
             domain_id: resolved.domain_id().to_hex(),
             configuration_fingerprint: resolved.fingerprint().to_hex(),
             workspace: label(&auth.workspace),
@@ -348,6 +404,13 @@ impl ConfigReport {
                 .collect(),
             effective_allow: cidrs(&resolved.network().allow),
             effective_deny: cidrs(&resolved.network().deny),
+            allow_hosts: resolved
+                .network()
+                .hosts
+                .iter()
+                .map(ToString::to_string)
+                .collect(),
+            dns: lazaret_proto::config::dns_mode_spelling(resolved.network().dns),
             platform_deny: planned
                 .platform_deny
                 .iter()
@@ -366,6 +429,7 @@ impl ConfigReport {
                     })
                     .collect(),
             },
+            warnings: config_warnings(resolved),
         }
     }
 
@@ -377,6 +441,7 @@ impl ConfigReport {
             self.profile, self.config
         )];
         let mut row = |key: &str, value: String| lines.push(format!("  {key:<17}{value}"));
+        row("schema", self.schema.into());
         row("domain id", self.domain_id.clone());
         row("fingerprint", self.configuration_fingerprint.clone());
         row("workspace", self.workspace.clone());
@@ -404,6 +469,17 @@ impl ConfigReport {
         }
         row("egress allow", list(&self.effective_allow));
         row("egress deny", list(&self.effective_deny));
+        if self.schema != lazaret_proto::config::SCHEMA_ID {
+            row("egress hosts", list(&self.allow_hosts));
+            row(
+                "dns",
+                match self.dns {
+                    "host" => "host (the host's resolver answers every name)",
+                    _ => "lazaret (answers only the names allowed)",
+                }
+                .into(),
+            );
+        }
         row("platform deny", list(&self.platform_deny));
         row(
             "escalation",
@@ -534,6 +610,125 @@ mod tests {
     }
 
     use super::*;
+
+    /// Loads profile `p` of `text` in a scratch host.
+    pub(super) fn scratch_load(text: &str) -> (tempfile::TempDir, ResolvedDomainConfiguration) {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let base = std::fs::canonicalize(dir.path()).unwrap();
+        let (home, run, work) = (base.join("home"), base.join("run"), base.join("work"));
+        for d in [&home, &run, &work] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        std::fs::set_permissions(&run, std::fs::Permissions::from_mode(0o700)).unwrap();
+        let file = base.join("config.toml");
+        std::fs::write(&file, text).unwrap();
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let host = HostEnvironment::from_vars(
+            rustix::process::getuid().as_raw(),
+            [
+                ("HOME", home.as_os_str()),
+                ("XDG_RUNTIME_DIR", run.as_os_str()),
+            ],
+        );
+        let resolved = config::load(LoadRequest {
+            profile: "p",
+            config: Some(file.as_os_str()),
+            workspace: &work,
+            host: &host,
+        })
+        .unwrap_or_else(|e| panic!("{}\n{text}", chain(&e)));
+        (dir, resolved)
+    }
+
+    fn report(text: &str) -> ConfigReport {
+        let (_dir, resolved) = scratch_load(text);
+        let planned = crate::network::PlannedNetwork::new(
+            resolved.network(),
+            &crate::network::HostNetwork::default(),
+        )
+        .unwrap();
+        let digest = planned.policy.digest().unwrap();
+        ConfigReport::of(&resolved, &planned, &digest)
+    }
+
+    const V2: &str = "schema = \"lazaret-trusted-host-config-v2\"\n[profiles.p]\nimage = \"x\"\n";
+
+    #[test]
+    fn check_shows_names_and_dns_of_a_v2_profile() {
+        let r = report(&format!(
+            "{V2}allow_hosts = [\"registry.npmjs.org\", \"*.pkgs.example.org\"]\n"
+        ));
+        assert_eq!(r.schema, "lazaret-trusted-host-config-v2");
+        assert_eq!(r.allow_hosts, ["*.pkgs.example.org", "registry.npmjs.org"]);
+        assert_eq!(r.dns, "lazaret");
+        assert!(r.warnings.is_empty(), "{:?}", r.warnings);
+        let text = r.text();
+        assert!(
+            text.contains("\n  egress hosts     *.pkgs.example.org, registry.npmjs.org\n"),
+            "{text}"
+        );
+        assert!(text.contains("\n  dns              lazaret"), "{text}");
+        let json = serde_json::to_value(&r).unwrap();
+        assert_eq!(json["allow_hosts"][1], "registry.npmjs.org");
+        assert_eq!(json["dns"], "lazaret");
+        assert_eq!(json["warnings"], serde_json::json!([]));
+    }
+
+    #[test]
+    fn check_warns_that_host_dns_is_a_way_out() {
+        let r = report(&format!(
+            "{V2}allow_hosts = [\"a.example\"]\ndns = \"host\"\n"
+        ));
+        assert_eq!(r.dns, "host");
+        assert!(r.text().contains("dns              host"), "{}", r.text());
+        assert_eq!(r.warnings.len(), 1, "{:?}", r.warnings);
+        let w = &r.warnings[0];
+        for words in [
+            "dns = \"host\"",
+            "DNS is a way out of the sandbox",
+            "leaves through the host's resolver",
+        ] {
+            assert!(w.contains(words), "{w}");
+        }
+        // The warning goes to standard error: the report is unchanged by it.
+        assert!(!r.text().contains("way out"), "{}", r.text());
+        let json = serde_json::to_value(&r).unwrap();
+        assert_eq!(json["warnings"][0].as_str(), Some(w.as_str()));
+    }
+
+    #[test]
+    fn check_says_what_v2_adds_to_a_v1_file() {
+        let r =
+            report("schema = \"lazaret-trusted-host-config-v1\"\n[profiles.p]\nimage = \"x\"\n");
+        assert_eq!(r.schema, "lazaret-trusted-host-config-v1");
+        assert!(r.allow_hosts.is_empty());
+        assert_eq!(r.dns, "host");
+        assert!(!r.text().contains("egress hosts"), "{}", r.text());
+        assert_eq!(r.warnings.len(), 1, "{:?}", r.warnings);
+        let w = &r.warnings[0];
+        for words in [
+            "v1 configuration",
+            "lazaret-trusted-host-config-v2",
+            "allow_hosts, egress by host name",
+            "a resolver that answers only the allowed names",
+        ] {
+            assert!(w.contains(words), "{w}");
+        }
+    }
+
+    #[test]
+    fn check_warns_when_no_name_resolves_beside_allowed_prefixes() {
+        let r = report(&format!("{V2}allow_egress = [\"203.0.113.0/24\"]\n"));
+        assert_eq!(r.warnings.len(), 1, "{:?}", r.warnings);
+        assert!(
+            r.warnings[0].contains("203.0.113.0/24 but no name resolves"),
+            "{:?}",
+            r.warnings
+        );
+        // An offline profile is not warned about.
+        assert!(report(V2).warnings.is_empty());
+    }
 
     #[test]
     fn template_is_a_valid_document() {

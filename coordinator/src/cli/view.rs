@@ -362,11 +362,11 @@ impl StatusView {
                 .as_secs()
                 .saturating_sub(status.started_at.as_secs()),
             configuration_fingerprint: status.configuration_fingerprint.to_hex(),
-            image: status.configuration.image.clone(),
+            image: status.configuration.base().image.clone(),
             manifest_digest: status.manifest_digest.to_oci_string(),
             container_id: to_hex(&status.container_id.0),
             runsc_root: lossy(&status.runtime_root.0),
-            persistent_dirs: status.configuration.persistent_dirs.clone(),
+            persistent_dirs: status.configuration.base().persistent_dirs.clone(),
             coordinator: (&status.coordinator).into(),
             supervisor: (&status.supervisor).into(),
             namespace_holder: (&status.namespace_holder).into(),

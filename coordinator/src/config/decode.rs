@@ -1,23 +1,25 @@
-//! Strict decoding and structural validation of the v1 document.
+//! Strict decoding and structural validation of a v1 or v2 document.
 //!
-//! This module owns the step from bytes to a [`TrustedHostConfigurationV1`]
-//! whose every profile is structurally valid. It trusts nothing in the
-//! bytes: the TOML parser refuses duplicate keys and tables, the `schema`
-//! field is dispatched before anything else is interpreted, serde refuses
-//! unknown fields and enumeration values at every depth, and the relations
-//! between fields (nesting of persistent and volume paths, protected
-//! destinations, egress conflicts, escalation rules) are checked here for
-//! every profile. Each error names the exact field path.
+//! This module owns the step from bytes to a [`DecodedConfiguration`] whose
+//! every profile is structurally valid. It trusts nothing in the bytes: the
+//! TOML parser refuses duplicate keys and tables, the `schema` field is
+//! dispatched before anything else is interpreted, serde refuses unknown
+//! fields and enumeration values at every depth (a v1 document keeps v1's
+//! closed shape: the v2 keys are unknown there), and the relations between
+//! fields (nesting of persistent and volume paths, protected destinations,
+//! egress conflicts, escalation rules, repeated host names) are checked here
+//! for every profile. Each error names the exact field path.
 
 use std::collections::BTreeMap;
 
 use lazaret_proto::config::{
-    HostAnchor, Ipv4Prefix, ProfileV1, RFC1918, SCHEMA_ID, SandboxPath, TrustedHostConfigurationV1,
-    VolumeKind, quoted,
+    ConfigSchema, HostAnchor, Ipv4Prefix, NamePolicyV2, ProfileV1, RFC1918, SCHEMA_ID,
+    SCHEMA_ID_V2, SandboxPath, TrustedHostConfigurationV1, TrustedHostConfigurationV2, VolumeKind,
+    quoted,
 };
 use lazaret_proto::layout::SandboxLayoutV1;
 
-use super::{ConfigError, field};
+use super::{ConfigError, DecodedConfiguration, field};
 
 /// The field at byte `at` of `text` and where that byte is, as a syntax
 /// error names them: `profiles.p.image (line 4, column 1)`.
@@ -60,59 +62,68 @@ pub(super) fn parse_table(source_label: &str, bytes: &[u8]) -> Result<toml::Tabl
         })
 }
 
+/// The schemas this version reads, as an error names them.
+fn schemas_read() -> String {
+    format!("`{SCHEMA_ID}` and `{SCHEMA_ID_V2}`")
+}
+
+/// The keys only a v2 profile has.
+const V2_PROFILE_KEYS: [&str; 2] = ["allow_hosts", "dns"];
+
 /// Decodes `bytes` and validates the structure of every profile.
 pub fn decode(
     source_label: &str,
     bytes: &[u8],
     layout: &SandboxLayoutV1,
-) -> Result<TrustedHostConfigurationV1, ConfigError> {
+) -> Result<DecodedConfiguration, ConfigError> {
     let table = parse_table(source_label, bytes)?;
 
     // Dispatch on `schema` before interpreting anything else, so a document
     // of another version is named as such rather than as unknown fields.
-    match table.get("schema") {
+    let schema = match table.get("schema") {
         None => {
             return Err(field(
                 "schema",
-                format!("is required and must be \"{SCHEMA_ID}\""),
-            ));
-        }
-        Some(toml::Value::String(s)) if s == SCHEMA_ID => {}
-        Some(toml::Value::String(s)) => {
-            return Err(field(
-                "schema",
                 format!(
-                    "unsupported schema `{}`: this version of Lazaret reads only `{SCHEMA_ID}`",
-                    quoted(s)
+                    "is required and must be \"{SCHEMA_ID_V2}\" (or \"{SCHEMA_ID}\" for a \
+                     v1 document)"
                 ),
             ));
         }
+        Some(toml::Value::String(s)) => match ConfigSchema::from_id(s) {
+            Some(schema) => schema,
+            None => {
+                return Err(field(
+                    "schema",
+                    format!(
+                        "unsupported schema `{}`: this version of Lazaret reads only {}",
+                        quoted(s),
+                        schemas_read()
+                    ),
+                ));
+            }
+        },
         Some(other) => {
             return Err(field(
                 "schema",
                 format!(
-                    "must be the string \"{SCHEMA_ID}\", found a {}",
+                    "must be the string \"{SCHEMA_ID_V2}\" or \"{SCHEMA_ID}\", found a {}",
                     other.type_str()
                 ),
             ));
         }
-    }
+    };
 
-    let config: TrustedHostConfigurationV1 =
-        serde_path_to_error::deserialize(table).map_err(|e| {
-            let path = e.path().to_string();
-            // The bare message: the parser's own `in `a.b`` context drops
-            // array indices and would name a second, wrong field path.
-            let message = e.into_inner().message().trim_end().to_owned();
-            field(
-                if path == "." {
-                    String::from("(document)")
-                } else {
-                    path
-                },
-                message,
-            )
-        })?;
+    let (config, names) = match schema {
+        ConfigSchema::V1 => (
+            deserialize::<TrustedHostConfigurationV1>(schema, table)?,
+            None,
+        ),
+        ConfigSchema::V2 => {
+            let (config, names) = deserialize::<TrustedHostConfigurationV2>(schema, table)?.split();
+            (config, Some(names))
+        }
+    };
 
     if config.profiles.is_empty() {
         return Err(field(
@@ -133,8 +144,74 @@ pub fn decode(
         let at = format!("profiles.{name}");
         check_profile(&at, profile, layout)?;
         effective_prefixes(&at, profile, &global_allow, &global_deny)?;
+        if let Some(policy) = names.as_ref().and_then(|n| n.get(name)) {
+            check_names(&at, policy)?;
+        }
     }
-    Ok(config)
+    Ok(DecodedConfiguration {
+        schema,
+        document: config,
+        names: names.unwrap_or_default(),
+    })
+}
+
+/// Deserializes the document's shape for `schema`, naming the field at
+/// fault. In a v1 document a v2 key is unknown, as it always was; the
+/// error then says which schema has it.
+fn deserialize<T: serde::de::DeserializeOwned>(
+    schema: ConfigSchema,
+    table: toml::Table,
+) -> Result<T, ConfigError> {
+    serde_path_to_error::deserialize(table).map_err(|e| {
+        use serde_path_to_error::Segment;
+        let segments: Vec<&Segment> = e.path().iter().collect();
+        // A key of a profile table: `profiles`, the profile's name, the key.
+        let profile_key = match segments.as_slice() {
+            [
+                Segment::Map { key: top },
+                Segment::Map { .. },
+                Segment::Map { key },
+            ] if top == "profiles" => Some(key.clone()),
+            _ => None,
+        };
+        let path = e.path().to_string();
+        // The bare message: the parser's own `in `a.b`` context drops
+        // array indices and would name a second, wrong field path.
+        let mut message = e.into_inner().message().trim_end().to_owned();
+        if schema == ConfigSchema::V1 && message.starts_with("unknown field") {
+            if let Some(key) = V2_PROFILE_KEYS
+                .iter()
+                .find(|k| profile_key.as_deref() == Some(**k))
+            {
+                message.push_str(&format!(
+                    "; `{key}` is a v2 key: set schema = \"{SCHEMA_ID_V2}\" to use it \
+                     (docs/config.md, \"Migrating from v1\")"
+                ));
+            }
+        }
+        field(
+            if path == "." {
+                String::from("(document)")
+            } else {
+                path
+            },
+            message,
+        )
+    })
+}
+
+/// Checks what v2 adds to one profile: each host name listed once.
+fn check_names(at: &str, policy: &NamePolicyV2) -> Result<(), ConfigError> {
+    let name = |i: usize| format!("{at}.allow_hosts[{i}]");
+    for (i, host) in policy.allow_hosts.iter().enumerate() {
+        if let Some(j) = policy.allow_hosts[..i].iter().position(|h| h == host) {
+            return Err(field(
+                name(i),
+                format!("`{host}` repeats {}; list each host name once", name(j)),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Checks every relation within one profile.

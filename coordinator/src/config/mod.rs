@@ -24,13 +24,18 @@ use std::ffi::OsStr;
 use std::fmt;
 use std::path::Path;
 
+use std::collections::BTreeMap;
+
 use lazaret_proto::config::{
-    ConfigurationFingerprintRecordV1, EnvName, Ipv4Prefix, ProfileName, ResolvedAutoApprovalRule,
-    ResolvedVolume,
+    ConfigurationFingerprintRecordV1, ConfigurationRecord, EnvName, Ipv4Prefix, NamePolicyV2,
+    ProfileName, ResolvedAutoApprovalRule, ResolvedVolume, TrustedHostConfigurationV1,
 };
 use lazaret_proto::ids::{ConfigurationFingerprint, DomainId};
 use lazaret_proto::layout::SandboxLayoutV1;
+use lazaret_proto::names::{DnsMode, HostPattern};
 use rustix::fd::OwnedFd;
+
+pub use lazaret_proto::config::ConfigSchema;
 
 pub use confined::{ConfinedError, ConfinedPathPlan, ObjectIdentity, Opened, RetainedDir};
 pub use hostenv::HostEnvironment;
@@ -135,19 +140,20 @@ impl fmt::Debug for SecretValue {
     }
 }
 
-/// The selected profile's effective IPv4 egress policy, sorted and
-/// deduplicated.
+/// The selected profile's effective egress policy: IPv4 prefixes and host
+/// names, each sorted and deduplicated, and who answers DNS.
 #[derive(Debug)]
 pub struct EffectiveNetworkPolicy {
     /// Prefixes the sandbox may reach.
     pub allow: Vec<Ipv4Prefix>,
     /// Prefixes it may not reach; always holds RFC 1918.
     pub deny: Vec<Ipv4Prefix>,
-    /// Host names it may reach (v2's `allow_hosts`), sorted and
-    /// deduplicated; none in a v1 document.
-    pub hosts: Vec<lazaret_proto::names::HostPattern>,
-    /// Who answers its DNS: v2's `dns`; the host's in a v1 document.
-    pub dns: lazaret_proto::names::DnsMode,
+    /// Host names the sandbox may reach (v2 `allow_hosts`); none for a v1
+    /// document.
+    pub hosts: Vec<HostPattern>,
+    /// Who answers the sandbox's DNS queries: a v2 profile's `dns`
+    /// (`Lazaret` unless it says `"host"`); `Host` for a v1 document.
+    pub dns: DnsMode,
 }
 
 /// A volume source opened through its plan.
@@ -207,7 +213,7 @@ pub struct ResolvedDomainConfiguration {
     profile: ProfileName,
     domain_id: DomainId,
     fingerprint: ConfigurationFingerprint,
-    record: ConfigurationFingerprintRecordV1,
+    record: ConfigurationRecord,
     network: EffectiveNetworkPolicy,
     environment: Vec<(EnvName, SecretValue)>,
     authorities: ConfinedAuthorities,
@@ -225,13 +231,26 @@ impl ResolvedDomainConfiguration {
         self.domain_id
     }
 
-    /// `ConfigurationFingerprintV1`.
+    /// `ConfigurationFingerprintV1` of a v1 document,
+    /// `ConfigurationFingerprintV2` of a v2 one.
     pub fn fingerprint(&self) -> ConfigurationFingerprint {
         self.fingerprint
     }
 
-    /// The normalized selected-profile data the fingerprint covers.
+    /// The schema the document declared.
+    pub fn schema(&self) -> ConfigSchema {
+        self.record.schema()
+    }
+
+    /// The normalized selected-profile data every schema has: the whole
+    /// fingerprinted record of a v1 document; of a v2 one, all but the
+    /// host names and DNS mode ([`Self::fingerprint_record`]).
     pub fn record(&self) -> &ConfigurationFingerprintRecordV1 {
+        self.record.base()
+    }
+
+    /// The whole record the fingerprint covers, of the document's schema.
+    pub fn fingerprint_record(&self) -> &ConfigurationRecord {
         &self.record
     }
 
@@ -346,10 +365,43 @@ pub fn storage_root_of(
     host.storage_root(declared.as_ref())
 }
 
-/// Decodes and structurally checks a document without touching the
-/// filesystem or environment; for tests and fuzzing of the decoder.
-pub fn decode_document(
-    bytes: &[u8],
-) -> Result<lazaret_proto::config::TrustedHostConfigurationV1, ConfigError> {
+/// A decoded document whose every profile is structurally valid: its
+/// schema, the fields every schema has, and what v2 adds.
+#[derive(Debug, Clone)]
+pub struct DecodedConfiguration {
+    /// The schema the document declared.
+    pub schema: ConfigSchema,
+    /// Every v1 field of every profile (for a v2 document, each profile
+    /// without its `allow_hosts` and `dns`).
+    pub document: TrustedHostConfigurationV1,
+    /// Each profile's `allow_hosts` and `dns`, for a v2 document; empty for
+    /// a v1 one.
+    pub names: BTreeMap<ProfileName, NamePolicyV2>,
+}
+
+impl DecodedConfiguration {
+    /// The host names `profile` may reach and who answers its DNS: for a v1
+    /// document, none and the host's resolver.
+    pub fn name_policy(&self, profile: &ProfileName) -> NamePolicyV2 {
+        match self.schema {
+            ConfigSchema::V1 => NamePolicyV2 {
+                allow_hosts: Vec::new(),
+                dns: DnsMode::Host,
+            },
+            ConfigSchema::V2 => self.names.get(profile).cloned().unwrap_or_default(),
+        }
+    }
+}
+
+/// Decodes and structurally checks a document of either schema without
+/// touching the filesystem or environment.
+pub fn decode_configuration(bytes: &[u8]) -> Result<DecodedConfiguration, ConfigError> {
     decode::decode("(document)", bytes, &SandboxLayoutV1::production())
+}
+
+/// [`decode_configuration`], keeping the fields every schema has (for a v2
+/// document, all but `allow_hosts` and `dns`); for tests and fuzzing of the
+/// decoder.
+pub fn decode_document(bytes: &[u8]) -> Result<TrustedHostConfigurationV1, ConfigError> {
+    decode_configuration(bytes).map(|decoded| decoded.document)
 }

@@ -1,21 +1,23 @@
 //! Filesystem and environment resolution of the selected profile.
 //!
-//! This module owns the step from a structurally valid document to a
-//! [`ResolvedDomainConfiguration`]: it opens the workspace, creates and
-//! checks the Lazaret roots, opens every volume source and auto-approval
-//! executable through confined plans, refuses every overlap between the
-//! configuration file, workspace, roots, Domain trees and sources, reopens
-//! everything to prove nothing moved, and only then reads the host variables
-//! that `env:` references name. It trusts the structural checks of
-//! [`super::decode`] and nothing on the filesystem.
+//! This module owns the step from a structurally valid document (of either
+//! schema) to a [`ResolvedDomainConfiguration`]: it opens the workspace,
+//! creates and checks the Lazaret roots, opens every volume source and
+//! auto-approval executable through confined plans, refuses every overlap
+//! between the configuration file, workspace, roots, Domain trees and
+//! sources, reopens everything to prove nothing moved, and only then reads
+//! the host variables that `env:` references name; last, it builds the
+//! record of the document's schema and its fingerprint. It trusts the
+//! structural checks of [`super::decode`] and nothing on the filesystem.
 
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use lazaret_proto::config::{
-    AutoApprovalRuleV1, ConfigurationFingerprintRecordV1, EnvironmentReference, HostAnchor,
-    ProfileName, ProfileV1, ResolvedAutoApprovalRule, ResolvedVolume, TrustedHostConfigurationV1,
-    VolumeKind, VolumeV1, domain_id,
+    AutoApprovalRuleV1, ConfigSchema, ConfigurationFingerprintRecordV1,
+    ConfigurationFingerprintRecordV2, ConfigurationRecord, EnvironmentReference, HostAnchor,
+    ProfileName, ProfileV1, ResolvedAutoApprovalRule, ResolvedVolume, VolumeKind, VolumeV1,
+    domain_id,
 };
 use lazaret_proto::layout::SandboxLayoutV1;
 use rustix::fd::AsFd;
@@ -29,8 +31,8 @@ use super::decode::{effective_prefixes, global_prefixes};
 use super::hostenv::HostEnvironment;
 use super::source::ConfigSource;
 use super::{
-    ConfigError, ConfinedAuthorities, EffectiveNetworkPolicy, ResolvedDomainConfiguration,
-    ResolvedExecutable, ResolvedVolumeSource, SecretValue, field,
+    ConfigError, ConfinedAuthorities, DecodedConfiguration, EffectiveNetworkPolicy,
+    ResolvedDomainConfiguration, ResolvedExecutable, ResolvedVolumeSource, SecretValue, field,
 };
 
 fn at(field_name: &str) -> impl Fn(ConfinedError) -> ConfigError + '_ {
@@ -90,7 +92,7 @@ pub struct Inputs<'a> {
 }
 
 pub fn resolve(
-    config: TrustedHostConfigurationV1,
+    decoded: DecodedConfiguration,
     inputs: Inputs<'_>,
 ) -> Result<ResolvedDomainConfiguration, ConfigError> {
     let Inputs {
@@ -102,6 +104,7 @@ pub fn resolve(
         env_values,
     } = inputs;
     let uid = host.uid;
+    let config = &decoded.document;
     let Some(profile) = config.profiles.get(profile_name) else {
         let available: Vec<&str> = config.profiles.keys().map(ProfileName::as_str).collect();
         return Err(ConfigError::UnknownProfile {
@@ -325,9 +328,9 @@ pub fn resolve(
         environment.push((name.clone(), SecretValue::new(value)));
     }
 
-    let (global_allow, global_deny) = global_prefixes(&config);
+    let (global_allow, global_deny) = global_prefixes(config);
     let (allow, deny) = effective_prefixes(&here, profile, &global_allow, &global_deny)?;
-    let record = fingerprint_record(
+    let base = fingerprint_record(
         profile_name,
         profile,
         &storage_root,
@@ -336,6 +339,18 @@ pub fn resolve(
         &executables,
         (&allow, &deny),
     );
+    let names = decoded.name_policy(profile_name);
+    let mut hosts = names.allow_hosts;
+    hosts.sort();
+    hosts.dedup();
+    let record = match decoded.schema {
+        ConfigSchema::V1 => ConfigurationRecord::V1(base),
+        ConfigSchema::V2 => ConfigurationRecord::V2(ConfigurationFingerprintRecordV2 {
+            base,
+            allow_hosts: hosts.clone(),
+            dns: names.dns,
+        }),
+    };
     let fingerprint = record
         .fingerprint()
         .map_err(|e| field(&here, e.to_string()))?;
@@ -348,8 +363,8 @@ pub fn resolve(
         network: EffectiveNetworkPolicy {
             allow,
             deny,
-            hosts: Vec::new(),
-            dns: lazaret_proto::names::DnsMode::Host,
+            hosts,
+            dns: names.dns,
         },
         environment,
         authorities: ConfinedAuthorities {

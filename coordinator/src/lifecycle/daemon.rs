@@ -35,7 +35,7 @@ use std::time::{Duration, Instant};
 
 use lazaret_proto::channel::Endpoint;
 use lazaret_proto::common::{HostPath, UnixTimeNs};
-use lazaret_proto::config::ConfigurationFingerprintRecordV1;
+use lazaret_proto::config::ConfigurationRecord;
 use lazaret_proto::control::{
     ControlRequest, ControlResponse, DomainStatus, FailureKind, NetworkStatus, StartupEvent,
     StartupReply, StartupStep, WorkspaceStatus,
@@ -353,7 +353,7 @@ fn own(
         );
         match asked {
             Ok(ControlResponse::Status(status)) => {
-                let differences = differences(&status.configuration, resolved.record());
+                let differences = differences(&status.configuration, resolved.fingerprint_record());
                 return Ok(Ownership::Theirs(StartupEvent::AlreadyRunning {
                     status,
                     differences,
@@ -383,11 +383,11 @@ fn own(
     }
 }
 
-/// The names of the configuration fields that differ between two records.
-fn differences(
-    running: &ConfigurationFingerprintRecordV1,
-    loaded: &ConfigurationFingerprintRecordV1,
-) -> Vec<String> {
+/// The names of the configuration fields that differ between two records,
+/// of either schema. Records of two schemas differ at least in `schema`
+/// (their fingerprints never agree); a v1 record has no host names and the
+/// host's resolver.
+fn differences(running: &ConfigurationRecord, loaded: &ConfigurationRecord) -> Vec<String> {
     fn sorted<T: Ord + Clone>(items: &[T]) -> Vec<T> {
         let mut items = items.to_vec();
         items.sort();
@@ -399,40 +399,44 @@ fn differences(
             out.push(name.to_owned());
         }
     };
-    check("storage root", running.storage_root == loaded.storage_root);
-    check("runtime root", running.runtime_root == loaded.runtime_root);
-    check("image", running.image == loaded.image);
+    let (r, l) = (running.base(), loaded.base());
+    check("schema", running.schema() == loaded.schema());
+    check("storage root", r.storage_root == l.storage_root);
+    check("runtime root", r.runtime_root == l.runtime_root);
+    check("image", r.image == l.image);
     check(
         "isolate_gitignored",
-        running.isolate_gitignored == loaded.isolate_gitignored,
+        r.isolate_gitignored == l.isolate_gitignored,
     );
     check(
         "persistent_dirs",
-        sorted(&running.persistent_dirs) == sorted(&loaded.persistent_dirs),
+        sorted(&r.persistent_dirs) == sorted(&l.persistent_dirs),
     );
     check(
         "env",
-        sorted(&running.environment_references) == sorted(&loaded.environment_references),
+        sorted(&r.environment_references) == sorted(&l.environment_references),
     );
-    check(
-        "volumes",
-        sorted(&running.volumes) == sorted(&loaded.volumes),
-    );
+    check("volumes", sorted(&r.volumes) == sorted(&l.volumes));
     check(
         "egress allow",
-        sorted(&running.effective_allow_prefixes) == sorted(&loaded.effective_allow_prefixes),
+        sorted(&r.effective_allow_prefixes) == sorted(&l.effective_allow_prefixes),
     );
     check(
         "egress deny",
-        sorted(&running.effective_deny_prefixes) == sorted(&loaded.effective_deny_prefixes),
+        sorted(&r.effective_deny_prefixes) == sorted(&l.effective_deny_prefixes),
     );
     check(
+        "egress hosts",
+        sorted(running.allow_hosts()) == sorted(loaded.allow_hosts()),
+    );
+    check("dns", running.dns() == loaded.dns());
+    check(
         "escalation.enabled",
-        running.escalation_enabled == loaded.escalation_enabled,
+        r.escalation_enabled == l.escalation_enabled,
     );
     check(
         "escalation.auto_approve",
-        sorted(&running.auto_approval_rules) == sorted(&loaded.auto_approval_rules),
+        sorted(&r.auto_approval_rules) == sorted(&l.auto_approval_rules),
     );
     out
 }
@@ -663,7 +667,7 @@ impl Live {
             state: generation.state,
             started_at: generation.started_at,
             configuration_fingerprint: resolved.fingerprint(),
-            configuration: resolved.record().clone(),
+            configuration: resolved.fingerprint_record().clone(),
             manifest_digest: self.prepared.manifest_digest,
             container_id: self.container_id,
             runtime_root: self.runtime_root.clone(),
@@ -1396,4 +1400,80 @@ fn environment_memfd(resolved: &ResolvedDomainConfiguration) -> std::io::Result<
         }
         Ok(())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use lazaret_proto::config::{
+        ConfigurationFingerprintRecordV1, ConfigurationFingerprintRecordV2, ConfigurationRecord,
+        RFC1918,
+    };
+    use lazaret_proto::names::{DnsMode, HostPattern};
+
+    use super::differences;
+
+    fn base() -> ConfigurationFingerprintRecordV1 {
+        ConfigurationFingerprintRecordV1 {
+            selected_profile: "p".into(),
+            storage_root: b"/s".to_vec(),
+            runtime_root: b"/r".to_vec(),
+            image: "img".into(),
+            isolate_gitignored: true,
+            persistent_dirs: vec!["/root".into()],
+            environment_references: Vec::new(),
+            volumes: Vec::new(),
+            effective_allow_prefixes: Vec::new(),
+            effective_deny_prefixes: RFC1918.to_vec(),
+            escalation_enabled: false,
+            auto_approval_rules: Vec::new(),
+        }
+    }
+
+    fn v2(hosts: &[&str], dns: DnsMode) -> ConfigurationRecord {
+        ConfigurationRecord::V2(ConfigurationFingerprintRecordV2 {
+            base: base(),
+            allow_hosts: hosts
+                .iter()
+                .map(|h| HostPattern::parse(h).unwrap())
+                .collect(),
+            dns,
+        })
+    }
+
+    #[test]
+    fn host_names_dns_and_the_schema_are_compared() {
+        let v1 = ConfigurationRecord::V1(base());
+        assert!(differences(&v1, &v1).is_empty());
+        let running = v2(&["a.example", "*.b.example"], DnsMode::Lazaret);
+        assert!(differences(&running, &running).is_empty());
+        // Declared order is not a difference.
+        assert!(
+            differences(
+                &running,
+                &v2(&["*.b.example", "a.example"], DnsMode::Lazaret)
+            )
+            .is_empty()
+        );
+        assert_eq!(
+            differences(&running, &v2(&["a.example"], DnsMode::Lazaret)),
+            ["egress hosts"]
+        );
+        assert_eq!(
+            differences(&running, &v2(&["a.example", "*.b.example"], DnsMode::Host)),
+            ["dns"]
+        );
+        // A v1 record is a v2 one with no names and the host's resolver,
+        // under another schema.
+        assert_eq!(differences(&v1, &v2(&[], DnsMode::Host)), ["schema"]);
+        assert_eq!(
+            differences(&v1, &running),
+            ["schema", "egress hosts", "dns"]
+        );
+        let mut other = base();
+        other.image = "other".into();
+        assert_eq!(
+            differences(&running, &ConfigurationRecord::V1(other)),
+            ["schema", "image", "egress hosts", "dns"]
+        );
+    }
 }

@@ -270,3 +270,220 @@ fn a_quoted_value_is_escaped_and_a_long_one_shows_its_ends() {
     );
     assert!(shown.chars().count() < QUOTED_MAX + 40, "{shown}");
 }
+
+// ---------------------------------------------------------------------------
+// ConfigurationFingerprintV2
+// ---------------------------------------------------------------------------
+
+use crate::names::{DnsMode, HostPattern};
+
+fn host(text: &str) -> HostPattern {
+    HostPattern::parse(text).unwrap()
+}
+
+fn sample_record_v2() -> ConfigurationFingerprintRecordV2 {
+    ConfigurationFingerprintRecordV2 {
+        base: sample_record(),
+        allow_hosts: vec![host("*.pkgs.example.org"), host("api.anthropic.com")],
+        dns: DnsMode::Lazaret,
+    }
+}
+
+/// The digests of the sample records, each computed once from a preimage
+/// framed by a separate implementation of the schema's rules; they pin the
+/// encodings against any later change.
+const SAMPLE_V1_HEX: &str = "b7af4002e4dccbd4a6c264c1515bc6b5f4bf187f92715984ea7bbc107cbc8ace";
+const SAMPLE_V2_HEX: &str = "96c00c7aebd00e375b14d6ee8bfa9c7893ef7f4ad2f6c979085386084dccabaf";
+const SAMPLE_V2_DNS_HOST_HEX: &str =
+    "bd5461221fd1ef04e5572ddc4779e1cf65db888a17d0922f6b0c55457155e2fe";
+const SAMPLE_V2_NO_HOSTS_DNS_HOST_HEX: &str =
+    "2e165e8d96d588c944ecb4031d9a94d8fdfff2026999bc91a6f5d2db0611cff5";
+
+#[test]
+fn fingerprint_v2_matches_a_hand_framed_preimage() {
+    let v1 = sample_record().canonical_bytes().unwrap();
+    let fields = &v1[b"lazaret-configuration-fingerprint-v1\0".len()..];
+    let mut p = b"lazaret-configuration-fingerprint-v2\0".to_vec();
+    assert_eq!(p.len(), 37);
+    // Every v1 field, framed exactly as v1 frames it.
+    p.extend_from_slice(fields);
+    // allow_hosts: items bytes(name), sorted by the complete item encoding,
+    // whose length prefix puts the 17-byte name first.
+    p.extend(2u32.to_be_bytes());
+    p.extend(b(&b(b"api.anthropic.com")));
+    p.extend(b(&b(b"*.pkgs.example.org")));
+    // dns: lazaret is 0x00.
+    p.push(0x00);
+
+    let record = sample_record_v2();
+    assert_eq!(record.canonical_bytes().unwrap(), p);
+    assert_eq!(record.fingerprint().unwrap().0, sha(&p));
+    assert_eq!(record.fingerprint().unwrap().to_hex(), SAMPLE_V2_HEX);
+    assert_eq!(
+        sample_record().fingerprint().unwrap().to_hex(),
+        SAMPLE_V1_HEX
+    );
+
+    let mut dns_host = record.clone();
+    dns_host.dns = DnsMode::Host;
+    let mut q = p.clone();
+    *q.last_mut().unwrap() = 0x01;
+    assert_eq!(dns_host.canonical_bytes().unwrap(), q);
+    assert_eq!(
+        dns_host.fingerprint().unwrap().to_hex(),
+        SAMPLE_V2_DNS_HOST_HEX
+    );
+
+    let no_hosts = ConfigurationFingerprintRecordV2 {
+        base: sample_record(),
+        allow_hosts: Vec::new(),
+        dns: DnsMode::Host,
+    };
+    let mut e = b"lazaret-configuration-fingerprint-v2\0".to_vec();
+    e.extend_from_slice(fields);
+    e.extend(0u32.to_be_bytes());
+    e.push(0x01);
+    assert_eq!(no_hosts.canonical_bytes().unwrap(), e);
+    assert_eq!(
+        no_hosts.fingerprint().unwrap().to_hex(),
+        SAMPLE_V2_NO_HOSTS_DNS_HOST_HEX
+    );
+}
+
+#[test]
+fn a_v2_fingerprint_never_equals_the_v1_one_of_the_same_fields() {
+    // Even with nothing v2 adds (no names, the host's resolver, as v1
+    // behaves), the separators differ.
+    let base = sample_record();
+    let v2 = ConfigurationFingerprintRecordV2 {
+        base: base.clone(),
+        allow_hosts: Vec::new(),
+        dns: DnsMode::Host,
+    };
+    assert_ne!(base.fingerprint(), v2.fingerprint());
+    let v1_bytes = base.canonical_bytes().unwrap();
+    let v2_bytes = v2.canonical_bytes().unwrap();
+    assert!(!v2_bytes.starts_with(&v1_bytes) && !v1_bytes.starts_with(&v2_bytes));
+    // The enumeration hashes each record by its own schema.
+    assert_eq!(
+        ConfigurationRecord::V1(base.clone()).fingerprint(),
+        base.fingerprint()
+    );
+    assert_eq!(
+        ConfigurationRecord::V2(v2.clone()).fingerprint(),
+        v2.fingerprint()
+    );
+}
+
+#[test]
+fn fingerprint_v2_covers_names_and_dns_but_not_their_order() {
+    let base = sample_record_v2();
+    let mut reordered = base.clone();
+    reordered.allow_hosts.reverse();
+    reordered.base.persistent_dirs.reverse();
+    assert_eq!(base.fingerprint(), reordered.fingerprint());
+
+    let mut changes = Vec::new();
+    let mut c = base.clone();
+    c.allow_hosts.pop();
+    changes.push(("a name removed", c));
+    let mut c = base.clone();
+    c.allow_hosts.push(host("registry.npmjs.org"));
+    changes.push(("a name added", c));
+    let mut c = base.clone();
+    c.allow_hosts[0] = host("*.example.org");
+    changes.push(("a wildcard widened", c));
+    let mut c = base.clone();
+    c.dns = DnsMode::Host;
+    changes.push(("dns", c));
+    let mut c = base.clone();
+    c.base.image = "other".into();
+    changes.push(("a v1 field", c));
+    for (what, changed) in changes {
+        assert_ne!(base.fingerprint(), changed.fingerprint(), "{what}");
+    }
+}
+
+#[test]
+fn configuration_records_expose_what_v2_adds() {
+    let v1 = ConfigurationRecord::V1(sample_record());
+    assert_eq!(v1.schema(), ConfigSchema::V1);
+    assert!(v1.allow_hosts().is_empty());
+    assert_eq!(v1.dns(), DnsMode::Host);
+    assert_eq!(v1.base(), &sample_record());
+    let v2 = ConfigurationRecord::V2(sample_record_v2());
+    assert_eq!(v2.schema(), ConfigSchema::V2);
+    assert_eq!(v2.allow_hosts().len(), 2);
+    assert_eq!(v2.dns(), DnsMode::Lazaret);
+    assert_eq!(v2.base(), &sample_record());
+    assert_eq!(
+        ConfigSchema::from_id("lazaret-trusted-host-config-v2"),
+        Some(ConfigSchema::V2)
+    );
+    assert_eq!(ConfigSchema::V1.id(), SCHEMA_ID);
+    assert_eq!(
+        ConfigSchema::from_id("lazaret-trusted-host-config-v3"),
+        None
+    );
+}
+
+#[test]
+fn v2_profiles_read_names_and_dns_modes() {
+    let profile: ProfileV2 = serde_json::from_str(
+        r#"{"image": "img", "allow_hosts": ["api.anthropic.com", "*.pkgs.example.org"], "dns": "host"}"#,
+    )
+    .unwrap();
+    let (v1, names) = profile.split();
+    assert_eq!(v1.image.as_str(), "img");
+    assert!(v1.isolate_gitignored, "v1 defaults hold in v2");
+    assert_eq!(names.dns, DnsMode::Host);
+    assert_eq!(
+        names
+            .allow_hosts
+            .iter()
+            .map(HostPattern::as_str)
+            .collect::<Vec<_>>(),
+        ["api.anthropic.com", "*.pkgs.example.org"]
+    );
+    let default: ProfileV2 = serde_json::from_str(r#"{"image": "img"}"#).unwrap();
+    assert_eq!(default.dns, DnsMode::Lazaret);
+    assert!(default.allow_hosts.is_empty());
+
+    let err = serde_json::from_str::<ProfileV2>(r#"{"image": "i", "dns": "Host"}"#)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("unknown value `Host`, expected `lazaret`"),
+        "{err}"
+    );
+    let err = serde_json::from_str::<ProfileV2>(r#"{"image": "i", "allow_hosts": ["*.org"]}"#)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("`*.org` is a wildcard over fewer than two labels"),
+        "{err}"
+    );
+    // A quoted entry is escaped and shortened as every quoted value is.
+    let long = format!("{}\u{1b}", "a".repeat(400));
+    let err = serde_json::from_str::<ProfileV2>(&format!(
+        r#"{{"image": "i", "allow_hosts": [{}]}}"#,
+        serde_json::to_string(&long).unwrap()
+    ))
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("more characters") && !err.contains('\u{1b}'),
+        "{err}"
+    );
+    let err = serde_json::from_str::<ProfileV2>(r#"{"image": "i", "allow_hosts": [""]}"#)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("is empty; write a host name"), "{err}");
+    assert!(serde_json::from_str::<ProfileV2>(r#"{"image": "i", "colour": 1}"#).is_err());
+    let written = serde_json::to_value(ProfileV2 {
+        dns: DnsMode::Host,
+        ..default
+    })
+    .unwrap();
+    assert_eq!(written["dns"], "host");
+}
