@@ -34,7 +34,7 @@ pub struct ServeRequest {
 /// The supervisor's request to its resolver.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ResolverRequest {
-    /// Serve until the channel closes.
+    /// Serve until the Domain pid namespace ends.
     Serve(ServeRequest),
 }
 
@@ -149,7 +149,7 @@ pub struct ResolverError {
 /// The resolver's one report.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ResolverReport {
-    /// It serves, and keeps serving until its channel closes.
+    /// It serves, and keeps serving until the Domain pid namespace ends.
     Serving(ResolverReadiness),
     /// It could not start serving; it exits.
     Failed(ResolverError),

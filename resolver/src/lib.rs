@@ -22,7 +22,9 @@
 //!    nothing). At most [`MAX_IN_FLIGHT`] queries wait for upstream;
 //! 5. probes itself (one disallowed name, refused without going upstream;
 //!    one allowed name, answered) and reports [`ResolverReadiness`];
-//! 6. serves until its channel closes (the supervisor is gone), then exits.
+//! 6. serves until the Domain pid namespace ends: it is a child of the
+//!    namespace's pid 1, so the kernel ends it with the supervisor. (Its
+//!    channel closes as soon as the supervisor has its report.)
 //!
 //! It trusts only the supervisor at the other end of its inherited channel;
 //! the sandbox's queries and upstream's answers are untrusted bytes
@@ -73,7 +75,7 @@ fn failed(step: ResolverStep, detail: impl std::fmt::Display) -> ResolverError {
     }
 }
 
-/// Runs the resolver until its channel closes.
+/// Runs the resolver until it is killed.
 pub fn run() -> ExitCode {
     // Nothing inherited beyond the standard streams (the channel is
     // standard input) stays open in a role.
@@ -124,13 +126,7 @@ pub fn run() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    // The supervisor never sends a second request: any message, or the
-    // channel's end, means stop.
-    std::thread::spawn(move || {
-        let _ = channel.recv();
-        tracing::info!("the supervisor is gone; the resolver stops");
-        std::process::exit(0);
-    });
+    drop(channel);
     runtime.block_on(server.serve_forever());
     ExitCode::FAILURE
 }
