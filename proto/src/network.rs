@@ -1150,6 +1150,7 @@ pub(crate) mod tests {
 
     use super::*;
     use crate::codec;
+    use crate::names::{DnsMode, HostPattern};
     use crate::test_support::{
         assert_rejects_bad_envelopes, assert_rejects_unknown_discriminant, round_trip,
     };
@@ -1389,6 +1390,99 @@ pub(crate) mod tests {
         let big = attestation_of(&full);
         let size = codec::encode(&full).unwrap().len() + codec::encode(&big).unwrap().len();
         assert!(size < 48 * 1024, "{size} bytes");
+    }
+
+    fn names() -> NamedEgress {
+        NamedEgress::new(
+            ["api.example.org", "*.pkgs.example.org"].map(|h| HostPattern::parse(h).unwrap()),
+            DnsMode::Lazaret,
+        )
+    }
+
+    #[test]
+    fn names_route_everything_and_let_the_set_decide() {
+        let policy = policy();
+        let names = names();
+        let everything = IpPrefix::ipv4([0, 0, 0, 0], 0).unwrap();
+        let routes = policy.expected_routes(Some(&names));
+        assert!(
+            routes
+                .iter()
+                .any(|r| r.network == everything && r.action == PolicyAction::Allow)
+        );
+        assert_eq!(routes.len(), policy.expected_routes(None).len() + 1);
+        // The filter: marked DNS only, and the set last, after every denial.
+        let filter = policy.expected_filter(Some(&names));
+        assert_eq!(
+            filter[1],
+            FilterRule::AcceptMarkedDns {
+                resolver: Ipv4Addr::new(10, 0, 2, 3),
+                mark: NamedEgress::UPSTREAM_MARK,
+            }
+        );
+        assert_eq!(filter.last(), Some(&FilterRule::AcceptNamed));
+        assert!(!filter.contains(&FilterRule::AcceptDns {
+            resolver: Ipv4Addr::new(10, 0, 2, 3)
+        }));
+        // DNS alone (no hosts): no default route, no set.
+        let dns_only = NamedEgress::new([], DnsMode::Lazaret);
+        assert_eq!(
+            policy.expected_routes(Some(&dns_only)),
+            policy.expected_routes(None)
+        );
+        assert!(
+            !policy
+                .expected_filter(Some(&dns_only))
+                .contains(&FilterRule::AcceptNamed)
+        );
+        // The probe plan has no unlisted address left to probe, and still
+        // a permitted one (the resolver).
+        let plan = policy.probe_plan(ConnectivityLink::slirp4netns().gateway, Some(&names));
+        assert!(!plan.permitted.is_empty() && !plan.denied.is_empty());
+    }
+
+    #[test]
+    fn no_denied_address_is_admitted() {
+        let policy = policy();
+        for (address, admitted) in [
+            ([198, 18, 2, 10], true),
+            ([203, 0, 113, 10], true),
+            ([10, 1, 2, 3], false),
+            ([192, 168, 1, 1], false),
+            ([127, 0, 0, 1], false),
+            ([0, 0, 0, 0], false),
+            ([10, 0, 2, 3], false),
+        ] {
+            assert_eq!(
+                policy.admits(Ipv4Addr::from(address)),
+                admitted,
+                "{address:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn names_have_a_probe_name_and_a_digest() {
+        let names = names();
+        assert_eq!(names.allowed_probe().as_deref(), Some("api.example.org"));
+        let wild = NamedEgress::new(
+            [HostPattern::parse("*.a.example").unwrap()],
+            DnsMode::Lazaret,
+        );
+        let probe = wild.allowed_probe().unwrap();
+        assert!(wild.allows(&probe), "{probe}");
+        assert_eq!(NamedEgress::new([], DnsMode::Lazaret).allowed_probe(), None);
+        assert_ne!(names.digest().unwrap(), wild.digest().unwrap());
+        let host = NamedEgress::new(names.hosts.clone(), DnsMode::Host);
+        assert_ne!(names.digest().unwrap(), host.digest().unwrap());
+        assert_eq!(
+            NamedEgress::admission_timeout(Duration::from_secs(5)),
+            Duration::from_secs(30)
+        );
+        assert_eq!(
+            NamedEgress::admission_timeout(Duration::from_secs(86_400)),
+            Duration::from_secs(3600)
+        );
     }
 
     #[test]

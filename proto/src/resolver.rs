@@ -158,3 +158,61 @@ pub enum ResolverReport {
 impl WireRecord for ResolverReport {
     const NAME: &'static str = "ResolverReport";
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::names::{DnsMode, HostPattern};
+
+    fn readiness(names: &NamedEgress) -> ResolverReadiness {
+        ResolverReadiness {
+            names_digest: names.digest().unwrap(),
+            listen: NamedEgress::LISTEN,
+            allowed_probe: names.allowed_probe().map(|name| ResolverProbe {
+                name,
+                response_code: 0,
+                addresses: vec![Ipv4Addr::new(198, 18, 2, 10)],
+                forwarded: true,
+            }),
+            refused_probe: ResolverProbe {
+                name: NamedEgress::REFUSED_PROBE.into(),
+                response_code: REFUSED,
+                addresses: vec![],
+                forwarded: false,
+            },
+        }
+    }
+
+    #[test]
+    fn readiness_is_checked_against_the_names() {
+        let names = NamedEgress::new([HostPattern::parse("a.example").unwrap()], DnsMode::Lazaret);
+        let good = readiness(&names);
+        assert_eq!(good.verify(&names), Ok(()));
+        let other = NamedEgress::new([HostPattern::parse("b.example").unwrap()], DnsMode::Lazaret);
+        assert!(good.verify(&other).is_err(), "other names");
+        let mut leaked = good.clone();
+        leaked.refused_probe.forwarded = true;
+        assert!(
+            leaked.verify(&names).is_err(),
+            "a disallowed name went upstream"
+        );
+        let mut answered = good.clone();
+        answered.refused_probe.response_code = 0;
+        assert!(
+            answered.verify(&names).is_err(),
+            "a disallowed name answered"
+        );
+        let mut skipped = good.clone();
+        skipped.allowed_probe = None;
+        assert!(skipped.verify(&names).is_err(), "no allowed probe");
+        let mut elsewhere = good;
+        elsewhere.listen = std::net::SocketAddrV4::new(Ipv4Addr::new(127, 0, 0, 1), 53);
+        assert!(elsewhere.verify(&names).is_err(), "another address");
+        // With the host's DNS, the disallowed name is forwarded.
+        let host = NamedEgress::new(names.hosts.clone(), DnsMode::Host);
+        let mut forwarded = readiness(&host);
+        forwarded.refused_probe.forwarded = true;
+        forwarded.refused_probe.response_code = 3;
+        assert_eq!(forwarded.verify(&host), Ok(()));
+    }
+}

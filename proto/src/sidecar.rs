@@ -158,6 +158,10 @@ mod tests {
                 },
                 network_sidecar_id: a.network_sidecar_id,
                 link: ConnectivityLink::slirp4netns(),
+                names: Some(NamedEgress::new(
+                    [crate::names::HostPattern::parse("*.a.example").unwrap()],
+                    crate::names::DnsMode::Lazaret,
+                )),
             },
             namespace: FdIndex(0),
             policy: FdIndex(1),

@@ -663,7 +663,7 @@ mod tests {
             "the router was taken after the attestation"
         );
         assert!(matches!(router, SupervisorReport::WorkspaceRouted { .. }));
-        assert_eq!(attestation, self::attestation());
+        assert_eq!(attestation.attestation, self::attestation());
     }
 
     #[test]
@@ -674,7 +674,7 @@ mod tests {
         let (router, attestation) =
             await_routed_and_attested(&ours, |report| Ok(report.message)).unwrap();
         assert!(matches!(router, SupervisorReport::WorkspaceRouted { .. }));
-        assert_eq!(attestation, self::attestation());
+        assert_eq!(attestation.attestation, self::attestation());
     }
 
     #[test]
