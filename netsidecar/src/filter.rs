@@ -99,6 +99,11 @@ const ELEMENTS_LIST: u16 = 3;
 const ELEMENT_KEY: u16 = 1;
 const ELEMENT_TIMEOUT: u16 = 4;
 const ELEMENT_EXPIRATION: u16 = 5;
+/// An element's user data, and in it (as libnftnl and `nft` write it: a
+/// type byte, a length byte, the value) the comment, the name that
+/// admitted it, NUL-terminated.
+const ELEMENT_USERDATA: u16 = 6;
+const USERDATA_COMMENT: u8 = 0;
 /// `NFT_META_MARK`.
 const META_MARK: u32 = 3;
 
@@ -667,14 +672,46 @@ pub fn read_admitted() -> Result<Vec<AdmittedAddress>, SidecarError> {
                 .ok()
                 .and_then(|v| <[u8; 8]>::try_from(v).ok())
                 .map_or(0, u64::from_be_bytes);
+            let name = field(&element, ELEMENT_USERDATA)
+                .ok()
+                .and_then(commented)
+                .unwrap_or_default();
             admitted.push(AdmittedAddress {
+                name,
                 address: Ipv4Addr::from(address),
                 expires_in_ms,
             });
         }
     }
-    admitted.sort_by_key(|a| a.address);
+    admitted.sort_by(|a, b| (&a.name, a.address).cmp(&(&b.name, b.address)));
     Ok(admitted)
+}
+
+/// The element user data holding `name` as its comment (at most 254 bytes
+/// of it: a DNS name is at most 253).
+fn comment(name: &str) -> Vec<u8> {
+    let mut text = name.as_bytes()[..name.len().min(254)].to_vec();
+    text.push(0);
+    let mut data = vec![
+        USERDATA_COMMENT,
+        u8::try_from(text.len()).unwrap_or(u8::MAX),
+    ];
+    data.extend(text);
+    data
+}
+
+/// The comment in an element's user data, if it holds one.
+fn commented(data: &[u8]) -> Option<String> {
+    let mut rest = data;
+    while let [kind, len, tail @ ..] = rest {
+        let (value, next) = tail.split_at_checked(usize::from(*len))?;
+        if *kind == USERDATA_COMMENT {
+            let text = value.strip_suffix(&[0]).unwrap_or(value);
+            return Some(String::from_utf8_lossy(text).into_owned());
+        }
+        rest = next;
+    }
+    None
 }
 
 /// Checks a dumped set is the one [`install`] writes: this table's
@@ -712,13 +749,15 @@ impl NamedSet {
         Ok(Self { socket: socket()? })
     }
 
-    /// Admits `address` for `timeout`, or renews it.
+    /// Admits `address` for `timeout` as an answer for `name`, or renews
+    /// it.
     pub fn admit(
         &mut self,
         address: Ipv4Addr,
         timeout: std::time::Duration,
+        name: &str,
     ) -> Result<(), SidecarError> {
-        admit(&mut self.socket, address, timeout)
+        admit(&mut self.socket, address, timeout, name)
             .map_err(|e| filter_failed(&format!("cannot admit {address}"), &e))
     }
 }
@@ -731,6 +770,7 @@ fn admit(
     socket: &mut Socket,
     address: Ipv4Addr,
     timeout: std::time::Duration,
+    name: &str,
 ) -> Result<(), Failure> {
     let elements = |with_timeout: bool| {
         let mut attrs = Attrs::default();
@@ -745,6 +785,7 @@ fn admit(
                     if with_timeout {
                         let ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
                         e.u64(ELEMENT_TIMEOUT, ms);
+                        e.bytes(ELEMENT_USERDATA, &comment(name));
                     }
                 });
             });
@@ -1113,16 +1154,22 @@ mod tests {
         }
         let mut socket = Socket::open().unwrap();
         let address = Ipv4Addr::new(198, 18, 0, 10);
-        admit(&mut socket, address, std::time::Duration::from_secs(30)).unwrap();
-        // Admitted again, it is renewed with the new timeout.
-        admit(&mut socket, address, std::time::Duration::from_secs(90)).unwrap();
+        let thirty = std::time::Duration::from_secs(30);
+        admit(&mut socket, address, thirty, "a.example").unwrap();
+        // Admitted again, it is renewed with the new timeout and name.
+        let ninety = std::time::Duration::from_secs(90);
+        admit(&mut socket, address, ninety, "b.example").unwrap();
         let set = nft(&["list", "set", "inet", "lazaret", "names"]);
-        assert!(set.contains("198.18.0.10 timeout 1m30s"), "{set}");
+        assert!(
+            set.contains("198.18.0.10 timeout 1m30s") && set.contains("comment \"b.example\""),
+            "{set}"
+        );
         let admitted = read_admitted().unwrap();
         assert!(
-            matches!(admitted[..], [AdmittedAddress { address, expires_in_ms }]
-                if address == Ipv4Addr::new(198, 18, 0, 10)
-                    && (60_000..=90_000).contains(&expires_in_ms)),
+            matches!(&admitted[..], [AdmittedAddress { name, address, expires_in_ms }]
+                if *address == Ipv4Addr::new(198, 18, 0, 10)
+                    && name == "b.example"
+                    && (60_000..=90_000).contains(expires_in_ms)),
             "{admitted:?}"
         );
         assert_eq!(read_back().unwrap(), filter, "elements are not rules");

@@ -295,9 +295,11 @@ impl WireRecord for NamedEgress {
 }
 
 /// An address in the filter's set of addresses Lazaret's resolver
-/// admitted, and for how long still.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// admitted, for which name, and for how long still.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AdmittedAddress {
+    /// The name whose answer admitted it last.
+    pub name: String,
     /// The address.
     pub address: Ipv4Addr,
     /// Milliseconds until it expires.

@@ -354,9 +354,11 @@ impl Parts {
             } => {
                 let admitted = {
                     let mut set = self.set.lock().unwrap_or_else(|p| p.into_inner());
+                    let name = name_of(query).to_ascii_lowercase();
+                    let name = name.strip_suffix('.').unwrap_or(&name);
                     admit
                         .iter()
-                        .try_for_each(|&(address, timeout)| set.admit(address, timeout))
+                        .try_for_each(|&(address, timeout)| set.admit(address, timeout, name))
                 };
                 match admitted {
                     Ok(()) => answer::reply(query, code, records),

@@ -757,13 +757,20 @@ fn names_are_the_way_out() -> Result {
     let names = &status["network"]["names"];
     assert_eq!(names["dns"], "lazaret", "{names}");
     assert_eq!(names["resolver"]["running"], true, "{names}");
-    let admitted: Vec<&str> = names["admitted"]
+    let admitted: Vec<(&str, &str)> = names["admitted"]
         .as_array()
         .ok_or("no admitted list")?
         .iter()
-        .filter_map(|a| a["address"].as_str())
+        .filter_map(|a| Some((a["name"].as_str()?, a["address"].as_str()?)))
         .collect();
-    assert_eq!(admitted, ["198.18.2.10", "198.18.3.10"], "{names}");
+    assert_eq!(
+        admitted,
+        [
+            ("a.b.wild.test.invalid", "198.18.3.10"),
+            ("allowed.test.invalid", "198.18.2.10")
+        ],
+        "{names}"
+    );
     assert_eq!(
         status["network"]["recheck"]["state"], "holds",
         "{}",

@@ -197,6 +197,7 @@ pub struct ResolverView {
 /// An address in the set of admitted addresses.
 #[derive(Serialize)]
 pub struct AdmittedView {
+    pub name: String,
     pub address: String,
     pub expires_in_s: u64,
 }
@@ -499,6 +500,7 @@ impl NetworkView {
                     .admitted
                     .iter()
                     .map(|a| AdmittedView {
+                        name: a.name.clone(),
                         address: a.address.to_string(),
                         expires_in_s: a.expires_in_ms.div_ceil(1000),
                     })
@@ -670,7 +672,7 @@ impl StatusView {
                 let admitted: Vec<String> = names
                     .admitted
                     .iter()
-                    .map(|a| format!("{} ({}s)", a.address, a.expires_in_s))
+                    .map(|a| format!("{} {} ({}s)", a.name, a.address, a.expires_in_s))
                     .collect();
                 row("  admitted", join_or_none(&admitted));
             }
