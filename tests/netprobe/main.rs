@@ -28,6 +28,7 @@ const USAGE: &str = "usage: lazaret-netprobe serve ADDR:PORT...
        lazaret-netprobe connect ADDR:PORT COUNT
        lazaret-netprobe send ADDR:PORT MIB
        lazaret-netprobe raw
+       lazaret-netprobe lookup ADDR:PORT NAME COUNT [--mark N]
 addresses are literal: 198.18.0.10:7000 or [fd00::1]:7000";
 
 /// The connect timeout of `talk` (unless `--timeout-ms`), `connect` and
@@ -88,6 +89,12 @@ enum Command {
         mib: u64,
     },
     Raw,
+    Lookup {
+        addr: SocketAddr,
+        name: String,
+        count: usize,
+        mark: Option<u32>,
+    },
 }
 
 /// A name the DNS responder answers: its labels, lowercase, and its address.
@@ -150,7 +157,27 @@ fn parse(args: &[String]) -> Result<Command, String> {
             })
         }
         ("raw", []) => Ok(Command::Raw),
-        ("serve" | "dns" | "talk" | "connect" | "send" | "raw", _) => {
+        ("lookup", [addr, name, count, options @ ..]) => {
+            let count: usize = number(count, "COUNT")?;
+            let mark = match options {
+                [] => None,
+                ["--mark", mark] => Some(
+                    u32::from_str_radix(mark.trim_start_matches("0x"), 16)
+                        .map_err(|_| format!("--mark {mark:?} is not a hexadecimal number"))?,
+                ),
+                _ => return Err("wrong arguments for lookup".into()),
+            };
+            if count == 0 || name.is_empty() || name.split('.').any(|l| l.len() > 63) {
+                return Err("COUNT must be at least 1 and NAME a DNS name".into());
+            }
+            Ok(Command::Lookup {
+                addr: socket_addr(addr)?,
+                name: (*name).to_owned(),
+                count,
+                mark,
+            })
+        }
+        ("serve" | "dns" | "talk" | "connect" | "send" | "raw" | "lookup", _) => {
             Err(format!("wrong arguments for {command}"))
         }
         _ => Err(format!("unknown subcommand {command:?}")),
@@ -198,6 +225,12 @@ impl Command {
             Command::Connect { addr, count } => connect(addr, count),
             Command::Send { addr, mib } => send(addr, mib),
             Command::Raw => raw(),
+            Command::Lookup {
+                addr,
+                name,
+                count,
+                mark,
+            } => lookup(addr, &name, count, mark),
         }
     }
 }
@@ -499,6 +532,60 @@ fn connect(addr: SocketAddr, count: usize) -> ExitCode {
         median.as_micros(),
         p90.as_micros()
     ));
+    ExitCode::SUCCESS
+}
+
+/// `lookup`: COUNT queries for the A records of NAME, one after another,
+/// each timed from its send to its answer, from a socket carrying `mark`
+/// when one is given (which takes CAP_NET_ADMIN).
+fn lookup(addr: SocketAddr, name: &str, count: usize, mark: Option<u32>) -> ExitCode {
+    let socket = match UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0)) {
+        Ok(socket) => socket,
+        Err(e) => return fail(&describe(&e)),
+    };
+    if let Some(mark) = mark
+        && let Err(e) = sys::set_mark(&socket, mark)
+    {
+        return fail(&describe(&e));
+    }
+    if let Err(e) = socket
+        .connect(addr)
+        .and_then(|()| socket.set_read_timeout(Some(CONNECT_TIMEOUT)))
+    {
+        return fail(&describe(&e));
+    }
+    let mut times = Vec::with_capacity(count);
+    let mut answer = [0u8; 1500];
+    for n in 0..count {
+        let id = (n as u16).wrapping_mul(7919).wrapping_add(1);
+        let mut query = id.to_be_bytes().to_vec();
+        query.extend_from_slice(&[0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0]);
+        for label in name.trim_end_matches('.').split('.') {
+            query.push(label.len() as u8);
+            query.extend_from_slice(label.as_bytes());
+        }
+        query.extend_from_slice(&[0, 0, 1, 0, 1]);
+        let start = Instant::now();
+        if let Err(e) = socket.send(&query) {
+            return fail(&describe(&e));
+        }
+        loop {
+            match socket.recv(&mut answer) {
+                Ok(len) if len >= 2 && answer[..2] == id.to_be_bytes() => break,
+                Ok(_) => {}
+                Err(e) => return fail(&describe(&e)),
+            }
+        }
+        times.push(start.elapsed());
+    }
+    times.sort_unstable();
+    let n = times.len();
+    let median = if n % 2 == 1 {
+        times[n / 2]
+    } else {
+        (times[n / 2 - 1] + times[n / 2]) / 2
+    };
+    say(&format!("lookup count={n} median_us={}", median.as_micros()));
     ExitCode::SUCCESS
 }
 
