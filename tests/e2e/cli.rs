@@ -54,6 +54,10 @@ pub fn trials() -> Vec<Trial> {
             "cli::commands_outside_a_domain_say_what_to_do",
             outside_a_domain,
         ),
+        Trial::test(
+            "cli::export_kube_names_what_a_networkpolicy_cannot_allow",
+            export_kube_names,
+        ),
         Trial::test("cli::a_closed_stdout_is_not_an_error", closed_stdout),
         Trial::test("cli::missing_runtime_dir_is_named", missing_runtime_dir),
         Trial::test(
@@ -355,6 +359,63 @@ fn check_v2() -> Result {
     assert_eq!(code, Some(0), "{err}");
     assert!(err.contains("v1 configuration"), "{err}");
     assert!(err.contains("allow_hosts, egress by host name"), "{err}");
+    Ok(())
+}
+
+/// `export kube` of a profile with host names: the NetworkPolicy allows
+/// its prefixes and the names are named, on standard error and in the
+/// YAML; `--fqdn-policy cilium` writes a CiliumNetworkPolicy with them.
+fn export_kube_names() -> Result {
+    let s = Scratch::new();
+    write_config(
+        &s,
+        "schema = \"lazaret-trusted-host-config-v2\"\n\
+         [profiles.agent]\n\
+         image = \"docker.io/library/debian:trixie\"\n\
+         allow_egress = [\"203.0.113.10/32\"]\n\
+         allow_hosts = [\"api.anthropic.com\", \"*.pkgs.example.org\"]\n",
+    );
+    let (code, yaml, err) = text(&run(s.lazaret(["export", "kube", "agent"])));
+    assert_eq!(code, Some(0), "{err}");
+    let names = "the host names `*.pkgs.example.org`, `api.anthropic.com`";
+    assert!(
+        err.contains(&format!("lazaret: Not exported: {names}")),
+        "{err}"
+    );
+    assert!(yaml.contains(&format!("# Not exported: {names}")), "{yaml}");
+    assert!(yaml.contains("kind: \"NetworkPolicy\""), "{yaml}");
+    assert!(yaml.contains("cidr: \"203.0.113.10/32\""), "{yaml}");
+    assert!(!yaml.contains("cilium.io/v2"), "{yaml}");
+
+    let (code, yaml, err) = text(&run(s.lazaret([
+        "export",
+        "kube",
+        "agent",
+        "--fqdn-policy",
+        "cilium",
+    ])));
+    assert_eq!(code, Some(0), "{err}");
+    assert!(!err.contains("Not exported: the host names"), "{err}");
+    assert!(err.contains("`**.`"), "the wildcard's depth: {err}");
+    assert!(yaml.contains("apiVersion: \"cilium.io/v2\""), "{yaml}");
+    assert!(!yaml.contains("kind: \"NetworkPolicy\""), "{yaml}");
+    for line in [
+        "- matchName: \"api.anthropic.com\"",
+        "- matchPattern: \"*.pkgs.example.org\"",
+        "- \"203.0.113.10/32\"",
+        "- matchPattern: \"*\"",
+        "port: \"53\"",
+    ] {
+        assert!(yaml.contains(line), "{line}: {yaml}");
+    }
+    let (code, _, err) = text(&run(s.lazaret([
+        "export",
+        "kube",
+        "agent",
+        "--fqdn-policy",
+        "calico",
+    ])));
+    assert_eq!(code, Some(2), "{err}");
     Ok(())
 }
 

@@ -144,10 +144,15 @@ fn dispatch(cli: Cli) -> Result<u8, Failure> {
         Command::State { command } => return state::run(&globals, command),
         Command::Image { command } => return state::image(&globals, command),
         Command::Export {
-            target: ExportCommand::Kube { profile, image },
+            target:
+                ExportCommand::Kube {
+                    profile,
+                    image,
+                    fqdn_policy,
+                },
         } => {
             let resolved = globals.load_with(&profile.profile, config::EnvValues::Skip)?;
-            kube::export(&resolved, image.as_deref())
+            kube::export(&resolved, image.as_deref(), fqdn_policy)
         }
         Command::Completions { shell } => generate::completions(shell),
         Command::ManPages { dir } => generate::man_pages(&dir),
