@@ -17,6 +17,10 @@ pub fn trials() -> Vec<Trial> {
             init_writes_a_private_template_once,
         ),
         Trial::test(
+            "cli::init_writes_v2_and_agent_profiles_name_their_hosts",
+            init_writes_v2,
+        ),
+        Trial::test(
             "cli::check_reports_the_resolved_profile_as_json",
             check_json,
         ),
@@ -49,6 +53,10 @@ pub fn trials() -> Vec<Trial> {
         Trial::test(
             "cli::commands_outside_a_domain_say_what_to_do",
             outside_a_domain,
+        ),
+        Trial::test(
+            "cli::export_kube_names_what_a_networkpolicy_cannot_allow",
+            export_kube_names,
         ),
         Trial::test("cli::a_closed_stdout_is_not_an_error", closed_stdout),
         Trial::test("cli::missing_runtime_dir_is_named", missing_runtime_dir),
@@ -106,6 +114,73 @@ fn init_writes_a_private_template_once() -> Result {
     );
     // The template is a valid configuration as written.
     let (code, _, err) = text(&run(s.lazaret(["config", "check", "default"])));
+    assert_eq!(code, Some(0), "{err}");
+    Ok(())
+}
+
+/// `config init` writes v2, which checks without a warning; an agent's
+/// profile names its hosts, and one added to a v1 file is written in v1.
+fn init_writes_v2() -> Result {
+    let s = Scratch::new();
+    let (code, _, err) = text(&run(s.lazaret(["config", "init"])));
+    assert_eq!(code, Some(0), "{err}");
+    let written = std::fs::read_to_string(s.config_path())?;
+    assert!(
+        written.contains("\nschema = \"lazaret-trusted-host-config-v2\"\n"),
+        "{written}"
+    );
+    let (code, out, err) = text(&run(s.lazaret(["config", "check", "default", "--json"])));
+    assert_eq!(code, Some(0), "{err}");
+    let report: Value = serde_json::from_str(&out)?;
+    assert_eq!(report["schema"], "lazaret-trusted-host-config-v2");
+    assert_eq!(report["warnings"], serde_json::json!([]));
+    let (code, _, err) = text(&run(s.lazaret(["config", "check", "default"])));
+    assert_eq!(code, Some(0), "{err}");
+    assert!(err.is_empty(), "the template checks cleanly: {err}");
+
+    let s = Scratch::new();
+    let (code, _, err) = text(&run(s.lazaret(["config", "init", "--agent", "claude"])));
+    assert_eq!(code, Some(0), "{err}");
+    let (code, out, err) = text(&run(s
+        .lazaret(["config", "check", "claude", "--json"])
+        .env("ANTHROPIC_API_KEY", "x")));
+    assert_eq!(code, Some(0), "{err}");
+    let report: Value = serde_json::from_str(&out)?;
+    let hosts: Vec<&str> = report["allow_hosts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| h.as_str().unwrap())
+        .collect();
+    for host in [
+        "api.anthropic.com",
+        "registry.npmjs.org",
+        "pypi.org",
+        "files.pythonhosted.org",
+        "github.com",
+        "codeload.github.com",
+        "objects.githubusercontent.com",
+    ] {
+        assert!(hosts.contains(&host), "{host} in {hosts:?}");
+    }
+    assert_eq!(report["effective_allow"], serde_json::json!([]));
+    assert_eq!(report["dns"], "lazaret");
+    assert_eq!(report["warnings"], serde_json::json!([]));
+
+    // An existing v1 file: the agent's profile is v1, with the range its
+    // API publishes and the names to resolve.
+    let s = Scratch::new();
+    write_config(&s, VALID);
+    let (code, out, err) = text(&run(s.lazaret(["config", "init", "--agent", "claude"])));
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("the file is v1"), "{out}");
+    let written = std::fs::read_to_string(s.config_path())?;
+    assert!(written.starts_with(VALID), "the existing text is kept");
+    assert!(written.contains("\"160.79.104.0/23\""), "{written}");
+    assert!(!written.contains("allow_hosts ="), "{written}");
+    let (code, _, err) = text(&run(s
+        .lazaret(["config", "check", "claude"])
+        .env("ANTHROPIC_API_KEY", "x")));
     assert_eq!(code, Some(0), "{err}");
     Ok(())
 }
@@ -284,6 +359,63 @@ fn check_v2() -> Result {
     assert_eq!(code, Some(0), "{err}");
     assert!(err.contains("v1 configuration"), "{err}");
     assert!(err.contains("allow_hosts, egress by host name"), "{err}");
+    Ok(())
+}
+
+/// `export kube` of a profile with host names: the NetworkPolicy allows
+/// its prefixes and the names are named, on standard error and in the
+/// YAML; `--fqdn-policy cilium` writes a CiliumNetworkPolicy with them.
+fn export_kube_names() -> Result {
+    let s = Scratch::new();
+    write_config(
+        &s,
+        "schema = \"lazaret-trusted-host-config-v2\"\n\
+         [profiles.agent]\n\
+         image = \"docker.io/library/debian:trixie\"\n\
+         allow_egress = [\"203.0.113.10/32\"]\n\
+         allow_hosts = [\"api.anthropic.com\", \"*.pkgs.example.org\"]\n",
+    );
+    let (code, yaml, err) = text(&run(s.lazaret(["export", "kube", "agent"])));
+    assert_eq!(code, Some(0), "{err}");
+    let names = "the host names `*.pkgs.example.org`, `api.anthropic.com`";
+    assert!(
+        err.contains(&format!("lazaret: Not exported: {names}")),
+        "{err}"
+    );
+    assert!(yaml.contains(&format!("# Not exported: {names}")), "{yaml}");
+    assert!(yaml.contains("kind: \"NetworkPolicy\""), "{yaml}");
+    assert!(yaml.contains("cidr: \"203.0.113.10/32\""), "{yaml}");
+    assert!(!yaml.contains("cilium.io/v2"), "{yaml}");
+
+    let (code, yaml, err) = text(&run(s.lazaret([
+        "export",
+        "kube",
+        "agent",
+        "--fqdn-policy",
+        "cilium",
+    ])));
+    assert_eq!(code, Some(0), "{err}");
+    assert!(!err.contains("Not exported: the host names"), "{err}");
+    assert!(err.contains("`**.`"), "the wildcard's depth: {err}");
+    assert!(yaml.contains("apiVersion: \"cilium.io/v2\""), "{yaml}");
+    assert!(!yaml.contains("kind: \"NetworkPolicy\""), "{yaml}");
+    for line in [
+        "- matchName: \"api.anthropic.com\"",
+        "- matchPattern: \"*.pkgs.example.org\"",
+        "- \"203.0.113.10/32\"",
+        "- matchPattern: \"*\"",
+        "port: \"53\"",
+    ] {
+        assert!(yaml.contains(line), "{line}: {yaml}");
+    }
+    let (code, _, err) = text(&run(s.lazaret([
+        "export",
+        "kube",
+        "agent",
+        "--fqdn-policy",
+        "calico",
+    ])));
+    assert_eq!(code, Some(2), "{err}");
     Ok(())
 }
 

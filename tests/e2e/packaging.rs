@@ -256,7 +256,14 @@ fn init_agent() -> Result {
     assert_eq!(mode, 0o600);
     let first = std::fs::read_to_string(s.config_path())?;
     assert!(first.contains("env = { ANTHROPIC_API_KEY = \"env:ANTHROPIC_API_KEY\" }"));
-    assert!(first.contains("\"160.79.104.0/23\""), "{first}");
+    assert!(
+        first.contains("schema = \"lazaret-trusted-host-config-v2\""),
+        "{first}"
+    );
+    assert!(
+        first.contains("  \"api.anthropic.com\", # Claude Code's API\n"),
+        "{first}"
+    );
 
     // The key is a reference: without it the profile names it, with it
     // the profile loads and the value is never shown.

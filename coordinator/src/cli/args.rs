@@ -179,9 +179,9 @@ pub enum Command {
 pub enum ExportCommand {
     /// Kubernetes: a gVisor Pod, its claims and Secret references, and a
     /// NetworkPolicy with the profile's egress policy (docs/scale-out.md).
-    #[command(
-        after_help = "Example:\n  lazaret export kube claude --image registry.example/lazaret-claude:1"
-    )]
+    #[command(after_help = "Examples:
+  lazaret export kube claude --image registry.example/lazaret-claude:1
+  lazaret export kube claude --image registry.example/lazaret-claude:1 --fqdn-policy cilium")]
     Kube {
         #[command(flatten)]
         profile: ProfileArg,
@@ -189,6 +189,11 @@ pub enum ExportCommand {
         /// is a local `oci:` or `oci-archive:` image.
         #[arg(long, value_name = "REF")]
         image: Option<String>,
+        /// Allow the profile's host names too, with this CNI's policy
+        /// instead of the NetworkPolicy (which allows addresses only):
+        /// `cilium` writes a CiliumNetworkPolicy with `toFQDNs`.
+        #[arg(long, value_enum, value_name = "CNI")]
+        fqdn_policy: Option<super::kube::FqdnPolicy>,
     },
 }
 

@@ -3,7 +3,10 @@
 //! gvisor`, a PersistentVolumeClaim per persistent dir, profile volume and
 //! the workspace, the `env:` references as Secret references, and a
 //! NetworkPolicy whose egress `ipBlock`s decide every IPv4 destination as
-//! the profile's policy does.
+//! the profile's policy does. A NetworkPolicy allows addresses only: the
+//! profile's host names are named as not exported, unless `--fqdn-policy
+//! cilium` writes a CiliumNetworkPolicy instead, whose `toFQDNs` allow them
+//! (with the same address rules, and the DNS rule Cilium's proxy needs).
 //!
 //! Owns the mapping and its YAML. Trusts the loaded configuration; reads no
 //! secret value (the Secret is named, never written).
@@ -18,6 +21,7 @@ use serde_json::{Value, json};
 use super::{Failure, failure};
 use crate::config::ResolvedDomainConfiguration;
 use crate::image::reference::{ImageSource, parse_reference};
+use lazaret_proto::names::{DnsMode, HostPattern};
 
 /// The storage each claim asks for.
 const CLAIM_SIZE: &str = "10Gi";
@@ -26,12 +30,21 @@ const CLAIM_SIZE: &str = "10Gi";
 /// that `kubectl exec` starts, and ends on SIGTERM.
 const WAIT: &str = "trap 'exit 0' TERM INT; while :; do sleep 3600 & wait $!; done";
 
-/// `lazaret export kube PROFILE [--image REF]`: the manifests on standard
-/// output. A local image (`oci:`, `oci-archive:`) cannot be pulled by a
-/// cluster: `image` names where it was pushed.
+/// A network policy that can allow host names, beside the NetworkPolicy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum FqdnPolicy {
+    /// A CiliumNetworkPolicy (`cilium.io/v2`) with `toFQDNs`.
+    Cilium,
+}
+
+/// `lazaret export kube PROFILE [--image REF] [--fqdn-policy cilium]`: the
+/// manifests on standard output, and on standard error what the policy
+/// cannot say. A local image (`oci:`, `oci-archive:`) cannot be pulled by
+/// a cluster: `image` names where it was pushed.
 pub(super) fn export(
     resolved: &ResolvedDomainConfiguration,
     image: Option<&str>,
+    fqdn: Option<FqdnPolicy>,
 ) -> Result<(), Failure> {
     let record = resolved.record();
     let invalid = |message: String| Failure {
@@ -67,13 +80,19 @@ pub(super) fn export(
         &crate::network::platform_deny(&crate::network::HostNetwork::default(), &[]),
     )
     .map_err(failure)?;
-    let manifests = Manifests::new(resolved, &image, &policy);
+    let manifests = Manifests::new(resolved, &image, &policy, fqdn);
+    for note in &manifests.network_notes {
+        eprintln!("lazaret: {}", super::printable(note));
+    }
     super::print(&manifests.to_yaml())
 }
 
 /// The objects of one profile, and what could not be mapped.
 struct Manifests {
     header: Vec<String>,
+    /// What the network policy written cannot say of the profile's (also
+    /// in `header`), for standard error.
+    network_notes: Vec<String>,
     objects: Vec<Value>,
 }
 
@@ -82,6 +101,7 @@ impl Manifests {
         resolved: &ResolvedDomainConfiguration,
         image: &str,
         policy: &DerivedNetworkPolicy,
+        fqdn: Option<FqdnPolicy>,
     ) -> Self {
         let record = resolved.record();
         let profile = resolved.profile().as_str();
@@ -258,44 +278,28 @@ impl Manifests {
             },
         }));
 
-        let mut egress = Vec::new();
-        let blocks = ip_blocks(policy);
-        if !blocks.is_empty() {
-            // An empty `to` would allow every destination: the rule is
-            // written only when it has blocks.
-            let to: Vec<Value> = blocks
-                .iter()
-                .map(|(cidr, except)| {
-                    let mut block = json!({"cidr": cidr_text(cidr)});
-                    if !except.is_empty() {
-                        block["except"] =
-                            Value::from(except.iter().map(cidr_text).collect::<Vec<_>>());
-                    }
-                    json!({"ipBlock": block})
-                })
-                .collect();
-            egress.push(json!({"to": to}));
+        let network = resolved.network();
+        let (network_policy, network_notes) = match fqdn {
+            None => (
+                network_policy(&name, &labels, policy),
+                name_notes(&network.hosts),
+            ),
+            Some(FqdnPolicy::Cilium) => (
+                cilium_policy(&name, &labels, policy, &network.hosts),
+                cilium_notes(&network.hosts),
+            ),
+        };
+        let network_notes: Vec<String> = network_notes
+            .into_iter()
+            .chain(dns_note(network.dns))
+            .collect();
+        header.extend(network_notes.iter().cloned());
+        objects.push(network_policy);
+        Self {
+            header,
+            network_notes,
+            objects,
         }
-        // The resolver: the cluster's DNS, as slirp4netns's forwarder is
-        // the one resolver of a Domain.
-        egress.push(json!({
-            "to": [{
-                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
-                "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}},
-            }],
-            "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}],
-        }));
-        objects.push(json!({
-            "apiVersion": "networking.k8s.io/v1",
-            "kind": "NetworkPolicy",
-            "metadata": {"name": name, "labels": labels},
-            "spec": {
-                "podSelector": {"matchLabels": labels},
-                "policyTypes": ["Ingress", "Egress"],
-                "egress": egress,
-            },
-        }));
-        Self { header, objects }
     }
 
     fn to_yaml(&self) -> String {
@@ -312,6 +316,170 @@ impl Manifests {
         }
         out
     }
+}
+
+/// The names of `hosts`, for a message: each in backquotes.
+fn quoted_names<'a>(hosts: impl IntoIterator<Item = &'a HostPattern>) -> String {
+    hosts
+        .into_iter()
+        .map(|h| format!("`{h}`"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// What a NetworkPolicy cannot say of the profile's host names.
+fn name_notes(hosts: &[HostPattern]) -> Vec<String> {
+    if hosts.is_empty() {
+        return Vec::new();
+    }
+    vec![format!(
+        "Not exported: the host names {}: a Kubernetes NetworkPolicy allows addresses only, so \
+         the one below allows the profile's prefixes and no name. Pass --fqdn-policy cilium for \
+         a CiliumNetworkPolicy that allows the names, or allow their addresses in the profile's \
+         allow_egress.",
+        quoted_names(hosts)
+    )]
+}
+
+/// What the CiliumNetworkPolicy says differently of the profile's names:
+/// Cilium's `*` stands for one label, the profile's `*.` for any number.
+fn cilium_notes(hosts: &[HostPattern]) -> Vec<String> {
+    let wildcards: Vec<&HostPattern> = hosts.iter().filter(|h| h.is_wildcard()).collect();
+    if wildcards.is_empty() {
+        return Vec::new();
+    }
+    vec![format!(
+        "Narrower than the profile: in a CiliumNetworkPolicy `*` matches one label, so for {} \
+         only names one label deeper are allowed (`a.example.org` for `*.example.org`, not \
+         `a.b.example.org`, which the profile allows). On Cilium 1.19 or later, write `**.` \
+         instead of `*.` in these matchPatterns to allow every depth.",
+        quoted_names(wildcards)
+    )]
+}
+
+/// What the cluster's DNS does that the profile's does not.
+fn dns_note(dns: DnsMode) -> Option<String> {
+    match dns {
+        DnsMode::Host => None,
+        DnsMode::Lazaret => Some(
+            "Not exported: dns = \"lazaret\" (only the allowed names resolve). The pod asks the \
+             cluster's DNS, which answers every name: DNS is a way out of the pod."
+                .into(),
+        ),
+    }
+}
+
+/// The NetworkPolicy whose `ipBlock`s allow exactly the addresses `policy`
+/// allows, and the cluster's DNS.
+fn network_policy(name: &str, labels: &Value, policy: &DerivedNetworkPolicy) -> Value {
+    let mut egress = Vec::new();
+    let blocks = ip_blocks(policy);
+    if !blocks.is_empty() {
+        // An empty `to` would allow every destination: the rule is
+        // written only when it has blocks.
+        let to: Vec<Value> = blocks
+            .iter()
+            .map(|(cidr, except)| {
+                let mut block = json!({"cidr": cidr_text(cidr)});
+                if !except.is_empty() {
+                    block["except"] = Value::from(except.iter().map(cidr_text).collect::<Vec<_>>());
+                }
+                json!({"ipBlock": block})
+            })
+            .collect();
+        egress.push(json!({"to": to}));
+    }
+    // The resolver: the cluster's DNS, as slirp4netns's forwarder is
+    // the one resolver of a Domain.
+    egress.push(json!({
+        "to": [{
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+            "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}},
+        }],
+        "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}],
+    }));
+    json!({
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {
+            "podSelector": {"matchLabels": labels},
+            "policyTypes": ["Ingress", "Egress"],
+            "egress": egress,
+        },
+    })
+}
+
+/// The CiliumNetworkPolicy that allows what the NetworkPolicy would (the
+/// same blocks, as `toCIDR`, or `toCIDRSet` where a block has exceptions)
+/// and the profile's host names (`toFQDNs`: `matchName` for a name,
+/// `matchPattern` for a `*.` entry), with the DNS rule through which
+/// Cilium's proxy learns the names' addresses. No ingress is allowed.
+fn cilium_policy(
+    name: &str,
+    labels: &Value,
+    policy: &DerivedNetworkPolicy,
+    hosts: &[HostPattern],
+) -> Value {
+    let mut egress = Vec::new();
+    let blocks = ip_blocks(policy);
+    let plain: Vec<String> = blocks
+        .iter()
+        .filter(|(_, except)| except.is_empty())
+        .map(|(cidr, _)| cidr_text(cidr))
+        .collect();
+    if !plain.is_empty() {
+        egress.push(json!({"toCIDR": plain}));
+    }
+    let sets: Vec<Value> = blocks
+        .iter()
+        .filter(|(_, except)| !except.is_empty())
+        .map(|(cidr, except)| {
+            json!({
+                "cidr": cidr_text(cidr),
+                "except": except.iter().map(cidr_text).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    if !sets.is_empty() {
+        egress.push(json!({"toCIDRSet": sets}));
+    }
+    if !hosts.is_empty() {
+        let fqdns: Vec<Value> = hosts
+            .iter()
+            .map(|h| {
+                if h.is_wildcard() {
+                    json!({"matchPattern": h.as_str()})
+                } else {
+                    json!({"matchName": h.as_str()})
+                }
+            })
+            .collect();
+        egress.push(json!({"toFQDNs": fqdns}));
+    }
+    // The cluster's DNS, through Cilium's DNS proxy: a policy with
+    // `toFQDNs` needs its lookups seen to learn their addresses.
+    egress.push(json!({
+        "toEndpoints": [{"matchLabels": {
+            "k8s:io.kubernetes.pod.namespace": "kube-system",
+            "k8s:k8s-app": "kube-dns",
+        }}],
+        "toPorts": [{
+            "ports": [{"port": "53", "protocol": "ANY"}],
+            "rules": {"dns": [{"matchPattern": "*"}]},
+        }],
+    }));
+    json!({
+        "apiVersion": "cilium.io/v2",
+        "kind": "CiliumNetworkPolicy",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {
+            "endpointSelector": {"matchLabels": labels},
+            // An empty rule selects the pod for ingress and allows nothing.
+            "ingress": [{}],
+            "egress": egress,
+        },
+    })
 }
 
 /// The egress `ipBlock`s that allow exactly what `policy` allows: one per
@@ -600,6 +768,197 @@ mod tests {
         yaml_block(&json!({"p": "a\u{2028}b\u{85}é😀"}), 0, &mut out);
         assert_eq!(out, "p: \"a\\u2028b\\u0085\\u00e9\\U0001f600\"\n");
         assert_eq!(shell_quote("/it's"), "'/it'\\''s'");
+    }
+
+    /// The manifests of profile `p` of `text`, exported as `export` does.
+    fn manifests(text: &str, fqdn: Option<FqdnPolicy>) -> Manifests {
+        let (_dir, resolved) = crate::cli::tests::scratch_load(text);
+        let policy = crate::network::derive_policy(
+            resolved.network(),
+            &crate::network::platform_deny(&crate::network::HostNetwork::default(), &[]),
+        )
+        .unwrap();
+        Manifests::new(&resolved, "registry.example/agent:1", &policy, fqdn)
+    }
+
+    const NAMED: &str = "schema = \"lazaret-trusted-host-config-v2\"\n\
+        [network]\ndefault_allow = [\"0.0.0.0/0\"]\ndefault_deny = [\"8.8.8.0/24\"]\n\
+        [profiles.p]\nimage = \"docker.io/library/debian:trixie\"\n\
+        allow_egress = [\"203.0.113.10/32\"]\n\
+        allow_hosts = [\"api.anthropic.com\", \"*.pkgs.example.org\"]\n";
+
+    fn network_object(m: &Manifests) -> &Value {
+        m.objects.last().unwrap()
+    }
+
+    #[test]
+    fn a_networkpolicy_says_which_names_it_cannot_allow() {
+        let m = manifests(NAMED, None);
+        let policy = network_object(&m);
+        assert_eq!(policy["kind"], "NetworkPolicy");
+        let names = "the host names `*.pkgs.example.org`, `api.anthropic.com`";
+        assert!(
+            m.network_notes[0].starts_with(&format!("Not exported: {names}")),
+            "{:?}",
+            m.network_notes
+        );
+        assert!(m.network_notes[0].contains("--fqdn-policy cilium"));
+        let yaml = m.to_yaml();
+        assert!(yaml.contains(&format!("# Not exported: {names}")), "{yaml}");
+        // The prefixes it can express are still there.
+        assert!(yaml.contains("cidr: \"203.0.113.10/32\""), "{yaml}");
+        assert!(!yaml.contains("api.anthropic.com\"\n"), "{yaml}");
+        // And the cluster's DNS answers every name.
+        assert!(
+            m.network_notes
+                .iter()
+                .any(|n| n.contains("DNS is a way out")),
+            "{:?}",
+            m.network_notes
+        );
+    }
+
+    #[test]
+    fn a_v1_profile_exports_as_before() {
+        let text = NAMED.replace("config-v2", "config-v1").replace(
+            "allow_hosts = [\"api.anthropic.com\", \"*.pkgs.example.org\"]\n",
+            "",
+        );
+        let m = manifests(&text, None);
+        assert!(m.network_notes.is_empty(), "{:?}", m.network_notes);
+        assert_eq!(network_object(&m)["kind"], "NetworkPolicy");
+        let host_dns = NAMED.to_owned() + "dns = \"host\"\n";
+        let m = manifests(&host_dns, None);
+        assert_eq!(m.network_notes.len(), 1, "{:?}", m.network_notes);
+    }
+
+    /// What a CiliumNetworkPolicy's CIDR rules allow for `address`.
+    fn cidr_rules_allow(policy: &Value, address: Ipv4Addr) -> bool {
+        let inside = |cidr: &Value| {
+            let (net, len) = cidr.as_str().unwrap().split_once('/').unwrap();
+            let net: Ipv4Addr = net.parse().unwrap();
+            IpPrefix::ipv4(net.octets(), len.parse().unwrap())
+                .unwrap()
+                .contains(IpAddr::V4(address))
+        };
+        let egress = policy["spec"]["egress"].as_array().unwrap();
+        egress.iter().any(|rule| {
+            rule["toCIDR"]
+                .as_array()
+                .is_some_and(|c| c.iter().any(inside))
+                || rule["toCIDRSet"].as_array().is_some_and(|sets| {
+                    sets.iter().any(|set| {
+                        inside(&set["cidr"])
+                            && !set["except"].as_array().unwrap().iter().any(inside)
+                    })
+                })
+        })
+    }
+
+    #[test]
+    fn a_cilium_policy_allows_the_names_the_prefixes_and_its_dns() {
+        let m = manifests(NAMED, Some(FqdnPolicy::Cilium));
+        assert_eq!(
+            m.objects
+                .iter()
+                .filter(|o| o["kind"] == "NetworkPolicy")
+                .count(),
+            0,
+            "the Cilium policy replaces the NetworkPolicy"
+        );
+        let cnp = network_object(&m);
+        assert_eq!(cnp["apiVersion"], "cilium.io/v2");
+        assert_eq!(cnp["kind"], "CiliumNetworkPolicy");
+        assert_eq!(
+            cnp["spec"]["endpointSelector"]["matchLabels"]["app.kubernetes.io/instance"],
+            "p"
+        );
+        assert_eq!(cnp["spec"]["ingress"], json!([{}]));
+        let egress = cnp["spec"]["egress"].as_array().unwrap();
+        let fqdns = egress.iter().find_map(|r| r.get("toFQDNs")).unwrap();
+        assert_eq!(
+            fqdns,
+            &json!([
+                {"matchPattern": "*.pkgs.example.org"},
+                {"matchName": "api.anthropic.com"},
+            ])
+        );
+        let dns = egress
+            .iter()
+            .find(|r| r.get("toEndpoints").is_some())
+            .unwrap();
+        assert_eq!(
+            dns["toEndpoints"][0]["matchLabels"],
+            json!({"k8s:io.kubernetes.pod.namespace": "kube-system", "k8s:k8s-app": "kube-dns"})
+        );
+        assert_eq!(
+            dns["toPorts"][0]["ports"][0],
+            json!({"port": "53", "protocol": "ANY"})
+        );
+        assert_eq!(
+            dns["toPorts"][0]["rules"]["dns"],
+            json!([{"matchPattern": "*"}])
+        );
+        assert!(
+            egress.iter().any(|r| r.get("toCIDR").is_some()),
+            "{egress:?}"
+        );
+        assert!(
+            egress.iter().any(|r| r.get("toCIDRSet").is_some()),
+            "{egress:?}"
+        );
+
+        // Its CIDR rules decide every address as the profile's policy does.
+        let (_dir, resolved) = crate::cli::tests::scratch_load(NAMED);
+        let derived = crate::network::derive_policy(
+            resolved.network(),
+            &crate::network::platform_deny(&crate::network::HostNetwork::default(), &[]),
+        )
+        .unwrap();
+        for address in addresses(&derived) {
+            let expected = derived.action_for(IpAddr::V4(address)) == PolicyAction::Allow;
+            assert_eq!(cidr_rules_allow(cnp, address), expected, "{address}");
+        }
+
+        // The wildcard's depth is named, in the YAML and for standard error.
+        assert!(
+            m.network_notes
+                .iter()
+                .any(|n| n.contains("`*.pkgs.example.org`") && n.contains("`**.`")),
+            "{:?}",
+            m.network_notes
+        );
+        let yaml = m.to_yaml();
+        assert!(yaml.contains("# Narrower than the profile"), "{yaml}");
+        assert!(yaml.contains("kind: \"CiliumNetworkPolicy\""), "{yaml}");
+        assert!(
+            yaml.contains("- matchName: \"api.anthropic.com\""),
+            "{yaml}"
+        );
+        assert!(
+            yaml.contains("- matchPattern: \"*.pkgs.example.org\""),
+            "{yaml}"
+        );
+        assert!(yaml.contains("  ingress:\n    - {}\n"), "{yaml}");
+        assert!(!yaml.contains("Not exported: the host names"), "{yaml}");
+    }
+
+    #[test]
+    fn a_cilium_policy_without_names_has_no_fqdn_rule() {
+        let text = NAMED.replace(
+            "allow_hosts = [\"api.anthropic.com\", \"*.pkgs.example.org\"]\n",
+            "dns = \"host\"\n",
+        );
+        let m = manifests(&text, Some(FqdnPolicy::Cilium));
+        let egress = network_object(&m)["spec"]["egress"]
+            .as_array()
+            .unwrap()
+            .clone();
+        assert!(
+            egress.iter().all(|r| r.get("toFQDNs").is_none()),
+            "{egress:?}"
+        );
+        assert!(m.network_notes.is_empty(), "{:?}", m.network_notes);
     }
 
     #[test]

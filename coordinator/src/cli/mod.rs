@@ -31,7 +31,7 @@ use crate::config::{self, ConfigError, HostEnvironment, LoadRequest, ResolvedDom
 use crate::lifecycle::chain;
 use args::{Cli, Command, ConfigCommand, ExportCommand};
 
-/// The commented v1 template `lazaret config init` writes.
+/// The commented v2 template `lazaret config init` writes.
 pub const CONFIG_TEMPLATE: &str = include_str!("template.toml");
 
 /// Exit status for an invalid configuration or invalid usage.
@@ -144,10 +144,15 @@ fn dispatch(cli: Cli) -> Result<u8, Failure> {
         Command::State { command } => return state::run(&globals, command),
         Command::Image { command } => return state::image(&globals, command),
         Command::Export {
-            target: ExportCommand::Kube { profile, image },
+            target:
+                ExportCommand::Kube {
+                    profile,
+                    image,
+                    fqdn_policy,
+                },
         } => {
             let resolved = globals.load_with(&profile.profile, config::EnvValues::Skip)?;
-            kube::export(&resolved, image.as_deref())
+            kube::export(&resolved, image.as_deref(), fqdn_policy)
         }
         Command::Completions { shell } => generate::completions(shell),
         Command::ManPages { dir } => generate::man_pages(&dir),
@@ -734,5 +739,19 @@ mod tests {
     fn template_is_a_valid_document() {
         let config = config::decode_document(CONFIG_TEMPLATE.as_bytes()).unwrap();
         assert!(config.profiles.keys().any(|p| p.as_str() == "default"));
+    }
+
+    #[test]
+    fn the_template_is_v2_and_checks_without_warnings() {
+        let text = CONFIG_TEMPLATE.replace("[profiles.default]", "[profiles.p]");
+        let text = text.replace("[profiles.default.", "[profiles.p.");
+        let r = report(&text);
+        assert_eq!(r.schema, "lazaret-trusted-host-config-v2");
+        assert_eq!(r.allow_hosts, ["deb.debian.org"]);
+        assert_eq!(r.dns, "lazaret");
+        assert!(r.warnings.is_empty(), "{:?}", r.warnings);
+        // The agent header keeps the schema line.
+        let (head, _) = CONFIG_TEMPLATE.split_once("\n[network]").unwrap();
+        assert!(head.contains("schema = \"lazaret-trusted-host-config-v2\""));
     }
 }

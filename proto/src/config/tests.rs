@@ -487,3 +487,33 @@ fn v2_profiles_read_names_and_dns_modes() {
     .unwrap();
     assert_eq!(written["dns"], "host");
 }
+
+#[test]
+fn configuration_records_cross_a_socket_whole() {
+    // The running Domain's record reaches `up` in `DomainStatus`: each
+    // schema's record decodes to itself, names validated again.
+    for record in [
+        ConfigurationRecord::V1(sample_record()),
+        ConfigurationRecord::V2(sample_record_v2()),
+    ] {
+        let bytes = postcard::to_stdvec(&record).unwrap();
+        let back: ConfigurationRecord = postcard::from_bytes(&bytes).unwrap();
+        assert_eq!(back, record);
+        assert_eq!(back.fingerprint(), record.fingerprint());
+    }
+    // A name that is not one is refused on the way in.
+    let mut bad = sample_record_v2();
+    let bytes = postcard::to_stdvec(&ConfigurationRecord::V2(bad.clone())).unwrap();
+    let at = bytes
+        .windows(b"api.anthropic.com".len())
+        .position(|w| w == b"api.anthropic.com")
+        .unwrap();
+    let mut damaged = bytes.clone();
+    damaged[at] = b'A';
+    assert!(postcard::from_bytes::<ConfigurationRecord>(&damaged).is_err());
+    bad.allow_hosts.clear();
+    assert_ne!(
+        postcard::to_stdvec(&ConfigurationRecord::V2(bad)).unwrap(),
+        bytes
+    );
+}
