@@ -4,8 +4,15 @@
 # connection setup latency (`netprobe connect … 200`, median of the runs'
 # medians) from inside a running Lazaret sandbox to a test host through the
 # network policy, beside the same probe run in the Domain's enforcement
-# network namespace (entered with nsenter, no gVisor). Prints medians and
-# ratios.
+# network namespace (entered with nsenter, no gVisor). Then, with a v2
+# profile naming a host: the lookup latency through Lazaret's resolver
+# (`netprobe lookup … 200` to 127.0.0.53, from the enforcement namespace and
+# from inside the sandbox) against a direct query to the same upstream
+# (slirp4netns's forwarder, from a socket marked as the resolver's), and
+# `up` of that profile against `up` of the v1 profile, alternating. Every
+# lookup stays on the machine: slirp4netns runs in a private mount
+# namespace whose resolv.conf names the test's DNS server. Prints medians,
+# differences and ratios.
 #
 # usage: bench/network.sh [ROUNDS] [MIB]   (default 7 rounds, 256 MiB)
 # Run it as root: it creates a test network namespace and veth pair (named
@@ -56,10 +63,10 @@ cleanup() {
     if [ -x "$scratch/bin/lazaret" ]; then
         (cd "$scratch/project" && as_user "$scratch/bin/lazaret" down bench >/dev/null 2>&1) || true
     fi
-    if [ -n "$server" ]; then
-        kill "$server" 2>/dev/null || true
-        wait "$server" 2>/dev/null || true
-    fi
+    for pid in $server ${dns_server:-}; do
+        kill "$pid" 2>/dev/null || true
+        wait "$pid" 2>/dev/null || true
+    done
     ip link del "$root_link" 2>/dev/null || true
     ip netns del "$ns" 2>/dev/null || true
     rm -rf "$scratch"
@@ -101,7 +108,22 @@ cd "$scratch/project"
 if ! as_user test -r /dev/net/tun -a -w /dev/net/tun; then
     echo "note: /dev/net/tun is not usable by $user, so slirp4netns cannot start" >&2
 fi
-if ! as_user "$lazaret" up bench >"$scratch/up.log" 2>&1; then
+# slirp4netns forwards DNS to the resolvers of its /etc/resolv.conf: in a
+# private mount namespace that names the test's DNS server.
+printf 'nameserver 198.18.0.10\n' >"$scratch/resolv.conf"
+chmod 644 "$scratch/resolv.conf"
+up_under_test_dns() {
+    unshare --mount --propagation private -- /bin/sh -c \
+        'mount --bind "$0" /etc/resolv.conf && shift && exec "$@"' \
+        "$scratch/resolv.conf" _ \
+        setpriv --reuid="$uid" --regid="$gid" --clear-groups -- \
+        env -i HOME="$scratch/home" XDG_RUNTIME_DIR="$scratch/run" PATH=/usr/sbin:/usr/bin:/sbin:/bin \
+        "$lazaret" up bench
+}
+ip netns exec "$ns" "$scratch/netprobe" dns 198.18.0.10:53 bench.test.invalid=198.19.0.10 \
+    >"$scratch/dns.out" 2>&1 &
+dns_server=$!
+if ! up_under_test_dns >"$scratch/up.log" 2>&1; then
     echo "lazaret up failed:" >&2
     cat "$scratch/up.log" >&2
     exit 1
@@ -156,3 +178,43 @@ printf 'throughput  sandbox median %8s MiB/s   no gVisor (Domain netns) median %
     "$sr" "$br" "$(ratio "$sr" "$br")"
 printf 'connect     sandbox median %8s us      no gVisor (Domain netns) median %8s us      ratio %s\n' \
     "$su" "$bu" "$(ratio "$su" "$bu")"
+
+# Names: the same host, a v2 profile that names a host and no prefix.
+config=$scratch/home/.config/lazaret/config.toml
+v1_config=$(cat "$config")
+v2_config=$(sed -e 's/^schema = .*/schema = "lazaret-trusted-host-config-v2"/' \
+    -e 's/^allow_egress = .*/allow_hosts = ["bench.test.invalid"]/' <<<"$v1_config")
+as_user "$lazaret" down bench >/dev/null
+up_ms() {
+    local start end
+    start=$(now)
+    up_under_test_dns >"$scratch/up.log" 2>&1 || { cat "$scratch/up.log" >&2; exit 1; }
+    end=$(now)
+    as_user "$lazaret" down bench >/dev/null
+    ms "$start" "$end"
+}
+v1_up=() v2_up=()
+for _ in $(seq "$rounds"); do
+    printf '%s\n' "$v1_config" >"$config"; v1_up+=("$(up_ms)")
+    printf '%s\n' "$v2_config" >"$config"; v2_up+=("$(up_ms)")
+done
+up_under_test_dns >"$scratch/up.log" 2>&1 || { cat "$scratch/up.log" >&2; exit 1; }
+status=$(as_user "$lazaret" status bench --json)
+holder=$(field "['namespace_holder']['pid']")
+# The invoking user is root of the Domain user namespace, with its
+# capabilities there: marking a socket takes CAP_NET_ADMIN.
+marked=(as_user nsenter -t "$holder" -U -n --preserve-credentials -- "$scratch/netprobe")
+lookups=200
+resolver_us=() direct_us=() inside_us=()
+for _ in $(seq "$rounds"); do
+    out=$(probe "${marked[@]}" lookup 127.0.0.53:53 bench.test.invalid "$lookups"); resolver_us+=("$(metric median_us <<<"$out")")
+    out=$(probe "${marked[@]}" lookup 10.0.2.3:53 bench.test.invalid "$lookups" --mark 4c5a0053); direct_us+=("$(metric median_us <<<"$out")")
+    out=$(probe "${sandbox[@]}" lookup 127.0.0.53:53 bench.test.invalid "$lookups"); inside_us+=("$(metric median_us <<<"$out")")
+done
+ru=$(median "${resolver_us[@]}"); du=$(median "${direct_us[@]}"); iu=$(median "${inside_us[@]}")
+u1=$(median "${v1_up[@]}"); u2=$(median "${v2_up[@]}")
+printf 'lookup      through the resolver median %6s us   direct to the same upstream median %6s us   overhead %s us\n' \
+    "$ru" "$du" "$(awk -v a="$ru" -v b="$du" 'BEGIN {print a - b}')"
+printf 'lookup      from inside the sandbox median %6s us (through the resolver)\n' "$iu"
+printf 'up          v2 with names median %6s ms   v1 prefixes only median %6s ms   difference %s ms\n' \
+    "$u2" "$u1" "$(awk -v a="$u2" -v b="$u1" 'BEGIN {print a - b}')"

@@ -30,6 +30,14 @@ pub enum Decision {
     Drop,
     /// Answer at once with these bytes; nothing goes upstream.
     Reply(Vec<u8>),
+    /// Refuse a name the policy does not allow (named, for the log) with
+    /// these bytes; nothing goes upstream.
+    Refuse {
+        /// The answer.
+        reply: Vec<u8>,
+        /// The name asked for.
+        name: String,
+    },
     /// Ask upstream for the A records of an allowed name, admit them, then
     /// answer ([`answer_allowed`]).
     Resolve(Message),
@@ -62,7 +70,10 @@ pub fn decide(names: &NamedEgress, datagram: &[u8]) -> Decision {
             Decision::Reply(reply(&query, ResponseCode::NoError, Vec::new()))
         }
         _ if names.dns == DnsMode::Host => Decision::Relay(query),
-        _ => refuse(ResponseCode::Refused),
+        _ => Decision::Refuse {
+            reply: reply(&query, ResponseCode::Refused, Vec::new()),
+            name: question.name().to_ascii(),
+        },
     }
 }
 
@@ -177,6 +188,14 @@ pub fn reply(query: &Message, code: ResponseCode, records: Vec<Record>) -> Vec<u
     }
 }
 
+/// Shortens every record's TTL to at most `left`.
+pub fn cap_ttls(records: &mut [Record], left: Duration) {
+    let left = u32::try_from(left.as_secs()).unwrap_or(u32::MAX);
+    for record in records {
+        record.set_ttl(record.ttl().min(left));
+    }
+}
+
 /// Upstream's answer to a relayed query, given back under the sandbox's id.
 pub fn relayed(query: &Message, mut answer: Message) -> Vec<u8> {
     answer.set_id(query.id());
@@ -234,7 +253,9 @@ mod tests {
 
     fn code(decision: &Decision) -> Option<ResponseCode> {
         match decision {
-            Decision::Reply(bytes) => Some(Message::from_vec(bytes).unwrap().response_code()),
+            Decision::Reply(bytes) | Decision::Refuse { reply: bytes, .. } => {
+                Some(Message::from_vec(bytes).unwrap().response_code())
+            }
             _ => None,
         }
     }
@@ -277,6 +298,22 @@ mod tests {
             decide(&host, &query("denied.test.invalid", RecordType::TXT)),
             Decision::Relay(_)
         ));
+    }
+
+    #[test]
+    fn a_name_with_any_bytes_under_a_wildcard_is_named_printably() {
+        // Labels under a wildcard are the sandbox's: whatever bytes they
+        // hold, the name the resolver logs and admits for is escaped text.
+        let mut q = Message::new();
+        q.set_id(3);
+        let name = Name::from_labels([&b"\x1b[31m x"[..], b"wild", b"test", b"invalid"]).unwrap();
+        q.add_query(Query::query(name, RecordType::A));
+        let Decision::Resolve(query) = decide(&names(DnsMode::Lazaret), &q.to_vec().unwrap())
+        else {
+            panic!("an allowed name");
+        };
+        let text = query.queries()[0].name().to_ascii();
+        assert!(text.chars().all(|c| c.is_ascii_graphic()), "{text:?}");
     }
 
     #[test]

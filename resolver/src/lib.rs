@@ -32,6 +32,7 @@
 
 #![deny(missing_docs)]
 
+pub mod admissions;
 pub mod answer;
 
 use std::collections::BTreeSet;
@@ -54,6 +55,7 @@ use rustix::thread::{CapabilitySet, CapabilitySets};
 use tokio::net::UdpSocket;
 use tokio::sync::Semaphore;
 
+use crate::admissions::Admissions;
 use crate::answer::{Decision, Upstream};
 
 type Channel = Endpoint<ResolverReport, ResolverRequest>;
@@ -137,7 +139,7 @@ struct Server {
     policy: Arc<DerivedNetworkPolicy>,
     upstream: SocketAddrV4,
     listen: StdUdpSocket,
-    set: Arc<Mutex<NamedSet>>,
+    set: Arc<Mutex<Admissions<NamedSet>>>,
     /// Queries sent upstream so far, for the readiness probes.
     forwarded: Arc<AtomicU64>,
 }
@@ -195,7 +197,7 @@ fn start(channel: &Channel) -> Result<Server, ResolverError> {
         policy: Arc::new(policy),
         upstream: SocketAddrV4::new(upstream, 53),
         listen,
-        set: Arc::new(Mutex::new(set)),
+        set: Arc::new(Mutex::new(Admissions::new(set))),
         forwarded: Arc::new(AtomicU64::new(0)),
     })
 }
@@ -258,7 +260,7 @@ struct Parts {
     names: Arc<NamedEgress>,
     policy: Arc<DerivedNetworkPolicy>,
     upstream: SocketAddrV4,
-    set: Arc<Mutex<NamedSet>>,
+    set: Arc<Mutex<Admissions<NamedSet>>>,
     forwarded: Arc<AtomicU64>,
 }
 
@@ -285,9 +287,10 @@ impl Parts {
             };
             let reply = match answer::decide(&self.names, &buffer[..len]) {
                 Decision::Drop => continue,
-                Decision::Reply(bytes) => {
-                    log_refusal(&refused, &buffer[..len]);
-                    bytes
+                Decision::Reply(bytes) => bytes,
+                Decision::Refuse { reply, name } => {
+                    log_refusal(&refused, name);
+                    reply
                 }
                 decision => {
                     let Ok(permit) = Arc::clone(&in_flight).try_acquire_owned() else {
@@ -349,19 +352,27 @@ impl Parts {
             }
             Upstream::Addresses {
                 code,
-                records,
+                mut records,
                 admit,
             } => {
                 let admitted = {
                     let mut set = self.set.lock().unwrap_or_else(|p| p.into_inner());
                     let name = name_of(query).to_ascii_lowercase();
                     let name = name.strip_suffix('.').unwrap_or(&name);
+                    let now = std::time::Instant::now();
                     admit
                         .iter()
-                        .try_for_each(|&(address, timeout)| set.admit(address, timeout, name))
+                        .map(|&(address, timeout)| set.admit(address, timeout, name, now))
+                        .collect::<Result<Vec<_>, _>>()
                 };
                 match admitted {
-                    Ok(()) => answer::reply(query, code, records),
+                    Ok(left) => {
+                        // No client caches an address past its admission.
+                        if let Some(shortest) = left.iter().min() {
+                            answer::cap_ttls(&mut records, *shortest);
+                        }
+                        answer::reply(query, code, records)
+                    }
                     Err(e) => {
                         tracing::error!("{}: {}", name_of(query), e.detail);
                         answer::reply(query, ResponseCode::ServFail, vec![])
@@ -470,11 +481,7 @@ fn name_of(query: &Message) -> String {
 
 /// Logs a refused name the first time, up to [`LOGGED_REFUSALS`] names,
 /// so the Domain log tells what a profile may be missing.
-fn log_refusal(refused: &Mutex<BTreeSet<String>>, datagram: &[u8]) {
-    let Ok(query) = Message::from_vec(datagram) else {
-        return;
-    };
-    let name = name_of(&query);
+fn log_refusal(refused: &Mutex<BTreeSet<String>>, name: String) {
     let mut seen = refused.lock().unwrap_or_else(|p| p.into_inner());
     if seen.len() < LOGGED_REFUSALS && seen.insert(name.clone()) {
         tracing::info!("refused {name}: not in allow_hosts");

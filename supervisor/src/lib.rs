@@ -371,6 +371,7 @@ fn attest(
     parameters: lazaret_proto::sidecar::AttestParameters,
 ) -> bool {
     let names = parameters.names.clone();
+    let resolver = names.as_ref().map(|_| network::start_resolver());
     let attested = sidecar.and_then(|sidecar| {
         network::attest(
             sidecar,
@@ -379,10 +380,10 @@ fn attest(
         )
     });
     // A policy with names: Lazaret's resolver, once the filter holds its set.
-    let served = attested.and_then(|attestation| match names {
-        None => Ok((attestation, None)),
-        Some(names) => network::serve_names(names, policy.as_fd())
+    let served = attested.and_then(|attestation| match (names, resolver) {
+        (Some(names), Some(resolver)) => network::serve_names(resolver?, names, policy.as_fd())
             .map(|resolver| (attestation, Some(resolver))),
+        _ => Ok((attestation, None)),
     });
     match served {
         Ok((attestation, None)) => {

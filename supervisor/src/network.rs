@@ -77,20 +77,27 @@ const RESOLVER_READY_TIMEOUT: Duration = Duration::from_secs(15);
 pub type Resolver = Helper<ResolverRequest, ResolverReport>;
 
 /// Starts Lazaret's resolver in the network namespace this process runs
-/// in, with CAP_NET_ADMIN and CAP_NET_BIND_SERVICE alone, on `names` and
-/// `policy` (the sealed memfd the sidecar had), once the sidecar's filter
-/// holds the set it fills; returns its pidfd and readiness. It is left
-/// running, for the Domain pid 1's reaper; it exits when this process does.
-pub fn serve_names(
-    names: NamedEgress,
-    policy: BorrowedFd<'_>,
-) -> Result<(OwnedFd, ResolverReadiness), String> {
-    let resolver = Resolver::start(
+/// in, with CAP_NET_ADMIN and CAP_NET_BIND_SERVICE alone. The supervisor
+/// starts it while the sidecar attests, so that serving names does not wait
+/// for a process to start.
+pub fn start_resolver() -> Result<Resolver, String> {
+    Resolver::start(
         "lazaret-resolver",
         "Lazaret's resolver",
         lazaret_proto::resolver::CAPABILITIES,
         false,
-    )?;
+    )
+}
+
+/// Has `resolver` serve `names` for `policy` (the sealed memfd the sidecar
+/// had), once the sidecar's filter holds the set it fills; returns its
+/// pidfd and readiness. It is left running, for the Domain pid 1's reaper;
+/// it ends with the Domain pid namespace.
+pub fn serve_names(
+    resolver: Resolver,
+    names: NamedEgress,
+    policy: BorrowedFd<'_>,
+) -> Result<(OwnedFd, ResolverReadiness), String> {
     let request = ResolverRequest::Serve(ServeRequest {
         names,
         upstream: ConnectivityLink::SLIRP4NETNS_RESOLVER,

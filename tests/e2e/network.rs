@@ -176,24 +176,8 @@ fn policy_holds() -> Result {
             .spawn()?,
     );
 
-    let probe_copy = host.workspace.join("netprobe");
-    std::fs::copy(netprobe(), &probe_copy)?;
-    std::fs::set_permissions(&probe_copy, std::fs::Permissions::from_mode(0o755))?;
-    // slirp4netns forwards DNS to the resolvers of its own /etc/resolv.conf:
-    // in a private mount namespace that file names the test's resolver, so
-    // no query leaves the machine.
-    let resolv = host.base().join("resolv.conf");
-    std::fs::write(&resolv, format!("nameserver {ALLOWED}\n"))?;
-    std::fs::set_permissions(&resolv, std::fs::Permissions::from_mode(0o644))?;
-    let wrapper = private_mounts(
-        "mount --bind \"$0\" /etc/resolv.conf && exec \"$@\"",
-        resolv.as_os_str(),
-    );
+    up_under_test_dns(&host)?;
     let ws = host.workspace.clone();
-    let out = host.lazaret_under(&wrapper, &ws, &["up", "p"]);
-    if !out.status.success() {
-        return Err(format!("up failed: {}", text(&out)).into());
-    }
     let status: Value = host.status(&ws, "p").ok_or("no status after up")?;
     let network = &status["network"];
     assert_eq!(network["state"], "attested", "{network}");
@@ -639,10 +623,11 @@ fn lookup(host: &UserHost, name: &str) -> (Output, Vec<String>) {
     (out, addresses)
 }
 
-/// Brings `p` up under the test's DNS server (slirp4netns in a private
-/// mount namespace whose resolv.conf names it, so no query leaves the
-/// machine), with the network probe in the workspace.
-fn names_up(host: &UserHost) -> Result {
+/// Brings `p` up under the test's DNS server at `ALLOWED:53`, with the
+/// network probe in the workspace. slirp4netns forwards DNS to the
+/// resolvers of its own /etc/resolv.conf: in a private mount namespace that
+/// file names the test's server, so no query leaves the machine.
+fn up_under_test_dns(host: &UserHost) -> Result {
     let probe_copy = host.workspace.join("netprobe");
     std::fs::copy(netprobe(), &probe_copy)?;
     std::fs::set_permissions(&probe_copy, std::fs::Permissions::from_mode(0o755))?;
@@ -685,7 +670,7 @@ fn names_are_the_way_out() -> Result {
     ])?;
     let log = host.base().join("dnsmasq.log");
     let _dns = dns_server(&net, &log)?;
-    names_up(&host)?;
+    up_under_test_dns(&host)?;
     let ws = host.workspace.clone();
     let (allowed, wild, denied) = (
         format!("{ALLOWED_NET_HOST}:{PORT}"),
@@ -825,7 +810,7 @@ fn names_are_the_way_out() -> Result {
     );
     down(&host, &ws)?;
     assert_nothing_left(&host);
-    names_up(&host)?;
+    up_under_test_dns(&host)?;
     let (out, addresses) = lookup(&host, "allowed.test.invalid");
     assert_eq!(addresses, ["198.18.2.10"], "{}", text(&out));
     down(&host, &ws)?;
@@ -849,7 +834,7 @@ fn host_dns_forwards_as_v1() -> Result {
         "config check warns that DNS is a way out: {}",
         text(&check)
     );
-    names_up(&host)?;
+    up_under_test_dns(&host)?;
     let out = shell(&host, "cat /etc/resolv.conf");
     assert!(
         String::from_utf8_lossy(&out.stdout).contains("nameserver 10.0.2.3"),

@@ -518,13 +518,7 @@ fn connect(addr: SocketAddr, count: usize) -> ExitCode {
             Err(e) => return fail(&describe(&e)),
         }
     }
-    times.sort_unstable();
-    let n = times.len();
-    let median = if n % 2 == 1 {
-        times[n / 2]
-    } else {
-        (times[n / 2 - 1] + times[n / 2]) / 2
-    };
+    let (n, median) = (times.len(), median(&mut times));
     // Nearest rank: the smallest time at or above 90 % of the samples.
     let p90 = times[(n * 9).div_ceil(10) - 1];
     say(&format!(
@@ -533,6 +527,17 @@ fn connect(addr: SocketAddr, count: usize) -> ExitCode {
         p90.as_micros()
     ));
     ExitCode::SUCCESS
+}
+
+/// The median of `times` (not empty), which it sorts.
+fn median(times: &mut [Duration]) -> Duration {
+    times.sort_unstable();
+    let n = times.len();
+    if n % 2 == 1 {
+        times[n / 2]
+    } else {
+        (times[n / 2 - 1] + times[n / 2]) / 2
+    }
 }
 
 /// `lookup`: COUNT queries for the A records of NAME, one after another,
@@ -578,13 +583,7 @@ fn lookup(addr: SocketAddr, name: &str, count: usize, mark: Option<u32>) -> Exit
         }
         times.push(start.elapsed());
     }
-    times.sort_unstable();
-    let n = times.len();
-    let median = if n % 2 == 1 {
-        times[n / 2]
-    } else {
-        (times[n / 2 - 1] + times[n / 2]) / 2
-    };
+    let (n, median) = (times.len(), median(&mut times));
     say(&format!("lookup count={n} median_us={}", median.as_micros()));
     ExitCode::SUCCESS
 }

@@ -672,7 +672,11 @@ impl StatusView {
                 let admitted: Vec<String> = names
                     .admitted
                     .iter()
-                    .map(|a| format!("{} {} ({}s)", a.name, a.address, a.expires_in_s))
+                    .map(|a| {
+                        // The name is the sandbox's (under a wildcard).
+                        let name = super::printable(&a.name);
+                        format!("{name} {} ({}s)", a.address, a.expires_in_s)
+                    })
                     .collect();
                 row("  admitted", join_or_none(&admitted));
             }
