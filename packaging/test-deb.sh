@@ -28,7 +28,7 @@ apt-get install -y -q "$deb"
 
 [ "$(command -v lazaret)" = /usr/bin/lazaret ] || fail "lazaret is not /usr/bin/lazaret"
 lazaret --version | grep -q '^lazaret ' || fail "lazaret --version"
-for role in coordinator supervisor router netsidecar; do
+for role in coordinator supervisor router netsidecar resolver; do
     [ -x "/usr/libexec/lazaret/lazaret-$role" ] || fail "lazaret-$role is not installed"
 done
 

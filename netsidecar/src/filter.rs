@@ -357,6 +357,7 @@ fn rules(rule: &FilterRule) -> Result<Vec<Vec<Expr>>, SidecarError> {
         ]],
         FilterRule::AcceptDns { resolver } => dns(resolver, None),
         FilterRule::AcceptMarkedDns { resolver, mark } => dns(resolver, Some(mark)),
+        FilterRule::AcceptEstablished => vec![established()],
         FilterRule::AcceptNamed => {
             let mut exprs = ipv4().to_vec();
             exprs.extend([
@@ -423,6 +424,19 @@ fn dns(resolver: Ipv4Addr, mark: Option<u32>) -> Vec<Vec<Expr>> {
         .into()
 }
 
+/// `ct state established,related accept`.
+fn established() -> Vec<Expr> {
+    vec![
+        Expr::Ct(CT_STATE),
+        Expr::Mask(ESTABLISHED_OR_RELATED.to_ne_bytes().to_vec()),
+        Expr::Cmp {
+            op: NEQ,
+            data: vec![0; 4],
+        },
+        Expr::Verdict(ACCEPT),
+    ]
+}
+
 /// The `input` chain's rules: loopback, and replies.
 fn input_rules() -> [Vec<Expr>; 2] {
     [
@@ -434,15 +448,7 @@ fn input_rules() -> [Vec<Expr>; 2] {
             },
             Expr::Verdict(ACCEPT),
         ],
-        vec![
-            Expr::Ct(CT_STATE),
-            Expr::Mask(ESTABLISHED_OR_RELATED.to_ne_bytes().to_vec()),
-            Expr::Cmp {
-                op: NEQ,
-                data: vec![0; 4],
-            },
-            Expr::Verdict(ACCEPT),
-        ],
+        established(),
     ]
 }
 
@@ -644,8 +650,12 @@ pub fn read_back() -> Result<Vec<FilterRule>, SidecarError> {
     Ok(rules)
 }
 
-/// The set's members and the time each has left, read from the kernel.
-pub fn read_admitted() -> Result<Vec<AdmittedAddress>, SidecarError> {
+/// The most members a read-back lists: what a status message carries.
+pub const LISTED_ADMISSIONS: usize = 256;
+
+/// The set's members and the time each has left, read from the kernel, at
+/// most [`LISTED_ADMISSIONS`] of them (by name), and how many there are.
+pub fn read_admitted() -> Result<(Vec<AdmittedAddress>, usize), SidecarError> {
     let mut attrs = Attrs::default();
     attrs.str(ELEMENTS_TABLE, TABLE).str(ELEMENTS_SET, SET);
     let dumped = socket()?
@@ -684,7 +694,9 @@ pub fn read_admitted() -> Result<Vec<AdmittedAddress>, SidecarError> {
         }
     }
     admitted.sort_by(|a, b| (&a.name, a.address).cmp(&(&b.name, b.address)));
-    Ok(admitted)
+    let total = admitted.len();
+    admitted.truncate(LISTED_ADMISSIONS);
+    Ok((admitted, total))
 }
 
 /// The element user data holding `name` as its comment (at most 254 bytes
@@ -886,7 +898,11 @@ fn rules_of(output: &[Vec<Expr>]) -> Result<Vec<FilterRule>, SidecarError> {
 /// The [`FilterRule`]s a rule could be written for, by the destination it
 /// matches.
 fn candidates(exprs: &[Expr]) -> Vec<FilterRule> {
-    let mut candidates = vec![FilterRule::AcceptLoopback, FilterRule::AcceptNamed];
+    let mut candidates = vec![
+        FilterRule::AcceptLoopback,
+        FilterRule::AcceptNamed,
+        FilterRule::AcceptEstablished,
+    ];
     let network = match exprs {
         [_, _, Expr::Verdict(_)] => IpPrefix::ipv4([0; 4], 0),
         [_, _, Expr::Payload { .. }, Expr::Cmp { data, .. }, ..] => <[u8; 4]>::try_from(&data[..])
@@ -964,6 +980,7 @@ mod tests {
             },
             prefix([224, 0, 0, 0], 4, PolicyAction::Deny),
             prefix([10, 0, 0, 0], 8, PolicyAction::Deny),
+            FilterRule::AcceptEstablished,
             FilterRule::AcceptNamed,
         ]
     }
@@ -1144,6 +1161,7 @@ mod tests {
         let listed = nft(&["list", "ruleset"]);
         for expected in [
             "ip daddr @names accept",
+            "ct state established,related accept",
             "meta mark 0x4c5a0053",
             "flags timeout",
         ] {
@@ -1164,7 +1182,8 @@ mod tests {
             set.contains("198.18.0.10 timeout 1m30s") && set.contains("comment \"b.example\""),
             "{set}"
         );
-        let admitted = read_admitted().unwrap();
+        let (admitted, total) = read_admitted().unwrap();
+        assert_eq!(total, 1);
         assert!(
             matches!(&admitted[..], [AdmittedAddress { name, address, expires_in_ms }]
                 if *address == Ipv4Addr::new(198, 18, 0, 10)

@@ -5,7 +5,9 @@
 //! device's MTU, state and /32 address, one route per policy rule (allowed
 //! prefixes via the gateway, marked on-link so the gateway itself needs no
 //! route; denied prefixes `unreachable`) and one link route per resolver.
-//! No default route is ever added. The readback trusts only the kernel:
+//! A default route via the gateway is added only for a policy that names
+//! hosts, whose addresses the filter's set decides (see
+//! [`DerivedNetworkPolicy::expected_routes`]). The readback trusts only the kernel:
 //! the links, the main routing table, the IPv6 switches and addresses.
 
 use std::net::{IpAddr, Ipv4Addr};

@@ -172,10 +172,10 @@ fn observe(
         .map_err(|e| failed(SidecarStep::Request, format!("link: {e}")))?;
     let readback = netlink_runtime()?.block_on(install::observe(&parameters.link))?;
     let observed_filter = filter::read_back()?;
-    let admitted = if observed_filter.contains(&FilterRule::AcceptNamed) {
+    let (admitted, admitted_total) = if observed_filter.contains(&FilterRule::AcceptNamed) {
         filter::read_admitted()?
     } else {
-        Vec::new()
+        (Vec::new(), 0)
     };
     Ok(Observed {
         observation: NetworkObservation {
@@ -186,6 +186,7 @@ fn observe(
             observed_filter,
         },
         admitted,
+        admitted_total: admitted_total as u64,
     })
 }
 

@@ -406,9 +406,11 @@ pub struct NamesStatus {
     pub resolver_running: bool,
     /// What its readiness probes saw.
     pub readiness: crate::resolver::ResolverReadiness,
-    /// The addresses its set holds now, with the time each has left; empty
-    /// when the status was not read back.
+    /// The addresses its set holds now, with the time each has left (as
+    /// many as a status carries); empty when the status was not read back.
     pub admitted: Vec<crate::network::AdmittedAddress>,
+    /// How many addresses its set holds.
+    pub admitted_total: u64,
 }
 
 /// The policy re-verified: the enforcement namespace read back (routes,

@@ -218,6 +218,9 @@ pub enum FilterRule {
     /// Traffic to a member of the set of addresses Lazaret's resolver
     /// answered for allowed names is accepted.
     AcceptNamed,
+    /// Traffic of a connection the filter let begin is accepted: a flow to
+    /// an address admitted for a name outlives the admission.
+    AcceptEstablished,
 }
 
 /// The names part of a v2 policy: which host names the sandbox may reach,
@@ -312,8 +315,10 @@ pub struct AdmittedAddress {
 pub struct Observed {
     /// The routes, filter, device and IPv6 switches.
     pub observation: NetworkObservation,
-    /// The set's members.
+    /// The set's members, as many as a message carries.
     pub admitted: Vec<AdmittedAddress>,
+    /// How many members the set has.
+    pub admitted_total: u64,
 }
 
 /// Multicast and limited broadcast: the filter drops them before any
@@ -596,7 +601,8 @@ impl DerivedNetworkPolicy {
     /// from Lazaret's resolver's marked sockets), the multicast and
     /// broadcast drops, every prefix rule, longest prefix first (so the
     /// first match is the longest, as with routes), then, when `names`
-    /// allows hosts, the addresses its resolver admitted.
+    /// allows hosts, the connections already let through and the
+    /// addresses its resolver admitted.
     pub fn expected_filter(&self, names: Option<&NamedEgress>) -> Vec<FilterRule> {
         let mut filter = vec![FilterRule::AcceptLoopback];
         filter.extend(self.resolvers.iter().filter_map(|r| match r.address {
@@ -620,7 +626,7 @@ impl DerivedNetworkPolicy {
             action: r.action,
         }));
         if names.is_some_and(|n| !n.hosts.is_empty()) {
-            filter.push(FilterRule::AcceptNamed);
+            filter.extend([FilterRule::AcceptEstablished, FilterRule::AcceptNamed]);
         }
         filter
     }
@@ -1422,7 +1428,10 @@ pub(crate) mod tests {
                 mark: NamedEgress::UPSTREAM_MARK,
             }
         );
-        assert_eq!(filter.last(), Some(&FilterRule::AcceptNamed));
+        assert_eq!(
+            filter[filter.len() - 2..],
+            [FilterRule::AcceptEstablished, FilterRule::AcceptNamed]
+        );
         assert!(!filter.contains(&FilterRule::AcceptDns {
             resolver: Ipv4Addr::new(10, 0, 2, 3)
         }));

@@ -132,9 +132,18 @@ pub struct NetworkOwnership {
     pub enforcement_namespace: Option<NamespaceIdentity>,
     /// The Domain user namespace that owns it.
     pub owning_user_namespace: Option<NamespaceIdentity>,
-    /// Lazaret's resolver, when the policy has names; it lives in the
-    /// Domain pid namespace and ends with it.
-    pub resolver: PersistedHostProcessOwnership,
+}
+
+/// Lazaret's resolver, for a policy with names: a participant of its own
+/// (a variant added after the seed's), so rows written before it existed
+/// still decode. It lives in the Domain pid namespace and ends with it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResolverOwnership {
+    /// Digest of the [`NamedEgress`](crate::network::NamedEgress) it
+    /// serves.
+    pub names_digest: Option<Sha256Digest>,
+    /// The resolver process.
+    pub process: PersistedHostProcessOwnership,
 }
 
 /// The generation's helper processes.
@@ -196,6 +205,8 @@ pub enum ParticipantOwnership {
     Sandbox(SandboxOwnership),
     /// The published endpoint.
     Publication(PublicationOwnership),
+    /// Lazaret's resolver.
+    Resolver(ResolverOwnership),
 }
 
 impl ParticipantOwnership {
@@ -209,6 +220,7 @@ impl ParticipantOwnership {
             Self::Helper(_) => ParticipantRole::Helper,
             Self::Sandbox(_) => ParticipantRole::Sandbox,
             Self::Publication(_) => ParticipantRole::Publication,
+            Self::Resolver(_) => ParticipantRole::Resolver,
         }
     }
 }

@@ -131,6 +131,8 @@ pub enum ParticipantRole {
     Sandbox,
     /// The published endpoint.
     Publication,
+    /// Lazaret's resolver.
+    Resolver,
 }
 
 /// Where a participant stands between intent and release.

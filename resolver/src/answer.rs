@@ -11,7 +11,7 @@
 use std::net::Ipv4Addr;
 use std::time::Duration;
 
-use hickory_proto::op::{Message, MessageType, OpCode, Query, ResponseCode};
+use hickory_proto::op::{Edns, Message, MessageType, OpCode, Query, ResponseCode};
 use hickory_proto::rr::{DNSClass, Name, RData, Record, RecordType};
 use lazaret_proto::names::DnsMode;
 use lazaret_proto::network::NamedEgress;
@@ -78,7 +78,9 @@ pub fn decide(names: &NamedEgress, datagram: &[u8]) -> Decision {
 }
 
 /// The query sent upstream for `asked`'s question: a fresh message with
-/// its own `id`, recursion desired, the one question.
+/// its own `id`, recursion desired, the one question in lower case (the
+/// case of letters in a name is no channel out), and EDNS offering
+/// [`EDNS_UDP`] bytes, so answers seldom need truncating.
 pub fn upstream_query(asked: &Message, id: u16) -> Vec<u8> {
     let mut query = Message::new();
     query
@@ -86,7 +88,14 @@ pub fn upstream_query(asked: &Message, id: u16) -> Vec<u8> {
         .set_message_type(MessageType::Query)
         .set_op_code(OpCode::Query)
         .set_recursion_desired(true);
-    query.add_queries(asked.queries().iter().cloned());
+    query.add_queries(asked.queries().iter().map(|q| {
+        let mut q = q.clone();
+        q.set_name(q.name().to_lowercase());
+        q
+    }));
+    let mut edns = Edns::new();
+    edns.set_max_payload(EDNS_UDP as u16);
+    query.set_edns(edns);
     query.to_vec().unwrap_or_default()
 }
 
@@ -116,6 +125,9 @@ pub enum Upstream {
     /// The name points where no allowed name may (the policy's denials,
     /// loopback): the answer is emptied.
     Rebinding(Ipv4Addr),
+    /// Upstream cut its answer short: the client is told so (it may ask
+    /// again over TCP, which this resolver does not serve).
+    Truncated,
 }
 
 /// Follows `answer`'s CNAME chain from the asked name and takes the A
@@ -125,6 +137,9 @@ pub fn read_upstream(
     answer: &Message,
     admits: impl Fn(Ipv4Addr) -> bool,
 ) -> Upstream {
+    if answer.truncated() {
+        return Upstream::Truncated;
+    }
     let longest = NamedEgress::TTL_CLAMP.1.as_secs() as u32;
     let mut name: Name = asked.queries()[0].name().clone();
     let mut records = Vec::new();
@@ -166,26 +181,31 @@ pub fn reply(query: &Message, code: ResponseCode, records: Vec<Record>) -> Vec<u
         Some(edns) => usize::from(edns.max_payload()).clamp(PLAIN_UDP, EDNS_UDP),
         None => PLAIN_UDP,
     };
-    let build = |records: Vec<Record>, truncated: bool| {
-        let mut message = Message::new();
-        message
-            .set_id(query.id())
-            .set_message_type(MessageType::Response)
-            .set_op_code(query.op_code())
-            .set_recursion_desired(query.recursion_desired())
-            .set_recursion_available(true)
-            .set_truncated(truncated)
-            .set_response_code(code);
-        message.add_queries(query.queries().iter().cloned());
-        message.add_answers(records);
-        message.to_vec().unwrap_or_default()
-    };
-    let whole = build(records, false);
+    let mut message = Message::new();
+    message
+        .set_id(query.id())
+        .set_message_type(MessageType::Response)
+        .set_op_code(query.op_code())
+        .set_recursion_desired(query.recursion_desired())
+        .set_recursion_available(true)
+        .set_response_code(code);
+    message.add_queries(query.queries().iter().cloned());
+    message.add_answers(records);
+    let whole = message.to_vec().unwrap_or_default();
     if whole.len() <= limit {
         whole
     } else {
-        build(Vec::new(), true)
+        truncated(query)
     }
+}
+
+/// The answer to `query` that says it was cut short: no records, the TC
+/// bit set.
+pub fn truncated(query: &Message) -> Vec<u8> {
+    let mut message =
+        Message::from_vec(&reply(query, ResponseCode::NoError, Vec::new())).unwrap_or_default();
+    message.set_truncated(true);
+    message.to_vec().unwrap_or_default()
 }
 
 /// Shortens every record's TTL to at most `left`.
@@ -387,6 +407,26 @@ mod tests {
             read_upstream(&asked, &answer, denied),
             Upstream::Rebinding(Ipv4Addr::new(10, 1, 2, 3))
         );
+    }
+
+    #[test]
+    fn upstream_is_asked_in_lower_case_and_a_cut_answer_is_passed_on_as_cut() {
+        let asked = Message::from_vec(&query("ALLOWED.Test.invalid", RecordType::A)).unwrap();
+        let sent = Message::from_vec(&upstream_query(&asked, 5)).unwrap();
+        assert_eq!(sent.queries()[0].name().to_ascii(), "allowed.test.invalid.");
+        assert!(sent.extensions().is_some(), "EDNS offered");
+        // Its answer still matches the sandbox's question.
+        let mut answer = upstream(&asked, vec![]);
+        answer.set_id(5);
+        answer.set_truncated(true);
+        let bytes = answer.to_vec().unwrap();
+        let answer = answers(&bytes, 5, &asked).expect("the answer matches");
+        assert_eq!(
+            read_upstream(&asked, &answer, |_| true),
+            Upstream::Truncated
+        );
+        let cut = Message::from_vec(&truncated(&asked)).unwrap();
+        assert!(cut.truncated() && cut.answers().is_empty() && cut.id() == asked.id());
     }
 
     #[test]

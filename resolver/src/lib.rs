@@ -342,6 +342,7 @@ impl Parts {
             return answer::relayed(query, answered);
         }
         match answer::read_upstream(query, &answered, |a| self.policy.admits(a)) {
+            Upstream::Truncated => answer::truncated(query),
             Upstream::Rebinding(address) => {
                 tracing::warn!(
                     "{} resolves to {address}, which the policy denies: answered with no \

@@ -181,8 +181,10 @@ pub struct NamesView {
     pub dns: &'static str,
     pub resolver: ResolverView,
     /// The addresses admitted for allowed names, as read back for this
-    /// status, with the seconds each has left.
+    /// status, with the seconds each has left (at most 256, by name).
     pub admitted: Vec<AdmittedView>,
+    /// How many addresses are admitted.
+    pub admitted_total: u64,
 }
 
 /// Lazaret's resolver and whether it still runs.
@@ -435,7 +437,12 @@ impl NetworkView {
             allow: prefixes(PolicyAction::Allow),
             deny: prefixes(PolicyAction::Deny),
             platform_deny: network.platform_deny.iter().map(shown).collect(),
-            unlisted: "unreachable",
+            // With names, an unlisted address is reachable while it is
+            // admitted for an allowed name.
+            unlisted: match &network.names {
+                Some(n) if !n.names.hosts.is_empty() => "unreachable unless admitted for a name",
+                _ => "unreachable",
+            },
             ipv6: "disabled",
             resolvers: network
                 .policy
@@ -505,6 +512,7 @@ impl NetworkView {
                         expires_in_s: a.expires_in_ms.div_ceil(1000),
                     })
                     .collect(),
+                admitted_total: n.admitted_total,
             }),
         }
     }
@@ -639,7 +647,15 @@ impl StatusView {
         row("  allow", join_or_none(&n.allow));
         row(
             "  deny",
-            format!("{}; anything unlisted; IPv6", join_or_none(&n.deny)),
+            format!(
+                "{}; anything unlisted{}; IPv6",
+                join_or_none(&n.deny),
+                if n.unlisted == "unreachable" {
+                    ""
+                } else {
+                    " (but what allowed names resolve to)"
+                }
+            ),
         );
         row("  platform deny", join_or_none(&n.platform_deny));
         row(
@@ -669,7 +685,7 @@ impl StatusView {
                         names.resolver.listen
                     ),
                 );
-                let admitted: Vec<String> = names
+                let mut admitted: Vec<String> = names
                     .admitted
                     .iter()
                     .map(|a| {
@@ -678,6 +694,10 @@ impl StatusView {
                         format!("{name} {} ({}s)", a.address, a.expires_in_s)
                     })
                     .collect();
+                let unlisted = names.admitted_total.saturating_sub(admitted.len() as u64);
+                if unlisted > 0 {
+                    admitted.push(format!("and {unlisted} more"));
+                }
                 row("  admitted", join_or_none(&admitted));
             }
         }

@@ -882,8 +882,8 @@ fn bring_up(
             super::workspace::routed(resolved, storage.workspace, routing, report)
         })
         .map_err(|failure| helper_failed(failure, helper))?;
-    let (network, resolver, network_record) =
-        super::network::verify(reporter, requested, attestation)?;
+    let (network, resolver, network_records) =
+        super::network::verify(reporter, &recorder, requested, attestation)?;
     let Published {
         listener,
         sessions,
@@ -905,8 +905,8 @@ fn bring_up(
     // is made, the records say only what was intended, which recovery
     // undoes alike.
     generation.state = GenerationState::Running;
-    let also = [router_record, network_record]
-        .into_iter()
+    let also = std::iter::once(router_record)
+        .chain(network_records)
         .chain(published.map(Intent::becoming_active))
         .collect();
     sandbox.active_with(

@@ -24,13 +24,15 @@ use lazaret_proto::network::{
     ConnectivityLink, DnsOutcome, NamedEgress, NetworkReachabilityProbe, NetworkReadinessIdentity,
     NetworkReadinessIdentitySchemaId,
 };
-use lazaret_proto::ownership::{HelperOwnership, NetworkOwnership, ParticipantOwnership};
+use lazaret_proto::ownership::{
+    HelperOwnership, NetworkOwnership, ParticipantOwnership, ResolverOwnership,
+};
 use lazaret_proto::process::{PersistedHostProcessOwnership, PidfsProcessIdentityV1};
 use lazaret_proto::sidecar::AttestParameters;
 use lazaret_proto::store::ParticipantState;
 
 use super::daemon::{Context, Failure, Reporter, at, failure};
-use super::record::{Became, Intent};
+use super::record::{Became, Intent, Recorder};
 use super::supervisor::{Attested, Namespaces, Supervisor};
 use crate::network::{ConnectivityHelper, policy_memfd};
 use crate::process::HeldProcess;
@@ -213,16 +215,17 @@ pub(super) fn attach(
 /// Verifies the Network Sidecar's attestation against the identity this
 /// coordinator expects and the policy itself, and, for a policy with
 /// names, Lazaret's resolver's readiness against the names: the network
-/// participant became attested (with the resolver), for the caller to
-/// record before the sandbox starts.
+/// participant became attested, and the resolver (recorded as intended
+/// here) running, for the caller to record before the sandbox starts.
 pub(super) fn verify(
     reporter: &Reporter,
+    recorder: &Recorder,
     requested: Requested,
     Attested {
         attestation,
         resolver,
     }: Attested,
-) -> Result<(NetworkStatus, Option<HeldProcess>, Became), Failure> {
+) -> Result<(NetworkStatus, Option<HeldProcess>, Vec<Became>), Failure> {
     let Requested {
         policy,
         platform_deny,
@@ -241,6 +244,7 @@ pub(super) fn verify(
                 format!("the Network Sidecar's attestation is refused: {e}"),
             )
         })?;
+    let mut records = Vec::new();
     let (names, resolver) = match (names, resolver) {
         (None, None) => (None, None),
         (Some(names), Some((pidfd, readiness))) => {
@@ -248,7 +252,22 @@ pub(super) fn verify(
                 .verify(&names)
                 .map_err(|e| failure(STEP, format!("Lazaret's resolver is refused: {e}")))?;
             let held = HeldProcess::from_pidfd(pidfd).map_err(|e| at(STEP)(&e))?;
-            network.resolver = held.committed();
+            let record = |process| {
+                ParticipantOwnership::Resolver(ResolverOwnership {
+                    names_digest: Some(readiness.names_digest),
+                    process,
+                })
+            };
+            let [intent] = recorder.record(
+                STEP,
+                Vec::new(),
+                [(
+                    Slot::RESOLVER,
+                    record(PersistedHostProcessOwnership::Unassigned),
+                )],
+                None,
+            )?;
+            records.push(intent.becoming(ParticipantState::Active, record(held.committed())));
             reporter.progress(STEP, resolver_summary(&names, &readiness));
             let status = NamesStatus {
                 names,
@@ -256,6 +275,7 @@ pub(super) fn verify(
                 resolver_running: true,
                 readiness,
                 admitted: Vec::new(),
+                admitted_total: 0,
             };
             (Some(status), Some(held))
         }
@@ -275,10 +295,10 @@ pub(super) fn verify(
     let readiness_fingerprint = expected.fingerprint().map_err(|e| at(STEP)(&e))?;
     network.readiness_fingerprint = Some(readiness_fingerprint);
     network.readiness_evidence = Some(attestation.evidence().map_err(|e| at(STEP)(&e))?);
-    let became = network_intent.becoming(
+    records.push(network_intent.becoming(
         ParticipantState::Active,
         ParticipantOwnership::Network(network),
-    );
+    ));
     reporter.progress(STEP, summary(&attestation));
     let status = NetworkStatus {
         policy,
@@ -288,7 +308,7 @@ pub(super) fn verify(
         recheck: NetworkRecheck::NotChecked,
         names,
     };
-    Ok((status, resolver, became))
+    Ok((status, resolver, records))
 }
 
 /// One line saying what the resolver's probes showed.

@@ -205,10 +205,11 @@ pub fn release_generation(
                 // directory is the Domain's persistent state.
                 killed += usize::from(stop_recorded("workspace router", n, &routing.router)?);
             }
-            ParticipantOwnership::Network(network) => {
+            ParticipantOwnership::Network(_) => {}
+            ParticipantOwnership::Resolver(resolver) => {
                 // Lazaret's resolver, like the router, ends with the
                 // Domain pid namespace; one that outlived it is stopped.
-                killed += usize::from(stop_recorded("resolver", n, &network.resolver)?);
+                killed += usize::from(stop_recorded("resolver", n, &resolver.process)?);
             }
         }
         store.put_participant(slot, &next)?;
@@ -275,6 +276,7 @@ fn creation_rank(ownership: &ParticipantOwnership) -> u8 {
         ParticipantOwnership::StateAnchor(_) => 1,
         ParticipantOwnership::GitRouting(_) => 2,
         ParticipantOwnership::Network(_) => 3,
+        ParticipantOwnership::Resolver(_) => 3,
         ParticipantOwnership::Helper(_) => 4,
         ParticipantOwnership::Sandbox(_) => 5,
         ParticipantOwnership::Publication(_) => 6,

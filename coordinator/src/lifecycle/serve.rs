@@ -411,9 +411,11 @@ fn recheck(
             let lazaret_proto::network::Observed {
                 observation,
                 admitted,
+                admitted_total,
             } = *observed;
             if let Some(names) = network.names.as_mut() {
                 names.admitted = admitted;
+                names.admitted_total = admitted_total;
             }
             let names = network.names.as_ref().map(|n| &n.names);
             let drift = observation.drift(&network.policy, names);
@@ -432,6 +434,10 @@ fn recheck(
             }
         }
         Err(detail) => {
+            if let Some(names) = network.names.as_mut() {
+                names.admitted.clear();
+                names.admitted_total = 0;
+            }
             tracing::error!("the enforcement namespace could not be read back: {detail}");
             NetworkRecheck::Failed(detail)
         }

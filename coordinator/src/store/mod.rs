@@ -125,6 +125,8 @@ impl Slot {
     pub const CONNECTIVITY_HELPER: Slot = Slot(7);
     /// The workspace routing: its mount, isolated directory and router.
     pub const GIT_ROUTING: Slot = Slot(8);
+    /// Lazaret's resolver, for a policy with names.
+    pub const RESOLVER: Slot = Slot(9);
 
     /// The State Anchor of persistent dir `index`.
     pub fn state_anchor(index: usize) -> Slot {
@@ -143,6 +145,7 @@ impl Slot {
             Self::NETWORK => "network".into(),
             Self::CONNECTIVITY_HELPER => "connectivity-helper".into(),
             Self::GIT_ROUTING => "git-routing".into(),
+            Self::RESOLVER => "resolver".into(),
             Slot(n) if n >= 100 => format!("state-anchor-{}", n - 100),
             Slot(n) => format!("slot-{n}"),
         }
