@@ -770,9 +770,18 @@ fn names_are_the_way_out() -> Result {
     );
 
     // The TTL (5 s) is clamped to 30 s: after it, a new connection fails
-    // until the name is looked up again.
-    std::thread::sleep(std::time::Duration::from_secs(32));
-    unreachable(&host, &allowed, &["EPERM", "ETIMEDOUT"])?;
+    // until the name is looked up again, and one opened before goes on.
+    let held = std::thread::scope(|scope| {
+        let held = scope.spawn(|| probe(&host, &["talk", &allowed, "--hold-ms", "34000"]));
+        std::thread::sleep(std::time::Duration::from_secs(32));
+        let fresh = unreachable(&host, &allowed, &["EPERM", "ETIMEDOUT"]);
+        fresh.map(|()| held.join().expect("the held connection's thread"))
+    })?;
+    assert!(
+        held.status.success() && held.stdout.starts_with(b"ok 6"),
+        "a connection opened while its name was admitted broke at expiry: {}",
+        text(&held)
+    );
     let (_, addresses) = lookup(&host, "allowed.test.invalid");
     assert_eq!(addresses, ["198.18.2.10"]);
     answers(&host, &allowed)?;

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 const USAGE: &str = "usage: lazaret-netprobe serve ADDR:PORT...
        lazaret-netprobe dns ADDR:PORT NAME=IPV4...
-       lazaret-netprobe talk ADDR:PORT [--timeout-ms N]
+       lazaret-netprobe talk ADDR:PORT [--timeout-ms N] [--hold-ms N]
        lazaret-netprobe connect ADDR:PORT COUNT
        lazaret-netprobe send ADDR:PORT MIB
        lazaret-netprobe raw
@@ -79,6 +79,7 @@ enum Command {
     Talk {
         addr: SocketAddr,
         timeout: Duration,
+        hold: Duration,
     },
     Connect {
         addr: SocketAddr,
@@ -122,18 +123,25 @@ fn parse(args: &[String]) -> Result<Command, String> {
                 .map(|n| dns_entry(n))
                 .collect::<Result<_, _>>()?,
         }),
-        ("talk", [addr]) => Ok(Command::Talk {
-            addr: socket_addr(addr)?,
-            timeout: CONNECT_TIMEOUT,
-        }),
-        ("talk", [addr, "--timeout-ms", ms]) => {
-            let ms: u64 = number(ms, "--timeout-ms")?;
-            if ms == 0 {
-                return Err("--timeout-ms must be at least 1".into());
+        ("talk", [addr, options @ ..]) => {
+            let (mut timeout, mut hold) = (CONNECT_TIMEOUT, Duration::ZERO);
+            for pair in options.chunks(2) {
+                match pair {
+                    ["--timeout-ms", ms] => {
+                        let ms: u64 = number(ms, "--timeout-ms")?;
+                        if ms == 0 {
+                            return Err("--timeout-ms must be at least 1".into());
+                        }
+                        timeout = Duration::from_millis(ms);
+                    }
+                    ["--hold-ms", ms] => hold = Duration::from_millis(number(ms, "--hold-ms")?),
+                    _ => return Err("wrong arguments for talk".into()),
+                }
             }
             Ok(Command::Talk {
                 addr: socket_addr(addr)?,
-                timeout: Duration::from_millis(ms),
+                timeout,
+                hold,
             })
         }
         ("connect", [addr, count]) => {
@@ -221,7 +229,11 @@ impl Command {
         match self {
             Command::Serve(addrs) => serve(&addrs),
             Command::Dns { addr, names } => dns(addr, &names),
-            Command::Talk { addr, timeout } => talk(addr, timeout),
+            Command::Talk {
+                addr,
+                timeout,
+                hold,
+            } => talk(addr, timeout, hold),
             Command::Connect { addr, count } => connect(addr, count),
             Command::Send { addr, mib } => send(addr, mib),
             Command::Raw => raw(),
@@ -470,15 +482,19 @@ fn read_reply(stream: &TcpStream) -> io::Result<Vec<u8>> {
 }
 
 /// `talk`: one short exchange; exit 0 iff the reply starts with `ok `.
-fn talk(addr: SocketAddr, timeout: Duration) -> ExitCode {
+fn talk(addr: SocketAddr, timeout: Duration, hold: Duration) -> ExitCode {
     let mut stream = match TcpStream::connect_timeout(&addr, timeout) {
         Ok(stream) => stream,
         Err(e) => return fail(&describe(&e)),
     };
+    // With a hold, the connection stays open that long between the
+    // greeting's two halves.
     let exchanged = stream
         .set_read_timeout(Some(timeout))
         .and_then(|()| stream.set_write_timeout(Some(timeout)))
-        .and_then(|()| stream.write_all(b"hello\n"))
+        .and_then(|()| stream.write_all(b"hel"))
+        .map(|()| std::thread::sleep(hold))
+        .and_then(|()| stream.write_all(b"lo\n"))
         .and_then(|()| stream.shutdown(Shutdown::Write));
     if let Err(e) = exchanged {
         return fail(&format!("write: {}", describe(&e)));
@@ -723,6 +739,8 @@ mod tests {
         let args = |s: &str| s.split(' ').map(str::to_owned).collect::<Vec<_>>();
         assert!(parse(&args("talk 198.18.0.10:7000")).is_ok());
         assert!(parse(&args("talk 198.18.0.10:7000 --timeout-ms 0")).is_err());
+        assert!(parse(&args("talk 198.18.0.10:7000 --hold-ms 10 --timeout-ms 9")).is_ok());
+        assert!(parse(&args("talk 198.18.0.10:7000 --hold-ms")).is_err());
         assert!(parse(&args("talk localhost:7000")).is_err());
         assert!(parse(&args("connect 198.18.0.10:7000 0")).is_err());
         assert!(parse(&args("dns 198.18.0.10:53 a..b=1.2.3.4")).is_err());
