@@ -54,6 +54,9 @@ mod runsc;
 mod sys;
 mod workspace;
 
+// Which platform a runsc gets, as the tests that depend on it ask.
+pub use runsc::Platform;
+
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
