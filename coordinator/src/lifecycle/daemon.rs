@@ -751,7 +751,7 @@ fn bring_up(
     // The policy first: one that cannot be installed stops `up` before
     // anything starts.
     let host = crate::network::HostNetwork::read()
-        .map_err(|message| failure(StartupStep::Network, message))?;
+        .map_err(|e| failure(StartupStep::Network, chain(&e)))?;
     let planned = PlannedNetwork::new(resolved.network(), &host)
         .map_err(|message| invalid(StartupStep::Network, message))?;
     // So do a host program the sandbox could replace and an image
