@@ -368,6 +368,20 @@ fn own(
             Err(super::client::RequestError::NotRunning) if Instant::now() < deadline => {
                 std::thread::sleep(Duration::from_millis(50));
             }
+            // Held, never served: still starting, or an `up` waiting for
+            // the developer's answer to its question.
+            Err(super::client::RequestError::NotRunning) => {
+                return Err(failure(
+                    StartupStep::Ownership,
+                    format!(
+                        "another Lazaret process has held this Domain for {} s without serving \
+                         it; a `lazaret up` may be waiting for an answer to its question \
+                         (answer it there); if it is stuck, end it and run `lazaret down {}`",
+                        PUBLISH_WAIT.as_secs(),
+                        resolved.profile()
+                    ),
+                ));
+            }
             Err(e) => {
                 return Err(failure(
                     StartupStep::Ownership,
