@@ -38,6 +38,8 @@ use std::time::{Duration, Instant};
 
 use rustix::process::{Pid, Signal, WaitOptions};
 
+use crate::process::ProcStat;
+
 /// The argument that selects this mode of `lazaret-coordinator`.
 pub const MODE: &str = "launch";
 
@@ -267,19 +269,11 @@ fn scan_children(parent: Pid) -> Vec<Pid> {
         .collect()
 }
 
-/// The parent of `pid`, from `/proc/PID/stat` (its fourth field, after the
-/// parenthesized name, which may hold anything).
+/// The parent of `pid`, from its `/proc/PID/stat`.
 fn parent_of(pid: Pid) -> Option<Pid> {
-    let stat = std::fs::read(format!("/proc/{}/stat", pid.as_raw_nonzero())).ok()?;
-    parse_parent(&stat)
-}
-
-fn parse_parent(stat: &[u8]) -> Option<Pid> {
-    let close = stat.iter().rposition(|b| *b == b')')?;
-    let rest = std::str::from_utf8(&stat[close + 1..]).ok()?;
-    let mut fields = rest.split_ascii_whitespace();
-    let _state = fields.next()?;
-    Pid::from_raw(fields.next()?.parse().ok()?)
+    ProcStat::read(pid.as_raw_nonzero().get().unsigned_abs())
+        .ok()?
+        .parent()
 }
 
 /// Sends `signal` to `pid`, found as a child of `parent`: by pid when it
@@ -516,10 +510,7 @@ mod tests {
     }
 
     #[test]
-    fn a_parent_is_read_past_any_name() {
-        let stat = b"1234 (a) b (c) S 77 1234 1234 0 -1";
-        assert_eq!(parse_parent(stat), Pid::from_raw(77));
-        assert_eq!(parse_parent(b"1 (x"), None);
+    fn a_children_list_is_read() {
         let pids: Vec<i32> = parse_pids("12 13 \n")
             .map(|p| p.as_raw_nonzero().get())
             .collect();
