@@ -69,32 +69,31 @@ impl HostNetwork {
     /// Reads the host's addresses (an `RTM_GETADDR` dump) and routes (an
     /// `RTM_GETROUTE` dump of every table but `local`) over rtnetlink, in
     /// the network namespace this process runs in.
-    pub fn read() -> Result<Self, String> {
+    pub fn read() -> Result<Self, HostNetworkError> {
         use futures_util::TryStreamExt;
-        let failed =
-            |what: &str, e: &dyn std::fmt::Display| format!("cannot read the host's {what}: {e}");
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_io()
             .build()
-            .map_err(|e| failed("network", &e))?;
+            .map_err(HostNetworkError::Connect)?;
         runtime.block_on(async {
             let (connection, handle, _) =
-                rtnetlink::new_connection().map_err(|e| failed("network", &e))?;
+                rtnetlink::new_connection().map_err(HostNetworkError::Connect)?;
             tokio::spawn(connection);
+            let dump = |what| move |source| HostNetworkError::Dump { what, source };
             let addresses: Vec<_> = handle
                 .address()
                 .get()
                 .execute()
                 .try_collect()
                 .await
-                .map_err(|e| failed("addresses", &e))?;
+                .map_err(dump("addresses"))?;
             let routes: Vec<_> = handle
                 .route()
                 .get(rtnetlink::RouteMessageBuilder::<Ipv4Addr>::new().build())
                 .execute()
                 .try_collect()
                 .await
-                .map_err(|e| failed("routes", &e))?;
+                .map_err(dump("routes"))?;
             Ok(Self::of(&addresses, &routes))
         })
     }
@@ -187,6 +186,23 @@ impl HostNetwork {
         prefixes.dedup();
         prefixes
     }
+}
+
+/// Why the host's own network could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum HostNetworkError {
+    /// No rtnetlink connection (its socket, or the runtime it runs on).
+    #[error("cannot open a netlink connection to read the host's network")]
+    Connect(#[source] std::io::Error),
+    /// The kernel refused or broke off a dump.
+    #[error("cannot read the host's {what} over netlink")]
+    Dump {
+        /// `addresses` or `routes`.
+        what: &'static str,
+        /// The netlink error.
+        #[source]
+        source: rtnetlink::Error,
+    },
 }
 
 /// Loopback, 127.0.0.0/8.

@@ -70,16 +70,12 @@ impl HeldProcess {
     /// only while the pidfd still names that pid with the same start time.
     pub fn stopped(&self) -> bool {
         let pid = self.identity.host_pid;
-        let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        let Ok(stat) = ProcStat::read(pid) else {
             return false;
         };
-        // The state is the first field after the command's last `)`.
-        let state = text
-            .rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().next());
-        matches!(state, Some("T" | "t"))
+        matches!(stat.state(), Some("T" | "t"))
+            && stat.start_time() == Some(self.identity.start_time_ticks)
             && fdinfo_pid(self.pidfd.as_fd()).is_ok_and(|now| now == pid)
-            && start_time(pid).is_ok_and(|t| t == self.identity.start_time_ticks)
     }
 
     /// The durable record of this process, committed.
@@ -140,19 +136,59 @@ pub fn own_identity() -> io::Result<HostProcessIdentity> {
     ))
 }
 
-/// Field 22 of `/proc/PID/stat`: start time in clock ticks since boot.
+/// The start time of process `pid`, in clock ticks since boot.
 fn start_time(pid: u32) -> io::Result<u64> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    // The command name may hold spaces and parentheses; fields resume after
-    // the last `)`.
-    let rest = text
-        .rsplit_once(')')
-        .map(|(_, rest)| rest)
-        .unwrap_or_default();
-    rest.split_whitespace()
-        .nth(19)
-        .and_then(|t| t.parse().ok())
-        .ok_or_else(|| io::Error::other(format!("unreadable /proc/{pid}/stat")))
+    ProcStat::read(pid)?
+        .start_time()
+        .ok_or_else(|| io::Error::other(format!("/proc/{pid}/stat holds no start time")))
+}
+
+/// A process's `/proc/PID/stat` (proc(5)): the fields after its command's
+/// name. The name is in parentheses and may hold anything, spaces and `)`
+/// among it, so the fields are those after the last `)`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProcStat {
+    /// The text after the name's closing `)`.
+    fields: String,
+}
+
+impl ProcStat {
+    /// Reads `/proc/PID/stat` of `pid`.
+    pub fn read(pid: u32) -> io::Result<Self> {
+        let path = format!("/proc/{pid}/stat");
+        let bytes = std::fs::read(&path)?;
+        Self::parse(&bytes).ok_or_else(|| io::Error::other(format!("{path} is not a stat file")))
+    }
+
+    /// The fields of a `stat` file's text; `None` when it has no name.
+    pub fn parse(stat: &[u8]) -> Option<Self> {
+        let close = stat.iter().rposition(|b| *b == b')')?;
+        let fields = std::str::from_utf8(&stat[close + 1..]).ok()?;
+        Some(Self {
+            fields: fields.to_owned(),
+        })
+    }
+
+    /// Field `n` as proc(5) numbers them (the state is field 3).
+    fn field(&self, n: usize) -> Option<&str> {
+        self.fields.split_ascii_whitespace().nth(n.checked_sub(3)?)
+    }
+
+    /// Field 3, the state: `R` running, `S` sleeping, `T` stopped, `t`
+    /// stopped by a tracer, `Z` a zombie, and more.
+    pub fn state(&self) -> Option<&str> {
+        self.field(3)
+    }
+
+    /// Field 4, the parent's pid.
+    pub fn parent(&self) -> Option<Pid> {
+        Pid::from_raw(self.field(4)?.parse().ok()?)
+    }
+
+    /// Field 22, the start time in clock ticks since boot.
+    pub fn start_time(&self) -> Option<u64> {
+        self.field(22)?.parse().ok()
+    }
 }
 
 /// What proving a recorded identity found.
@@ -230,4 +266,20 @@ pub fn pidfd_of_child(child: &std::process::Child) -> io::Result<OwnedFd> {
         .ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))?;
     // The child is not yet reaped, so its pid cannot name another process.
     rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()).map_err(Into::into)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stat_is_read_past_any_name() {
+        let stat = ProcStat::parse(b"1234 (a) b (c) S 77 1234 1234 0 -1");
+        assert_eq!(stat.as_ref().and_then(ProcStat::parent), Pid::from_raw(77));
+        assert_eq!(stat.as_ref().and_then(ProcStat::state), Some("S"));
+        assert_eq!(stat.as_ref().and_then(ProcStat::start_time), None);
+        assert_eq!(ProcStat::parse(b"1 (x").and_then(|s| s.parent()), None);
+        let own = ProcStat::read(std::process::id()).expect("this process's stat");
+        assert!(own.parent().is_some() && own.start_time().is_some());
+    }
 }

@@ -13,7 +13,7 @@
 //! request and descriptors.
 
 use std::collections::{HashMap, HashSet};
-use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Condvar, Mutex};
@@ -190,15 +190,7 @@ pub fn signal(
         .map_err(|e| format!("cannot run runsc kill: {e}"))?;
     // A sandbox that does not answer (stopped, or stuck) holds `runsc kill`
     // for at most this long.
-    let bound = rustix::event::Timespec {
-        tv_sec: KILL_BOUND.as_secs().try_into().unwrap_or(i64::MAX),
-        tv_nsec: 0,
-    };
-    let mut fds = [rustix::event::PollFd::new(
-        &pidfd,
-        rustix::event::PollFlags::IN,
-    )];
-    let ended = matches!(rustix::event::poll(&mut fds, Some(&bound)), Ok(n) if n > 0);
+    let ended = lazaret_proto::channel::readable_within(pidfd.as_fd(), KILL_BOUND).unwrap_or(false);
     if !ended {
         let _ = rustix::process::pidfd_send_signal(&pidfd, rustix::process::Signal::KILL);
     }

@@ -54,6 +54,9 @@ mod runsc;
 mod sys;
 mod workspace;
 
+// Which platform a runsc gets, as the tests that depend on it ask.
+pub use runsc::Platform;
+
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -194,7 +197,7 @@ fn pid1(channel: Channel) -> ExitCode {
     };
     let network = Arc::new(net_fd);
     match prepare_and_run(&channel, &network) {
-        Ok(Some(running)) => serve(Arc::new(channel), &running, exec::Reaper::start()),
+        Ok(Some(running)) => serve(Arc::new(channel), Arc::new(running), exec::Reaper::start()),
         Ok(None) => {
             let _ = channel.send(&SupervisorReport::Stopped, &[]);
             ExitCode::SUCCESS
@@ -249,7 +252,8 @@ fn fd_at(fds: &[OwnedFd], index: FdIndex) -> Result<BorrowedFd<'_>, SupervisorEr
     })
 }
 
-/// What serving a running sandbox needs.
+/// What serving a running sandbox needs; shared with the threads that
+/// signal sessions.
 struct Running {
     runsc: PathBuf,
     platform: runsc::Platform,
@@ -644,7 +648,7 @@ fn runsc_processes() -> Result<(OwnedFd, Option<OwnedFd>), String> {
 }
 
 /// Serves the running sandbox: session processes until `Stop`.
-fn serve(channel: Arc<Channel>, running: &Running, reaper: Arc<exec::Reaper>) -> ExitCode {
+fn serve(channel: Arc<Channel>, running: Arc<Running>, reaper: Arc<exec::Reaper>) -> ExitCode {
     loop {
         match channel.recv() {
             Ok(Received {
@@ -662,7 +666,7 @@ fn serve(channel: Arc<Channel>, running: &Running, reaper: Arc<exec::Reaper>) ->
                 fds,
             }) => {
                 let session_id = request.session_id;
-                let started = start_exec(running, &reaper, &request, &fds);
+                let started = start_exec(&running, &reaper, &request, &fds);
                 match started {
                     Ok(started) => {
                         let (channel, reaper) = (Arc::clone(&channel), Arc::clone(&reaper));
@@ -700,21 +704,9 @@ fn serve(channel: Arc<Channel>, running: &Running, reaper: Arc<exec::Reaper>) ->
                 // On a thread of its own: a sandbox that does not answer
                 // holds up its `runsc kill` (within the bound), not the
                 // other sessions' requests.
-                let reaper = Arc::clone(&reaper);
-                let (runsc, platform, root, container_id) = (
-                    running.runsc.clone(),
-                    running.platform,
-                    running.runsc_root.clone(),
-                    running.container_id.clone(),
-                );
+                let (running, reaper) = (Arc::clone(&running), Arc::clone(&reaper));
                 std::thread::spawn(move || {
-                    let runtime = runsc::Runsc {
-                        runsc: &runsc,
-                        platform,
-                        root: &root,
-                        container_id: &container_id,
-                    };
-                    if let Err(e) = exec::signal(&reaper, &runtime, session_id, signal) {
+                    if let Err(e) = exec::signal(&reaper, &running.runsc(), session_id, signal) {
                         tracing::warn!("signal for session {session_id}: {e}");
                     }
                 });

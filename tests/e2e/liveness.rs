@@ -1,14 +1,15 @@
 //! Nothing hangs and nothing lies, end to end, as the unprivileged test
 //! user with real runsc: `down` with sessions whose input is never read,
 //! `up` with its coordinator killed at each start-up step, `status` and
-//! `down` with a stopped coordinator, the truth after the runsc sandbox is killed, a
-//! Network Sidecar killed while it attests, and a supervisor stopped before
-//! its plan. Every wait is bounded, and every bound is far below the hangs
-//! these tests stand against.
+//! `down` with a stopped coordinator, a session with a stopped router or
+//! sandbox, the truth after the runsc sandbox is killed, a Network Sidecar
+//! killed while it attests, and a supervisor stopped before its plan.
+//! Every wait is bounded, and every bound is far below the hangs these
+//! tests stand against.
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use lazaret_tests::bin;
@@ -64,7 +65,6 @@ pub fn trials() -> Vec<Trial> {
     )
 }
 
-/// Sends `signal` to `pid`.
 /// The threads of a process.
 fn threads(pid: u64) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/task")).map_or(0, Iterator::count)
@@ -91,7 +91,7 @@ fn flooding_session(host: &UserHost, ws: &Path, log: &Path) -> std::io::Result<(
 }
 
 /// Waits up to `timeout` for `child` to exit; kills it past that.
-fn exited_within(child: &mut Child, timeout: Duration) -> Option<std::process::ExitStatus> {
+fn exited_within(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
     let deadline = Instant::now() + timeout;
     loop {
         if let Ok(Some(status)) = child.try_wait() {
@@ -104,6 +104,25 @@ fn exited_within(child: &mut Child, timeout: Duration) -> Option<std::process::E
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// `lazaret ARGS` as the test user in `ws`, given `timeout` to exit
+/// (killed past it): its exit status if it exited in time, and what it
+/// printed.
+fn lazaret_within(
+    host: &UserHost,
+    ws: &Path,
+    args: &[&str],
+    timeout: Duration,
+) -> std::io::Result<(Option<ExitStatus>, Output)> {
+    let mut child = host
+        .command(&bin("lazaret"), ws)
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let exited = exited_within(&mut child, timeout);
+    Ok((exited, child.wait_with_output()?))
 }
 
 fn down_with_unread_input() -> Result {
@@ -254,25 +273,13 @@ fn stopped_coordinator() -> Result {
     signal(coordinator, "STOP")?;
 
     let started = Instant::now();
-    let mut status = host
-        .command(&bin("lazaret"), &ws)
-        .args(["status", "--json"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()?;
-    let exited = exited_within(&mut status, Duration::from_secs(30));
+    let (exited, output) =
+        lazaret_within(&host, &ws, &["status", "--json"], Duration::from_secs(30))?;
     let took = started.elapsed();
-    let output = status.wait_with_output()?;
     let asked_alone = host.lazaret(&ws, &["status", "p"]);
     // `down` gives up on it within its 30 s, asking and all.
-    let mut stopping = host
-        .command(&bin("lazaret"), &ws)
-        .args(["down", "p"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()?;
-    let down_exited = exited_within(&mut stopping, Duration::from_secs(40));
-    let down_output = stopping.wait_with_output()?;
+    let (down_exited, down_output) =
+        lazaret_within(&host, &ws, &["down", "p"], Duration::from_secs(40))?;
     signal(coordinator, "CONT")?;
     let down_exited = down_exited.ok_or("down hung on a stopped coordinator for 40 s")?;
     assert!(!down_exited.success(), "{}", text(&down_output));

@@ -18,7 +18,8 @@ use crate::bin;
 /// module holding such tests locks this for the whole test.
 pub static SERIAL: Mutex<()> = Mutex::new(());
 
-/// The runsc Lazaret runs: the first of the places it looks that exists.
+/// The runsc Lazaret runs: the first of the places the coordinator looks
+/// (`programs::runsc`) that exists.
 pub fn runsc() -> Option<PathBuf> {
     ["/usr/local/bin/runsc", "/usr/bin/runsc"]
         .into_iter()
@@ -26,24 +27,13 @@ pub fn runsc() -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
-/// Whether that runsc offers the systrap platform (`runsc flags` names it
-/// for `-platform`, on standard error), which Lazaret then runs the
-/// sandbox on.
+/// Whether the supervisor runs the sandbox of that runsc on the systrap
+/// platform: the supervisor's own choice, so a trial gated on it runs
+/// where the supervisor takes systrap and only there.
 pub fn runsc_offers_systrap() -> bool {
-    let Some(runsc) = runsc() else {
-        return false;
-    };
-    let Ok(out) = Command::new(runsc).arg("flags").output() else {
-        return false;
-    };
-    let flags = String::from_utf8_lossy(&out.stderr);
-    let mut lines = flags.lines();
-    while let Some(line) = lines.next() {
-        if line.trim_start().starts_with("-platform ") {
-            return lines.next().is_some_and(|help| help.contains("systrap"));
-        }
-    }
-    false
+    runsc().is_some_and(|runsc| {
+        lazaret_supervisor::Platform::of(&runsc) == lazaret_supervisor::Platform::Systrap
+    })
 }
 
 /// The unprivileged user the Domain tests run Lazaret as.

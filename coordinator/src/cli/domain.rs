@@ -302,7 +302,9 @@ pub fn down(globals: &Globals, profile: &str, json: bool) -> Result<(), Failure>
                     super::state::Recovered::Busy => {
                         return Err(failure(format!(
                             "another Lazaret process has held Domain {} for {} s without \
-                         answering; if it is stuck, end it and run `lazaret down {profile}` again",
+                             answering; a `lazaret up` may be waiting for an answer to its \
+                             question (answer it there); if it is stuck, end it and run \
+                             `lazaret down {profile}` again",
                             paths.domain_id,
                             OWNER_WAIT.as_secs()
                         )));

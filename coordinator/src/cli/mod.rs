@@ -249,8 +249,10 @@ fn config_check(globals: &Globals, profile: &str, as_json: bool) -> Result<(), F
         message: format!("invalid configuration: {message}"),
         status: EXIT_INVALID,
     };
-    let host =
-        crate::network::HostNetwork::read().map_err(|message| Failure { message, status: 1 })?;
+    let host = crate::network::HostNetwork::read().map_err(|e| Failure {
+        message: chain(&e),
+        status: 1,
+    })?;
     let planned =
         crate::network::PlannedNetwork::new(resolved.network(), &host).map_err(invalid)?;
     let policy_digest = planned

@@ -23,9 +23,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use rustix::fs::FileType;
+use rustix::io::Errno;
 use rustix::process::{Signal, WaitId, WaitIdOptions};
 
-use super::subreaper;
+use super::subreaper::{self, NotStarted};
 
 use crate::aio::{Exit, Stream};
 use crate::config::confined::{canonicalize, overlaps, proc_self_fd};
@@ -271,6 +272,37 @@ pub enum Ended {
     Signaled(u8),
 }
 
+impl Ended {
+    /// How a process a signal ended ended, from the signal its wait
+    /// status names; `None` for one that exited.
+    pub fn by_signal(signal: Option<i32>) -> Option<Self> {
+        signal.map(|signal| Self::Signaled(u8::try_from(signal).unwrap_or(u8::MAX)))
+    }
+}
+
+/// Why how a host command ended is not known.
+#[derive(Debug, thiserror::Error)]
+pub enum ReapError {
+    /// Waiting for its launch process failed.
+    #[error("cannot learn how the command ended")]
+    Wait(#[source] Errno),
+    /// Its launch process did not start it.
+    #[error("cannot start {program}")]
+    NotStarted {
+        /// The executable's canonical path.
+        program: String,
+        /// Why not.
+        #[source]
+        why: NotStarted,
+    },
+    /// Its launch process exited without saying how it ended.
+    #[error("cannot tell how {program} ended: its launch process gave no report")]
+    NoReport {
+        /// The executable's canonical path.
+        program: String,
+    },
+}
+
 /// How long a launch process has to end everything once told to, before
 /// it is told more bluntly (`SIGHUP`, then `SIGKILL`).
 pub const END_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
@@ -308,37 +340,36 @@ impl HostCommand {
 
     /// Reaps the exited launch process: how the command ended, or why it
     /// could not be started.
-    pub fn reap(&mut self) -> Result<Ended, String> {
+    pub fn reap(&mut self) -> Result<Ended, ReapError> {
+        // Without `WNOHANG`, `waitid` reports the child or fails.
         let status =
             rustix::process::waitid(WaitId::PidFd(self.pidfd.as_fd()), WaitIdOptions::EXITED)
-                .map_err(|e| format!("cannot learn how the command ended: {e}"))?
-                .ok_or_else(|| "cannot learn how the command ended".to_owned())?;
+                .and_then(|status| status.ok_or(Errno::CHILD))
+                .map_err(ReapError::Wait)?;
         self.reaped = true;
-        let mut bytes = vec![0u8; subreaper::MAX_REPORT];
+        let mut bytes = [0u8; subreaper::MAX_REPORT];
         let mut len = 0;
         while len < bytes.len() {
             match rustix::io::read(&self.report, &mut bytes[len..]) {
                 Ok(0) => break,
                 Ok(n) => len += n,
-                Err(rustix::io::Errno::INTR) => {}
+                Err(Errno::INTR) => {}
                 Err(_) => break,
             }
         }
-        match subreaper::Report::decode(&bytes[..len]) {
-            Some(subreaper::Report::Exited(code)) => Ok(Ended::Exited(code)),
-            Some(subreaper::Report::Signaled(signal)) => Ok(Ended::Signaled(signal)),
-            Some(subreaper::Report::Failed(why)) => {
-                Err(format!("cannot start {}: {why}", self.program))
-            }
+        match subreaper::decode_report(&bytes[..len]) {
+            Some(Ok(ended)) => Ok(ended),
+            Some(Err(why)) => Err(ReapError::NotStarted {
+                program: self.program.clone(),
+                why,
+            }),
             // Killed before it could say: as it ended. One that exited
             // without a report failed, whatever its status.
-            None => match status.terminating_signal() {
-                Some(signal) => Ok(Ended::Signaled(u8::try_from(signal).unwrap_or(u8::MAX))),
-                None => Err(format!(
-                    "cannot tell how {} ended: its launch process gave no report",
-                    self.program
-                )),
-            },
+            None => {
+                Ended::by_signal(status.terminating_signal()).ok_or_else(|| ReapError::NoReport {
+                    program: self.program.clone(),
+                })
+            }
         }
     }
 }

@@ -1001,7 +1001,7 @@ async fn run(
             }
         }
     }
-    let ended = command.reap()?;
+    let ended = command.reap().map_err(|e| crate::lifecycle::chain(&e))?;
     Ok(Ran {
         ended: Some(ended),
         chunks: sequence,

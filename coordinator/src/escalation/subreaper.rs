@@ -36,7 +36,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use rustix::io::Errno;
 use rustix::process::{Pid, Signal, WaitOptions};
+
+use super::launch::Ended;
+use crate::process::ProcStat;
 
 /// The argument that selects this mode of `lazaret-coordinator`.
 pub const MODE: &str = "launch";
@@ -45,47 +49,69 @@ pub const MODE: &str = "launch";
 pub const TERM_GRACE: Duration = Duration::from_millis(500);
 
 /// The most bytes of a report.
-pub const MAX_REPORT: usize = 4096;
+pub const MAX_REPORT: usize = 64;
 
-/// How the command ended, as the report pipe says it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Report {
-    /// It exited with this status.
-    Exited(u8),
-    /// This signal ended it.
-    Signaled(u8),
-    /// It could not be started: why.
-    Failed(String),
+/// Why the launch process did not start the command.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum NotStarted {
+    /// Its parent-death signal, its role as subreaper or its signal
+    /// handlers could not be set up.
+    #[error("cannot prepare its launch")]
+    Prepare(#[source] Errno),
+    /// The coordinator died before the parent-death signal was set.
+    #[error("the coordinator ended before it started")]
+    Orphaned,
+    /// It was cancelled, or its session or Domain ended, while the launch
+    /// process made ready.
+    #[error("it was cancelled before it started")]
+    Cancelled,
+    /// Starting it failed (`execve(2)`, `fork(2)`).
+    #[error(transparent)]
+    Spawn(Errno),
 }
 
-impl Report {
-    /// The report's bytes on the pipe.
-    pub fn encode(&self) -> Vec<u8> {
-        let text = match self {
-            Report::Exited(code) => format!("exited {code}"),
-            Report::Signaled(signal) => format!("signaled {signal}"),
-            Report::Failed(why) => format!("failed {why}"),
-        };
-        // Cut on a character's boundary, so the report still decodes.
-        let mut end = text.len().min(MAX_REPORT);
-        while !text.is_char_boundary(end) {
-            end -= 1;
-        }
-        text.as_bytes()[..end].to_vec()
-    }
+/// What the launch process reports: how the command ended, or why it
+/// was not started.
+pub type Report = Result<Ended, NotStarted>;
 
-    /// Reads a report; `None` when it is not one (the launch process was
-    /// killed before it wrote it).
-    pub fn decode(bytes: &[u8]) -> Option<Self> {
-        let text = std::str::from_utf8(bytes).ok()?;
-        let (kind, rest) = text.split_once(' ')?;
-        match kind {
-            "exited" => rest.parse().ok().map(Report::Exited),
-            "signaled" => rest.parse().ok().map(Report::Signaled),
-            "failed" => Some(Report::Failed(rest.to_owned())),
-            _ => None,
-        }
-    }
+/// `report`'s bytes on the pipe.
+pub fn encode_report(report: &Report) -> Vec<u8> {
+    let text = match report {
+        Ok(Ended::Exited(code)) => format!("exited {code}"),
+        Ok(Ended::Signaled(signal)) => format!("signaled {signal}"),
+        Err(NotStarted::Prepare(e)) => format!("prepare-failed {}", e.raw_os_error()),
+        Err(NotStarted::Orphaned) => "orphaned".to_owned(),
+        Err(NotStarted::Cancelled) => "cancelled".to_owned(),
+        Err(NotStarted::Spawn(e)) => format!("spawn-failed {}", e.raw_os_error()),
+    };
+    text.into_bytes()
+}
+
+/// Reads a report; `None` when it is not one (the launch process was
+/// killed before it wrote it).
+pub fn decode_report(bytes: &[u8]) -> Option<Report> {
+    let text = std::str::from_utf8(bytes).ok()?;
+    let (kind, number) = text.split_once(' ').unwrap_or((text, ""));
+    let errno = || {
+        let raw = std::io::Error::from_raw_os_error(number.parse().ok()?);
+        Errno::from_io_error(&raw)
+    };
+    Some(match (kind, number) {
+        ("exited", _) => Ok(Ended::Exited(number.parse().ok()?)),
+        ("signaled", _) => Ok(Ended::Signaled(number.parse().ok()?)),
+        ("prepare-failed", _) => Err(NotStarted::Prepare(errno()?)),
+        ("orphaned", "") => Err(NotStarted::Orphaned),
+        ("cancelled", "") => Err(NotStarted::Cancelled),
+        ("spawn-failed", _) => Err(NotStarted::Spawn(errno()?)),
+        _ => return None,
+    })
+}
+
+/// The error number of `e`. Every error of a launch is a system call's;
+/// one that is not (the standard library refusing an argument) reads as
+/// `EINVAL`.
+fn errno(e: &std::io::Error) -> Errno {
+    Errno::from_io_error(e).unwrap_or(Errno::INVAL)
 }
 
 /// What the coordinator hands the launch process.
@@ -200,13 +226,10 @@ impl Signals {
 }
 
 /// How a reaped child ended.
-fn report_of(status: rustix::process::WaitStatus) -> Report {
-    match status.terminating_signal() {
-        Some(signal) => Report::Signaled(u8::try_from(signal).unwrap_or(u8::MAX)),
-        None => {
-            Report::Exited(u8::try_from(status.exit_status().unwrap_or(255) & 0xff).unwrap_or(255))
-        }
-    }
+fn ended_of(status: rustix::process::WaitStatus) -> Ended {
+    Ended::by_signal(status.terminating_signal()).unwrap_or_else(|| {
+        Ended::Exited(u8::try_from(status.exit_status().unwrap_or(255) & 0xff).unwrap_or(255))
+    })
 }
 
 /// This process's children and theirs, down the tree: (pid, its parent).
@@ -267,19 +290,11 @@ fn scan_children(parent: Pid) -> Vec<Pid> {
         .collect()
 }
 
-/// The parent of `pid`, from `/proc/PID/stat` (its fourth field, after the
-/// parenthesized name, which may hold anything).
+/// The parent of `pid`, from its `/proc/PID/stat`.
 fn parent_of(pid: Pid) -> Option<Pid> {
-    let stat = std::fs::read(format!("/proc/{}/stat", pid.as_raw_nonzero())).ok()?;
-    parse_parent(&stat)
-}
-
-fn parse_parent(stat: &[u8]) -> Option<Pid> {
-    let close = stat.iter().rposition(|b| *b == b')')?;
-    let rest = std::str::from_utf8(&stat[close + 1..]).ok()?;
-    let mut fields = rest.split_ascii_whitespace();
-    let _state = fields.next()?;
-    Pid::from_raw(fields.next()?.parse().ok()?)
+    ProcStat::read(pid.as_raw_nonzero().get().unsigned_abs())
+        .ok()?
+        .parent()
 }
 
 /// Sends `signal` to `pid`, found as a child of `parent`: by pid when it
@@ -323,12 +338,12 @@ fn signal_all(me: Pid, signal: Signal) {
 
 /// Reaps what has ended without waiting, noting the command's end if it
 /// was among them; whether any child is left.
-fn reap_ended(command: Pid, ended: &mut Option<Report>) -> bool {
+fn reap_ended(command: Pid, ended: &mut Option<Ended>) -> bool {
     loop {
         match rustix::process::wait(WaitOptions::NOHANG) {
             Ok(Some((pid, status))) => {
                 if pid == command {
-                    *ended = Some(report_of(status));
+                    *ended = Some(ended_of(status));
                 }
             }
             Err(rustix::io::Errno::INTR) => {}
@@ -350,7 +365,7 @@ const KILL_LIMIT: Duration = Duration::from_secs(5);
 /// Kills everything below this process and reaps it, until no child is
 /// left: what a killed process had started is re-parented here and found
 /// on the next round.
-fn kill_all(me: Pid, command: Pid, signals: &Signals, ended: &mut Option<Report>) {
+fn kill_all(me: Pid, command: Pid, signals: &Signals, ended: &mut Option<Ended>) {
     let limit = Instant::now() + KILL_LIMIT;
     loop {
         for (pid, parent) in descendants(me) {
@@ -393,7 +408,7 @@ pub fn main(args: &[OsString]) -> ExitCode {
     let outcome = run(&args, executable);
     // A report that could not be written is a failure of the launch, not
     // a clean exit of the command.
-    match report.write_all(&outcome.encode()) {
+    match report.write_all(&encode_report(&outcome)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(_) => ExitCode::FAILURE,
     }
@@ -402,30 +417,8 @@ pub fn main(args: &[OsString]) -> ExitCode {
 /// Starts the command and follows it to its end.
 fn run(args: &Arguments, executable: OwnedFd) -> Report {
     let me = rustix::process::getpid();
-    // Ends with the coordinator, but ends what is below it first.
-    let setup = rustix::process::set_parent_process_death_signal(Some(Signal::HUP))
-        .and_then(|()| rustix::process::set_child_subreaper(Some(me)))
-        .map_err(std::io::Error::from);
-    let signals = match setup.and_then(|()| Signals::catch()) {
-        Ok(signals) => signals,
-        Err(e) => return Report::Failed(format!("cannot prepare its launch: {e}")),
-    };
-    if rustix::process::getppid()
-        .map(Pid::as_raw_nonzero)
-        .map(i32::from)
-        != Some(args.parent)
-    {
-        return Report::Failed("the coordinator ended before it started".into());
-    }
-    // Cancelled, or its session or Domain ended, while this process made
-    // ready: the command never starts.
-    if signals.terminate.load(Ordering::SeqCst) || signals.hang_up.load(Ordering::SeqCst) {
-        return Report::Failed("it was cancelled before it started".into());
-    }
-    let command = match spawn(args, &executable) {
-        Ok(pid) => pid,
-        Err(e) => return Report::Failed(e.to_string()),
-    };
+    let signals = prepare(me, args.parent)?;
+    let command = spawn(args, &executable).map_err(|e| NotStarted::Spawn(errno(&e)))?;
     drop(executable);
     // Only the command and what it starts hold the output pipes now, so
     // the coordinator sees them end with it.
@@ -437,8 +430,40 @@ fn run(args: &Arguments, executable: OwnedFd) -> Report {
         let _ = rustix::stdio::dup2_stdout(&null);
         let _ = rustix::stdio::dup2_stderr(&null);
     }
+    Ok(follow(me, command, &signals))
+}
 
-    let mut ended: Option<Report> = None;
+/// Makes this process ready to start the command: it ends with the
+/// coordinator `parent` (but ends what is below it first), is the
+/// subreaper of whatever the command leaves, and catches the signals
+/// that end the command; the coordinator must still be its parent, and
+/// no cancellation may have come meanwhile.
+fn prepare(me: Pid, parent: i32) -> Result<Signals, NotStarted> {
+    rustix::process::set_parent_process_death_signal(Some(Signal::HUP))
+        .and_then(|()| rustix::process::set_child_subreaper(Some(me)))
+        .map_err(NotStarted::Prepare)?;
+    let signals = Signals::catch().map_err(|e| NotStarted::Prepare(errno(&e)))?;
+    if rustix::process::getppid()
+        .map(Pid::as_raw_nonzero)
+        .map(i32::from)
+        != Some(parent)
+    {
+        return Err(NotStarted::Orphaned);
+    }
+    // Cancelled, or its session or Domain ended, while this process made
+    // ready: the command never starts.
+    if signals.terminate.load(Ordering::SeqCst) || signals.hang_up.load(Ordering::SeqCst) {
+        return Err(NotStarted::Cancelled);
+    }
+    Ok(signals)
+}
+
+/// Follows the started `command` to its end: it exits, or is cancelled
+/// (`SIGTERM` to everything below this process, then [`TERM_GRACE`] to
+/// end), or this process is told to end it all (`SIGHUP`). Then kills
+/// and reaps everything left; how the command ended.
+fn follow(me: Pid, command: Pid, signals: &Signals) -> Ended {
+    let mut ended: Option<Ended> = None;
     let mut grace_ends: Option<Instant> = None;
     loop {
         reap_ended(command, &mut ended);
@@ -455,8 +480,8 @@ fn run(args: &Arguments, executable: OwnedFd) -> Report {
         }
         signals.wait(grace_ends);
     }
-    kill_all(me, command, &signals, &mut ended);
-    ended.unwrap_or(Report::Signaled(Signal::KILL.as_raw() as u8))
+    kill_all(me, command, signals, &mut ended);
+    ended.unwrap_or(Ended::Signaled(Signal::KILL.as_raw() as u8))
 }
 
 /// Starts the command: `/proc/self/fd/N` of the executable with the
@@ -482,10 +507,8 @@ fn spawn(args: &Arguments, executable: &OwnedFd) -> std::io::Result<Pid> {
             die_with_parent: true,
         },
     )?;
-    let pid = i32::try_from(child.id()).ok().and_then(Pid::from_raw);
     // The child is reaped by `wait`, not through `Child`.
-    drop(child);
-    pid.ok_or_else(|| std::io::Error::other("the command has no pid"))
+    Ok(Pid::from_child(&child))
 }
 
 #[cfg(test)]
@@ -504,22 +527,25 @@ mod tests {
         assert!(Arguments::parse(&["launch".into(), "7".into()]).is_err());
         assert!(Arguments::parse(&["start".into()]).is_err());
         for report in [
-            Report::Exited(0),
-            Report::Exited(255),
-            Report::Signaled(9),
-            Report::Failed("cannot start it: no such file".into()),
+            Ok(Ended::Exited(0)),
+            Ok(Ended::Exited(255)),
+            Ok(Ended::Signaled(9)),
+            Err(NotStarted::Prepare(Errno::PERM)),
+            Err(NotStarted::Orphaned),
+            Err(NotStarted::Cancelled),
+            Err(NotStarted::Spawn(Errno::NOENT)),
         ] {
-            assert_eq!(Report::decode(&report.encode()), Some(report));
+            let bytes = encode_report(&report);
+            assert!(bytes.len() <= MAX_REPORT);
+            assert_eq!(decode_report(&bytes), Some(report));
         }
-        assert_eq!(Report::decode(b""), None);
-        assert_eq!(Report::decode(b"exited x"), None);
+        assert_eq!(decode_report(b""), None);
+        assert_eq!(decode_report(b"exited x"), None);
+        assert_eq!(decode_report(b"spawn-failed 99999"), None);
     }
 
     #[test]
-    fn a_parent_is_read_past_any_name() {
-        let stat = b"1234 (a) b (c) S 77 1234 1234 0 -1";
-        assert_eq!(parse_parent(stat), Pid::from_raw(77));
-        assert_eq!(parse_parent(b"1 (x"), None);
+    fn a_children_list_is_read() {
         let pids: Vec<i32> = parse_pids("12 13 \n")
             .map(|p| p.as_raw_nonzero().get())
             .collect();

@@ -368,6 +368,20 @@ fn own(
             Err(super::client::RequestError::NotRunning) if Instant::now() < deadline => {
                 std::thread::sleep(Duration::from_millis(50));
             }
+            // Held, never served: still starting, or an `up` waiting for
+            // the developer's answer to its question.
+            Err(super::client::RequestError::NotRunning) => {
+                return Err(failure(
+                    StartupStep::Ownership,
+                    format!(
+                        "another Lazaret process has held this Domain for {} s without serving \
+                         it; a `lazaret up` may be waiting for an answer to its question \
+                         (answer it there); if it is stuck, end it and run `lazaret down {}`",
+                        PUBLISH_WAIT.as_secs(),
+                        resolved.profile()
+                    ),
+                ));
+            }
             Err(e) => {
                 return Err(failure(
                     StartupStep::Ownership,
@@ -751,7 +765,7 @@ fn bring_up(
     // The policy first: one that cannot be installed stops `up` before
     // anything starts.
     let host = crate::network::HostNetwork::read()
-        .map_err(|message| failure(StartupStep::Network, message))?;
+        .map_err(|e| failure(StartupStep::Network, chain(&e)))?;
     let planned = PlannedNetwork::new(resolved.network(), &host)
         .map_err(|message| invalid(StartupStep::Network, message))?;
     // So do a host program the sandbox could replace and an image
