@@ -16,6 +16,7 @@
 //! the sandbox's own, so this client defends its output, not the host.
 
 #![deny(missing_docs)]
+#![forbid(unsafe_code)]
 
 use std::ffi::OsString;
 use std::fs::File;

@@ -1,6 +1,8 @@
 //! `lazaret-escalate`: asks the host, from inside the sandbox, to run one
 //! command; see the library for the protocol.
 
+#![forbid(unsafe_code)]
+
 use std::process::ExitCode;
 
 fn main() -> ExitCode {

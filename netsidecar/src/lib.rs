@@ -32,6 +32,7 @@
 //! and checks what that supervisor sends before acting on it.
 
 #![deny(missing_docs)]
+#![forbid(unsafe_code)]
 
 mod filter;
 mod install;

@@ -31,6 +31,7 @@
 //! ([`answer`]).
 
 #![deny(missing_docs)]
+#![forbid(unsafe_code)]
 
 pub mod admissions;
 pub mod answer;

@@ -27,6 +27,7 @@
 //! [`WorkspaceRules`]: lazaret_proto::router::WorkspaceRules
 
 #![deny(missing_docs)]
+#![forbid(unsafe_code)]
 
 mod fuse;
 pub mod ids;

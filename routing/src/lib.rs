@@ -15,6 +15,7 @@
 //! [`Classifier`]: classify::Classifier
 
 #![deny(missing_docs)]
+#![forbid(unsafe_code)]
 
 pub mod classify;
 pub mod command;
