@@ -6,6 +6,11 @@
 //! usage). It trusts the user's arguments only after
 //! clap and the configuration loader have checked them.
 
+// The Host Coordinator's library, by the names the CLI has always used
+// (its `state` records are `lazaret_coordinator::state`: `state` here is
+// the CLI's own commands).
+use lazaret_coordinator::{config, escalation, image, lifecycle, network, programs, session};
+
 mod agents;
 mod args;
 mod attach;
@@ -27,7 +32,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
-use crate::config::{self, ConfigError, HostEnvironment, LoadRequest, ResolvedDomainConfiguration};
+use crate::config::{ConfigError, HostEnvironment, LoadRequest, ResolvedDomainConfiguration};
 use crate::lifecycle::chain;
 use args::{Cli, Command, ConfigCommand, ExportCommand};
 

@@ -772,7 +772,7 @@ mod tests {
 
     /// The manifests of profile `p` of `text`, exported as `export` does.
     fn manifests(text: &str, fqdn: Option<FqdnPolicy>) -> Manifests {
-        let (_dir, resolved) = crate::cli::tests::scratch_load(text);
+        let (_dir, resolved) = crate::tests::scratch_load(text);
         let policy = crate::network::derive_policy(
             resolved.network(),
             &crate::network::platform_deny(&crate::network::HostNetwork::default(), &[]),
@@ -909,7 +909,7 @@ mod tests {
         );
 
         // Its CIDR rules decide every address as the profile's policy does.
-        let (_dir, resolved) = crate::cli::tests::scratch_load(NAMED);
+        let (_dir, resolved) = crate::tests::scratch_load(NAMED);
         let derived = crate::network::derive_policy(
             resolved.network(),
             &crate::network::platform_deny(&crate::network::HostNetwork::default(), &[]),

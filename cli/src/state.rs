@@ -4,7 +4,7 @@
 //!
 //! Owns how those commands select a Domain (PROFILE and the workspace, or
 //! `--domain ID` for one whose profile no longer loads), what they print,
-//! and the question `reset` asks. Trusts [`crate::state`] for the records
+//! and the question `reset` asks. Trusts [`lazaret_coordinator::state`] for the records
 //! and the files; asks before anything is removed unless told not to.
 
 use std::io::{BufRead, IsTerminal, Write};
@@ -17,7 +17,7 @@ use super::args::{DomainArg, ImageCommand, StateCommand};
 use super::{Failure, Globals, failure, print, print_json, printable};
 use crate::config::HostEnvironment;
 use crate::lifecycle::{DomainPaths, chain, client};
-use crate::state::{Access, DomainState, DomainSummary, Held, Roots, StateError};
+use lazaret_coordinator::state::{Access, DomainState, DomainSummary, Held, Roots, StateError};
 
 fn failed(error: &StateError) -> Failure {
     failure(chain(error))
@@ -282,7 +282,7 @@ fn inspect(globals: &Globals, roots: &Roots, arg: &DomainArg) -> Result<(), Fail
             text.push_str(&format!(
                 "    ... and {} more (`--json` lists up to {})\n",
                 named - 50,
-                crate::state::anchor::MAX_NAMED
+                lazaret_coordinator::state::anchor::MAX_NAMED
             ));
         }
     }
@@ -293,7 +293,7 @@ fn inspect(globals: &Globals, roots: &Roots, arg: &DomainArg) -> Result<(), Fail
 struct Verified {
     domain_id: String,
     clean: bool,
-    findings: Vec<crate::state::Finding>,
+    findings: Vec<lazaret_coordinator::state::Finding>,
 }
 
 fn verify(globals: &Globals, roots: &Roots, arg: &DomainArg) -> Result<u8, Failure> {
@@ -333,7 +333,7 @@ fn verify(globals: &Globals, roots: &Roots, arg: &DomainArg) -> Result<u8, Failu
 struct Reset {
     domain_id: String,
     recovered_generation: Option<u64>,
-    removed: Vec<crate::state::Removal>,
+    removed: Vec<lazaret_coordinator::state::Removal>,
 }
 
 fn reset(
@@ -414,12 +414,12 @@ pub(super) fn image(globals: &Globals, command: ImageCommand) -> Result<u8, Fail
     let (as_json, images, pruned) = match command {
         ImageCommand::List { json } => (
             json,
-            crate::state::images(&catalog).map_err(|e| failed(&e))?,
+            lazaret_coordinator::state::images(&catalog).map_err(|e| failed(&e))?,
             false,
         ),
         ImageCommand::Prune { json } => (
             json,
-            crate::state::prune(&catalog).map_err(|e| failed(&e))?,
+            lazaret_coordinator::state::prune(&catalog).map_err(|e| failed(&e))?,
             true,
         ),
     };
@@ -427,7 +427,7 @@ pub(super) fn image(globals: &Globals, command: ImageCommand) -> Result<u8, Fail
         #[derive(Serialize)]
         struct Images<'a> {
             pruned: bool,
-            images: &'a [crate::state::ImageSummary],
+            images: &'a [lazaret_coordinator::state::ImageSummary],
         }
         print_json(&Images {
             pruned,
