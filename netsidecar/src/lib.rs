@@ -45,6 +45,7 @@ use std::os::fd::BorrowedFd;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
+use lazaret_proto::channel::FdIndex;
 use lazaret_proto::channel::{Endpoint, Received};
 use lazaret_proto::codec::{self, WireRecord};
 use lazaret_proto::common::UnixTimeNs;
@@ -58,7 +59,6 @@ use lazaret_proto::ownership::NamespaceIdentity;
 use lazaret_proto::sidecar::{
     AttestRequest, ObserveRequest, SidecarError, SidecarReport, SidecarRequest, SidecarStep,
 };
-use lazaret_proto::supervisor::FdIndex;
 use rustix::thread::CapabilitySet;
 
 type Channel = Endpoint<SidecarReport, SidecarRequest>;

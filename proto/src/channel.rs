@@ -891,3 +891,57 @@ pub fn require_peer_uid(
     }
     Ok(credentials)
 }
+
+/// The index of a descriptor in the packet that carries a message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct FdIndex(pub u16);
+
+impl FdIndex {
+    /// The descriptor this index names among a packet's `fds`.
+    pub fn get(self, fds: &[OwnedFd]) -> Option<BorrowedFd<'_>> {
+        fds.get(usize::from(self.0)).map(AsFd::as_fd)
+    }
+
+    /// The descriptor this index names, keeping it and closing the rest.
+    pub fn pick(self, fds: Vec<OwnedFd>) -> Option<OwnedFd> {
+        fds.into_iter().nth(usize::from(self.0))
+    }
+
+    /// Takes the descriptor this index names out of a packet's `fds`, for
+    /// packets that carry several to keep.
+    pub fn take(self, fds: &mut [Option<OwnedFd>]) -> Option<OwnedFd> {
+        fds.get_mut(usize::from(self.0)).and_then(Option::take)
+    }
+}
+
+/// The descriptors a packet carries, built beside the record that names
+/// them: each [`FdList::push`] hands out the [`FdIndex`] the record stores,
+/// so no index is counted by hand.
+#[derive(Debug, Default)]
+pub struct FdList<'a> {
+    fds: Vec<BorrowedFd<'a>>,
+}
+
+impl<'a> FdList<'a> {
+    /// An empty list.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds `fd` and returns the index that names it in the packet.
+    ///
+    /// # Panics
+    ///
+    /// Past 65,536 descriptors, far more than any channel's limit (the
+    /// send refuses more than its limit anyway).
+    pub fn push(&mut self, fd: BorrowedFd<'a>) -> FdIndex {
+        let index = u16::try_from(self.fds.len()).expect("fewer than 65,536 descriptors");
+        self.fds.push(fd);
+        FdIndex(index)
+    }
+
+    /// The descriptors, in the order their indexes name them.
+    pub fn as_slice(&self) -> &[BorrowedFd<'a>] {
+        &self.fds
+    }
+}

@@ -12,10 +12,10 @@ use std::net::{Ipv4Addr, SocketAddrV4};
 
 use serde::{Deserialize, Serialize};
 
+use crate::channel::FdIndex;
 use crate::codec::WireRecord;
 use crate::ids::Sha256Digest;
 use crate::network::NamedEgress;
-use crate::supervisor::FdIndex;
 
 /// What the resolver is asked to do: serve `names` for the policy in the
 /// memfd, upstream through `upstream`.
@@ -85,42 +85,66 @@ impl ResolverReadiness {
     /// same names, the listening address, the disallowed probe refused and
     /// never forwarded unless DNS is the host's, and the allowed probe
     /// answered when a name is allowed.
-    pub fn verify(&self, names: &NamedEgress) -> Result<(), String> {
-        let digest = names
-            .digest()
-            .map_err(|e| format!("cannot digest the names: {e}"))?;
-        if self.names_digest != digest {
-            return Err("it serves other names than it was given".into());
+    pub fn verify(&self, names: &NamedEgress) -> Result<(), ReadinessMismatch> {
+        if self.names_digest != names.digest().map_err(ReadinessMismatch::Digest)? {
+            return Err(ReadinessMismatch::OtherNames);
         }
         if self.listen != NamedEgress::LISTEN {
-            return Err(format!(
-                "it listens on {}, not {}",
-                self.listen,
-                NamedEgress::LISTEN
-            ));
+            return Err(ReadinessMismatch::Listen(self.listen));
         }
         let refused = &self.refused_probe;
         if refused.name != NamedEgress::REFUSED_PROBE {
-            return Err(format!("it probed {:?} as the refused name", refused.name));
+            return Err(ReadinessMismatch::RefusedProbeName(refused.name.clone()));
         }
         if names.dns == crate::names::DnsMode::Lazaret
             && (refused.forwarded || refused.response_code != REFUSED)
         {
-            return Err(format!(
-                "it did not refuse a name the policy does not allow (rcode {}, forwarded: {})",
-                refused.response_code, refused.forwarded
-            ));
+            return Err(ReadinessMismatch::NotRefused {
+                response_code: refused.response_code,
+                forwarded: refused.forwarded,
+            });
         }
         match (&self.allowed_probe, names.allowed_probe()) {
             (None, None) => Ok(()),
             (Some(probe), Some(name)) if probe.name == name && probe.forwarded => Ok(()),
-            (Some(probe), _) => Err(format!(
-                "its allowed probe {:?} was not the expected name or was not forwarded",
-                probe.name
-            )),
-            (None, Some(name)) => Err(format!("it did not probe the allowed name {name}")),
+            (Some(probe), _) => Err(ReadinessMismatch::AllowedProbe(probe.name.clone())),
+            (None, Some(name)) => Err(ReadinessMismatch::NoAllowedProbe(name)),
         }
     }
+}
+
+/// Why a resolver's readiness is not accepted.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadinessMismatch {
+    /// The names could not be encoded to be digested.
+    #[error("cannot digest the names")]
+    Digest(#[source] crate::codec::EncodeError),
+    /// It serves other names.
+    #[error("it serves other names than it was given")]
+    OtherNames,
+    /// It listens elsewhere.
+    #[error("it listens on {0}, not {expected}", expected = NamedEgress::LISTEN)]
+    Listen(SocketAddrV4),
+    /// Its disallowed probe asked another name.
+    #[error("it probed {0:?} as the refused name")]
+    RefusedProbeName(String),
+    /// A disallowed name was answered or went upstream.
+    #[error(
+        "it did not refuse a name the policy does not allow (rcode {response_code}, \
+         forwarded: {forwarded})"
+    )]
+    NotRefused {
+        /// The answer's RCODE.
+        response_code: u8,
+        /// Whether it went upstream.
+        forwarded: bool,
+    },
+    /// Its allowed probe asked another name, or was not forwarded.
+    #[error("its allowed probe {0:?} was not the expected name or was not forwarded")]
+    AllowedProbe(String),
+    /// It made no allowed probe though a name is allowed.
+    #[error("it did not probe the allowed name {0}")]
+    NoAllowedProbe(String),
 }
 
 /// The step a resolver failed at.
@@ -187,7 +211,7 @@ mod tests {
     fn readiness_is_checked_against_the_names() {
         let names = NamedEgress::new([HostPattern::parse("a.example").unwrap()], DnsMode::Lazaret);
         let good = readiness(&names);
-        assert_eq!(good.verify(&names), Ok(()));
+        assert!(good.verify(&names).is_ok());
         let other = NamedEgress::new([HostPattern::parse("b.example").unwrap()], DnsMode::Lazaret);
         assert!(good.verify(&other).is_err(), "other names");
         let mut leaked = good.clone();
@@ -213,6 +237,6 @@ mod tests {
         let mut forwarded = readiness(&host);
         forwarded.refused_probe.forwarded = true;
         forwarded.refused_probe.response_code = 3;
-        assert_eq!(forwarded.verify(&host), Ok(()));
+        assert!(forwarded.verify(&host).is_ok());
     }
 }

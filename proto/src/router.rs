@@ -12,8 +12,8 @@
 use rustix::thread::CapabilitySet;
 use serde::{Deserialize, Serialize};
 
+use crate::channel::FdIndex;
 use crate::codec::WireRecord;
-use crate::supervisor::FdIndex;
 
 /// The largest [`WorkspaceRules`] encoding, and so the largest rules memfd.
 pub const MAX_RULES_LEN: usize = 16 * 1024 * 1024;

@@ -13,12 +13,12 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::channel::FdIndex;
 use crate::codec::WireRecord;
 use crate::ids::NetworkSidecarId;
 use crate::network::{
     ConnectivityLink, NamedEgress, NetworkReachabilityProbe, NetworkReadinessAttestation,
 };
-use crate::supervisor::FdIndex;
 
 /// What an attestation is asked for; the Host Coordinator chooses it and
 /// the supervisor passes it on unchanged.

@@ -8,8 +8,6 @@
 //! trusts no field of a report until it has re-proven the identities the
 //! descriptors carry.
 
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-
 use serde::{Deserialize, Serialize};
 
 use crate::channel::Limits;
@@ -23,59 +21,7 @@ use crate::ownership::NamespaceIdentity;
 use crate::router::RoutingSummary;
 use crate::sidecar::AttestParameters;
 
-/// The index of a descriptor in the packet that carries a message.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct FdIndex(pub u16);
-
-impl FdIndex {
-    /// The descriptor this index names among a packet's `fds`.
-    pub fn get(self, fds: &[OwnedFd]) -> Option<BorrowedFd<'_>> {
-        fds.get(usize::from(self.0)).map(AsFd::as_fd)
-    }
-
-    /// The descriptor this index names, keeping it and closing the rest.
-    pub fn pick(self, fds: Vec<OwnedFd>) -> Option<OwnedFd> {
-        fds.into_iter().nth(usize::from(self.0))
-    }
-
-    /// Takes the descriptor this index names out of a packet's `fds`, for
-    /// packets that carry several to keep.
-    pub fn take(self, fds: &mut [Option<OwnedFd>]) -> Option<OwnedFd> {
-        fds.get_mut(usize::from(self.0)).and_then(Option::take)
-    }
-}
-
-/// The descriptors a packet carries, built beside the record that names
-/// them: each [`FdList::push`] hands out the [`FdIndex`] the record stores,
-/// so no index is counted by hand.
-#[derive(Debug, Default)]
-pub struct FdList<'a> {
-    fds: Vec<BorrowedFd<'a>>,
-}
-
-impl<'a> FdList<'a> {
-    /// An empty list.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// Adds `fd` and returns the index that names it in the packet.
-    ///
-    /// # Panics
-    ///
-    /// Past 65,536 descriptors, far more than any channel's limit (the
-    /// send refuses more than its limit anyway).
-    pub fn push(&mut self, fd: BorrowedFd<'a>) -> FdIndex {
-        let index = u16::try_from(self.fds.len()).expect("fewer than 65,536 descriptors");
-        self.fds.push(fd);
-        FdIndex(index)
-    }
-
-    /// The descriptors, in the order their indexes name them.
-    pub fn as_slice(&self) -> &[BorrowedFd<'a>] {
-        &self.fds
-    }
-}
+pub use crate::channel::{FdIndex, FdList};
 
 /// The limits of the coordinator ↔ supervisor channel, the same at both
 /// ends: enough descriptors for every State Anchor and volume of one plan.

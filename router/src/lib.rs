@@ -130,7 +130,7 @@ fn start(channel: &Channel) -> Result<(fuser::Session<fuse::Router>, RoutingSumm
         rules,
     }) = message;
     let mut fds: Vec<Option<OwnedFd>> = fds.into_iter().map(Some).collect();
-    let mut take = |index: lazaret_proto::supervisor::FdIndex, what: &str| {
+    let mut take = |index: lazaret_proto::channel::FdIndex, what: &str| {
         index
             .take(&mut fds)
             .ok_or_else(|| failed(RouterStep::Request, format!("no descriptor for {what}")))

@@ -13,6 +13,7 @@
 use std::os::fd::{BorrowedFd, OwnedFd};
 use std::time::Duration;
 
+use lazaret_proto::channel::FdIndex;
 use lazaret_proto::network::{
     ConnectivityLink, NamedEgress, NetworkReadinessAttestation, Observed,
 };
@@ -21,7 +22,6 @@ use lazaret_proto::sidecar::{
     AttestParameters, AttestRequest, ObserveParameters, ObserveRequest, SidecarReport,
     SidecarRequest,
 };
-use lazaret_proto::supervisor::FdIndex;
 use rustix::thread::CapabilitySet;
 
 use crate::helper::Helper;

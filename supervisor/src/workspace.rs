@@ -18,10 +18,10 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::Path;
 use std::time::Duration;
 
+use lazaret_proto::channel::FdIndex;
 use lazaret_proto::router::{
     ROUTER_CAPABILITIES, RouterReport, RouterRequest, RoutingSummary, ServeRequest,
 };
-use lazaret_proto::supervisor::FdIndex;
 use rustix::fs::{Mode, OFlags};
 use rustix::mount::{FsMountFlags, FsOpenFlags, MountAttrFlags, MoveMountFlags};
 
