@@ -49,8 +49,8 @@ use lazaret_proto::channel::{Endpoint, Received};
 use lazaret_proto::error_chain as chain;
 use lazaret_proto::network::{DerivedNetworkPolicy, NamedEgress};
 use lazaret_proto::resolver::{
-    ResolverError, ResolverProbe, ResolverReadiness, ResolverReport, ResolverRequest, ResolverStep,
-    ServeRequest,
+    CAPABILITIES, ResolverError, ResolverProbe, ResolverReadiness, ResolverReport, ResolverRequest,
+    ResolverStep, ServeRequest,
 };
 use rustix::thread::{CapabilitySet, CapabilitySets};
 use tokio::net::UdpSocket;
@@ -68,8 +68,6 @@ pub const MAX_IN_FLIGHT: usize = 64;
 pub const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(2);
 /// How many distinct refused names the log names.
 const LOGGED_REFUSALS: usize = 200;
-
-use lazaret_proto::resolver::CAPABILITIES;
 
 fn failed(step: ResolverStep, detail: impl std::fmt::Display) -> ResolverError {
     ResolverError {
@@ -134,15 +132,11 @@ pub fn run() -> ExitCode {
     ExitCode::FAILURE
 }
 
-/// The resolver, ready to serve.
+/// The resolver, ready to serve: its listening socket, and what every
+/// query's task shares.
 struct Server {
-    names: Arc<NamedEgress>,
-    policy: Arc<DerivedNetworkPolicy>,
-    upstream: SocketAddrV4,
     listen: StdUdpSocket,
-    set: Arc<Mutex<Admissions<NamedSet>>>,
-    /// Queries sent upstream so far, for the readiness probes.
-    forwarded: Arc<AtomicU64>,
+    parts: Parts,
 }
 
 /// Takes the request, opens the sockets and the set, and gives up what
@@ -194,12 +188,14 @@ fn start(channel: &Channel) -> Result<Server, ResolverError> {
         )
     })?;
     Ok(Server {
-        names: Arc::new(names),
-        policy: Arc::new(policy),
-        upstream: SocketAddrV4::new(upstream, 53),
         listen,
-        set: Arc::new(Mutex::new(Admissions::new(set))),
-        forwarded: Arc::new(AtomicU64::new(0)),
+        parts: Parts {
+            names: Arc::new(names),
+            policy: Arc::new(policy),
+            upstream: SocketAddrV4::new(upstream, 53),
+            set: Arc::new(Mutex::new(Admissions::new(set))),
+            forwarded: Arc::new(AtomicU64::new(0)),
+        },
     })
 }
 
@@ -211,25 +207,27 @@ impl Server {
             .listen
             .try_clone()
             .map_err(|e| failed(ResolverStep::Sockets, e))?;
-        let serving = tokio::spawn(self.clone_parts().serve(listen));
+        let serving = tokio::spawn(self.parts.clone().serve(listen));
+        let forwarded = &self.parts.forwarded;
         let probe = |name: String| async move {
-            let before = self.forwarded.load(Ordering::SeqCst);
+            let before = forwarded.load(Ordering::SeqCst);
             let (response_code, addresses) = ask(&name).await?;
             Ok::<_, ResolverError>(ResolverProbe {
                 name,
                 response_code,
                 addresses,
-                forwarded: self.forwarded.load(Ordering::SeqCst) != before,
+                forwarded: forwarded.load(Ordering::SeqCst) != before,
             })
         };
         let refused_probe = probe(NamedEgress::REFUSED_PROBE.to_owned()).await;
-        let allowed_probe = match self.names.allowed_probe() {
+        let allowed_probe = match self.parts.names.allowed_probe() {
             Some(name) => Some(probe(name).await),
             None => None,
         };
         serving.abort();
         Ok(ResolverReadiness {
             names_digest: self
+                .parts
                 .names
                 .digest()
                 .map_err(|e| failed(ResolverStep::Probe, chain(&e)))?,
@@ -239,19 +237,8 @@ impl Server {
         })
     }
 
-    fn clone_parts(&self) -> Parts {
-        Parts {
-            names: Arc::clone(&self.names),
-            policy: Arc::clone(&self.policy),
-            upstream: self.upstream,
-            set: Arc::clone(&self.set),
-            forwarded: Arc::clone(&self.forwarded),
-        }
-    }
-
     async fn serve_forever(self) {
-        let parts = self.clone_parts();
-        parts.serve(self.listen).await;
+        self.parts.serve(self.listen).await;
     }
 }
 
@@ -262,6 +249,7 @@ struct Parts {
     policy: Arc<DerivedNetworkPolicy>,
     upstream: SocketAddrV4,
     set: Arc<Mutex<Admissions<NamedSet>>>,
+    /// Queries sent upstream so far, for the readiness probes.
     forwarded: Arc<AtomicU64>,
 }
 
