@@ -20,7 +20,7 @@ use lazaret_proto::control::{ControlRequest, ControlResponse, NetworkRecheck, Ne
 use lazaret_proto::network::ConnectivityLink;
 use lazaret_proto::sidecar::ObserveParameters;
 use lazaret_proto::store::{Generation, GenerationState};
-use lazaret_proto::supervisor::{SupervisorReport, SupervisorRequest};
+use lazaret_proto::supervisor::{SupervisorError, SupervisorReport, SupervisorRequest};
 use tokio::sync::mpsc;
 
 use super::daemon::{Live, Owned};
@@ -403,7 +403,7 @@ async fn sleep_until(due: Option<tokio::time::Instant>) {
 /// addresses it found admitted for names are kept for the status.
 fn recheck(
     network: &mut NetworkStatus,
-    observed: Result<Box<lazaret_proto::network::Observed>, String>,
+    observed: Result<Box<lazaret_proto::network::Observed>, SupervisorError>,
 ) -> NetworkRecheck {
     let at = lazaret_proto::common::UnixTimeNs::now();
     match observed {
@@ -433,7 +433,7 @@ fn recheck(
                 NetworkRecheck::Differs { at, drift }
             }
         }
-        Err(detail) => {
+        Err(SupervisorError { detail, .. }) => {
             if let Some(names) = network.names.as_mut() {
                 names.admitted.clear();
                 names.admitted_total = 0;

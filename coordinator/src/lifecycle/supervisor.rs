@@ -587,7 +587,13 @@ mod tests {
     fn another_report_than_the_one_awaited_is_named() {
         let (ours, theirs) = pair();
         theirs
-            .send(&SupervisorReport::NetworkObserved(Err("x".into())), &[])
+            .send(
+                &SupervisorReport::NetworkObserved(Err(SupervisorError {
+                    step: SupervisorStep::Network,
+                    detail: "x".into(),
+                })),
+                &[],
+            )
             .unwrap();
         let failure = await_sandbox(&ours).unwrap_err();
         assert!(
