@@ -25,7 +25,7 @@ use crate::common::{UnixTimeNs, schema_id, tagged_digest};
 use crate::ids::{DomainId, GenerationId, NetworkSidecarId, Sha256Digest};
 use crate::names::{DnsMode, HostPattern};
 
-pub use crate::ownership::NamespaceIdentity;
+pub use crate::ids::NamespaceIdentity;
 
 schema_id!(
     /// The schema identifier of a derived network policy,

@@ -17,7 +17,7 @@ use lazaret_proto::control::{ControlRequest, ControlResponse, StartupEvent, Star
 use rustix::fs::{FlockOperation, Mode, OFlags};
 
 use super::DomainPaths;
-use super::daemon::IgnoreChangesMode;
+use super::context::IgnoreChangesMode;
 use crate::programs::role_binary;
 
 /// Why a lifecycle request failed.

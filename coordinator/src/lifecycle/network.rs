@@ -31,8 +31,10 @@ use lazaret_proto::process::{PersistedHostProcessOwnership, PidfsProcessIdentity
 use lazaret_proto::sidecar::AttestParameters;
 use lazaret_proto::store::ParticipantState;
 
-use super::daemon::{Context, Failure, Reporter, at, failure};
+use super::context::Context;
+use super::failure::{Failure, at, failure};
 use super::record::{Became, Intent, Recorder};
+use super::report::Reporter;
 use super::supervisor::{Attested, Namespaces, Supervisor};
 use crate::network::{ConnectivityHelper, policy_memfd};
 use crate::process::HeldProcess;

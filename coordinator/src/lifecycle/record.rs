@@ -16,7 +16,7 @@ use lazaret_proto::ids::GenerationId;
 use lazaret_proto::ownership::ParticipantOwnership;
 use lazaret_proto::store::{Generation, Participant, ParticipantState};
 
-use super::daemon::{Failure, at};
+use super::failure::{Failure, at};
 use crate::store::{DomainStore, Slot};
 
 /// Records the participants of one generation.

@@ -26,7 +26,7 @@ use lazaret_proto::supervisor::{
     VolumeMount,
 };
 
-use super::daemon::{Failure, at, failure};
+use super::failure::{Failure, at, failure};
 use crate::catalog::PreparedLower;
 use crate::config::{ResolvedDomainConfiguration, RetainedDir};
 use crate::process::{HeldProcess, kill_and_wait, pidfd_of_child, readable, wait_exit};
