@@ -236,9 +236,13 @@ impl Hub {
             tasks.abort_all();
             while tasks.join_next().await.is_some() {}
         }
-        let left: Vec<SessionId> = self.routes().drain().map(|(id, _)| id).collect();
-        for session_id in left {
-            self.record(session_id, SessionTerminalState::Closed, true, None);
+        let left: Vec<(SessionId, UnixTimeNs)> = self
+            .routes()
+            .drain()
+            .map(|(id, route)| (id, route.summary.opened_at))
+            .collect();
+        for (session_id, opened_at) in left {
+            self.record_closed(session_id, opened_at);
         }
     }
 
@@ -356,31 +360,21 @@ impl Hub {
         result
     }
 
-    fn record(
-        &self,
-        session_id: SessionId,
-        state: SessionTerminalState,
-        closed: bool,
-        pty: Option<PtyIdentity>,
-    ) {
-        let now = UnixTimeNs::now();
-        let opened_at = self
-            .routes()
-            .get(&session_id)
-            .map(|r| r.summary.opened_at)
-            .unwrap_or(now);
+    /// Records a session whose task is gone as closed now, keeping the time
+    /// it opened.
+    fn record_closed(&self, session_id: SessionId, opened_at: UnixTimeNs) {
         let session = Session {
             generation_id: self.generation,
             session_id,
             cli_id: CliId(session_id.0),
             opened_at,
-            closed_at: closed.then_some(now),
+            closed_at: Some(UnixTimeNs::now()),
         };
         let terminal = SessionTerminal {
             generation_id: self.generation,
             session_id,
-            state,
-            pty,
+            state: SessionTerminalState::Closed,
+            pty: None,
             guest_process: None,
         };
         let _ = self.store.put_session_state(&session, &terminal);
@@ -1166,6 +1160,9 @@ mod tests {
         assert_eq!(recorded.len(), 2);
         for (session, terminal) in recorded {
             assert!(session.closed_at.is_some());
+            // Each keeps the time it opened, not the time it was closed.
+            let opened = 9 + u64::from(session.session_id.0[0]);
+            assert_eq!(session.opened_at, UnixTimeNs(opened));
             assert_eq!(
                 terminal.map(|t| t.state),
                 Some(SessionTerminalState::Closed)
@@ -1176,15 +1173,24 @@ mod tests {
     #[tokio::test(flavor = "current_thread", start_paused = true)]
     async fn a_connection_that_never_proves_itself_gives_up_its_place_within_the_bound() {
         let f = fixture();
-        let (server, mut client) = tokio::net::UnixStream::pair().unwrap();
+        let (server, client) = tokio::net::UnixStream::pair().unwrap();
         f.hub.spawn_session(server);
         tokio::task::yield_now().await;
         assert_eq!(f.hub.handshakes.available_permits(), MAX_HANDSHAKES - 1);
         tokio::time::sleep(HANDSHAKE_TIMEOUT + Duration::from_secs(1)).await;
         assert_eq!(f.hub.handshakes.available_permits(), MAX_HANDSHAKES);
+        // The hub's end is closed: a read sees the end of the stream. The
+        // bound is on the real clock (the runtime's is paused, and would
+        // run out before the close is seen), and the hub has nothing left
+        // to do, so the read may block this thread.
+        let mut client = client.into_std().unwrap();
+        client.set_nonblocking(false).unwrap();
+        client
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
         let mut buf = [0u8; 16];
-        let read = tokio::time::timeout(Duration::from_secs(1), client.read(&mut buf)).await;
-        assert!(matches!(read, Ok(Ok(0)) | Ok(Err(_))), "{read:?}");
+        let read = std::io::Read::read(&mut client, &mut buf);
+        assert!(matches!(read, Ok(0) | Err(_)), "{read:?}");
         assert!(f.hub.sessions().is_empty());
     }
 
