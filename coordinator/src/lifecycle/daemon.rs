@@ -52,16 +52,16 @@ use super::record::{Became, Intent, Recorder};
 use super::recovery::{finish_stale, release_generation};
 use super::supervisor::{PlanInputs, Supervisor};
 use super::{DomainPaths, chain};
-use crate::catalog::{PreparedLower, StorageCatalog};
 use crate::config::{self, HostEnvironment, LoadRequest, ResolvedDomainConfiguration, RetainedDir};
-use crate::image::parse_reference;
 use crate::network::{ConnectivityHelper, PlannedNetwork};
 use crate::process::HeldProcess;
 use crate::session;
 use crate::session::hub::Hub;
 use crate::session::tls::{GenerationCredentials, remove_client_credential};
 use crate::state::{UPPER_DIR, WORK_DIR, anchor_dir};
-use crate::store::{DomainStore, Slot};
+use lazaret_storage::catalog::{PreparedLower, StorageCatalog};
+use lazaret_storage::image::parse_reference;
+use lazaret_storage::store::{DomainStore, Slot};
 
 type Startup = Endpoint<StartupEvent, StartupReply>;
 
@@ -739,14 +739,14 @@ fn programs_outside_the_sandbox(auth: &crate::config::ConfinedAuthorities) -> Re
     ];
     let mut programs = roles
         .iter()
-        .map(|name| crate::programs::role_binary(name))
+        .map(|name| lazaret_hostfs::programs::role_binary(name))
         .collect::<Result<Vec<_>, _>>()?;
-    programs.push(crate::programs::runsc()?);
-    programs.push(crate::programs::slirp4netns()?);
-    programs.extend(crate::programs::skopeo()?);
+    programs.push(lazaret_hostfs::programs::runsc()?);
+    programs.push(lazaret_hostfs::programs::slirp4netns()?);
+    programs.extend(lazaret_hostfs::programs::skopeo()?);
     programs
         .iter()
-        .try_for_each(|program| crate::programs::outside(program, &writable))
+        .try_for_each(|program| lazaret_hostfs::programs::outside(program, &writable))
 }
 
 fn bring_up(
@@ -785,8 +785,8 @@ fn bring_up(
     reporter.progress(StartupStep::Sandbox, "starting the Runtime Supervisor");
     let sandbox_failure = |message: String| failure(StartupStep::Sandbox, message);
     let supervisor_path =
-        crate::programs::role_binary("lazaret-supervisor").map_err(sandbox_failure)?;
-    let runsc = crate::programs::runsc().map_err(sandbox_failure)?;
+        lazaret_hostfs::programs::role_binary("lazaret-supervisor").map_err(sandbox_failure)?;
+    let runsc = lazaret_hostfs::programs::runsc().map_err(sandbox_failure)?;
     let container_id = ContainerId(session::random_bytes());
     let helper_record = || ParticipantOwnership::Helper(HelperOwnership::default());
     let [control_publication, session_publication] = publications(auth);
@@ -1061,7 +1061,7 @@ struct Anchors {
 fn prepare_storage(
     cx: Context<'_>,
     owned: &Owned,
-    source: &crate::image::ImageSource,
+    source: &lazaret_storage::image::ImageSource,
     lower: Intent,
     anchors: Vec<Intent>,
 ) -> Result<(Storage, Vec<Became>), Failure> {
@@ -1130,7 +1130,7 @@ fn anchor_record(
 fn lease_and_anchor(
     cx: Context<'_>,
     owned: &Owned,
-    source: &crate::image::ImageSource,
+    source: &lazaret_storage::image::ImageSource,
     lower: Intent,
     anchors: Vec<Intent>,
 ) -> Result<(PreparedLower, Anchors, Vec<Became>), Failure> {
@@ -1148,12 +1148,21 @@ fn lease_and_anchor(
         StartupStep::Image,
         format!("resolving {}", resolved.record().image),
     );
+    // This process prepares: recorded with the prepare operation.
+    let preparer = crate::process::own_identity()
+        .map_err(|source| lazaret_storage::catalog::CatalogError::Io {
+            operation: "read the identity of this process from",
+            path: "/proc/self".to_owned(),
+            source,
+        })
+        .map_err(|e| at(StartupStep::Image)(&e))?;
     let prepared = owned
         .catalog
         .prepare_and_lease(
             source,
             resolved.domain_id(),
             generation.generation_id,
+            preparer,
             &mut |p| {
                 reporter.send(StartupEvent::Progress {
                     step: StartupStep::Image,

@@ -37,7 +37,7 @@ use super::supervisor::{Attested, Namespaces, Supervisor};
 use crate::network::{ConnectivityHelper, policy_memfd};
 use crate::process::HeldProcess;
 use crate::session;
-use crate::store::Slot;
+use lazaret_storage::store::Slot;
 
 const STEP: StartupStep = StartupStep::Network;
 

@@ -27,9 +27,9 @@ use lazaret_proto::supervisor::{
 };
 
 use super::daemon::{Failure, at, failure};
-use crate::catalog::PreparedLower;
 use crate::config::{ResolvedDomainConfiguration, RetainedDir};
 use crate::process::{HeldProcess, kill_and_wait, pidfd_of_child, readable, wait_exit};
+use lazaret_storage::catalog::PreparedLower;
 
 /// The coordinator's end of the supervisor's channel.
 pub(super) type SupervisorChannel = Endpoint<SupervisorRequest, SupervisorReport>;

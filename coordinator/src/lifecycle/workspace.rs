@@ -45,7 +45,7 @@ use super::record::{Became, Intent};
 use super::supervisor::unexpected;
 use crate::config::{HostEnvironment, ResolvedDomainConfiguration, RetainedDir};
 use crate::process::HeldProcess;
-use crate::store::{DomainStore, Slot};
+use lazaret_storage::store::{DomainStore, Slot};
 
 const STEP: StartupStep = StartupStep::Workspace;
 

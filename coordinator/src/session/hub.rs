@@ -42,7 +42,7 @@ use crate::aio::{AsyncChannel, Exit, Stream, exited};
 use crate::escalation::Escalation;
 use crate::escalation::mailbox::GuestClaim;
 use crate::escalation::session::{Event, SessionEscalation};
-use crate::store::DomainStore;
+use lazaret_storage::store::DomainStore;
 
 /// The supervisor link, shared by the sessions that send `Exec` on it.
 pub type SupervisorLink = AsyncChannel<SupervisorRequest, SupervisorReport>;
