@@ -91,8 +91,8 @@ pub fn run() -> ExitCode {
     lazaret_proto::logging::init();
     let channel = match Channel::take_role_stdin("lazaret-netsidecar", "lazaret-supervisor") {
         Ok(channel) => channel,
-        Err(message) => {
-            tracing::error!("{message}");
+        Err(e) => {
+            tracing::error!("{}", chain(&e));
             return ExitCode::from(2);
         }
     };
@@ -292,7 +292,7 @@ fn check_privileges() -> Result<(), SidecarError> {
         CapabilitySet::NET_ADMIN,
         "it must run with CAP_NET_ADMIN alone, as lazaret-supervisor starts it",
     )
-    .map_err(|detail| failed(SidecarStep::Privileges, detail))
+    .map_err(|e| failed(SidecarStep::Privileges, chain(&e)))
 }
 
 /// Proves the descriptor is the network namespace this process runs in and

@@ -43,6 +43,20 @@ pub const DEFAULT_MAX_FDS: usize = 8;
 /// (`SCM_MAX_FD`); larger configured limits are lowered to it.
 pub const KERNEL_MAX_FDS: usize = 253;
 
+/// A role binary was run without its channel on standard input: by hand,
+/// not by the role that starts it.
+#[derive(Debug, thiserror::Error)]
+#[error("{role}: no channel on standard input; it is started by {parent}, not by hand")]
+pub struct RoleStdinError {
+    /// The role binary.
+    pub role: &'static str,
+    /// The role that starts it.
+    pub parent: &'static str,
+    /// Why standard input is no channel.
+    #[source]
+    pub source: ChannelError,
+}
+
 /// Alignment of `struct cmsghdr` on Linux: its first field is a `size_t`.
 const CMSG_ALIGN: usize = std::mem::align_of::<usize>();
 
@@ -470,13 +484,14 @@ impl<S: WireRecord, R: WireRecord> Endpoint<S, R> {
 
     /// [`take_stdin`](Self::take_stdin) for the role binary `role`, which
     /// `parent` starts: the error, for whoever ran it, says so.
-    pub fn take_role_stdin(role: &str, parent: &str) -> Result<Self, String> {
-        Self::take_stdin().map_err(|e| {
-            format!(
-                "{role}: no channel on standard input ({}); it is started by {parent}, not by \
-                 hand",
-                crate::error_chain(&e)
-            )
+    pub fn take_role_stdin(
+        role: &'static str,
+        parent: &'static str,
+    ) -> Result<Self, RoleStdinError> {
+        Self::take_stdin().map_err(|source| RoleStdinError {
+            role,
+            parent,
+            source,
         })
     }
 

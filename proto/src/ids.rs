@@ -211,6 +211,16 @@ token_id!(
     ContainerId
 );
 
+/// A namespace as the kernel names it: the device and inode of its
+/// `/proc/<pid>/ns/*` file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct NamespaceIdentity {
+    /// `st_dev` of the namespace file (the nsfs device).
+    pub device: u64,
+    /// `st_ino` of the namespace file.
+    pub inode: u64,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

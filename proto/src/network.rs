@@ -25,7 +25,7 @@ use crate::common::{UnixTimeNs, schema_id, tagged_digest};
 use crate::ids::{DomainId, GenerationId, NetworkSidecarId, Sha256Digest};
 use crate::names::{DnsMode, HostPattern};
 
-pub use crate::ownership::NamespaceIdentity;
+pub use crate::ids::NamespaceIdentity;
 
 schema_id!(
     /// The schema identifier of a derived network policy,
@@ -785,30 +785,52 @@ impl ConnectivityLink {
 
     /// Checks the link is usable: an interface name the kernel accepts,
     /// distinct unicast addresses, and an MTU IPv4 allows.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), LinkError> {
         let name_ok = (1..16).contains(&self.tap_name.len())
             && self
                 .tap_name
                 .bytes()
                 .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
         if !name_ok {
-            return Err(format!(
-                "tap_name {:?} is not an interface name",
-                self.tap_name
-            ));
+            return Err(LinkError::TapName(self.tap_name.clone()));
         }
         let unicast = |a: Ipv4Addr| !(a.is_unspecified() || a.is_broadcast() || a.is_multicast());
         if !unicast(self.guest_address)
             || !unicast(self.gateway)
             || self.guest_address == self.gateway
         {
-            return Err("guest_address and gateway must be distinct unicast addresses".into());
+            return Err(LinkError::Addresses {
+                guest_address: self.guest_address,
+                gateway: self.gateway,
+            });
         }
         if !(68..=65535).contains(&self.mtu) {
-            return Err(format!("mtu {} is outside 68..=65535", self.mtu));
+            return Err(LinkError::Mtu(self.mtu));
         }
         Ok(())
     }
+}
+
+/// Why a [`ConnectivityLink`] is unusable.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum LinkError {
+    /// The tap name is not one the kernel accepts as an interface name.
+    #[error("tap_name {0:?} is not an interface name")]
+    TapName(String),
+    /// The guest address and gateway are not distinct unicast addresses.
+    #[error(
+        "guest_address and gateway must be distinct unicast addresses \
+         ({guest_address} and {gateway} are not)"
+    )]
+    Addresses {
+        /// The guest's address.
+        guest_address: Ipv4Addr,
+        /// The gateway's.
+        gateway: Ipv4Addr,
+    },
+    /// The MTU is outside what IPv4 allows.
+    #[error("mtu {0} is outside 68..=65535")]
+    Mtu(u32),
 }
 
 impl WireRecord for DerivedNetworkPolicy {

@@ -16,17 +16,8 @@ use crate::common::HostPath;
 use crate::ids::{ContainerId, ManifestDigest, NetworkSidecarId, PreparedArtifactId, Sha256Digest};
 use crate::network::NetworkReadinessEvidence;
 use crate::process::PersistedHostProcessOwnership;
-use crate::store::ParticipantRole;
 
-/// A namespace as the kernel names it: the device and inode of its
-/// `/proc/<pid>/ns/*` file.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct NamespaceIdentity {
-    /// `st_dev` of the namespace file (the nsfs device).
-    pub device: u64,
-    /// `st_ino` of the namespace file.
-    pub inode: u64,
-}
+pub use crate::ids::NamespaceIdentity;
 
 /// A mount as the kernel names it: its mount ID and the device and inode of
 /// its root.
@@ -186,6 +177,27 @@ pub struct PublicationOwnership {
     /// The file holding the published
     /// [`ProtocolPublicationIdentity`](crate::trust::ProtocolPublicationIdentity).
     pub identity_path: Option<HostPath>,
+}
+
+/// The kind of resource a participant is; it matches its ownership variant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum ParticipantRole {
+    /// The prepared-lower lease.
+    PreparedLower,
+    /// One State Anchor overlay.
+    StateAnchor,
+    /// The workspace git routing.
+    GitRouting,
+    /// The enforcement network.
+    Network,
+    /// The helper processes.
+    Helper,
+    /// The gVisor container.
+    Sandbox,
+    /// The published endpoint.
+    Publication,
+    /// Lazaret's resolver.
+    Resolver,
 }
 
 /// What one Participant owns; the variant is the kind of resource.

@@ -7,12 +7,36 @@
 
 use rustix::thread::CapabilitySet;
 
+/// Why a role refuses to act with the capabilities it has.
+#[derive(Debug, thiserror::Error)]
+pub enum PrivilegeError {
+    /// The kernel's report of this process could not be read.
+    #[error("cannot read /proc/self/status")]
+    Status(#[source] std::io::Error),
+    /// A capability set is not what the role's launcher was to leave it.
+    #[error(
+        "its {set} capability set is {}, not {}: {role}",
+        found.map_or_else(|| "unreadable".to_owned(), |f| format!("{f:?}")),
+        format!("{wanted:?}")
+    )]
+    Differs {
+        /// Which set (`effective`, `permitted`, `bounding`, `inheritable`,
+        /// `ambient`).
+        set: &'static str,
+        /// What the kernel reports; `None` when it is unreadable.
+        found: Option<CapabilitySet>,
+        /// What it must be.
+        wanted: CapabilitySet,
+        /// How the role must be started.
+        role: String,
+    },
+}
+
 /// Refuses unless the effective, permitted and bounding sets are exactly
 /// `kept` and the inheritable and ambient sets are empty. The error says
 /// which set differs and what `role` must be started with.
-pub fn require_exactly(kept: CapabilitySet, role: &str) -> Result<(), String> {
-    let status = std::fs::read_to_string("/proc/self/status")
-        .map_err(|e| format!("cannot read /proc/self/status: {e}"))?;
+pub fn require_exactly(kept: CapabilitySet, role: &str) -> Result<(), PrivilegeError> {
+    let status = std::fs::read_to_string("/proc/self/status").map_err(PrivilegeError::Status)?;
     let set = |name: &str| {
         status
             .lines()
@@ -29,12 +53,12 @@ pub fn require_exactly(kept: CapabilitySet, role: &str) -> Result<(), String> {
     ];
     for (name, found, wanted) in sets {
         if found != Some(wanted) {
-            let named = |bits: u64| format!("{:?}", CapabilitySet::from_bits_retain(bits));
-            return Err(format!(
-                "its {name} capability set is {}, not {}: {role}",
-                found.map_or("unreadable".into(), named),
-                named(wanted)
-            ));
+            return Err(PrivilegeError::Differs {
+                set: name,
+                found: found.map(CapabilitySet::from_bits_retain),
+                wanted: CapabilitySet::from_bits_retain(wanted),
+                role: role.to_owned(),
+            });
         }
     }
     Ok(())
@@ -49,7 +73,9 @@ mod tests {
         // The test runs with whatever it runs with; asking for a set it
         // cannot exactly have (one capability alone, if it has all or none)
         // must fail and name the set.
-        let error = require_exactly(CapabilitySet::NET_ADMIN, "started by a test").unwrap_err();
+        let error = require_exactly(CapabilitySet::NET_ADMIN, "started by a test")
+            .unwrap_err()
+            .to_string();
         assert!(error.contains("capability set"), "{error}");
         assert!(error.ends_with("started by a test"), "{error}");
     }

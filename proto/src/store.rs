@@ -17,6 +17,7 @@ use crate::codec::WireRecord;
 use crate::common::{HostPath, UnixTimeNs, closed_version, schema_id};
 use crate::ids::{CliId, ConfigurationFingerprint, DomainId, GenerationId, SessionId};
 use crate::ownership::ParticipantOwnership;
+pub use crate::ownership::ParticipantRole;
 use crate::process::PersistedHostProcessOwnership;
 use crate::terminal::{GuestProcessIdentity, PtyIdentity};
 
@@ -112,27 +113,6 @@ pub struct Generation {
 impl WireRecord for Generation {
     const NAME: &'static str = "Generation";
     const MAX_ENCODED_LEN: usize = 256;
-}
-
-/// The kind of resource a participant is; it matches its ownership variant.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-pub enum ParticipantRole {
-    /// The prepared-lower lease.
-    PreparedLower,
-    /// One State Anchor overlay.
-    StateAnchor,
-    /// The workspace git routing.
-    GitRouting,
-    /// The enforcement network.
-    Network,
-    /// The helper processes.
-    Helper,
-    /// The gVisor container.
-    Sandbox,
-    /// The published endpoint.
-    Publication,
-    /// Lazaret's resolver.
-    Resolver,
 }
 
 /// Where a participant stands between intent and release.

@@ -331,8 +331,8 @@ pub enum SupervisorReport {
     /// The sandbox is stopped; the supervisor exits after sending this.
     Stopped,
     /// What the Network Sidecar read back from the enforcement namespace,
-    /// or why it could not.
-    NetworkObserved(Result<Box<crate::network::Observed>, String>),
+    /// or why it could not (a failure of the `Network` step).
+    NetworkObserved(Result<Box<crate::network::Observed>, SupervisorError>),
 }
 
 impl WireRecord for SupervisorReport {

@@ -94,8 +94,8 @@ pub fn run() -> ExitCode {
     lazaret_proto::logging::init();
     let channel = match Channel::take_role_stdin("lazaret-resolver", "lazaret-supervisor") {
         Ok(channel) => channel,
-        Err(message) => {
-            tracing::error!("{message}");
+        Err(e) => {
+            tracing::error!("{}", chain(&e));
             return ExitCode::from(2);
         }
     };
@@ -147,7 +147,7 @@ fn start(channel: &Channel) -> Result<Server, ResolverError> {
         "start it through lazaret-supervisor, which grants exactly CAP_NET_ADMIN and \
          CAP_NET_BIND_SERVICE",
     )
-    .map_err(|e| failed(ResolverStep::Privileges, e))?;
+    .map_err(|e| failed(ResolverStep::Privileges, chain(&e)))?;
     let Received { message, fds } = channel
         .recv()
         .map_err(|e| failed(ResolverStep::Request, chain(&e)))?;
@@ -323,7 +323,11 @@ impl Parts {
         let answered = match self.ask_upstream(&bytes, id, query).await {
             Ok(answered) => answered,
             Err(why) => {
-                tracing::warn!("upstream did not answer for {}: {why}", name_of(query));
+                tracing::warn!(
+                    "upstream did not answer for {}: {}",
+                    name_of(query),
+                    chain(&why)
+                );
                 return answer::reply(query, ResponseCode::ServFail, vec![]);
             }
         };
@@ -380,11 +384,11 @@ impl Parts {
         bytes: &[u8],
         id: u16,
         query: &Message,
-    ) -> Result<Message, String> {
-        let socket = marked_socket(self.upstream).map_err(|e| e.to_string())?;
+    ) -> Result<Message, UpstreamError> {
+        let socket = marked_socket(self.upstream).map_err(UpstreamError::Socket)?;
         let mut buffer = vec![0u8; 65535];
         for _ in 0..2 {
-            socket.send(bytes).await.map_err(|e| e.to_string())?;
+            socket.send(bytes).await.map_err(UpstreamError::Send)?;
             let wait = tokio::time::timeout(UPSTREAM_TIMEOUT / 2, async {
                 loop {
                     let len = socket.recv(&mut buffer).await?;
@@ -395,16 +399,37 @@ impl Parts {
             });
             match wait.await {
                 Ok(Ok(answer)) => return Ok(answer),
-                Ok(Err(e)) => return Err(e.to_string()),
+                Ok(Err(e)) => return Err(UpstreamError::Receive(e)),
                 Err(_) => {}
             }
         }
-        Err(format!(
-            "no answer from {} within {} s",
-            self.upstream,
-            UPSTREAM_TIMEOUT.as_secs()
-        ))
+        Err(UpstreamError::Silent {
+            upstream: self.upstream,
+            seconds: UPSTREAM_TIMEOUT.as_secs(),
+        })
     }
+}
+
+/// Why the upstream resolver gave no answer to a forwarded query.
+#[derive(Debug, thiserror::Error)]
+enum UpstreamError {
+    /// The marked socket could not be made.
+    #[error("cannot open a marked socket to the upstream resolver")]
+    Socket(#[source] std::io::Error),
+    /// The query could not be sent.
+    #[error("cannot send the query upstream")]
+    Send(#[source] std::io::Error),
+    /// The answer could not be received.
+    #[error("cannot receive the upstream answer")]
+    Receive(#[source] std::io::Error),
+    /// No answer came in time.
+    #[error("no answer from {upstream} within {seconds} s")]
+    Silent {
+        /// The upstream resolver.
+        upstream: SocketAddrV4,
+        /// How long it was given.
+        seconds: u64,
+    },
 }
 
 /// A UDP socket connected to `upstream`, carrying the mark the filter

@@ -35,21 +35,56 @@ pub struct IdMap {
     own: u32,
 }
 
+/// Why an id map could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum IdMapError {
+    /// The map file could not be read.
+    #[error("cannot read {path}")]
+    Read {
+        /// The `/proc/self` file.
+        path: String,
+        /// What the kernel said.
+        #[source]
+        source: io::Error,
+    },
+    /// A line is not three numbers.
+    #[error("the id map line {line:?} is not three numbers")]
+    Line {
+        /// The line.
+        line: String,
+    },
+    /// The map leaves out the process's own id.
+    #[error("the id map does not map the process's own id {own}")]
+    OwnUnmapped {
+        /// The process's own id.
+        own: u32,
+    },
+    /// A map file holds no valid map.
+    #[error("{path}")]
+    Invalid {
+        /// The `/proc/self` file.
+        path: String,
+        /// What is wrong with it.
+        #[source]
+        source: Box<IdMapError>,
+    },
+}
+
 impl IdMap {
     /// Parses the text of `/proc/self/uid_map` or `gid_map`; `own` is the
     /// id shown for an id it does not map (the process's own).
-    pub fn parse(text: &str, own: u32) -> Result<Self, String> {
+    pub fn parse(text: &str, own: u32) -> Result<Self, IdMapError> {
         let mut ranges = Vec::new();
         for line in text.lines().filter(|l| !l.trim().is_empty()) {
+            let bad = || IdMapError::Line {
+                line: line.to_owned(),
+            };
             let fields: Vec<&str> = line.split_whitespace().collect();
-            let number = |i: usize| -> Result<u32, String> {
-                fields
-                    .get(i)
-                    .and_then(|f| f.parse().ok())
-                    .ok_or_else(|| format!("the id map line {line:?} is not three numbers"))
+            let number = |i: usize| -> Result<u32, IdMapError> {
+                fields.get(i).and_then(|f| f.parse().ok()).ok_or_else(bad)
             };
             if fields.len() != 3 {
-                return Err(format!("the id map line {line:?} is not three numbers"));
+                return Err(bad());
             }
             ranges.push(Range {
                 inside: number(0)?,
@@ -58,19 +93,22 @@ impl IdMap {
         }
         let map = IdMap { ranges, own };
         if !map.maps(own) {
-            return Err(format!(
-                "the id map does not map the process's own id {own}"
-            ));
+            return Err(IdMapError::OwnUnmapped { own });
         }
         Ok(map)
     }
 
     /// Reads `/proc/self/<file>` (`uid_map` or `gid_map`).
-    pub fn read(file: &str, own: u32) -> Result<Self, String> {
+    pub fn read(file: &str, own: u32) -> Result<Self, IdMapError> {
         let path = format!("/proc/self/{file}");
-        let text = std::fs::read_to_string(&path)
-            .map_err(|e: io::Error| format!("cannot read {path}: {e}"))?;
-        Self::parse(&text, own).map_err(|e| format!("{path}: {e}"))
+        let text = std::fs::read_to_string(&path).map_err(|source| IdMapError::Read {
+            path: path.clone(),
+            source,
+        })?;
+        Self::parse(&text, own).map_err(|e| IdMapError::Invalid {
+            path,
+            source: Box::new(e),
+        })
     }
 
     /// Whether the namespace maps `id`.
@@ -98,7 +136,7 @@ pub struct Ids {
 
 impl Ids {
     /// The maps of this process's user namespace.
-    pub fn of_this_process() -> Result<Self, String> {
+    pub fn of_this_process() -> Result<Self, IdMapError> {
         Ok(Ids {
             uids: IdMap::read("uid_map", rustix::process::getuid().as_raw())?,
             gids: IdMap::read("gid_map", rustix::process::getgid().as_raw())?,
@@ -140,10 +178,10 @@ mod tests {
     #[test]
     fn a_map_that_is_not_an_id_map_is_refused() {
         for text in ["0 1000\n", "a b c\n", "0 1000 1 2\n"] {
-            let error = IdMap::parse(text, 0).unwrap_err();
+            let error = IdMap::parse(text, 0).unwrap_err().to_string();
             assert!(error.contains("not three numbers"), "{text:?}: {error}");
         }
-        let error = IdMap::parse("1 1000 1\n", 0).unwrap_err();
+        let error = IdMap::parse("1 1000 1\n", 0).unwrap_err().to_string();
         assert!(error.contains("own id 0"), "{error}");
     }
 

@@ -77,8 +77,8 @@ pub fn run() -> ExitCode {
     lazaret_proto::logging::init();
     let channel = match Channel::take_role_stdin("lazaret-router", "lazaret-supervisor") {
         Ok(channel) => channel,
-        Err(message) => {
-            tracing::error!("{message}");
+        Err(e) => {
+            tracing::error!("{}", chain(&e));
             return ExitCode::from(2);
         }
     };
@@ -115,7 +115,7 @@ fn start(channel: &Channel) -> Result<(fuser::Session<fuse::Router>, RoutingSumm
         "it must run with CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH and CAP_FOWNER alone, as \
          lazaret-supervisor starts it",
     )
-    .map_err(|detail| failed(RouterStep::Privileges, detail))?;
+    .map_err(|e| failed(RouterStep::Privileges, chain(&e)))?;
     // Modes are masked by the tree; the process's own mask must not add to it.
     rustix::process::umask(rustix::fs::Mode::empty());
     raise_open_file_limit();
@@ -151,7 +151,10 @@ fn start(channel: &Channel) -> Result<(fuser::Session<fuse::Router>, RoutingSumm
     let ids = ids::Ids::of_this_process().map_err(|e| {
         failed(
             RouterStep::Privileges,
-            format!("cannot tell which owners and groups the namespace maps: {e}"),
+            format!(
+                "cannot tell which owners and groups the namespace maps: {}",
+                chain(&e)
+            ),
         )
     })?;
     let mut config = fuser::Config::default();

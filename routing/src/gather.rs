@@ -32,13 +32,13 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Component, Path, PathBuf};
 
+use lazaret_hostfs::read::ReadError;
 use lazaret_proto::router::{IgnoreFile, IgnoreScope, NamePrefix, RelativePath, WorkspaceRules};
 use rustix::fs::{FileType, OFlags};
 
 use crate::classify::{Classifier, DirState, GIT_DIR_NAME, HEAD_NAME, HostFacts, Route, join};
 use crate::command::command_names;
 use crate::gitconfig::{ConfigError, Configuration, Runs, UserConfig, normalize};
-use lazaret_hostfs::read::ReadError;
 
 /// The largest ignore file read (git's own limit is higher; a larger one
 /// is refused rather than silently skipped, which could expose a secret).

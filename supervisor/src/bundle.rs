@@ -51,6 +51,35 @@ fn bind(destination: &str, source: &Path, read_only: bool) -> Value {
     })
 }
 
+/// Why the sandbox environment could not be read, or the bundle written.
+#[derive(Debug, thiserror::Error)]
+pub enum BundleError {
+    /// The environment memfd could not be read, or is not sealed.
+    #[error("the sandbox environment")]
+    Environment(#[source] lazaret_proto::memfd::MemfdError),
+    /// An entry is not UTF-8.
+    #[error("an environment entry is not UTF-8")]
+    NotUtf8,
+    /// An entry sets `PATH`, which the sandbox's own is.
+    #[error("the environment may not set PATH")]
+    SetsPath,
+    /// An entry has no name.
+    #[error("an environment entry has no name")]
+    Unnamed,
+    /// The runtime specification could not be encoded.
+    #[error("cannot encode the runtime specification")]
+    Encode(#[source] serde_json::Error),
+    /// A bundle file could not be written.
+    #[error("cannot write {}", path.display())]
+    Write {
+        /// The file.
+        path: std::path::PathBuf,
+        /// What the kernel said.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
 /// The most environment bytes a sandbox takes (Linux's own limit for the
 /// arguments and environment of one program).
 const MAX_ENVIRONMENT: usize = 2 * 1024 * 1024;
@@ -58,21 +87,21 @@ const MAX_ENVIRONMENT: usize = 2 * 1024 * 1024;
 /// Reads the sandbox environment from the coordinator's sealed memfd:
 /// `NAME=value` entries, each ended by a NUL byte. Refuses a memfd that is
 /// not sealed against writes, or an entry without a name.
-pub fn read_environment(fd: BorrowedFd<'_>) -> Result<Vec<String>, String> {
-    let bytes = lazaret_proto::memfd::read_sealed(fd, MAX_ENVIRONMENT).map_err(|e| {
-        format!(
-            "the sandbox environment: {}",
-            lazaret_proto::error_chain(&e)
-        )
-    })?;
+pub fn read_environment(fd: BorrowedFd<'_>) -> Result<Vec<String>, BundleError> {
+    let bytes =
+        lazaret_proto::memfd::read_sealed(fd, MAX_ENVIRONMENT).map_err(BundleError::Environment)?;
+    parse_environment(&bytes)
+}
+
+/// The `NAME=value` entries of `bytes`, each ended by a NUL byte.
+fn parse_environment(bytes: &[u8]) -> Result<Vec<String>, BundleError> {
     let mut entries = Vec::new();
     for entry in bytes.split(|b| *b == 0).filter(|e| !e.is_empty()) {
-        let entry = String::from_utf8(entry.to_vec())
-            .map_err(|_| "an environment entry is not UTF-8".to_owned())?;
+        let entry = String::from_utf8(entry.to_vec()).map_err(|_| BundleError::NotUtf8)?;
         match entry.split_once('=') {
-            Some(("PATH", _)) => return Err("the environment may not set PATH".into()),
+            Some(("PATH", _)) => return Err(BundleError::SetsPath),
             Some((name, _)) if !name.is_empty() => entries.push(entry),
-            _ => return Err("an environment entry has no name".into()),
+            _ => return Err(BundleError::Unnamed),
         }
     }
     Ok(entries)
@@ -184,14 +213,11 @@ pub fn spec(staged: &Staged, hostname: &str, environment: &[String]) -> Value {
 /// Writes `config.json` into the staged bundle directory. It lives on the
 /// Domain mount namespace's private tmpfs: in memory, never on disk, and
 /// out of the host's view.
-pub fn write(staged: &Staged, hostname: &str, environment: &[String]) -> Result<(), String> {
-    let write = |name: &str, bytes: &[u8]| {
-        let path = staged.bundle.join(name);
-        std::fs::write(&path, bytes).map_err(|e| format!("cannot write {}: {e}", path.display()))
-    };
+pub fn write(staged: &Staged, hostname: &str, environment: &[String]) -> Result<(), BundleError> {
     let text = serde_json::to_vec_pretty(&spec(staged, hostname, environment))
-        .map_err(|e| format!("cannot encode the runtime specification: {e}"))?;
-    write("config.json", &text)
+        .map_err(BundleError::Encode)?;
+    let path = staged.bundle.join("config.json");
+    std::fs::write(&path, text).map_err(|source| BundleError::Write { path, source })
 }
 
 #[cfg(test)]
@@ -260,6 +286,24 @@ mod tests {
             .find(|m| m["destination"] == "/tmp")
             .unwrap();
         assert_eq!(tmp["type"], "bind", "{tmp}");
+    }
+
+    #[test]
+    fn the_environment_is_named_entries_without_path() {
+        assert_eq!(
+            parse_environment(b"EDITOR=vi\0LANG=C.UTF-8\0\0").unwrap(),
+            vec!["EDITOR=vi".to_owned(), "LANG=C.UTF-8".to_owned()]
+        );
+        assert_eq!(parse_environment(b"").unwrap(), Vec::<String>::new());
+        for (bytes, refused) in [
+            (&b"PATH=/evil\0"[..], "the environment may not set PATH"),
+            (b"=value\0", "an environment entry has no name"),
+            (b"NOVALUE\0", "an environment entry has no name"),
+            (b"A=\xff\0", "an environment entry is not UTF-8"),
+        ] {
+            let error = parse_environment(bytes).unwrap_err();
+            assert_eq!(error.to_string(), refused, "{bytes:?}");
+        }
     }
 
     #[test]

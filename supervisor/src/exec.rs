@@ -26,6 +26,7 @@ use serde_json::json;
 
 use crate::bundle::SANDBOX_PATH;
 use crate::runsc::Runsc;
+use crate::syscall::{ProcessStatus, Processes};
 
 #[derive(Debug, Default)]
 struct Children {
@@ -108,6 +109,16 @@ impl Reaper {
     }
 }
 
+impl Processes for Reaper {
+    fn spawn(&self, command: &mut Command) -> std::io::Result<(i32, OwnedFd)> {
+        Reaper::spawn(self, command)
+    }
+
+    fn wait(&self, pid: i32) -> ProcessStatus {
+        Reaper::wait(self, pid).into()
+    }
+}
+
 /// The OCI process specification of a session.
 fn process_spec(request: &ExecRequest, environment: &[String]) -> serde_json::Value {
     let mut env = vec![format!("PATH={SANDBOX_PATH}"), "HOME=/root".to_owned()];
@@ -157,6 +168,54 @@ pub fn internal_pid_file(runtime: &Runsc<'_>, session_id: SessionId) -> PathBuf 
         .join(format!("session-{}.pid", session_id.to_hex()))
 }
 
+/// Why a session process could not be started or signalled.
+#[derive(Debug, thiserror::Error)]
+pub enum ExecError {
+    /// The request names a descriptor its packet did not carry.
+    #[error("descriptor {index} is missing")]
+    MissingDescriptor {
+        /// The index the request names.
+        index: u16,
+    },
+    /// The session's environment could not be read.
+    #[error(transparent)]
+    Environment(#[from] crate::bundle::BundleError),
+    /// The process specification could not be encoded.
+    #[error("cannot encode the process spec")]
+    Encode(#[source] serde_json::Error),
+    /// The sealed memfd for the process specification could not be made.
+    #[error("cannot hold the process spec")]
+    HoldSpec(#[source] std::io::Error),
+    /// The session's streams could not be duplicated for `runsc exec`.
+    #[error("cannot pass the session's streams")]
+    Streams(#[source] std::io::Error),
+    /// `runsc exec` could not be started.
+    #[error("cannot start runsc exec")]
+    Start(#[source] std::io::Error),
+    /// The session's process has not written its pid yet, or never will.
+    #[error("the session's process is not known (yet)")]
+    UnknownProcess(#[source] std::io::Error),
+    /// `runsc kill` could not be started.
+    #[error("cannot run runsc kill")]
+    StartKill(#[source] std::io::Error),
+    /// `runsc kill` did not return within [`KILL_BOUND`].
+    #[error("runsc kill {signal} did not return within {seconds} s: the sandbox does not answer")]
+    KillSilent {
+        /// The signal's name.
+        signal: &'static str,
+        /// The bound.
+        seconds: u64,
+    },
+    /// `runsc kill` failed.
+    #[error("runsc kill {signal} failed ({status:?})")]
+    KillFailed {
+        /// The signal's name.
+        signal: &'static str,
+        /// Its exit status, if it exited.
+        status: Option<i32>,
+    },
+}
+
 /// How long one `runsc kill` may take.
 const KILL_BOUND: std::time::Duration = std::time::Duration::from_secs(5);
 
@@ -164,17 +223,16 @@ const KILL_BOUND: std::time::Duration = std::time::Duration::from_secs(5);
 /// `runsc kill --pid` (a window's change, to every process, with
 /// `runsc kill --all`), within [`KILL_BOUND`].
 pub fn signal(
-    reaper: &Reaper,
+    reaper: &dyn Processes,
     runtime: &Runsc<'_>,
     session_id: SessionId,
     signal: ExecSignal,
-) -> Result<(), String> {
+) -> Result<(), ExecError> {
     let mut command = if signal == ExecSignal::WindowChanged {
         runtime.command(["kill", "--all", runtime.container_id, signal.name()])
     } else {
         let file = internal_pid_file(runtime, session_id);
-        let pid = std::fs::read_to_string(&file)
-            .map_err(|e| format!("the session's process is not known (yet): {e}"))?;
+        let pid = std::fs::read_to_string(&file).map_err(ExecError::UnknownProcess)?;
         runtime.command([
             "kill",
             "--pid",
@@ -185,23 +243,23 @@ pub fn signal(
     };
     command.stderr(Stdio::null());
     // The reaper owns every wait of this process: spawn and wait through it.
-    let (child, pidfd) = reaper
-        .spawn(&mut command)
-        .map_err(|e| format!("cannot run runsc kill: {e}"))?;
+    let (child, pidfd) = reaper.spawn(&mut command).map_err(ExecError::StartKill)?;
     // A sandbox that does not answer (stopped, or stuck) holds `runsc kill`
     // for at most this long.
     let ended = lazaret_proto::channel::readable_within(pidfd.as_fd(), KILL_BOUND).unwrap_or(false);
     if !ended {
         let _ = rustix::process::pidfd_send_signal(&pidfd, rustix::process::Signal::KILL);
     }
-    match reaper.wait(child).exit_status() {
+    match reaper.wait(child).exit {
         Some(0) => Ok(()),
-        _ if !ended => Err(format!(
-            "runsc kill {} did not return within {} s: the sandbox does not answer",
-            signal.name(),
-            KILL_BOUND.as_secs()
-        )),
-        other => Err(format!("runsc kill {} failed ({other:?})", signal.name())),
+        _ if !ended => Err(ExecError::KillSilent {
+            signal: signal.name(),
+            seconds: KILL_BOUND.as_secs(),
+        }),
+        status => Err(ExecError::KillFailed {
+            signal: signal.name(),
+            status,
+        }),
     }
 }
 
@@ -217,21 +275,21 @@ pub struct Exit {
 /// Starts a session's `runsc exec`; `stdio` are the descriptors named by
 /// the request (the PTY slave, or the input and output pipes).
 pub fn spawn(
-    reaper: &Reaper,
+    reaper: &dyn Processes,
     runtime: &Runsc<'_>,
     request: &ExecRequest,
     environment: &[String],
     stdio: (BorrowedFd<'_>, BorrowedFd<'_>),
-) -> Result<Started, String> {
+) -> Result<Started, ExecError> {
     let spec =
-        serde_json::to_vec(&process_spec(request, environment)).map_err(|e| e.to_string())?;
+        serde_json::to_vec(&process_spec(request, environment)).map_err(ExecError::Encode)?;
     let spec = lazaret_proto::memfd::sealed_bytes("lazaret-process", &spec)
-        .map_err(|e| format!("cannot hold the process spec: {e}"))?;
+        .map_err(ExecError::HoldSpec)?;
     let (input, output) = stdio;
     let dup = |fd: BorrowedFd<'_>| {
         fd.try_clone_to_owned()
             .map(Stdio::from)
-            .map_err(|e| format!("cannot pass the session's streams: {e}"))
+            .map_err(ExecError::Streams)
     };
     // Each stream gets an open file description of its own (the same pipe
     // or terminal, opened again through /proc/self/fd): runsc makes each
@@ -278,9 +336,7 @@ pub fn spawn(
     if terminal {
         crate::sys::with_controlling_terminal(&mut command);
     }
-    let (pid, pidfd) = reaper
-        .spawn(&mut command)
-        .map_err(|e| format!("cannot start runsc exec: {e}"))?;
+    let (pid, pidfd) = reaper.spawn(&mut command).map_err(ExecError::Start)?;
     Ok(Started {
         pidfd,
         pid,
@@ -340,16 +396,22 @@ const NOT_RUN: u8 = 127;
 const RUNSC_FAILED: i32 = 128;
 
 /// Waits for a started session process to exit.
-pub fn wait(reaper: &Reaper, started: Started) -> Exit {
+pub fn wait(reaper: &dyn Processes, started: Started) -> Exit {
     let status = reaper.wait(started.pid);
+    exit_of(status, started.pid_file.exists())
+}
+
+/// The exit of a session process whose `runsc exec` ended with `status`,
+/// having written the process's pid inside (`ran`) or not.
+fn exit_of(status: ProcessStatus, ran: bool) -> Exit {
     // Without its pid written, the process never ran inside.
-    if status.exit_status() == Some(RUNSC_FAILED) && !started.pid_file.exists() {
+    if status.exit == Some(RUNSC_FAILED) && !ran {
         return Exit {
             code: NOT_RUN,
             signaled: false,
         };
     }
-    match (status.exit_status(), status.terminating_signal()) {
+    match (status.exit, status.signal) {
         (Some(code), _) => Exit {
             code: u8::try_from(code).unwrap_or(u8::MAX),
             signaled: code > 128,
@@ -362,5 +424,266 @@ pub fn wait(reaper: &Reaper, started: Started) -> Exit {
             code: u8::MAX,
             signaled: false,
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use lazaret_proto::supervisor::FdIndex;
+    use rustix::io::Errno;
+
+    use super::*;
+    use crate::runsc::Platform;
+    use crate::syscall::recording::{Call, Recording};
+
+    fn runsc(root: &Path) -> Runsc<'_> {
+        Runsc {
+            runsc: Path::new("/opt/runsc"),
+            platform: Platform::Systrap,
+            root,
+            container_id: "lazaret-c1",
+        }
+    }
+
+    const SESSION: SessionId = SessionId([7; 16]);
+
+    fn request(stdio: ExecStdio) -> ExecRequest {
+        ExecRequest {
+            session_id: SESSION,
+            args: vec!["bash".into(), "-l".into()],
+            cwd: "/workspace".into(),
+            term: Some("xterm-256color".into()),
+            environment: FdIndex(0),
+            stdio,
+        }
+    }
+
+    const PIPES: ExecStdio = ExecStdio::Pipes {
+        input: FdIndex(1),
+        output: FdIndex(2),
+    };
+
+    /// Starts `request` through `sys` with a pipe for each stream.
+    fn start(
+        sys: &Recording,
+        root: &Path,
+        request: &ExecRequest,
+        environment: &[String],
+    ) -> Result<Started, ExecError> {
+        let (input, output) = rustix::pipe::pipe().unwrap();
+        spawn(
+            sys,
+            &runsc(root),
+            request,
+            environment,
+            (input.as_fd(), output.as_fd()),
+        )
+    }
+
+    fn spec_of(started: &Started) -> serde_json::Value {
+        let bytes = lazaret_proto::memfd::read_sealed(started._spec.as_fd(), 1 << 20).unwrap();
+        serde_json::from_slice(&bytes).unwrap()
+    }
+
+    #[test]
+    fn a_session_runs_runsc_exec_on_a_sealed_spec_with_a_clean_environment() {
+        let root = tempfile::tempdir().unwrap();
+        let sys = Recording::default();
+        let started = start(&sys, root.path(), &request(PIPES), &[]).unwrap();
+        let calls = sys.calls();
+        let [Call::Spawn { program, args, env }] = &calls[..] else {
+            panic!("{calls:#?}")
+        };
+        assert_eq!(program, "/opt/runsc");
+        let pid_file = root
+            .path()
+            .join(format!("session-{}.pid", SESSION.to_hex()));
+        let expected: Vec<String> = vec![
+            "--rootless".to_owned(),
+            "--ignore-cgroups".to_owned(),
+            "--network=host".to_owned(),
+            "--platform=systrap".to_owned(),
+            "--root".to_owned(),
+            root.path().display().to_string(),
+            "exec".to_owned(),
+            "--internal-pid-file".to_owned(),
+            pid_file.display().to_string(),
+            "--process".to_owned(),
+            format!("/proc/1/fd/{}", started._spec.as_raw_fd()),
+            "lazaret-c1".to_owned(),
+        ];
+        assert_eq!(*args, expected);
+        assert_eq!(
+            *env,
+            vec![(
+                "PATH".to_owned(),
+                Some("/usr/sbin:/usr/bin:/sbin:/bin".to_owned())
+            )]
+        );
+        assert_eq!(started.pid_file, pid_file);
+    }
+
+    #[test]
+    fn the_spec_names_the_command_cwd_and_environment_with_the_session_last() {
+        let root = tempfile::tempdir().unwrap();
+        let sys = Recording::default();
+        let session_env = lazaret_proto::mailbox::SESSION_ENV;
+        let environment = vec!["EDITOR=vi".to_owned(), format!("{session_env}=forged")];
+        let started = start(&sys, root.path(), &request(PIPES), &environment).unwrap();
+        let spec = spec_of(&started);
+        assert_eq!(spec["args"], serde_json::json!(["bash", "-l"]));
+        assert_eq!(spec["cwd"], "/workspace");
+        assert_eq!(spec["terminal"], false);
+        assert_eq!(spec["noNewPrivileges"], true);
+        let env: Vec<String> = serde_json::from_value(spec["env"].clone()).unwrap();
+        assert_eq!(
+            env,
+            vec![
+                format!("PATH={SANDBOX_PATH}"),
+                "HOME=/root".to_owned(),
+                "TERM=xterm-256color".to_owned(),
+                "EDITOR=vi".to_owned(),
+                format!("{session_env}=forged"),
+                format!("{session_env}={}", SESSION.to_hex()),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_terminal_session_gets_its_window_size() {
+        let root = tempfile::tempdir().unwrap();
+        let sys = Recording::default();
+        let request = request(ExecStdio::Terminal {
+            slave: FdIndex(1),
+            rows: 40,
+            columns: 120,
+        });
+        let started = start(&sys, root.path(), &request, &[]).unwrap();
+        let spec = spec_of(&started);
+        assert_eq!(spec["terminal"], true);
+        assert_eq!(
+            spec["consoleSize"],
+            serde_json::json!({"height": 40, "width": 120})
+        );
+    }
+
+    #[test]
+    fn a_runsc_exec_that_cannot_start_is_named() {
+        let root = tempfile::tempdir().unwrap();
+        let sys = Recording::default();
+        sys.fail_when(|c| matches!(c, Call::Spawn { .. }), Errno::AGAIN);
+        let error = start(&sys, root.path(), &request(PIPES), &[]).unwrap_err();
+        assert!(matches!(error, ExecError::Start(_)), "{error:?}");
+        assert!(
+            lazaret_proto::error_chain(&error).starts_with("cannot start runsc exec: "),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn a_window_change_goes_to_every_process() {
+        let root = tempfile::tempdir().unwrap();
+        let sys = Recording::default();
+        signal(
+            &sys,
+            &runsc(root.path()),
+            SESSION,
+            ExecSignal::WindowChanged,
+        )
+        .unwrap();
+        let spawned = sys.spawned();
+        assert_eq!(spawned.len(), 1);
+        assert_eq!(spawned[0][6..], ["kill", "--all", "lazaret-c1", "WINCH"]);
+    }
+
+    #[test]
+    fn a_signal_goes_to_the_pid_runsc_exec_wrote() {
+        let root = tempfile::tempdir().unwrap();
+        let runtime = runsc(root.path());
+        std::fs::write(internal_pid_file(&runtime, SESSION), "42\n").unwrap();
+        let sys = Recording::default();
+        signal(&sys, &runtime, SESSION, ExecSignal::Interrupt).unwrap();
+        assert_eq!(
+            sys.spawned()[0][6..],
+            ["kill", "--pid", "42", "lazaret-c1", "INT"]
+        );
+    }
+
+    #[test]
+    fn a_signal_before_the_process_runs_is_refused_without_runsc() {
+        let root = tempfile::tempdir().unwrap();
+        let sys = Recording::default();
+        let error = signal(&sys, &runsc(root.path()), SESSION, ExecSignal::Terminate).unwrap_err();
+        assert!(matches!(error, ExecError::UnknownProcess(_)), "{error:?}");
+        assert!(sys.calls().is_empty());
+    }
+
+    #[test]
+    fn a_failed_runsc_kill_is_reported_with_its_status() {
+        let root = tempfile::tempdir().unwrap();
+        let runtime = runsc(root.path());
+        std::fs::write(internal_pid_file(&runtime, SESSION), "42").unwrap();
+        let sys = Recording::default();
+        // The double numbers its children from 1001.
+        sys.statuses.lock().unwrap().insert(
+            1001,
+            ProcessStatus {
+                exit: Some(1),
+                signal: None,
+            },
+        );
+        let error = signal(&sys, &runtime, SESSION, ExecSignal::Kill).unwrap_err();
+        assert_eq!(error.to_string(), "runsc kill KILL failed (Some(1))");
+        let sys = Recording::default();
+        sys.fail_when(|c| matches!(c, Call::Spawn { .. }), Errno::NOMEM);
+        let error = signal(&sys, &runtime, SESSION, ExecSignal::Hangup).unwrap_err();
+        assert!(matches!(error, ExecError::StartKill(_)), "{error:?}");
+    }
+
+    #[test]
+    fn a_session_exit_is_its_code_or_its_signal() {
+        let exit = |exit, signal, ran| {
+            let e = exit_of(ProcessStatus { exit, signal }, ran);
+            (e.code, e.signaled)
+        };
+        assert_eq!(exit(Some(0), None, true), (0, false));
+        assert_eq!(exit(Some(3), None, true), (3, false));
+        assert_eq!(exit(Some(130), None, true), (130, true));
+        assert_eq!(exit(None, Some(9), true), (137, true));
+        assert_eq!(exit(None, None, true), (u8::MAX, false));
+        // runsc's own failure, with the process never started inside, is
+        // the shell's "not found"; once it ran, 128 is its code.
+        assert_eq!(exit(Some(RUNSC_FAILED), None, false), (NOT_RUN, false));
+        assert_eq!(exit(Some(RUNSC_FAILED), None, true), (128, false));
+    }
+
+    #[test]
+    fn waiting_for_a_session_reads_its_status_through_the_reaper() {
+        let root = tempfile::tempdir().unwrap();
+        let sys = Recording::default();
+        let started = start(&sys, root.path(), &request(PIPES), &[]).unwrap();
+        sys.statuses.lock().unwrap().insert(
+            started.pid,
+            ProcessStatus {
+                exit: Some(RUNSC_FAILED),
+                signal: None,
+            },
+        );
+        // No pid file: the command never ran inside.
+        let exit = wait(&sys, started);
+        assert_eq!((exit.code, exit.signaled), (NOT_RUN, false));
+    }
+
+    #[test]
+    fn a_started_session_whose_runsc_exec_ended_is_not_waited_for() {
+        let root = tempfile::tempdir().unwrap();
+        let sys = Recording::default();
+        // The double's pidfd reads as ended at once; no pid file is ever
+        // written, and this returns instead of waiting for one.
+        let started = start(&sys, root.path(), &request(PIPES), &[]).unwrap();
+        wait_running(&started);
+        assert!(!started.pid_file.exists());
     }
 }

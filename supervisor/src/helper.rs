@@ -9,6 +9,7 @@
 //! in the report beyond its shape; the callers and the Host Coordinator
 //! judge it.
 
+use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -16,10 +17,95 @@ use std::time::Duration;
 
 use lazaret_proto::channel::{ChannelError, Endpoint, pair};
 use lazaret_proto::codec::WireRecord;
-use lazaret_proto::error_chain as chain;
 use rustix::thread::CapabilitySet;
 
 use crate::sys::with_capabilities_only;
+
+/// Why a helper could not be started or gave no report.
+#[derive(Debug, thiserror::Error)]
+pub enum HelperError {
+    /// This executable's path is unknown, so its siblings cannot be found.
+    #[error("cannot locate the supervisor's executable")]
+    Locate(#[source] io::Error),
+    /// The helper's executable is not beside this one.
+    #[error("{name} is not installed beside {}", exe.display())]
+    NotInstalled {
+        /// The helper's executable name.
+        name: String,
+        /// This executable.
+        exe: PathBuf,
+    },
+    /// The helper's channel could not be made.
+    #[error("cannot make {what}'s channel")]
+    Channel {
+        /// Which helper.
+        what: &'static str,
+        /// Why.
+        #[source]
+        source: ChannelError,
+    },
+    /// The helper could not be started.
+    #[error("cannot start {}", binary.display())]
+    Spawn {
+        /// Its executable.
+        binary: PathBuf,
+        /// What the kernel said.
+        #[source]
+        source: io::Error,
+    },
+    /// No pidfd could be opened for the started helper.
+    #[error("cannot open a pidfd for {what} (pid {pid})")]
+    Pidfd {
+        /// Which helper.
+        what: &'static str,
+        /// Its pid.
+        pid: u32,
+        /// What the kernel said.
+        #[source]
+        source: io::Error,
+    },
+    /// The request could not be sent.
+    #[error("cannot reach {what}")]
+    Send {
+        /// Which helper.
+        what: &'static str,
+        /// Why.
+        #[source]
+        source: ChannelError,
+    },
+    /// The helper gave no report in time.
+    #[error("{what} did not answer within {seconds} s")]
+    Silent {
+        /// Which helper.
+        what: &'static str,
+        /// How long it was given.
+        seconds: u64,
+    },
+    /// Waiting for the report failed.
+    #[error("cannot wait for {what}")]
+    Wait {
+        /// Which helper.
+        what: &'static str,
+        /// What the kernel said.
+        #[source]
+        source: rustix::io::Errno,
+    },
+    /// The helper closed its channel without a report.
+    #[error("{what} exited without a report; see the Domain log")]
+    Exited {
+        /// Which helper.
+        what: &'static str,
+    },
+    /// The report did not decode, or the channel failed.
+    #[error("bad report from {what}")]
+    BadReport {
+        /// Which helper.
+        what: &'static str,
+        /// Why.
+        #[source]
+        source: ChannelError,
+    },
+}
 
 /// A started helper and this end of its channel.
 #[derive(Debug)]
@@ -31,14 +117,16 @@ pub struct Helper<S, R> {
 }
 
 /// The executable `name`, beside this one.
-fn sibling(name: &str) -> Result<PathBuf, String> {
-    let exe = std::env::current_exe()
-        .map_err(|e| format!("cannot locate the supervisor's executable: {e}"))?;
+fn sibling(name: &str) -> Result<PathBuf, HelperError> {
+    let exe = std::env::current_exe().map_err(HelperError::Locate)?;
     let path = exe.with_file_name(name);
     if path.is_file() {
         Ok(path)
     } else {
-        Err(format!("{name} is not installed beside {}", exe.display()))
+        Err(HelperError::NotInstalled {
+            name: name.to_owned(),
+            exe,
+        })
     }
 }
 
@@ -50,10 +138,10 @@ impl<S: WireRecord, R: WireRecord> Helper<S, R> {
         what: &'static str,
         kept: CapabilitySet,
         new_network: bool,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, HelperError> {
         let binary = sibling(name)?;
         let (ours, theirs) =
-            pair::<S, R>().map_err(|e| format!("cannot make {what}'s channel: {}", chain(&e)))?;
+            pair::<S, R>().map_err(|source| HelperError::Channel { what, source })?;
         let mut command = Command::new(&binary);
         command
             .env_clear()
@@ -62,7 +150,7 @@ impl<S: WireRecord, R: WireRecord> Helper<S, R> {
         with_capabilities_only(&mut command, kept, new_network);
         let child = command
             .spawn()
-            .map_err(|e| format!("cannot start {}: {e}", binary.display()))?;
+            .map_err(|source| HelperError::Spawn { binary, source })?;
         Ok(Helper {
             what,
             child,
@@ -71,44 +159,47 @@ impl<S: WireRecord, R: WireRecord> Helper<S, R> {
     }
 
     /// A pidfd of the helper, which names it for good.
-    pub fn pidfd(&self) -> Result<OwnedFd, String> {
+    pub fn pidfd(&self) -> Result<OwnedFd, HelperError> {
         let pid = self.child.id();
-        crate::pidfd_of(pid)
-            .map_err(|e| format!("cannot open a pidfd for {} (pid {pid}): {e}", self.what))
+        crate::pidfd_of(pid).map_err(|source| HelperError::Pidfd {
+            what: self.what,
+            pid,
+            source,
+        })
     }
 
     /// Sends the helper its request with its descriptors.
-    pub fn send(&self, request: &S, fds: &[BorrowedFd<'_>]) -> Result<(), String> {
+    pub fn send(&self, request: &S, fds: &[BorrowedFd<'_>]) -> Result<(), HelperError> {
         self.channel
             .send(request, fds)
-            .map_err(|e| format!("cannot reach {}: {}", self.what, chain(&e)))
+            .map_err(|source| HelperError::Send {
+                what: self.what,
+                source,
+            })
     }
 
     /// The helper's one report, within `timeout`.
-    pub fn report(&self, timeout: Duration) -> Result<R, String> {
+    pub fn report(&self, timeout: Duration) -> Result<R, HelperError> {
+        let what = self.what;
         match lazaret_proto::channel::readable_within(self.channel.as_fd(), timeout) {
             Ok(true) => {}
             Ok(false) => {
-                return Err(format!(
-                    "{} did not answer within {} s",
-                    self.what,
-                    timeout.as_secs()
-                ));
+                return Err(HelperError::Silent {
+                    what,
+                    seconds: timeout.as_secs(),
+                });
             }
-            Err(e) => return Err(format!("cannot wait for {}: {e}", self.what)),
+            Err(source) => return Err(HelperError::Wait { what, source }),
         }
         match self.channel.recv() {
             Ok(received) => Ok(received.message),
-            Err(ChannelError::Disconnected) => Err(format!(
-                "{} exited without a report; see the Domain log",
-                self.what
-            )),
-            Err(e) => Err(format!("bad report from {}: {}", self.what, chain(&e))),
+            Err(ChannelError::Disconnected) => Err(HelperError::Exited { what }),
+            Err(source) => Err(HelperError::BadReport { what, source }),
         }
     }
 
     /// Ends the helper if `result` failed, and reaps it either way.
-    pub fn finish<T>(mut self, result: Result<T, String>) -> Result<T, String> {
+    pub fn finish<T, E>(mut self, result: Result<T, E>) -> Result<T, E> {
         if result.is_err() {
             let _ = self.child.kill();
         }
@@ -118,7 +209,7 @@ impl<S: WireRecord, R: WireRecord> Helper<S, R> {
 
     /// Kills the helper unless `result` succeeded; one that succeeded is
     /// left running, for the Domain pid 1's reaper.
-    pub fn keep_if_ok<T>(mut self, result: Result<T, String>) -> Result<T, String> {
+    pub fn keep_if_ok<T, E>(mut self, result: Result<T, E>) -> Result<T, E> {
         if result.is_err() {
             let _ = self.child.kill();
             let _ = self.child.wait();

@@ -52,6 +52,7 @@ mod namespaces;
 mod network;
 mod runsc;
 mod sys;
+mod syscall;
 mod workspace;
 
 // Which platform a runsc gets, as the tests that depend on it ask.
@@ -113,8 +114,8 @@ fn enter_namespaces() -> ExitCode {
     }
     let channel = match Channel::take_role_stdin("lazaret-supervisor", "lazaret") {
         Ok(channel) => channel,
-        Err(message) => {
-            tracing::error!("{message}");
+        Err(e) => {
+            tracing::error!("{}", chain(&e));
             return ExitCode::FAILURE;
         }
     };
@@ -216,7 +217,7 @@ fn fail(channel: &Channel, error: SupervisorError) -> ExitCode {
 /// pidfd (the holder) and descriptors of the user and network namespaces.
 /// Returns the network namespace's, for the sidecar.
 fn report_namespaces(channel: &Channel) -> Result<OwnedFd, SupervisorError> {
-    mounts::private_proc().map_err(|e| failed(SupervisorStep::Mounts, chain(&e)))?;
+    mounts::private_proc(&syscall::Host).map_err(|e| failed(SupervisorStep::Mounts, chain(&e)))?;
     let own_pidfd = pidfd_open(rustix::process::getpid(), PidfdFlags::empty()).map_err(|e| {
         failed(
             SupervisorStep::Identities,
@@ -369,20 +370,22 @@ fn prepare_and_run(
 /// supervisor); whether it attested.
 fn attest(
     channel: &Channel,
-    sidecar: Result<network::Sidecar, String>,
+    sidecar: Result<network::Sidecar, helper::HelperError>,
     network: &OwnedFd,
     [policy, helper_ready]: [&OwnedFd; 2],
     parameters: lazaret_proto::sidecar::AttestParameters,
 ) -> bool {
     let names = parameters.names.clone();
     let resolver = names.as_ref().map(|_| network::start_resolver());
-    let attested = sidecar.and_then(|sidecar| {
-        network::attest(
-            sidecar,
-            parameters,
-            [network, policy, helper_ready].map(AsFd::as_fd),
-        )
-    });
+    let attested = sidecar
+        .map_err(network::NetworkError::from)
+        .and_then(|sidecar| {
+            network::attest(
+                sidecar,
+                parameters,
+                [network, policy, helper_ready].map(AsFd::as_fd),
+            )
+        });
     // A policy with names: Lazaret's resolver, once the filter holds its set.
     let served = attested.and_then(|attestation| match (names, resolver) {
         (Some(names), Some(resolver)) => network::serve_names(resolver?, names, policy.as_fd())
@@ -402,8 +405,8 @@ fn attest(
             };
             send(channel, SupervisorStep::Network, &report, &[pidfd.as_fd()]).is_ok()
         }
-        Err(detail) => {
-            report_failure(channel, failed(SupervisorStep::Network, detail));
+        Err(e) => {
+            report_failure(channel, failed(SupervisorStep::Network, chain(&e)));
             false
         }
     }
@@ -429,7 +432,7 @@ fn prepare(
     channel: &Channel,
     plan: &SandboxPlan,
     fds: &[OwnedFd],
-    router: Result<workspace::Router, String>,
+    router: Result<workspace::Router, helper::HelperError>,
 ) -> Result<Prepared, SupervisorError> {
     // The coordinator's descriptors name host mounts; reopen each mount
     // source as the same object inside the Domain mount namespace.
@@ -479,7 +482,7 @@ fn prepare(
             .collect(),
     };
     let environment = bundle::read_environment(fd_at(fds, plan.environment)?)
-        .map_err(|e| failed(SupervisorStep::Bundle, e))?;
+        .map_err(|e| failed(SupervisorStep::Bundle, chain(&e)))?;
     let runtime_dir = Path::new(plan.runtime_dir.as_os_str());
     let runsc = PathBuf::from(plan.runsc.as_os_str());
 
@@ -493,9 +496,9 @@ fn prepare(
                 isolated.as_fd(),
                 fd_at(fds, plan.workspace_rules)?,
             )
-            .map_err(|detail| failed(SupervisorStep::Workspace, detail))
+            .map_err(|e| failed(SupervisorStep::Workspace, chain(&e)))
         });
-        let staged = mounts::stage(runtime_dir, &sources, &plan.resolvers)
+        let staged = mounts::stage(&syscall::Host, runtime_dir, &sources, &plan.resolvers)
             .map_err(|e| failed(SupervisorStep::Mounts, chain(&e)));
         let served = serving.join().unwrap_or_else(|_| {
             Err(failed(
@@ -508,7 +511,7 @@ fn prepare(
     let staged = staged?;
     let routed = served?
         .attach(&staged.workspace)
-        .map_err(|detail| failed(SupervisorStep::Workspace, detail))?;
+        .map_err(|e| failed(SupervisorStep::Workspace, chain(&e)))?;
     let report = SupervisorReport::WorkspaceRouted {
         router: FdIndex(0),
         summary: routed.summary,
@@ -521,7 +524,7 @@ fn prepare(
     )?;
     drop(routed);
     bundle::write(&staged, "lazaret", &environment)
-        .map_err(|e| failed(SupervisorStep::Bundle, e))?;
+        .map_err(|e| failed(SupervisorStep::Bundle, chain(&e)))?;
     Ok(Prepared {
         staged,
         runsc,
@@ -570,7 +573,8 @@ fn run_sandbox(
         "runsc run -detach returned"
     );
 
-    let (sandbox, gofer) = runsc_processes().map_err(|e| failed(SupervisorStep::Identities, e))?;
+    let (sandbox, gofer) =
+        runsc_processes().map_err(|e| failed(SupervisorStep::Identities, chain(&e)))?;
     let mailbox = rustix::fs::open(
         &staged.mailbox,
         OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
@@ -621,11 +625,22 @@ pub(crate) fn pidfd_of(pid: u32) -> std::io::Result<OwnedFd> {
     pidfd_open(pid, PidfdFlags::empty()).map_err(Into::into)
 }
 
+/// Why the runsc sandbox's processes could not be found.
+#[derive(Debug, thiserror::Error)]
+enum ProcessesError {
+    /// The supervisor's children could not be listed.
+    #[error("cannot list the supervisor's children")]
+    Children(#[source] std::io::Error),
+    /// None of them is the sandbox.
+    #[error("runsc started no sandbox process")]
+    NoSandbox,
+}
+
 /// The pidfds of the runsc sandbox and gofer: after `run -detach` returns,
 /// they are children of this process, the pid namespace's init.
-fn runsc_processes() -> Result<(OwnedFd, Option<OwnedFd>), String> {
-    let children = std::fs::read_to_string("/proc/self/task/1/children")
-        .map_err(|e| format!("cannot list the supervisor's children: {e}"))?;
+fn runsc_processes() -> Result<(OwnedFd, Option<OwnedFd>), ProcessesError> {
+    let children =
+        std::fs::read_to_string("/proc/self/task/1/children").map_err(ProcessesError::Children)?;
     let mut sandbox = None;
     let mut gofer = None;
     for pid in children
@@ -643,12 +658,16 @@ fn runsc_processes() -> Result<(OwnedFd, Option<OwnedFd>), String> {
             gofer = Some(pidfd);
         }
     }
-    let sandbox = sandbox.ok_or("runsc started no sandbox process")?;
+    let sandbox = sandbox.ok_or(ProcessesError::NoSandbox)?;
     Ok((sandbox, gofer))
 }
 
 /// Serves the running sandbox: session processes until `Stop`.
-fn serve(channel: Arc<Channel>, running: Arc<Running>, reaper: Arc<exec::Reaper>) -> ExitCode {
+fn serve(
+    channel: Arc<Channel>,
+    running: Arc<Running>,
+    reaper: Arc<dyn syscall::Processes>,
+) -> ExitCode {
     loop {
         match channel.recv() {
             Ok(Received {
@@ -666,7 +685,7 @@ fn serve(channel: Arc<Channel>, running: Arc<Running>, reaper: Arc<exec::Reaper>
                 fds,
             }) => {
                 let session_id = request.session_id;
-                let started = start_exec(&running, &reaper, &request, &fds);
+                let started = start_exec(&running, reaper.as_ref(), &request, &fds);
                 match started {
                     Ok(started) => {
                         let (channel, reaper) = (Arc::clone(&channel), Arc::clone(&reaper));
@@ -682,7 +701,7 @@ fn serve(channel: Arc<Channel>, running: Arc<Running>, reaper: Arc<exec::Reaper>
                                 process: FdIndex(0),
                             };
                             let _ = channel.send(&report, &[started.pidfd.as_fd()]);
-                            let exit = exec::wait(&reaper, started);
+                            let exit = exec::wait(reaper.as_ref(), started);
                             let report = SupervisorReport::ExecExited {
                                 session_id,
                                 exit_code: exit.code,
@@ -691,7 +710,8 @@ fn serve(channel: Arc<Channel>, running: Arc<Running>, reaper: Arc<exec::Reaper>
                             let _ = channel.send(&report, &[]);
                         });
                     }
-                    Err(detail) => {
+                    Err(e) => {
+                        let detail = chain(&e);
                         let _ =
                             channel.send(&SupervisorReport::ExecFailed { session_id, detail }, &[]);
                     }
@@ -706,8 +726,10 @@ fn serve(channel: Arc<Channel>, running: Arc<Running>, reaper: Arc<exec::Reaper>
                 // other sessions' requests.
                 let (running, reaper) = (Arc::clone(&running), Arc::clone(&reaper));
                 std::thread::spawn(move || {
-                    if let Err(e) = exec::signal(&reaper, &running.runsc(), session_id, signal) {
-                        tracing::warn!("signal for session {session_id}: {e}");
+                    if let Err(e) =
+                        exec::signal(reaper.as_ref(), &running.runsc(), session_id, signal)
+                    {
+                        tracing::warn!("signal for session {session_id}: {}", chain(&e));
                     }
                 });
             }
@@ -719,7 +741,9 @@ fn serve(channel: Arc<Channel>, running: Arc<Running>, reaper: Arc<exec::Reaper>
                 // their way.
                 let (channel, namespace) = (Arc::clone(&channel), Arc::clone(&running.network));
                 std::thread::spawn(move || {
-                    let observed = network::observe(parameters, namespace.as_fd()).map(Box::new);
+                    let observed = network::observe(parameters, namespace.as_fd())
+                        .map(Box::new)
+                        .map_err(|e| failed(SupervisorStep::Network, chain(&e)));
                     let _ = channel.send(&SupervisorReport::NetworkObserved(observed), &[]);
                 });
             }
@@ -745,15 +769,347 @@ fn serve(channel: Arc<Channel>, running: Arc<Running>, reaper: Arc<exec::Reaper>
 /// Starts one session process from an `Exec` request and its descriptors.
 fn start_exec(
     running: &Running,
-    reaper: &exec::Reaper,
+    reaper: &dyn syscall::Processes,
     request: &ExecRequest,
     fds: &[OwnedFd],
-) -> Result<exec::Started, String> {
-    let at = |index: FdIndex| fd_at(fds, index).map_err(|e| e.detail);
+) -> Result<exec::Started, exec::ExecError> {
+    let at = |index: FdIndex| {
+        index
+            .get(fds)
+            .ok_or(exec::ExecError::MissingDescriptor { index: index.0 })
+    };
     let environment = bundle::read_environment(at(request.environment)?)?;
     let stdio = match request.stdio {
         ExecStdio::Terminal { slave, .. } => (at(slave)?, at(slave)?),
         ExecStdio::Pipes { input, output } => (at(input)?, at(output)?),
     };
     exec::spawn(reaper, &running.runsc(), request, &environment, stdio)
+}
+
+#[cfg(test)]
+mod tests {
+    //! The request loops, driven by a scripted coordinator on a
+    //! socketpair, with session processes through the recording double.
+
+    use std::os::fd::AsRawFd;
+    use std::time::Duration;
+
+    use lazaret_proto::channel::pair;
+    use lazaret_proto::ids::SessionId;
+    use lazaret_proto::supervisor::{ExecSignal, ExecStdio};
+
+    use super::*;
+    use crate::syscall::ProcessStatus;
+    use crate::syscall::recording::{Call, Recording};
+
+    type Peer = Endpoint<SupervisorRequest, SupervisorReport>;
+
+    const SESSION: SessionId = SessionId([3; 16]);
+
+    /// The next report, within a bound, so a broken loop fails the test
+    /// instead of hanging it.
+    fn next(peer: &Peer) -> Received<SupervisorReport> {
+        let ready =
+            lazaret_proto::channel::readable_within(peer.as_fd(), Duration::from_secs(10)).unwrap();
+        assert!(ready, "no report within 10 s");
+        peer.recv().unwrap()
+    }
+
+    fn running(root: &Path) -> Running {
+        let network = rustix::fs::open("/", OFlags::PATH | OFlags::CLOEXEC, Mode::empty()).unwrap();
+        Running {
+            runsc: PathBuf::from("/opt/runsc"),
+            platform: runsc::Platform::Systrap,
+            runsc_root: root.to_owned(),
+            container_id: "lazaret-c1".into(),
+            network: Arc::new(network),
+        }
+    }
+
+    /// Serves on a thread; the peer, the double and the loop's exit code.
+    fn serving(root: &Path) -> (Peer, Arc<Recording>, std::thread::JoinHandle<ExitCode>) {
+        let (peer, channel) = pair::<SupervisorRequest, SupervisorReport>().unwrap();
+        let sys = Arc::new(Recording::default());
+        let running = Arc::new(running(root));
+        let processes: Arc<dyn syscall::Processes> = sys.clone();
+        let handle = std::thread::spawn(move || serve(Arc::new(channel), running, processes));
+        (peer, sys, handle)
+    }
+
+    fn code(code: ExitCode) -> String {
+        format!("{code:?}")
+    }
+
+    fn exec_request(environment: u16) -> ExecRequest {
+        ExecRequest {
+            session_id: SESSION,
+            args: vec!["true".into()],
+            cwd: "/workspace".into(),
+            term: None,
+            environment: FdIndex(environment),
+            stdio: ExecStdio::Pipes {
+                input: FdIndex(1),
+                output: FdIndex(2),
+            },
+        }
+    }
+
+    #[test]
+    fn stop_is_answered_and_ends_the_loop_successfully() {
+        let root = tempfile::tempdir().unwrap();
+        let (peer, _, handle) = serving(root.path());
+        peer.send(&SupervisorRequest::Stop, &[]).unwrap();
+        assert_eq!(next(&peer).message, SupervisorReport::Stopped);
+        assert_eq!(code(handle.join().unwrap()), code(ExitCode::SUCCESS));
+    }
+
+    #[test]
+    fn a_vanished_coordinator_ends_the_loop_as_a_failure() {
+        let root = tempfile::tempdir().unwrap();
+        let (peer, _, handle) = serving(root.path());
+        drop(peer);
+        assert_eq!(code(handle.join().unwrap()), code(ExitCode::FAILURE));
+    }
+
+    #[test]
+    fn starting_again_is_refused_and_the_loop_goes_on() {
+        let root = tempfile::tempdir().unwrap();
+        let (peer, _, handle) = serving(root.path());
+        peer.send(&SupervisorRequest::RunSandbox, &[]).unwrap();
+        let SupervisorReport::Failed(error) = next(&peer).message else {
+            panic!("not a failure")
+        };
+        assert_eq!(error.step, SupervisorStep::Request);
+        assert_eq!(error.detail, "the sandbox is already started");
+        peer.send(&SupervisorRequest::Stop, &[]).unwrap();
+        assert_eq!(next(&peer).message, SupervisorReport::Stopped);
+        assert_eq!(code(handle.join().unwrap()), code(ExitCode::SUCCESS));
+    }
+
+    #[test]
+    fn an_exec_without_its_descriptors_fails_that_session_only() {
+        let root = tempfile::tempdir().unwrap();
+        let (peer, sys, handle) = serving(root.path());
+        let request = SupervisorRequest::Exec(exec_request(0));
+        peer.send(&request, &[]).unwrap();
+        assert_eq!(
+            next(&peer).message,
+            SupervisorReport::ExecFailed {
+                session_id: SESSION,
+                detail: "descriptor 0 is missing".into(),
+            }
+        );
+        assert!(sys.calls().is_empty());
+        peer.send(&SupervisorRequest::Stop, &[]).unwrap();
+        assert_eq!(next(&peer).message, SupervisorReport::Stopped);
+        handle.join().unwrap();
+    }
+
+    #[test]
+    fn an_exec_whose_environment_is_not_sealed_fails_naming_it() {
+        let root = tempfile::tempdir().unwrap();
+        let (peer, sys, handle) = serving(root.path());
+        let (input, output) = rustix::pipe::pipe().unwrap();
+        // A pipe, not a sealed memfd.
+        let request = SupervisorRequest::Exec(exec_request(0));
+        peer.send(&request, &[input.as_fd(), input.as_fd(), output.as_fd()])
+            .unwrap();
+        let SupervisorReport::ExecFailed { detail, .. } = next(&peer).message else {
+            panic!("not ExecFailed")
+        };
+        assert!(detail.starts_with("the sandbox environment: "), "{detail}");
+        assert!(sys.calls().is_empty());
+        drop(peer);
+        handle.join().unwrap();
+    }
+
+    #[test]
+    fn an_exec_is_reported_started_with_its_pidfd_then_exited_with_its_code() {
+        let root = tempfile::tempdir().unwrap();
+        let (peer, sys, handle) = serving(root.path());
+        // The double numbers its children from 1001.
+        sys.statuses.lock().unwrap().insert(
+            1001,
+            ProcessStatus {
+                exit: None,
+                signal: Some(15),
+            },
+        );
+        let environment = lazaret_proto::memfd::sealed_bytes("env", b"EDITOR=vi\0").unwrap();
+        let (input, output) = rustix::pipe::pipe().unwrap();
+        let request = SupervisorRequest::Exec(exec_request(0));
+        peer.send(
+            &request,
+            &[environment.as_fd(), input.as_fd(), output.as_fd()],
+        )
+        .unwrap();
+        let started = next(&peer);
+        assert_eq!(
+            started.message,
+            SupervisorReport::ExecStarted {
+                session_id: SESSION,
+                process: FdIndex(0),
+            }
+        );
+        assert_eq!(started.fds.len(), 1);
+        assert_eq!(
+            next(&peer).message,
+            SupervisorReport::ExecExited {
+                session_id: SESSION,
+                exit_code: 128 + 15,
+                signaled: true,
+            }
+        );
+        let spawned = sys.spawned();
+        assert_eq!(spawned.len(), 1);
+        assert_eq!(spawned[0][6], "exec");
+        assert_eq!(spawned[0].last().map(String::as_str), Some("lazaret-c1"));
+        peer.send(&SupervisorRequest::Stop, &[]).unwrap();
+        assert_eq!(next(&peer).message, SupervisorReport::Stopped);
+        handle.join().unwrap();
+    }
+
+    #[test]
+    fn a_signal_is_passed_to_runsc_kill_beside_the_loop() {
+        let root = tempfile::tempdir().unwrap();
+        let (peer, sys, handle) = serving(root.path());
+        let request = SupervisorRequest::SignalExec {
+            session_id: SESSION,
+            signal: ExecSignal::WindowChanged,
+        };
+        peer.send(&request, &[]).unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while sys.spawned().is_empty() && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(
+            sys.spawned()[0][6..],
+            ["kill", "--all", "lazaret-c1", "WINCH"]
+        );
+        // Nothing is reported for a signal; the loop still answers.
+        peer.send(&SupervisorRequest::Stop, &[]).unwrap();
+        assert_eq!(next(&peer).message, SupervisorReport::Stopped);
+        handle.join().unwrap();
+        assert!(matches!(sys.calls()[0], Call::Spawn { .. }));
+    }
+
+    #[test]
+    fn a_read_back_that_cannot_start_the_sidecar_is_a_network_failure() {
+        let root = tempfile::tempdir().unwrap();
+        let (peer, _, handle) = serving(root.path());
+        let parameters = lazaret_proto::sidecar::ObserveParameters {
+            enforcement_namespace: lazaret_proto::ownership::NamespaceIdentity {
+                device: 1,
+                inode: 2,
+            },
+            link: lazaret_proto::network::ConnectivityLink::slirp4netns(),
+        };
+        peer.send(&SupervisorRequest::ObserveNetwork(parameters), &[])
+            .unwrap();
+        // The test binary has no sidecar beside it.
+        let SupervisorReport::NetworkObserved(Err(error)) = next(&peer).message else {
+            panic!("not a failed read-back")
+        };
+        assert_eq!(error.step, SupervisorStep::Network);
+        assert!(
+            error
+                .detail
+                .starts_with("lazaret-netsidecar is not installed beside "),
+            "{}",
+            error.detail
+        );
+        drop(peer);
+        handle.join().unwrap();
+    }
+
+    /// Runs the loop before the sandbox runs on a thread, with `requests`.
+    fn before_running(
+        requests: Vec<SupervisorRequest>,
+    ) -> (Peer, Result<Option<Running>, SupervisorError>) {
+        let (peer, channel) = pair::<SupervisorRequest, SupervisorReport>().unwrap();
+        for request in &requests {
+            peer.send(request, &[]).unwrap();
+        }
+        let network =
+            Arc::new(rustix::fs::open("/", OFlags::PATH | OFlags::CLOEXEC, Mode::empty()).unwrap());
+        let result = prepare_and_run(&channel, &network);
+        (peer, result)
+    }
+
+    #[test]
+    fn stop_before_the_plan_ends_without_running() {
+        let (_, result) = before_running(vec![SupervisorRequest::Stop]);
+        assert!(matches!(result, Ok(None)));
+    }
+
+    #[test]
+    fn the_sandbox_does_not_run_before_its_plan_is_staged() {
+        let (_, result) = before_running(vec![SupervisorRequest::RunSandbox]);
+        let Err(error) = result else {
+            panic!("ran without a plan")
+        };
+        assert_eq!(error.step, SupervisorStep::Request);
+        assert_eq!(
+            error.detail,
+            "the sandbox cannot run before its plan is staged"
+        );
+    }
+
+    #[test]
+    fn a_session_before_the_sandbox_runs_is_refused() {
+        let (_, result) = before_running(vec![SupervisorRequest::Exec(exec_request(0))]);
+        let Err(error) = result else {
+            panic!("accepted")
+        };
+        assert_eq!(error.step, SupervisorStep::Request);
+        assert!(
+            error
+                .detail
+                .starts_with("unexpected request before the sandbox runs: Exec("),
+            "{}",
+            error.detail
+        );
+    }
+
+    #[test]
+    fn an_attestation_without_its_descriptors_is_refused() {
+        let parameters = lazaret_proto::sidecar::AttestParameters {
+            probe: lazaret_proto::network::NetworkReachabilityProbe {
+                domain_id: lazaret_proto::ids::DomainId([1; 32]),
+                generation_id: lazaret_proto::ids::GenerationId(1),
+                enforcement_namespace: lazaret_proto::ownership::NamespaceIdentity {
+                    device: 1,
+                    inode: 2,
+                },
+            },
+            network_sidecar_id: lazaret_proto::ids::NetworkSidecarId([2; 16]),
+            link: lazaret_proto::network::ConnectivityLink::slirp4netns(),
+            names: None,
+        };
+        let (_, result) = before_running(vec![SupervisorRequest::AttestNetwork {
+            parameters,
+            policy: FdIndex(0),
+            helper_ready: FdIndex(1),
+        }]);
+        let Err(error) = result else {
+            panic!("accepted")
+        };
+        assert_eq!(error.step, SupervisorStep::Request);
+        assert_eq!(error.detail, "descriptor 0 is missing");
+    }
+
+    #[test]
+    fn a_missing_descriptor_is_named_by_its_index() {
+        let fd = rustix::fs::open("/", OFlags::PATH | OFlags::CLOEXEC, Mode::empty()).unwrap();
+        let fds = [fd];
+        assert_eq!(
+            fd_at(&fds, FdIndex(0)).unwrap().as_raw_fd(),
+            fds[0].as_raw_fd()
+        );
+        let error = fd_at(&fds, FdIndex(1)).unwrap_err();
+        assert_eq!(
+            (error.step, error.detail.as_str()),
+            (SupervisorStep::Request, "descriptor 1 is missing")
+        );
+    }
 }

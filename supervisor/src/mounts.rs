@@ -13,12 +13,13 @@
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use lazaret_proto::config::{VolumeAccess, VolumeKind};
 use rustix::fs::{Mode, OFlags, ResolveFlags};
 use rustix::mount::{MountFlags, MountPropagationFlags};
+
+use crate::syscall::Syscall;
 
 /// The size of the tmpfs holding the root filesystem's ephemeral upper:
 /// what the sandbox may write outside its persistent dirs, volumes and
@@ -111,16 +112,28 @@ fn open_dir(at: BorrowedFd<'_>, path: &Path, what: &str) -> Result<OwnedFd, Moun
     })
 }
 
-fn create_dir(path: &Path) -> Result<(), MountError> {
-    std::fs::create_dir_all(path).map_err(|source| MountError::Create {
-        path: path.display().to_string(),
-        source,
-    })
+fn create_dir(sys: &dyn Syscall, path: &Path) -> Result<(), MountError> {
+    sys.create_dir_all(path)
+        .map_err(|source| MountError::Create {
+            path: path.display().to_string(),
+            source,
+        })
+}
+
+/// Writes `bytes` to `path` and gives it `mode`.
+fn write_file(sys: &dyn Syscall, path: &Path, bytes: &[u8], mode: u32) -> Result<(), MountError> {
+    sys.write_file(path, bytes)
+        .and_then(|()| sys.set_mode(path, mode))
+        .map_err(|source| MountError::Create {
+            path: path.display().to_string(),
+            source,
+        })
 }
 
 /// Mounts a filesystem of type `fstype` (its source named the same) at
 /// `target`; `what` says what it is for, in errors.
 pub(crate) fn mount(
+    sys: &dyn Syscall,
     what: &str,
     target: &Path,
     fstype: &str,
@@ -134,30 +147,36 @@ pub(crate) fn mount(
     };
     let data = std::ffi::CString::new(data)
         .map_err(|_| failed(io::Error::from(io::ErrorKind::InvalidInput)))?;
-    rustix::mount::mount(fstype, target, fstype, flags, Some(data.as_c_str()))
+    sys.mount(fstype, target, flags, data.as_c_str())
         .map_err(|e| failed(e.into()))
 }
 
-fn bind(source: BorrowedFd<'_>, target: &Path, what: &str) -> Result<(), MountError> {
-    rustix::mount::mount_bind(fd_path(source).as_str(), target).map_err(|e| MountError::Mount {
-        what: what.to_owned(),
-        target: target.display().to_string(),
-        source: e.into(),
-    })
+fn bind(
+    sys: &dyn Syscall,
+    source: BorrowedFd<'_>,
+    target: &Path,
+    what: &str,
+) -> Result<(), MountError> {
+    sys.mount_bind(Path::new(&fd_path(source)), target)
+        .map_err(|e| MountError::Mount {
+            what: what.to_owned(),
+            target: target.display().to_string(),
+            source: e.into(),
+        })
 }
 
 /// Makes the bind mount at `target` read-only in the Domain mount
 /// namespace itself, not only in the sandbox's view, keeping the flags
 /// the mount already has (a user namespace may not drop those the host
 /// locked, such as `nosuid`).
-fn read_only(target: &Path, what: &str) -> Result<(), MountError> {
+fn read_only(sys: &dyn Syscall, target: &Path, what: &str) -> Result<(), MountError> {
     let failed = |e: rustix::io::Errno| MountError::Mount {
         what: format!("{what} read-only"),
         target: target.display().to_string(),
         source: e.into(),
     };
     use rustix::fs::StatVfsMountFlags as Vfs;
-    let kept = rustix::fs::statvfs(target).map_err(failed)?.f_flag;
+    let kept = sys.mount_flags(target).map_err(failed)?;
     let mut flags = MountFlags::BIND | MountFlags::RDONLY;
     for (vfs, mount) in [
         (Vfs::NOSUID, MountFlags::NOSUID),
@@ -171,7 +190,7 @@ fn read_only(target: &Path, what: &str) -> Result<(), MountError> {
             flags |= mount;
         }
     }
-    rustix::mount::mount_remount(target, flags, "").map_err(failed)
+    sys.remount(target, flags).map_err(failed)
 }
 
 /// One persistent directory to stage.
@@ -328,9 +347,9 @@ fn image_tmp_is_empty(rootfs: BorrowedFd<'_>) -> Result<bool, MountError> {
 /// mounted here propagates to the host, and mounts a `/proc` that shows the
 /// Domain pid namespace (runsc reads its own processes there). Must run as
 /// the Domain pid namespace's init.
-pub fn private_proc() -> Result<(), MountError> {
-    rustix::mount::mount_change(
-        "/",
+pub fn private_proc(sys: &dyn Syscall) -> Result<(), MountError> {
+    sys.set_propagation(
+        Path::new("/"),
         MountPropagationFlags::REC | MountPropagationFlags::PRIVATE,
     )
     .map_err(|e| MountError::Mount {
@@ -339,6 +358,7 @@ pub fn private_proc() -> Result<(), MountError> {
         source: e.into(),
     })?;
     mount(
+        sys,
         "the Domain's /proc",
         Path::new("/proc"),
         "proc",
@@ -414,29 +434,65 @@ fn write_profile_script(etc: BorrowedFd<'_>, what: &str) -> Result<(), MountErro
 /// in the control area's `resolv.conf`. Must run inside the Domain mount
 /// namespace.
 pub fn stage(
+    sys: &dyn Syscall,
     runtime_dir: &Path,
     sources: &Sources<'_>,
     resolvers: &[std::net::Ipv4Addr],
 ) -> Result<Staged, MountError> {
     let scratch = runtime_dir.join("mnt");
-    create_dir(&scratch)?;
+    let rootfs = stage_root(sys, &scratch, sources.rootfs)?;
+    let anchors = stage_anchors(sys, &scratch, sources)?;
+
+    // The routed workspace is attached here by `workspace::Served::attach`.
+    let workspace = scratch.join("workspace");
+    create_dir(sys, &workspace)?;
+
+    let volumes = stage_volumes(sys, &scratch, &sources.volumes)?;
+    let control = stage_control(sys, &scratch, resolvers)?;
+
+    let tmp_taken = anchors.iter().any(|(path, _)| path == "/tmp")
+        || volumes.iter().any(|(path, _, _)| path == "/tmp");
+    let private_tmp = !tmp_taken && image_tmp_is_empty(sources.rootfs)?;
+    Ok(Staged {
+        private_tmp,
+        rootfs,
+        anchors,
+        workspace,
+        volumes,
+        control,
+        mailbox: scratch.join("mailbox"),
+        bundle: scratch.join("bundle"),
+        runsc_root: scratch.join("runsc"),
+    })
+}
+
+/// Mounts the staging tmpfs at `scratch`, makes its directories, and
+/// mounts the root filesystem: the prepared lower `image` under an
+/// ephemeral upper, whose `/etc/resolv.conf` is the link to the control
+/// area's. Returns where the root filesystem is merged.
+fn stage_root(
+    sys: &dyn Syscall,
+    scratch: &Path,
+    image: BorrowedFd<'_>,
+) -> Result<PathBuf, MountError> {
+    create_dir(sys, scratch)?;
     mount(
+        sys,
         "the staging tmpfs",
-        &scratch,
+        scratch,
         "tmpfs",
         MountFlags::NOSUID | MountFlags::NODEV,
         &format!("mode=0700,size={STAGING_SIZE}"),
     )?;
-    let empty = scratch.join("empty");
     for dir in ["empty", "root/ephemeral", "root/merged"] {
-        create_dir(&scratch.join(dir))?;
+        create_dir(sys, &scratch.join(dir))?;
     }
     // The root filesystem's upper, bounded: a full upper makes writes
     // inside fail with ENOSPC, never the host's memory run out.
-    let ephemeral = scratch.join("root/ephemeral");
     mount(
+        sys,
         "the root filesystem's ephemeral upper",
-        &ephemeral,
+        &scratch.join("root/ephemeral"),
         "tmpfs",
         MountFlags::NOSUID | MountFlags::NODEV,
         &format!("mode=0700,size={ROOT_UPPER_SIZE}"),
@@ -450,38 +506,44 @@ pub fn stage(
         "control/mailbox",
         "mailbox",
     ] {
-        create_dir(&scratch.join(dir))?;
+        create_dir(sys, &scratch.join(dir))?;
     }
 
-    // The root filesystem: the prepared lower under an ephemeral upper,
-    // whose `/etc/resolv.conf` is the link to the control area's.
     let upper_etc = scratch.join("root/ephemeral/upper/etc");
-    std::fs::set_permissions(&upper_etc, std::fs::Permissions::from_mode(0o755)).map_err(
-        |source| MountError::Create {
+    sys.set_mode(&upper_etc, 0o755)
+        .map_err(|source| MountError::Create {
             path: upper_etc.display().to_string(),
             source,
-        },
-    )?;
+        })?;
     let etc = open_dir(rustix::fs::CWD, &upper_etc, "the root's upper /etc")?;
     link_resolv_conf(etc.as_fd(), "the root's /etc")?;
     write_profile_script(etc.as_fd(), "the root's /etc")?;
     let rootfs = scratch.join("root/merged");
     let root_options = format!(
         "lowerdir={},upperdir={},workdir={},userxattr",
-        fd_path(sources.rootfs),
+        fd_path(image),
         scratch.join("root/ephemeral/upper").display(),
         scratch.join("root/ephemeral/work").display()
     );
     mount(
+        sys,
         "the root filesystem overlay",
         &rootfs,
         "overlay",
         MountFlags::empty(),
         &root_options,
     )?;
+    Ok(rootfs)
+}
 
-    // The State Anchor: each persistent dir is the image's directory under
-    // the Domain's own upper.
+/// The State Anchor: each persistent dir is the image's directory under
+/// the Domain's own upper, overlaid at `scratch/anchor/N`.
+fn stage_anchors(
+    sys: &dyn Syscall,
+    scratch: &Path,
+    sources: &Sources<'_>,
+) -> Result<Vec<(String, PathBuf)>, MountError> {
+    let empty = scratch.join("empty");
     let mut anchors = Vec::with_capacity(sources.anchors.len());
     for (i, anchor) in sources.anchors.iter().enumerate() {
         let lower_fd = image_dir(sources.rootfs, anchor.sandbox_path)?;
@@ -498,94 +560,846 @@ pub fn stage(
             write_profile_script(upper.as_fd(), "the persistent /etc")?;
         }
         let target = scratch.join(format!("anchor/{i}"));
-        create_dir(&target)?;
+        create_dir(sys, &target)?;
         let options =
             format!("lowerdir={lower},upperdir={state}/upper,workdir={state}/work,userxattr");
         let what = format!("the persistent dir {}", anchor.sandbox_path);
-        mount(&what, &target, "overlay", MountFlags::empty(), &options)?;
+        mount(
+            sys,
+            &what,
+            &target,
+            "overlay",
+            MountFlags::empty(),
+            &options,
+        )?;
         anchors.push((anchor.sandbox_path.to_owned(), target));
     }
+    Ok(anchors)
+}
 
-    // The routed workspace is attached here by `workspace::Served::attach`.
-    let workspace = scratch.join("workspace");
-    create_dir(&workspace)?;
-
-    let mut volumes = Vec::with_capacity(sources.volumes.len());
-    for (i, volume) in sources.volumes.iter().enumerate() {
+/// Binds each volume at `scratch/volume/N`, read-only in the Domain mount
+/// namespace too when it is read-only.
+fn stage_volumes(
+    sys: &dyn Syscall,
+    scratch: &Path,
+    sources: &[VolumeSource<'_>],
+) -> Result<Vec<(String, PathBuf, VolumeAccess)>, MountError> {
+    let mut volumes = Vec::with_capacity(sources.len());
+    for (i, volume) in sources.iter().enumerate() {
         let target = scratch.join(format!("volume/{i}"));
         match volume.kind {
-            VolumeKind::Directory => create_dir(&target)?,
+            VolumeKind::Directory => create_dir(sys, &target)?,
             VolumeKind::File => {
-                create_dir(&scratch.join("volume"))?;
-                std::fs::File::create(&target).map_err(|source| MountError::Create {
-                    path: target.display().to_string(),
-                    source,
-                })?;
+                create_dir(sys, &scratch.join("volume"))?;
+                sys.create_file(&target)
+                    .map_err(|source| MountError::Create {
+                        path: target.display().to_string(),
+                        source,
+                    })?;
             }
         }
-        bind(volume.source, &target, volume.sandbox_path)?;
+        bind(sys, volume.source, &target, volume.sandbox_path)?;
         if volume.access == VolumeAccess::ReadOnly {
-            read_only(&target, volume.sandbox_path)?;
+            read_only(sys, &target, volume.sandbox_path)?;
         }
         volumes.push((volume.sandbox_path.to_owned(), target, volume.access));
     }
+    Ok(volumes)
+}
 
+/// Writes the control area (`resolv.conf` naming `resolvers`, and the
+/// sandbox's programs), mounts the Escalation Mailbox, and makes the
+/// control area read-only. Returns where the control area is.
+fn stage_control(
+    sys: &dyn Syscall,
+    scratch: &Path,
+    resolvers: &[std::net::Ipv4Addr],
+) -> Result<PathBuf, MountError> {
     let control = scratch.join("control");
     let resolv_conf: String = resolvers
         .iter()
         .map(|r| format!("nameserver {r}\n"))
         .collect();
-    let resolv_path = control.join("resolv.conf");
-    std::fs::write(&resolv_path, resolv_conf)
-        .and_then(|()| {
-            std::fs::set_permissions(&resolv_path, std::fs::Permissions::from_mode(0o444))
-        })
-        .map_err(|source| MountError::Create {
-            path: resolv_path.display().to_string(),
-            source,
-        })?;
+    write_file(
+        sys,
+        &control.join("resolv.conf"),
+        resolv_conf.as_bytes(),
+        0o444,
+    )?;
     for (name, program) in [
         ("lazaret-init", SANDBOX_INIT),
         ("lazaret-escalate", ESCALATION_CLIENT),
     ] {
-        let path = control.join("bin").join(name);
-        std::fs::write(&path, program)
-            .and_then(|()| std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o555)))
-            .map_err(|source| MountError::Create {
-                path: path.display().to_string(),
-                source,
-            })?;
+        write_file(sys, &control.join("bin").join(name), program, 0o555)?;
     }
     // The Escalation Mailbox: its own bounded tmpfs, which the coordinator
     // reaches through a descriptor and the sandbox at its protected path.
-    let mailbox = scratch.join("mailbox");
     mount(
+        sys,
         "the Escalation Mailbox",
-        &mailbox,
+        &scratch.join("mailbox"),
         "tmpfs",
         MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC,
         &format!("mode=0700,{MAILBOX_SIZE}"),
     )?;
     // The control area, read-only in the Domain mount namespace too.
-    rustix::mount::mount_bind(&control, &control).map_err(|e| MountError::Mount {
-        what: "the control area".into(),
-        target: control.display().to_string(),
-        source: e.into(),
-    })?;
-    read_only(&control, "the control area")?;
+    sys.mount_bind(&control, &control)
+        .map_err(|e| MountError::Mount {
+            what: "the control area".into(),
+            target: control.display().to_string(),
+            source: e.into(),
+        })?;
+    read_only(sys, &control, "the control area")?;
+    Ok(control)
+}
 
-    let tmp_taken = anchors.iter().any(|(path, _)| path == "/tmp")
-        || volumes.iter().any(|(path, _, _)| path == "/tmp");
-    let private_tmp = !tmp_taken && image_tmp_is_empty(sources.rootfs)?;
-    Ok(Staged {
-        private_tmp,
-        rootfs,
-        anchors,
-        workspace,
-        volumes,
-        control,
-        mailbox,
-        bundle: scratch.join("bundle"),
-        runsc_root: scratch.join("runsc"),
-    })
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::syscall::recording::{Call, Recording};
+    use rustix::io::Errno;
+    use std::net::Ipv4Addr;
+    use std::os::unix::fs::PermissionsExt;
+
+    /// An image, a Domain state directory per anchor, and a place to stage.
+    struct Fixture {
+        dir: tempfile::TempDir,
+        image: OwnedFd,
+    }
+
+    fn opened(path: &Path) -> OwnedFd {
+        rustix::fs::open(
+            path,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .unwrap()
+    }
+
+    impl Fixture {
+        /// An image holding `dirs` (and whatever `files`).
+        fn new(dirs: &[&str], files: &[&str]) -> Self {
+            let dir = tempfile::tempdir().unwrap();
+            let image = dir.path().join("image");
+            std::fs::create_dir(&image).unwrap();
+            for d in dirs {
+                std::fs::create_dir_all(image.join(d)).unwrap();
+            }
+            for f in files {
+                std::fs::write(image.join(f), b"x").unwrap();
+            }
+            let image = opened(&image);
+            Fixture { dir, image }
+        }
+
+        fn runtime(&self) -> PathBuf {
+            self.dir.path().join("runtime")
+        }
+
+        fn scratch(&self) -> PathBuf {
+            self.runtime().join("mnt")
+        }
+
+        /// A Domain state directory (`upper/`, `work/`) named `name`.
+        fn state(&self, name: &str) -> OwnedFd {
+            let state = self.dir.path().join("state").join(name);
+            std::fs::create_dir_all(state.join("upper")).unwrap();
+            std::fs::create_dir_all(state.join("work")).unwrap();
+            opened(&state)
+        }
+
+        /// A volume source directory named `name`.
+        fn volume(&self, name: &str) -> OwnedFd {
+            let source = self.dir.path().join("volumes").join(name);
+            std::fs::create_dir_all(&source).unwrap();
+            opened(&source)
+        }
+
+        fn sources<'a>(
+            &'a self,
+            anchors: &'a [(&'a str, OwnedFd)],
+            volumes: &'a [(&'a str, OwnedFd, VolumeKind, VolumeAccess)],
+        ) -> Sources<'a> {
+            Sources {
+                rootfs: self.image.as_fd(),
+                anchors: anchors
+                    .iter()
+                    .map(|(path, fd)| AnchorSource {
+                        sandbox_path: path,
+                        state_dir: fd.as_fd(),
+                    })
+                    .collect(),
+                volumes: volumes
+                    .iter()
+                    .map(|(path, fd, kind, access)| VolumeSource {
+                        sandbox_path: path,
+                        source: fd.as_fd(),
+                        kind: *kind,
+                        access: *access,
+                    })
+                    .collect(),
+            }
+        }
+
+        fn stage(&self, sys: &Recording, sources: &Sources<'_>) -> Result<Staged, MountError> {
+            stage(
+                sys,
+                &self.runtime(),
+                sources,
+                &[Ipv4Addr::new(10, 0, 2, 3), Ipv4Addr::new(10, 0, 2, 4)],
+            )
+        }
+    }
+
+    fn position(calls: &[Call], wanted: impl Fn(&Call) -> bool) -> usize {
+        calls
+            .iter()
+            .position(wanted)
+            .unwrap_or_else(|| panic!("no such call in {calls:#?}"))
+    }
+
+    fn mount_at(target: &Path) -> impl Fn(&Call) -> bool + '_ {
+        move |c| matches!(c, Call::Mount { target: t, .. } if t == target)
+    }
+
+    #[test]
+    fn the_mounts_are_made_in_order_with_their_flags_and_bounds() {
+        let fixture = Fixture::new(&["etc", "root"], &[]);
+        let anchors = [("/root", fixture.state("root"))];
+        let volumes = [(
+            "/data",
+            fixture.volume("data"),
+            VolumeKind::Directory,
+            VolumeAccess::ReadWrite,
+        )];
+        let sys = Recording::default();
+        let staged = fixture
+            .stage(&sys, &fixture.sources(&anchors, &volumes))
+            .unwrap();
+        let scratch = fixture.scratch();
+        let mounts: Vec<_> = sys
+            .mounts()
+            .into_iter()
+            .map(|(fstype, target, flags, data)| {
+                (
+                    fstype,
+                    target.strip_prefix(&scratch).unwrap().to_owned(),
+                    flags,
+                    data,
+                )
+            })
+            .collect();
+        let nosuid_nodev = MountFlags::NOSUID | MountFlags::NODEV;
+        assert_eq!(mounts.len(), 5, "{mounts:#?}");
+        assert_eq!(
+            mounts[0],
+            (
+                "tmpfs".into(),
+                PathBuf::new(),
+                nosuid_nodev,
+                format!("mode=0700,size={STAGING_SIZE}")
+            )
+        );
+        assert_eq!(
+            mounts[1],
+            (
+                "tmpfs".into(),
+                PathBuf::from("root/ephemeral"),
+                nosuid_nodev,
+                format!("mode=0700,size={ROOT_UPPER_SIZE}")
+            )
+        );
+        let (fstype, target, flags, data) = &mounts[2];
+        assert_eq!(
+            (fstype.as_str(), target.as_path()),
+            ("overlay", Path::new("root/merged"))
+        );
+        assert_eq!(*flags, MountFlags::empty());
+        assert_eq!(
+            *data,
+            format!(
+                "lowerdir={},upperdir={},workdir={},userxattr",
+                fd_path(fixture.image.as_fd()),
+                scratch.join("root/ephemeral/upper").display(),
+                scratch.join("root/ephemeral/work").display()
+            )
+        );
+        assert_eq!(mounts[3].0, "overlay");
+        assert_eq!(mounts[3].1, Path::new("anchor/0"));
+        assert_eq!(
+            mounts[4],
+            (
+                "tmpfs".into(),
+                PathBuf::from("mailbox"),
+                nosuid_nodev | MountFlags::NOEXEC,
+                format!("mode=0700,{MAILBOX_SIZE}")
+            )
+        );
+        assert_eq!(staged.rootfs, scratch.join("root/merged"));
+        assert_eq!(
+            staged.anchors,
+            vec![("/root".into(), scratch.join("anchor/0"))]
+        );
+        assert_eq!(staged.workspace, scratch.join("workspace"));
+        assert_eq!(staged.mailbox, scratch.join("mailbox"));
+        assert_eq!(staged.bundle, scratch.join("bundle"));
+        assert!(staged.bundle.is_dir() && staged.runsc_root.is_dir());
+    }
+
+    #[test]
+    fn nothing_is_made_in_the_staging_before_its_tmpfs_is_mounted() {
+        let fixture = Fixture::new(&[], &[]);
+        let sys = Recording::default();
+        fixture.stage(&sys, &fixture.sources(&[], &[])).unwrap();
+        let calls = sys.calls();
+        let scratch = fixture.scratch();
+        let tmpfs = position(&calls, mount_at(&scratch));
+        let first_inside = position(&calls, |c| match c {
+            Call::CreateDir(p) | Call::WriteFile(p) | Call::CreateFile(p) => {
+                p.starts_with(&scratch) && p != &scratch
+            }
+            _ => false,
+        });
+        assert!(tmpfs < first_inside, "{calls:#?}");
+        assert_eq!(calls[0], Call::CreateDir(scratch.clone()));
+        // The upper's tmpfs comes before anything is made in it.
+        let ephemeral = scratch.join("root/ephemeral");
+        let upper = position(&calls, mount_at(&ephemeral));
+        let in_upper = position(
+            &calls,
+            |c| matches!(c, Call::CreateDir(p) if p.starts_with(&ephemeral) && *p != ephemeral),
+        );
+        assert!(upper < in_upper, "{calls:#?}");
+    }
+
+    #[test]
+    fn the_root_overlay_comes_after_its_upper_etc_is_written() {
+        let fixture = Fixture::new(&["etc"], &[]);
+        let sys = Recording::default();
+        fixture.stage(&sys, &fixture.sources(&[], &[])).unwrap();
+        let scratch = fixture.scratch();
+        let etc = scratch.join("root/ephemeral/upper/etc");
+        let calls = sys.calls();
+        let mode = position(&calls, |c| *c == Call::SetMode(etc.clone(), 0o755));
+        let overlay = position(&calls, mount_at(&scratch.join("root/merged")));
+        assert!(mode < overlay);
+        let link = std::fs::read_link(etc.join("resolv.conf")).unwrap();
+        assert_eq!(link, Path::new(RESOLV_CONF_LINK));
+        let script = std::fs::read_to_string(etc.join("profile.d/lazaret.sh")).unwrap();
+        assert_eq!(script, PROFILE_SCRIPT);
+    }
+
+    #[test]
+    fn the_control_area_holds_the_resolvers_and_programs_and_is_made_read_only() {
+        let fixture = Fixture::new(&[], &[]);
+        let sys = Recording::default();
+        *sys.flags.lock().unwrap() =
+            rustix::fs::StatVfsMountFlags::NOSUID | rustix::fs::StatVfsMountFlags::NODEV;
+        let staged = fixture.stage(&sys, &fixture.sources(&[], &[])).unwrap();
+        let control = fixture.scratch().join("control");
+        assert_eq!(staged.control, control);
+        let resolv = control.join("resolv.conf");
+        assert_eq!(
+            std::fs::read_to_string(&resolv).unwrap(),
+            "nameserver 10.0.2.3\nnameserver 10.0.2.4\n"
+        );
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&resolv), 0o444);
+        for (name, bytes) in [
+            ("lazaret-init", SANDBOX_INIT),
+            ("lazaret-escalate", ESCALATION_CLIENT),
+        ] {
+            let path = control.join("bin").join(name);
+            assert_eq!(std::fs::read(&path).unwrap(), bytes, "{name}");
+            assert_eq!(mode(&path), 0o555, "{name}");
+        }
+        let calls = sys.calls();
+        let n = calls.len();
+        assert_eq!(
+            calls[n - 3],
+            Call::Bind {
+                source: control.clone(),
+                target: control.clone()
+            }
+        );
+        assert_eq!(calls[n - 2], Call::MountFlags(control.clone()));
+        assert_eq!(
+            calls[n - 1],
+            Call::Remount(
+                control.clone(),
+                MountFlags::BIND | MountFlags::RDONLY | MountFlags::NOSUID | MountFlags::NODEV
+            )
+        );
+        // The mailbox is mounted before the control area is made read-only.
+        let mailbox = position(&calls, mount_at(&fixture.scratch().join("mailbox")));
+        assert!(mailbox < n - 3);
+    }
+
+    #[test]
+    fn a_read_only_volume_keeps_the_flags_its_mount_has() {
+        let fixture = Fixture::new(&[], &[]);
+        let volumes = [(
+            "/data",
+            fixture.volume("data"),
+            VolumeKind::Directory,
+            VolumeAccess::ReadOnly,
+        )];
+        let sys = Recording::default();
+        use rustix::fs::StatVfsMountFlags as Vfs;
+        *sys.flags.lock().unwrap() = Vfs::NOSUID | Vfs::NOEXEC | Vfs::RELATIME | Vfs::MANDLOCK;
+        let staged = fixture
+            .stage(&sys, &fixture.sources(&[], &volumes))
+            .unwrap();
+        let target = fixture.scratch().join("volume/0");
+        let calls = sys.calls();
+        let bound = position(&calls, |c| {
+            *c == Call::Bind {
+                source: PathBuf::from(fd_path(volumes[0].1.as_fd())),
+                target: target.clone(),
+            }
+        });
+        assert_eq!(calls[bound + 1], Call::MountFlags(target.clone()));
+        assert_eq!(
+            calls[bound + 2],
+            Call::Remount(
+                target.clone(),
+                MountFlags::BIND
+                    | MountFlags::RDONLY
+                    | MountFlags::NOSUID
+                    | MountFlags::NOEXEC
+                    | MountFlags::RELATIME
+            )
+        );
+        assert_eq!(
+            staged.volumes,
+            vec![("/data".into(), target, VolumeAccess::ReadOnly)]
+        );
+    }
+
+    #[test]
+    fn a_read_write_volume_is_bound_and_left_writable() {
+        let fixture = Fixture::new(&[], &[]);
+        let volumes = [(
+            "/data",
+            fixture.volume("data"),
+            VolumeKind::Directory,
+            VolumeAccess::ReadWrite,
+        )];
+        let sys = Recording::default();
+        fixture
+            .stage(&sys, &fixture.sources(&[], &volumes))
+            .unwrap();
+        let target = fixture.scratch().join("volume/0");
+        let calls = sys.calls();
+        assert!(calls.contains(&Call::CreateDir(target.clone())));
+        assert!(
+            calls
+                .iter()
+                .any(|c| matches!(c, Call::Bind { target: t, .. } if *t == target))
+        );
+        assert!(
+            !calls
+                .iter()
+                .any(|c| matches!(c, Call::Remount(t, _) | Call::MountFlags(t) if *t == target)),
+            "{calls:#?}"
+        );
+    }
+
+    #[test]
+    fn a_file_volume_is_bound_on_a_file() {
+        let fixture = Fixture::new(&[], &[]);
+        let source = fixture.dir.path().join("a-file");
+        std::fs::write(&source, b"data").unwrap();
+        let file =
+            rustix::fs::open(&source, OFlags::PATH | OFlags::CLOEXEC, Mode::empty()).unwrap();
+        let volumes = [(
+            "/etc/app.conf",
+            file,
+            VolumeKind::File,
+            VolumeAccess::ReadWrite,
+        )];
+        let sys = Recording::default();
+        fixture
+            .stage(&sys, &fixture.sources(&[], &volumes))
+            .unwrap();
+        let target = fixture.scratch().join("volume/0");
+        let calls = sys.calls();
+        let made = position(&calls, |c| *c == Call::CreateFile(target.clone()));
+        assert!(!calls.contains(&Call::CreateDir(target.clone())));
+        assert_eq!(
+            calls[made - 1],
+            Call::CreateDir(fixture.scratch().join("volume"))
+        );
+        assert!(matches!(&calls[made + 1], Call::Bind { target: t, .. } if *t == target));
+        assert!(target.is_file());
+    }
+
+    #[test]
+    fn an_anchor_the_image_lacks_overlays_the_empty_directory() {
+        let fixture = Fixture::new(&["home"], &[]);
+        let anchors = [
+            ("/home", fixture.state("home")),
+            ("/srv", fixture.state("srv")),
+        ];
+        let sys = Recording::default();
+        fixture
+            .stage(&sys, &fixture.sources(&anchors, &[]))
+            .unwrap();
+        let scratch = fixture.scratch();
+        let overlays: Vec<_> = sys
+            .mounts()
+            .into_iter()
+            .filter(|(_, target, _, _)| target.starts_with(scratch.join("anchor")))
+            .collect();
+        assert_eq!(overlays.len(), 2, "{overlays:#?}");
+        let state = fd_path(anchors[1].1.as_fd());
+        assert_eq!(overlays[1].1, scratch.join("anchor/1"));
+        assert_eq!(
+            overlays[1].3,
+            format!(
+                "lowerdir={},upperdir={state}/upper,workdir={state}/work,userxattr",
+                scratch.join("empty").display()
+            )
+        );
+        // The image's own /home is the first one's lower, by descriptor.
+        assert!(
+            overlays[0].3.starts_with("lowerdir=/proc/self/fd/"),
+            "{}",
+            overlays[0].3
+        );
+    }
+
+    #[test]
+    fn an_anchor_lower_is_resolved_inside_the_image() {
+        // /home links to an absolute path; inside the image it is the
+        // image's /data/home, never the host's.
+        let fixture = Fixture::new(&["data/home/user"], &[]);
+        let image = fixture.dir.path().join("image");
+        std::os::unix::fs::symlink("/data/home", image.join("home")).unwrap();
+        let lower = image_dir(fixture.image.as_fd(), "/home").unwrap().unwrap();
+        let found = std::fs::read_link(fd_path(lower.as_fd())).unwrap();
+        assert_eq!(found, image.join("data/home"));
+    }
+
+    #[test]
+    fn an_anchor_that_is_a_file_in_the_image_is_refused_before_it_is_mounted() {
+        let fixture = Fixture::new(&[], &["opt"]);
+        let anchors = [("/opt", fixture.state("opt"))];
+        let sys = Recording::default();
+        let error = fixture
+            .stage(&sys, &fixture.sources(&anchors, &[]))
+            .unwrap_err();
+        assert!(
+            matches!(&error, MountError::NotADirectory { path } if path == "/opt"),
+            "{error:?}"
+        );
+        assert!(
+            !sys.mounts()
+                .iter()
+                .any(|(_, t, _, _)| t.starts_with(fixture.scratch().join("anchor"))),
+        );
+    }
+
+    #[test]
+    fn a_persistent_etc_gets_its_link_and_profile_script_back() {
+        let fixture = Fixture::new(&["etc"], &[]);
+        let state = fixture.state("etc");
+        let upper = fixture.dir.path().join("state/etc/upper");
+        // What the sandbox left: its own resolv.conf and an old script.
+        std::fs::write(upper.join("resolv.conf"), "nameserver 1.1.1.1\n").unwrap();
+        std::fs::create_dir(upper.join("profile.d")).unwrap();
+        std::fs::write(upper.join("profile.d/lazaret.sh"), "old").unwrap();
+        std::fs::write(upper.join("hosts"), "kept").unwrap();
+        let anchors = [("/etc", state)];
+        let sys = Recording::default();
+        fixture
+            .stage(&sys, &fixture.sources(&anchors, &[]))
+            .unwrap();
+        assert_eq!(
+            std::fs::read_link(upper.join("resolv.conf")).unwrap(),
+            Path::new(RESOLV_CONF_LINK)
+        );
+        assert_eq!(
+            std::fs::read_to_string(upper.join("profile.d/lazaret.sh")).unwrap(),
+            PROFILE_SCRIPT
+        );
+        assert_eq!(
+            std::fs::read_to_string(upper.join("hosts")).unwrap(),
+            "kept"
+        );
+    }
+
+    #[test]
+    fn a_resolv_conf_directory_and_a_profile_d_file_are_left_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("resolv.conf")).unwrap();
+        std::fs::write(dir.path().join("profile.d"), "not a directory").unwrap();
+        let fd = opened(dir.path());
+        link_resolv_conf(fd.as_fd(), "test").unwrap();
+        write_profile_script(fd.as_fd(), "test").unwrap();
+        assert!(dir.path().join("resolv.conf").is_dir());
+        assert_eq!(
+            std::fs::read_to_string(dir.path().join("profile.d")).unwrap(),
+            "not a directory"
+        );
+    }
+
+    #[test]
+    fn tmp_gets_its_own_tmpfs_only_when_nothing_is_there() {
+        let cases: [(&[&str], &[&str], bool, bool); 5] = [
+            // (image dirs, image files, a volume at /tmp, private)
+            (&["tmp"], &[], false, true),
+            (&[], &[], false, true),
+            (&["tmp"], &["tmp/kept"], false, false),
+            (&[], &["tmp"], false, false),
+            (&["tmp"], &[], true, false),
+        ];
+        for (dirs, files, volume, private) in cases {
+            let fixture = Fixture::new(dirs, files);
+            let volumes = [(
+                "/tmp",
+                fixture.volume("tmp"),
+                VolumeKind::Directory,
+                VolumeAccess::ReadWrite,
+            )];
+            let volumes = if volume { &volumes[..] } else { &[] };
+            let sys = Recording::default();
+            let staged = fixture.stage(&sys, &fixture.sources(&[], volumes)).unwrap();
+            assert_eq!(staged.private_tmp, private, "{dirs:?} {files:?} {volume}");
+        }
+    }
+
+    #[test]
+    fn a_failed_staging_tmpfs_stops_everything_and_is_named() {
+        let fixture = Fixture::new(&[], &[]);
+        let sys = Recording::default();
+        sys.fail_when(|c| matches!(c, Call::Mount { .. }), Errno::PERM);
+        let error = fixture.stage(&sys, &fixture.sources(&[], &[])).unwrap_err();
+        let MountError::Mount {
+            what,
+            target,
+            source,
+        } = &error
+        else {
+            panic!("{error:?}")
+        };
+        assert_eq!(what, "the staging tmpfs");
+        assert_eq!(*target, fixture.scratch().display().to_string());
+        assert_eq!(source.raw_os_error(), Some(Errno::PERM.raw_os_error()));
+        assert_eq!(sys.calls().len(), 2, "{:#?}", sys.calls());
+    }
+
+    #[test]
+    fn a_failed_root_overlay_stops_before_any_anchor_or_volume() {
+        let fixture = Fixture::new(&["root"], &[]);
+        let anchors = [("/root", fixture.state("root"))];
+        let volumes = [(
+            "/data",
+            fixture.volume("data"),
+            VolumeKind::Directory,
+            VolumeAccess::ReadOnly,
+        )];
+        let sys = Recording::default();
+        sys.fail_when(
+            |c| matches!(c, Call::Mount { fstype, .. } if fstype == "overlay"),
+            Errno::INVAL,
+        );
+        let error = fixture
+            .stage(&sys, &fixture.sources(&anchors, &volumes))
+            .unwrap_err();
+        assert!(
+            error
+                .to_string()
+                .starts_with("cannot mount the root filesystem overlay at "),
+            "{error}"
+        );
+        let calls = sys.calls();
+        assert!(matches!(calls.last(), Some(Call::Mount { fstype, .. }) if fstype == "overlay"));
+        assert!(!calls.iter().any(|c| matches!(c, Call::Bind { .. })));
+    }
+
+    #[test]
+    fn a_failed_anchor_overlay_names_the_persistent_dir() {
+        let fixture = Fixture::new(&["root", "home"], &[]);
+        let anchors = [
+            ("/root", fixture.state("root")),
+            ("/home", fixture.state("home")),
+        ];
+        let sys = Recording::default();
+        let second = fixture.scratch().join("anchor/1");
+        sys.fail_when(
+            move |c| matches!(c, Call::Mount { target, .. } if *target == second),
+            Errno::NOSPC,
+        );
+        let error = fixture
+            .stage(&sys, &fixture.sources(&anchors, &[]))
+            .unwrap_err();
+        let MountError::Mount { what, .. } = &error else {
+            panic!("{error:?}")
+        };
+        assert_eq!(what, "the persistent dir /home");
+        // The first anchor was mounted, the workspace never made.
+        assert!(
+            sys.mounts()
+                .iter()
+                .any(|(_, t, _, _)| *t == fixture.scratch().join("anchor/0"))
+        );
+        assert!(
+            !sys.calls()
+                .contains(&Call::CreateDir(fixture.scratch().join("workspace")))
+        );
+    }
+
+    #[test]
+    fn a_failed_volume_bind_names_the_sandbox_path() {
+        let fixture = Fixture::new(&[], &[]);
+        let volumes = [(
+            "/data",
+            fixture.volume("data"),
+            VolumeKind::Directory,
+            VolumeAccess::ReadOnly,
+        )];
+        let sys = Recording::default();
+        sys.fail_when(|c| matches!(c, Call::Bind { .. }), Errno::ACCESS);
+        let error = fixture
+            .stage(&sys, &fixture.sources(&[], &volumes))
+            .unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            format!(
+                "cannot mount /data at {}",
+                fixture.scratch().join("volume/0").display()
+            )
+        );
+        // Not made read-only, and no control area written.
+        assert!(!sys.calls().iter().any(|c| matches!(c, Call::Remount(..))));
+        assert!(!fixture.scratch().join("control/resolv.conf").exists());
+    }
+
+    #[test]
+    fn a_volume_that_cannot_be_made_read_only_fails_the_staging() {
+        let fixture = Fixture::new(&[], &[]);
+        let volumes = [(
+            "/data",
+            fixture.volume("data"),
+            VolumeKind::Directory,
+            VolumeAccess::ReadOnly,
+        )];
+        let sys = Recording::default();
+        sys.fail_when(|c| matches!(c, Call::Remount(..)), Errno::PERM);
+        let error = fixture
+            .stage(&sys, &fixture.sources(&[], &volumes))
+            .unwrap_err();
+        let MountError::Mount { what, .. } = &error else {
+            panic!("{error:?}")
+        };
+        assert_eq!(what, "/data read-only");
+    }
+
+    #[test]
+    fn a_directory_that_cannot_be_made_is_named() {
+        let fixture = Fixture::new(&[], &[]);
+        let sys = Recording::default();
+        let bundle = fixture.scratch().join("bundle");
+        let wanted = bundle.clone();
+        sys.fail_when(move |c| *c == Call::CreateDir(wanted.clone()), Errno::NOSPC);
+        let error = fixture.stage(&sys, &fixture.sources(&[], &[])).unwrap_err();
+        assert!(
+            matches!(&error, MountError::Create { path, .. } if *path == bundle.display().to_string()),
+            "{error:?}"
+        );
+        // Nothing after it: the root overlay is never mounted.
+        assert_eq!(sys.calls().last(), Some(&Call::CreateDir(bundle)));
+    }
+
+    #[test]
+    fn a_control_file_that_cannot_be_written_is_named() {
+        let fixture = Fixture::new(&[], &[]);
+        let sys = Recording::default();
+        sys.fail_when(
+            |c| matches!(c, Call::SetMode(p, 0o555) if p.ends_with("lazaret-init")),
+            Errno::ROFS,
+        );
+        let error = fixture.stage(&sys, &fixture.sources(&[], &[])).unwrap_err();
+        assert!(
+            error.to_string().contains("control/bin/lazaret-init"),
+            "{error}"
+        );
+        assert!(
+            !sys.mounts()
+                .iter()
+                .any(|(_, t, _, _)| t.ends_with("mailbox"))
+        );
+    }
+
+    #[test]
+    fn mount_data_with_a_nul_is_refused_before_the_call() {
+        let sys = Recording::default();
+        let error = mount(
+            &sys,
+            "x",
+            Path::new("/x"),
+            "tmpfs",
+            MountFlags::empty(),
+            "a\0b",
+        )
+        .unwrap_err();
+        let MountError::Mount { source, .. } = &error else {
+            panic!("{error:?}")
+        };
+        assert_eq!(source.kind(), io::ErrorKind::InvalidInput);
+        assert!(sys.calls().is_empty());
+    }
+
+    #[test]
+    fn the_domain_proc_is_mounted_after_everything_is_made_private() {
+        let sys = Recording::default();
+        private_proc(&sys).unwrap();
+        assert_eq!(
+            sys.calls(),
+            vec![
+                Call::Propagation(
+                    "/".into(),
+                    MountPropagationFlags::REC | MountPropagationFlags::PRIVATE
+                ),
+                Call::Mount {
+                    fstype: "proc".into(),
+                    target: "/proc".into(),
+                    flags: MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC,
+                    data: String::new(),
+                },
+            ]
+        );
+        let failing = Recording::default();
+        failing.fail_when(|c| matches!(c, Call::Propagation(..)), Errno::PERM);
+        let error = private_proc(&failing).unwrap_err();
+        assert!(error.to_string().contains("private propagation"), "{error}");
+        assert_eq!(failing.calls().len(), 1);
+    }
+
+    #[test]
+    fn a_source_is_reopened_as_the_same_object() {
+        let dir = tempfile::tempdir().unwrap();
+        let fd = opened(dir.path());
+        let again = rebase(fd.as_fd(), "a test directory").unwrap();
+        let (a, b) = (
+            rustix::fs::fstat(&fd).unwrap(),
+            rustix::fs::fstat(&again).unwrap(),
+        );
+        assert_eq!((a.st_dev, a.st_ino), (b.st_dev, b.st_ino));
+    }
+
+    #[test]
+    fn a_source_removed_after_it_was_opened_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let gone = dir.path().join("gone");
+        std::fs::create_dir(&gone).unwrap();
+        let fd = opened(&gone);
+        std::fs::remove_dir(&gone).unwrap();
+        let error = rebase(fd.as_fd(), "the workspace").unwrap_err();
+        assert!(
+            matches!(&error, MountError::Reopen { what, .. } if what == "the workspace"),
+            "{error:?}"
+        );
+    }
 }

@@ -20,11 +20,48 @@ use lazaret_proto::network::{
 use lazaret_proto::resolver::{ResolverReadiness, ResolverReport, ResolverRequest, ServeRequest};
 use lazaret_proto::sidecar::{
     AttestParameters, AttestRequest, ObserveParameters, ObserveRequest, SidecarReport,
-    SidecarRequest,
+    SidecarRequest, SidecarStep,
 };
 use rustix::thread::CapabilitySet;
 
-use crate::helper::Helper;
+use crate::helper::{Helper, HelperError};
+
+/// Why the sidecar or Lazaret's resolver gave no attestation, read-back or
+/// readiness.
+#[derive(Debug, thiserror::Error)]
+pub enum NetworkError {
+    /// The helper could not be started, reached or heard.
+    #[error(transparent)]
+    Helper(#[from] HelperError),
+    /// The sidecar reported its own failure.
+    #[error("{step:?}: {detail}")]
+    Sidecar {
+        /// The sidecar's step that failed.
+        step: SidecarStep,
+        /// What it said.
+        detail: String,
+    },
+    /// The sidecar answered another request than the one it was given.
+    #[error("the sidecar {did} instead of {asked}")]
+    Mismatched {
+        /// What it did.
+        did: &'static str,
+        /// What it was asked.
+        asked: &'static str,
+    },
+    /// Lazaret's resolver reported its own failure.
+    #[error("Lazaret's resolver: {0}")]
+    Resolver(lazaret_proto::resolver::ResolverError),
+}
+
+impl From<lazaret_proto::sidecar::SidecarError> for NetworkError {
+    fn from(error: lazaret_proto::sidecar::SidecarError) -> Self {
+        Self::Sidecar {
+            step: error.step,
+            detail: error.detail,
+        }
+    }
+}
 
 /// How long installing and probing may take, DNS timeout included.
 const ATTEST_TIMEOUT: Duration = Duration::from_secs(30);
@@ -35,7 +72,7 @@ pub type Sidecar = Helper<SidecarRequest, SidecarReport>;
 /// Starts a sidecar in the network namespace this process runs in. The
 /// supervisor starts the first before it is asked to attest, so that the
 /// attestation does not wait for the sidecar to start.
-pub fn start_sidecar() -> Result<Sidecar, String> {
+pub fn start_sidecar() -> Result<Sidecar, HelperError> {
     Sidecar::start(
         "lazaret-netsidecar",
         "the sidecar",
@@ -51,7 +88,7 @@ pub fn attest(
     sidecar: Sidecar,
     parameters: AttestParameters,
     [namespace, policy, helper_ready]: [BorrowedFd<'_>; 3],
-) -> Result<NetworkReadinessAttestation, String> {
+) -> Result<NetworkReadinessAttestation, NetworkError> {
     let request = SidecarRequest::Attest(AttestRequest {
         parameters,
         namespace: FdIndex(0),
@@ -61,10 +98,14 @@ pub fn attest(
     let result = sidecar
         .send(&request, &[namespace, policy, helper_ready])
         .and_then(|()| sidecar.report(ATTEST_TIMEOUT))
+        .map_err(NetworkError::from)
         .and_then(|report| match report {
             SidecarReport::Attested(attestation) => Ok(*attestation),
-            SidecarReport::Failed(error) => Err(format!("{:?}: {}", error.step, error.detail)),
-            SidecarReport::Observed(_) => Err("the sidecar observed instead of attesting".into()),
+            SidecarReport::Failed(error) => Err(error.into()),
+            SidecarReport::Observed(_) => Err(NetworkError::Mismatched {
+                did: "observed",
+                asked: "attesting",
+            }),
         });
     sidecar.finish(result)
 }
@@ -80,7 +121,7 @@ pub type Resolver = Helper<ResolverRequest, ResolverReport>;
 /// in, with CAP_NET_ADMIN and CAP_NET_BIND_SERVICE alone. The supervisor
 /// starts it while the sidecar attests, so that serving names does not wait
 /// for a process to start.
-pub fn start_resolver() -> Result<Resolver, String> {
+pub fn start_resolver() -> Result<Resolver, HelperError> {
     Resolver::start(
         "lazaret-resolver",
         "Lazaret's resolver",
@@ -97,7 +138,7 @@ pub fn serve_names(
     resolver: Resolver,
     names: NamedEgress,
     policy: BorrowedFd<'_>,
-) -> Result<(OwnedFd, ResolverReadiness), String> {
+) -> Result<(OwnedFd, ResolverReadiness), NetworkError> {
     let request = ResolverRequest::Serve(ServeRequest {
         names,
         upstream: ConnectivityLink::SLIRP4NETNS_RESOLVER,
@@ -106,9 +147,10 @@ pub fn serve_names(
     let result = resolver
         .send(&request, &[policy])
         .and_then(|()| resolver.report(RESOLVER_READY_TIMEOUT))
+        .map_err(NetworkError::from)
         .and_then(|report| match report {
             ResolverReport::Serving(readiness) => Ok(readiness),
-            ResolverReport::Failed(error) => Err(format!("Lazaret's resolver: {error}")),
+            ResolverReport::Failed(error) => Err(NetworkError::Resolver(error)),
         })
         .and_then(|readiness| Ok((resolver.pidfd()?, readiness)));
     resolver.keep_if_ok(result)
@@ -122,7 +164,7 @@ const OBSERVE_TIMEOUT: Duration = Duration::from_secs(10);
 pub fn observe(
     parameters: ObserveParameters,
     namespace: BorrowedFd<'_>,
-) -> Result<Observed, String> {
+) -> Result<Observed, NetworkError> {
     let sidecar = start_sidecar()?;
     let request = SidecarRequest::Observe(ObserveRequest {
         parameters,
@@ -131,10 +173,14 @@ pub fn observe(
     let result = sidecar
         .send(&request, &[namespace])
         .and_then(|()| sidecar.report(OBSERVE_TIMEOUT))
+        .map_err(NetworkError::from)
         .and_then(|report| match report {
             SidecarReport::Observed(observation) => Ok(*observation),
-            SidecarReport::Failed(error) => Err(format!("{:?}: {}", error.step, error.detail)),
-            SidecarReport::Attested(_) => Err("the sidecar attested instead of observing".into()),
+            SidecarReport::Failed(error) => Err(error.into()),
+            SidecarReport::Attested(_) => Err(NetworkError::Mismatched {
+                did: "attested",
+                asked: "observing",
+            }),
         });
     sidecar.finish(result)
 }

@@ -25,7 +25,54 @@ use lazaret_proto::router::{
 use rustix::fs::{Mode, OFlags};
 use rustix::mount::{FsMountFlags, FsOpenFlags, MountAttrFlags, MoveMountFlags};
 
-use crate::helper::Helper;
+use crate::helper::{Helper, HelperError};
+
+/// Why the routed workspace could not be mounted or served.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkspaceError {
+    /// `/dev/fuse` could not be opened.
+    #[error(
+        "cannot open /dev/fuse ({errno}); the workspace is served over FUSE, so the invoking \
+         user must be able to open it, as on desktop distributions (mode 0666); \
+         `packaging/device-access.sh` makes it so"
+    )]
+    OpenFuse {
+        /// What the kernel said.
+        errno: rustix::io::Errno,
+    },
+    /// A call of the mount API failed.
+    #[error(
+        "cannot mount the routed workspace: {call} failed ({errno}); the workspace is \
+         mounted with the kernel's mount API (fsopen, fsconfig, fsmount), as FUSE in \
+         the Domain user namespace: Lazaret needs Linux 5.2 or later with FUSE \
+         available (`modprobe fuse` loads it; `grep fuse /proc/filesystems` shows it)"
+    )]
+    Mount {
+        /// The call that failed.
+        call: &'static str,
+        /// What the kernel said.
+        errno: rustix::io::Errno,
+    },
+    /// The router could not be started, reached or heard.
+    #[error(transparent)]
+    Helper(#[from] HelperError),
+    /// The router reported its own failure.
+    #[error("the router failed ({step:?}): {detail}")]
+    Router {
+        /// The router's step that failed.
+        step: lazaret_proto::router::RouterStep,
+        /// What it said.
+        detail: String,
+    },
+    /// The served mount could not be attached where `/workspace` is staged.
+    #[error("cannot attach the routed workspace at {}: {errno}", target.display())]
+    Attach {
+        /// Where.
+        target: std::path::PathBuf,
+        /// What the kernel said.
+        errno: rustix::io::Errno,
+    },
+}
 
 /// How long the router may take to read its rules and answer the kernel.
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -40,14 +87,9 @@ pub struct Routed {
 }
 
 /// Opens `/dev/fuse`, saying what to do when the user cannot.
-fn open_fuse() -> Result<OwnedFd, String> {
-    rustix::fs::open("/dev/fuse", OFlags::RDWR | OFlags::CLOEXEC, Mode::empty()).map_err(|e| {
-        format!(
-            "cannot open /dev/fuse ({e}); the workspace is served over FUSE, so the invoking \
-             user must be able to open it, as on desktop distributions (mode 0666); \
-             `packaging/device-access.sh` makes it so"
-        )
-    })
+fn open_fuse() -> Result<OwnedFd, WorkspaceError> {
+    rustix::fs::open("/dev/fuse", OFlags::RDWR | OFlags::CLOEXEC, Mode::empty())
+        .map_err(|errno| WorkspaceError::OpenFuse { errno })
 }
 
 /// A started Workspace Router, waiting for its one request.
@@ -56,7 +98,7 @@ pub type Router = Helper<RouterRequest, RouterReport>;
 /// Starts a router. The supervisor starts it before the plan comes, so
 /// that serving the workspace does not wait for a process to start; one
 /// never sent a request exits when its channel closes.
-pub fn start_router() -> Result<Router, String> {
+pub fn start_router() -> Result<Router, HelperError> {
     Router::start("lazaret-router", "the router", ROUTER_CAPABILITIES, true)
 }
 
@@ -71,7 +113,7 @@ pub struct Served {
 
 impl Served {
     /// Attaches the mount at `target`; the router that serves it.
-    pub fn attach(self, target: &Path) -> Result<Routed, String> {
+    pub fn attach(self, target: &Path) -> Result<Routed, WorkspaceError> {
         rustix::mount::move_mount(
             self.mount.as_fd(),
             "",
@@ -79,11 +121,9 @@ impl Served {
             target,
             MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH,
         )
-        .map_err(|e| {
-            format!(
-                "cannot attach the routed workspace at {}: {e}",
-                target.display()
-            )
+        .map_err(|errno| WorkspaceError::Attach {
+            target: target.to_owned(),
+            errno,
         })?;
         Ok(self.routed)
     }
@@ -93,21 +133,15 @@ impl Served {
 /// the rest is staged), and has `router` serve it on `host`, `isolated`
 /// and the `rules` memfd.
 pub fn serve(
-    router: Result<Router, String>,
+    router: Result<Router, HelperError>,
     host: BorrowedFd<'_>,
     isolated: BorrowedFd<'_>,
     rules: BorrowedFd<'_>,
-) -> Result<Served, String> {
+) -> Result<Served, WorkspaceError> {
     let router = router?;
     let fuse = open_fuse()?;
-    let mount = detached_mount(fuse.as_fd()).map_err(|(call, e)| {
-        format!(
-            "cannot mount the routed workspace: {call} failed ({e}); the workspace is \
-             mounted with the kernel's mount API (fsopen, fsconfig, fsmount), as FUSE in \
-             the Domain user namespace: Lazaret needs Linux 5.2 or later with FUSE \
-             available (`modprobe fuse` loads it; `grep fuse /proc/filesystems` shows it)"
-        )
-    })?;
+    let mount = detached_mount(fuse.as_fd())
+        .map_err(|(call, errno)| WorkspaceError::Mount { call, errno })?;
 
     let request = RouterRequest::Serve(ServeRequest {
         fuse: FdIndex(0),
@@ -122,12 +156,14 @@ pub fn serve(
     });
     // The router is the connection's only server from here on.
     drop(fuse);
-    let result = sent.and_then(|pidfd| match router.report(READY_TIMEOUT)? {
-        RouterReport::Ready(summary) => Ok(Routed { pidfd, summary }),
-        RouterReport::Failed(error) => Err(format!(
-            "the router failed ({:?}): {}",
-            error.step, error.detail
-        )),
+    let result = sent.map_err(WorkspaceError::from).and_then(|pidfd| {
+        match router.report(READY_TIMEOUT)? {
+            RouterReport::Ready(summary) => Ok(Routed { pidfd, summary }),
+            RouterReport::Failed(error) => Err(WorkspaceError::Router {
+                step: error.step,
+                detail: error.detail,
+            }),
+        }
     });
     router
         .keep_if_ok(result)

@@ -12,13 +12,13 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use lazaret_hostfs::programs::role_binary;
 use lazaret_proto::channel::{ChannelError, Endpoint, Received};
 use lazaret_proto::control::{ControlRequest, ControlResponse, StartupEvent, StartupReply};
 use rustix::fs::{FlockOperation, Mode, OFlags};
 
 use super::DomainPaths;
-use super::daemon::IgnoreChangesMode;
-use lazaret_hostfs::programs::role_binary;
+use super::context::IgnoreChangesMode;
 
 /// Why a lifecycle request failed.
 #[derive(Debug, thiserror::Error)]

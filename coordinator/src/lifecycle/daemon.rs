@@ -26,44 +26,39 @@
 //! workspace, and a control peer only after checking its uid.
 
 use std::ffi::OsString;
-use std::os::fd::{AsFd, OwnedFd};
-use std::os::unix::net::UnixListener;
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lazaret_proto::channel::Endpoint;
 use lazaret_proto::common::{HostPath, UnixTimeNs};
 use lazaret_proto::config::ConfigurationRecord;
-use lazaret_proto::control::{
-    ControlRequest, ControlResponse, DomainStatus, FailureKind, NetworkStatus, StartupEvent,
-    StartupReply, StartupStep, WorkspaceStatus,
-};
-use lazaret_proto::ids::{ContainerId, GenerationId, GenerationNonce};
-use lazaret_proto::ownership::{
-    HelperOwnership, ParticipantOwnership, PreparedLowerOwnership, PublicationOwnership,
-    SandboxOwnership, StateAnchorOwnership,
-};
-use lazaret_proto::store::{Domain, Generation, GenerationState, ParticipantState};
-use lazaret_proto::trust::{GenerationIdentity, ProtocolCredential, TrustManifest};
+use lazaret_proto::control::{ControlRequest, ControlResponse, StartupEvent, StartupStep};
+use lazaret_proto::ids::{ContainerId, GenerationId};
+use lazaret_proto::ownership::{HelperOwnership, ParticipantOwnership, PreparedLowerOwnership};
+use lazaret_proto::store::{Domain, Generation, GenerationState};
+use lazaret_storage::catalog::StorageCatalog;
+use lazaret_storage::image::parse_reference;
+use lazaret_storage::store::{DomainStore, Slot};
 
-use super::record::{Became, Intent, Recorder};
+pub use super::context::IgnoreChangesMode;
+
+use super::beside::side_by_side;
+use super::context::Context;
+use super::failure::{Failure, at, failure, invalid};
+use super::live::{EscalationParts, Live, Owned};
+use super::prepare::{Planned, anchor_intents, prepare_storage, send_plan};
+use super::publish::{Published, publications, publish};
+use super::record::{Intent, Recorder};
 use super::recovery::{finish_stale, release_generation};
-use super::supervisor::{PlanInputs, Supervisor};
+use super::report::Reporter;
+use super::supervisor::Supervisor;
 use super::{DomainPaths, chain};
 use crate::config::{self, HostEnvironment, LoadRequest, ResolvedDomainConfiguration, RetainedDir};
 use crate::network::{ConnectivityHelper, PlannedNetwork};
 use crate::process::HeldProcess;
 use crate::session;
-use crate::session::hub::Hub;
-use crate::session::tls::{GenerationCredentials, remove_client_credential};
-use crate::state::{UPPER_DIR, WORK_DIR, anchor_dir};
-use lazaret_storage::catalog::{PreparedLower, StorageCatalog};
-use lazaret_storage::image::parse_reference;
-use lazaret_storage::store::{DomainStore, Slot};
-
-type Startup = Endpoint<StartupEvent, StartupReply>;
 
 /// How long a second `up` waits for a starting coordinator to publish.
 const PUBLISH_WAIT: Duration = Duration::from_secs(120);
@@ -80,169 +75,6 @@ pub struct Args {
     /// What to do with host paths the last generation kept from the
     /// sandbox that the rules taken now would share.
     pub ignore_changes: IgnoreChangesMode,
-}
-
-/// What `up` does with host paths the Domain's last generation isolated
-/// that the workspace's rules now share (`--ignore-changes`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum IgnoreChangesMode {
-    /// Ask the developer through the CLI (which has a terminal); keep
-    /// them isolated unless the answer is yes.
-    Ask,
-    /// Keep them isolated for this generation, and say so.
-    Keep,
-    /// Share them, as `lazaret up --accept-ignore-changes` says.
-    Accept,
-}
-
-/// A failed step, reported to the CLI.
-#[derive(Debug)]
-pub(super) struct Failure {
-    pub(super) step: StartupStep,
-    kind: FailureKind,
-    pub(super) message: String,
-}
-
-/// `step` failed on the host or in a participant.
-pub(super) fn failure(step: StartupStep, message: impl Into<String>) -> Failure {
-    Failure {
-        step,
-        kind: FailureKind::Failed,
-        message: message.into(),
-    }
-}
-
-/// The configuration cannot be used as written; `step` found out.
-pub(super) fn invalid(step: StartupStep, message: impl Into<String>) -> Failure {
-    Failure {
-        step,
-        kind: FailureKind::InvalidConfiguration,
-        message: message.into(),
-    }
-}
-
-pub(super) fn at(step: StartupStep) -> impl Fn(&dyn std::error::Error) -> Failure {
-    move |e| failure(step, chain(e))
-}
-
-/// The startup channel to the CLI that started this coordinator, and the
-/// start-up phase each thread has in progress (the connectivity helper
-/// attaches on a thread of its own while the image and state are
-/// prepared).
-pub(super) struct Reporter {
-    startup: Startup,
-    phases: std::sync::Mutex<Vec<(std::thread::ThreadId, Phase)>>,
-}
-
-/// One start-up phase: its span and when it began. The span is not
-/// entered (phases do not nest with the generation's span); its one event
-/// says how long the phase took.
-struct Phase {
-    step: StartupStep,
-    span: tracing::Span,
-    began: Instant,
-}
-
-impl Phase {
-    /// Ends the phase, logging how long it took inside its span.
-    fn end(self) {
-        let elapsed_ms = u64::try_from(self.began.elapsed().as_millis()).unwrap_or(u64::MAX);
-        self.span
-            .in_scope(|| tracing::info!(elapsed_ms, "{} done", self.step.as_str()));
-    }
-}
-
-impl Reporter {
-    fn take_stdin() -> Result<Self, ExitCode> {
-        Startup::take_stdin()
-            .map(|startup| Reporter {
-                startup,
-                phases: std::sync::Mutex::new(Vec::new()),
-            })
-            .map_err(|e| {
-                eprintln!("lazaret-coordinator: {}", chain(&e));
-                ExitCode::FAILURE
-            })
-    }
-
-    pub(super) fn send(&self, event: StartupEvent) {
-        // The CLI may have gone (Ctrl-C); the coordinator goes on regardless.
-        let _ = self.startup.send(&event, &[]);
-    }
-
-    /// Sends `event`, a question, and waits for the CLI's reply: `None`
-    /// when the CLI has gone or the channel failed. Only one thread asks,
-    /// and only once; the others go on reporting meanwhile.
-    pub(super) fn ask(&self, event: StartupEvent) -> Option<StartupReply> {
-        self.startup.send(&event, &[]).ok()?;
-        match self.startup.recv() {
-            Ok(received) => Some(received.message),
-            Err(e) => {
-                tracing::warn!("no answer from the CLI: {}", chain(&e));
-                None
-            }
-        }
-    }
-
-    /// This thread's phase, taken out of the list.
-    fn take_phase(&self) -> Option<Phase> {
-        let me = std::thread::current().id();
-        let mut phases = self.phases.lock().unwrap_or_else(|e| e.into_inner());
-        let i = phases.iter().position(|(thread, _)| *thread == me)?;
-        Some(phases.swap_remove(i).1)
-    }
-
-    /// Enters `step`'s phase on this thread, ending the one before it if
-    /// it was another.
-    fn enter(&self, step: StartupStep) {
-        let phase = match self.take_phase() {
-            Some(phase) if phase.step == step => phase,
-            done => {
-                if let Some(done) = done {
-                    done.end();
-                }
-                Phase {
-                    step,
-                    span: tracing::info_span!("phase", lazaret_phase = step.as_str()),
-                    began: Instant::now(),
-                }
-            }
-        };
-        let me = std::thread::current().id();
-        self.phases
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push((me, phase));
-    }
-
-    /// Ends this thread's phase in progress.
-    pub(super) fn finish_phase(&self) {
-        if let Some(done) = self.take_phase() {
-            done.end();
-        }
-    }
-
-    pub(super) fn progress(&self, step: StartupStep, detail: impl Into<String>) {
-        let detail = detail.into();
-        self.enter(step);
-        tracing::info!("{}: {detail}", step.as_str());
-        self.send(StartupEvent::Progress {
-            step,
-            detail,
-            fraction: None,
-        });
-    }
-
-    fn fail(&self, failure: Failure) -> ExitCode {
-        tracing::error!("{} failed: {}", failure.step.as_str(), failure.message);
-        self.finish_phase();
-        self.send(StartupEvent::Failed {
-            step: failure.step,
-            kind: failure.kind,
-            message: failure.message,
-        });
-        ExitCode::FAILURE
-    }
 }
 
 /// Loads the configuration for `args`.
@@ -287,12 +119,8 @@ fn redirect_to_log(runtime: &RetainedDir) -> Result<(), Failure> {
     Ok(())
 }
 
-/// The stores of a Domain whose ownership this process holds.
-pub(super) struct Owned {
-    pub(super) store: Arc<DomainStore>,
-    pub(super) catalog: StorageCatalog,
-}
-
+/// Opens the Domain Store and the Storage Catalog of the Domain this
+/// process owns.
 fn open_stores(resolved: &ResolvedDomainConfiguration) -> Result<Owned, Failure> {
     let auth = resolved.authorities();
     let domain = Domain {
@@ -334,14 +162,15 @@ enum Ownership {
 
 /// Takes the Domain, or asks the coordinator that owns it for its status.
 /// An owner that has not published its control socket yet (starting) or
-/// has removed it (stopping) is waited for, up to [`PUBLISH_WAIT`], taking
-/// the lock again each time it may have been released.
+/// has removed it (stopping) is waited for, up to `wait` ([`PUBLISH_WAIT`]),
+/// taking the lock again each time it may have been released.
 fn own(
     runtime: &RetainedDir,
     resolved: &ResolvedDomainConfiguration,
+    wait: Duration,
 ) -> Result<Ownership, Failure> {
     let paths = DomainPaths::new(resolved.domain_id(), runtime.label().to_path_buf());
-    let deadline = Instant::now() + PUBLISH_WAIT;
+    let deadline = Instant::now() + wait;
     loop {
         if let Some(lock) = try_lock(runtime)? {
             return Ok(Ownership::Mine(lock));
@@ -377,7 +206,7 @@ fn own(
                         "another Lazaret process has held this Domain for {} s without serving \
                          it; a `lazaret up` may be waiting for an answer to its question \
                          (answer it there); if it is stuck, end it and run `lazaret down {}`",
-                        PUBLISH_WAIT.as_secs(),
+                        wait.as_secs(),
                         resolved.profile()
                     ),
                 ));
@@ -473,7 +302,7 @@ pub fn start(args: Args) -> ExitCode {
         Err(failure) => return reporter.fail(failure),
     };
     let auth = resolved.authorities();
-    let lock = match own(&auth.domain_runtime, &resolved) {
+    let lock = match own(&auth.domain_runtime, &resolved, PUBLISH_WAIT) {
         Ok(Ownership::Mine(lock)) => lock,
         Ok(Ownership::Theirs(event)) => {
             reporter.send(event);
@@ -584,19 +413,6 @@ fn new_generation(
     Ok((generation, me))
 }
 
-/// What every start-up step of one generation works with.
-#[derive(Clone, Copy)]
-pub(super) struct Context<'a> {
-    pub(super) reporter: &'a Reporter,
-    pub(super) recorder: &'a Recorder,
-    pub(super) resolved: &'a ResolvedDomainConfiguration,
-    pub(super) generation: &'a Generation,
-    /// The generation's runtime directory, `gen-N`.
-    pub(super) generation_dir: &'a RetainedDir,
-    /// What to do with host paths the workspace's rules now share.
-    pub(super) ignore_changes: IgnoreChangesMode,
-}
-
 /// What a generation that is still starting holds, for stopping it if
 /// starting fails.
 #[derive(Default)]
@@ -615,113 +431,6 @@ impl Starting {
         if let Some(helper) = self.helper {
             helper.stop();
         }
-    }
-}
-
-/// The generation's Session Coordinator protocol credential, the trust
-/// manifest its sessions pin, and the mailbox tmpfs.
-#[derive(Debug)]
-pub(super) struct EscalationParts {
-    pub(super) credential: ProtocolCredential,
-    pub(super) manifest: TrustManifest,
-    pub(super) mailbox: OwnedFd,
-}
-
-/// Everything a running generation holds.
-pub(super) struct Live {
-    coordinator: HeldProcess,
-    holder: HeldProcess,
-    pub(super) supervisor: Supervisor,
-    pub(super) sandbox: HeldProcess,
-    /// The runsc gofer, when the supervisor found it.
-    pub(super) gofer: Option<HeldProcess>,
-    /// The control socket.
-    pub(super) listener: OwnedFd,
-    /// The session socket.
-    pub(super) sessions: UnixListener,
-    /// The TLS configuration sessions are served with.
-    pub(super) session_server: Arc<rustls::ServerConfig>,
-    /// What the generation's escalation is made of on the event loop.
-    pub(super) escalation: EscalationParts,
-    /// The sealed sandbox environment every session process gets.
-    pub(super) environment: OwnedFd,
-    pub(super) store: Arc<DomainStore>,
-    pub(super) generation_id: GenerationId,
-    /// The sessions' hub, once the event loop runs.
-    pub(super) hub: Option<Arc<Hub>>,
-    prepared: PreparedLower,
-    pub(super) container_id: ContainerId,
-    runtime_root: HostPath,
-    pub(super) helper: ConnectivityHelper,
-    pub(super) network: NetworkStatus,
-    /// Lazaret's resolver, when the policy has names.
-    pub(super) resolver: Option<HeldProcess>,
-    pub(super) router: HeldProcess,
-    pub(super) workspace: WorkspaceStatus,
-    /// What the directories holding scripts git runs held at `up`, for
-    /// `down` to compare.
-    pub(super) workspace_watch: lazaret_routing::watch::Watch,
-    uppers: super::usage::Uppers,
-}
-
-impl Live {
-    pub(super) fn status(
-        &self,
-        resolved: &ResolvedDomainConfiguration,
-        generation: &Generation,
-        sessions: Vec<lazaret_proto::control::SessionSummary>,
-        recheck: lazaret_proto::control::NetworkRecheck,
-        walk: super::usage::Walk,
-    ) -> DomainStatus {
-        DomainStatus {
-            domain_id: resolved.domain_id(),
-            profile: resolved.profile().as_str().to_owned(),
-            workspace: HostPath::from(resolved.authorities().workspace.label()),
-            generation_id: generation.generation_id,
-            state: generation.state,
-            started_at: generation.started_at,
-            configuration_fingerprint: resolved.fingerprint(),
-            configuration: resolved.fingerprint_record().clone(),
-            manifest_digest: self.prepared.manifest_digest,
-            container_id: self.container_id,
-            runtime_root: self.runtime_root.clone(),
-            coordinator: self.coordinator.identity,
-            supervisor: self.supervisor.held.identity,
-            namespace_holder: self.holder.identity,
-            sandbox: self.sandbox.identity,
-            sessions,
-            network: NetworkStatus {
-                recheck,
-                ..self.network.clone()
-            },
-            workspace_routing: self.workspace.clone(),
-            storage: self.uppers.measure(self.holder.identity.host_pid, walk),
-            stopped: self.stopped(),
-        }
-    }
-
-    /// The generation's processes stopped now.
-    pub(super) fn stopped(&self) -> Vec<lazaret_proto::control::StoppedProcess> {
-        use lazaret_proto::control::{GenerationProcess as P, StoppedProcess};
-        let processes = [
-            (P::Supervisor, Some(&self.supervisor.held)),
-            (P::NamespaceHolder, Some(&self.holder)),
-            (P::Sandbox, Some(&self.sandbox)),
-            (P::Gofer, self.gofer.as_ref()),
-            (P::WorkspaceRouter, Some(&self.router)),
-            (P::ConnectivityHelper, Some(&self.helper.held)),
-            (P::Resolver, self.resolver.as_ref()),
-        ];
-        processes
-            .into_iter()
-            .filter_map(|(process, held)| {
-                let held = held.filter(|h| h.stopped())?;
-                Some(StoppedProcess {
-                    process,
-                    identity: held.identity,
-                })
-            })
-            .collect()
     }
 }
 
@@ -749,6 +458,13 @@ fn programs_outside_the_sandbox(auth: &crate::config::ConfinedAuthorities) -> Re
         .try_for_each(|program| lazaret_hostfs::programs::outside(program, &writable))
 }
 
+/// Brings the generation up, in the order the module's doc gives: what
+/// can refuse `up` before anything starts ([`preflight`]), the generation
+/// and its first intents ([`begin`]), the Runtime Supervisor, then the
+/// network and the storage side by side ([`prepare_and_attach`]), then
+/// the routed workspace, the verified network and the sandbox
+/// ([`go_live`]). What it started is left in `starting`, so that a
+/// failure stops it.
 fn bring_up(
     reporter: &Reporter,
     owned: &Owned,
@@ -760,21 +476,8 @@ fn bring_up(
 ) -> Result<Live, Failure> {
     let auth = resolved.authorities();
     let uid = rustix::process::getuid().as_raw();
-    let store = &owned.store;
-    let recorder = Recorder::new(Arc::clone(store), generation.generation_id);
-    // The policy first: one that cannot be installed stops `up` before
-    // anything starts.
-    let host = crate::network::HostNetwork::read()
-        .map_err(|e| failure(StartupStep::Network, chain(&e)))?;
-    let planned = PlannedNetwork::new(resolved.network(), &host)
-        .map_err(|message| invalid(StartupStep::Network, message))?;
-    // So do a host program the sandbox could replace and an image
-    // reference that is not one. The workspace's git rules, which take a
-    // walk of the workspace, are taken below, while the rest starts.
-    let source = parse_reference(&resolved.record().image)
-        .map_err(|e| invalid(StartupStep::Image, chain(&e)))?;
-    programs_outside_the_sandbox(auth)
-        .map_err(|message| invalid(StartupStep::Configuration, message))?;
+    let recorder = Recorder::new(Arc::clone(&owned.store), generation.generation_id);
+    let (planned, source) = preflight(resolved)?;
 
     // The generation, and the intents of every participant made before
     // the plan is sent: one commit. The supervisor's pid 1 holds the
@@ -788,9 +491,97 @@ fn bring_up(
         lazaret_hostfs::programs::role_binary("lazaret-supervisor").map_err(sandbox_failure)?;
     let runsc = lazaret_hostfs::programs::runsc().map_err(sandbox_failure)?;
     let container_id = ContainerId(session::random_bytes());
+    let begun = begin(&recorder, resolved, generation, &planned)?;
+    // The generation's runtime directory.
+    let generation_dir = auth
+        .domain_runtime
+        .ensure_child(
+            Path::new(&DomainPaths::generation_dir_name(generation.generation_id)),
+            uid,
+        )
+        .map_err(|e| at(StartupStep::State)(&e))?;
+
+    // The Runtime Supervisor, first: it builds the Domain namespaces while
+    // the image and state are prepared. It is recorded as running with its
+    // pid 1 and slirp4netns, once those run: until then it dies with this
+    // process (its parent-death signal), and so does its pid 1 with it.
+    starting.supervisor = Some(Supervisor::spawn(&supervisor_path)?);
+    let cx = Context {
+        reporter,
+        recorder: &recorder,
+        resolved,
+        generation,
+        generation_dir: &generation_dir,
+        ignore_changes,
+    };
+    let midway = prepare_and_attach(
+        cx,
+        owned,
+        starting,
+        begun,
+        Sources {
+            planned,
+            image: &source,
+            runsc: &runsc,
+            container_id,
+        },
+    )?;
+    let held = Held {
+        coordinator,
+        container_id,
+        store: Arc::clone(&owned.store),
+    };
+    go_live(
+        reporter, &recorder, resolved, generation, starting, midway, held,
+    )
+}
+
+/// What refuses `up` before anything starts: the policy first (one that
+/// cannot be installed), then an image reference that is not one and a
+/// host program the sandbox could replace. The workspace's git rules,
+/// which take a walk of the workspace, are taken later, while the rest
+/// starts.
+fn preflight(
+    resolved: &ResolvedDomainConfiguration,
+) -> Result<(PlannedNetwork, lazaret_storage::image::ImageSource), Failure> {
+    let auth = resolved.authorities();
+    let host = crate::network::HostNetwork::read()
+        .map_err(|e| failure(StartupStep::Network, chain(&e)))?;
+    let planned = PlannedNetwork::new(resolved.network(), &host)
+        .map_err(|message| invalid(StartupStep::Network, message))?;
+    let source = parse_reference(&resolved.record().image)
+        .map_err(|e| invalid(StartupStep::Image, chain(&e)))?;
+    programs_outside_the_sandbox(auth)
+        .map_err(|message| invalid(StartupStep::Configuration, message))?;
+    Ok((planned, source))
+}
+
+/// The generation as first committed: the intents of the participants
+/// made before the plan is sent.
+struct Begun {
+    /// The supervisor, its pid 1, the network and its helper.
+    network: super::network::Records,
+    /// The prepared-lower lease.
+    lower: Intent,
+    /// The control and session sockets.
+    publications: [Intent; 2],
+    /// The State Anchors, in the order of `persistent_dirs`.
+    anchors: Vec<Intent>,
+}
+
+/// Records `generation` as it begins with the intents of its first
+/// participants, in one commit: the supervisor and its pid 1, the
+/// prepared-lower lease, the control and session publications, the
+/// network and its connectivity helper, and the State Anchors.
+fn begin(
+    recorder: &Recorder,
+    resolved: &ResolvedDomainConfiguration,
+    generation: &Generation,
+    planned: &PlannedNetwork,
+) -> Result<Begun, Failure> {
     let helper_record = || ParticipantOwnership::Helper(HelperOwnership::default());
-    let [control_publication, session_publication] = publications(auth);
-    let (sidecar, [network, connectivity]) = super::network::intended(&planned)?;
+    let [control_publication, session_publication] = publications(resolved.authorities());
+    let (sidecar, [network, connectivity]) = super::network::intended(planned)?;
     let (
         [
             supervisor_record,
@@ -819,76 +610,141 @@ fn bring_up(
         ],
         anchor_intents(resolved),
     )?;
-    // The generation's runtime directory.
-    let generation_dir = auth
-        .domain_runtime
-        .ensure_child(
-            Path::new(&DomainPaths::generation_dir_name(generation.generation_id)),
-            uid,
-        )
-        .map_err(|e| at(StartupStep::State)(&e))?;
+    Ok(Begun {
+        network: super::network::Records {
+            supervisor: supervisor_record,
+            holder: holder_record,
+            network: network_record,
+            helper: connectivity_record,
+            sidecar,
+        },
+        lower,
+        publications: [control, sessions],
+        anchors,
+    })
+}
 
-    // The Runtime Supervisor, first: it builds the Domain namespaces while
-    // the image and state are prepared. It is recorded as running with its
-    // pid 1 and slirp4netns, once those run: until then it dies with this
-    // process (its parent-death signal), and so does its pid 1 with it.
-    let supervisor: &Supervisor = starting
+/// What the sandbox is made from besides the records: the planned
+/// network, the image, runsc and the container's ID.
+struct Sources<'a> {
+    planned: PlannedNetwork,
+    image: &'a lazaret_storage::image::ImageSource,
+    runsc: &'a Path,
+    container_id: ContainerId,
+}
+
+/// What the two lines of start-up made, once both are done.
+struct Midway {
+    planned: Planned,
+    namespaces: super::supervisor::Namespaces,
+    requested: super::network::Requested,
+    published: Result<Published, Failure>,
+}
+
+/// The network and the storage, side by side. On a thread of its own,
+/// slirp4netns attaches to the enforcement namespace as soon as the
+/// supervisor reports it, and the control and session sockets are then
+/// published while the sidecar waits for it to attach (no session is
+/// served before `up` has finished, so a client that connects early
+/// waits). Here, the image, state and workspace are prepared and the plan
+/// is sent.
+fn prepare_and_attach(
+    cx: Context<'_>,
+    owned: &Owned,
+    starting: &mut Starting,
+    begun: Begun,
+    sources: Sources<'_>,
+) -> Result<Midway, Failure> {
+    let Begun {
+        network: records,
+        lower,
+        publications: records_published,
+        anchors,
+    } = begun;
+    let Sources {
+        planned,
+        image,
+        runsc,
+        container_id,
+    } = sources;
+    let supervisor = starting
         .supervisor
-        .insert(Supervisor::spawn(&supervisor_path)?);
-
-    // While the image, state and workspace are prepared and the plan is
-    // sent, slirp4netns attaches to the enforcement namespace as soon as
-    // the supervisor reports it.
-    let nameservers = planned.nameservers();
+        .as_ref()
+        .expect("the supervisor was started before");
     let helper_slot = &mut starting.helper;
-    let cx = Context {
-        reporter,
-        recorder: &recorder,
-        resolved,
-        generation,
-        generation_dir: &generation_dir,
-        ignore_changes,
-    };
-    let network_records = super::network::Records {
-        supervisor: supervisor_record,
-        holder: holder_record,
-        network: network_record,
-        helper: connectivity_record,
-        sidecar,
-    };
-    // Once slirp4netns is started, the control and session sockets are
-    // published on the network's thread while the sidecar waits for it to
-    // attach. No session is served before `up` has finished, so a client
-    // that connects early waits.
+    let nameservers = planned.nameservers();
     let (storage, network) = side_by_side(
-        reporter,
+        cx.reporter,
         (StartupStep::Network, "attaching the network"),
         || {
-            let attached = attach_network(cx, supervisor, network_records, planned, helper_slot)?;
-            Ok((attached, publish(resolved, generation, [control, sessions])))
+            let attached = attach_network(cx, supervisor, records, planned, helper_slot)?;
+            Ok((
+                attached,
+                publish(cx.resolved, cx.generation, records_published),
+            ))
         },
         || {
-            prepare_storage(cx, owned, &source, lower, anchors).and_then(|(storage, became)| {
+            prepare_storage(cx, owned, image, lower, anchors).and_then(|(storage, became)| {
                 send_plan(
                     cx,
                     supervisor,
                     storage,
                     became,
-                    &runsc,
+                    runsc,
                     container_id,
                     nameservers,
                 )
             })
         },
     );
-    let Planned {
-        storage,
-        routing,
-        sandbox,
-        mut sandbox_record,
-        environment,
-    } = storage?;
+    let planned = storage?;
     let ((namespaces, requested), published) = network?;
+    Ok(Midway {
+        planned,
+        namespaces,
+        requested,
+        published,
+    })
+}
+
+/// What the running generation holds from before bring-up.
+struct Held {
+    coordinator: HeldProcess,
+    container_id: ContainerId,
+    store: Arc<DomainStore>,
+}
+
+/// The rest of bring-up, once the network is attaching and the plan is
+/// sent: the Workspace Router taken and the network verified as the
+/// supervisor reports them, then the sandbox run, and the sandbox, the
+/// generation, its router, its attested network and its published sockets
+/// recorded running in one commit.
+fn go_live(
+    reporter: &Reporter,
+    recorder: &Recorder,
+    resolved: &ResolvedDomainConfiguration,
+    generation: &mut Generation,
+    starting: &mut Starting,
+    midway: Midway,
+    held: Held,
+) -> Result<Live, Failure> {
+    let Midway {
+        planned:
+            Planned {
+                storage,
+                routing,
+                sandbox,
+                mut sandbox_record,
+                environment,
+            },
+        namespaces,
+        requested,
+        published,
+    } = midway;
+    let supervisor = starting
+        .supervisor
+        .as_ref()
+        .expect("the supervisor was started before");
     let helper = starting.helper.as_ref();
     reporter.progress(StartupStep::Workspace, "starting the Workspace Router");
     let ((routed, router_record), attestation) = supervisor
@@ -897,15 +753,8 @@ fn bring_up(
         })
         .map_err(|failure| helper_failed(failure, helper))?;
     let (network, resolver, network_records) =
-        super::network::verify(reporter, &recorder, requested, attestation)?;
-    let Published {
-        listener,
-        sessions,
-        session_server,
-        credential,
-        manifest,
-        records: published,
-    } = published?;
+        super::network::verify(reporter, recorder, requested, attestation)?;
+    let published = published?;
 
     // The sandbox, now that its network is proven.
     reporter.progress(StartupStep::Sandbox, "starting the sandbox");
@@ -921,7 +770,7 @@ fn bring_up(
     generation.state = GenerationState::Running;
     let also = std::iter::once(router_record)
         .chain(network_records)
-        .chain(published.map(Intent::becoming_active))
+        .chain(published.records.map(Intent::becoming_active))
         .collect();
     sandbox.active_with(
         ParticipantOwnership::Sandbox(sandbox_record),
@@ -937,25 +786,25 @@ fn bring_up(
         .take()
         .expect("the connectivity helper was started above");
     Ok(Live {
-        coordinator,
+        coordinator: held.coordinator,
         holder,
         supervisor,
         sandbox: running.process,
         gofer: running.gofer,
-        listener,
-        sessions,
-        session_server,
+        listener: published.listener,
+        sessions: published.sessions,
+        session_server: published.session_server,
         escalation: EscalationParts {
-            credential,
-            manifest,
+            credential: published.credential,
+            manifest: published.manifest,
             mailbox: running.mailbox,
         },
         environment,
-        store: Arc::clone(store),
+        store: held.store,
         generation_id: generation.generation_id,
         hub: None,
         prepared: storage.prepared,
-        container_id,
+        container_id: held.container_id,
         runtime_root: running.runtime_root,
         helper,
         network,
@@ -981,325 +830,6 @@ fn helper_failed(mut failure: Failure, helper: Option<&ConnectivityHelper>) -> F
     failure
 }
 
-/// Runs `side` on a thread of its own, in this thread's span, while `main`
-/// runs here, and returns both results once both are done. A `side` that
-/// panics fails `step`, naming `what`.
-fn side_by_side<A, B: Send>(
-    reporter: &Reporter,
-    step: (StartupStep, &'static str),
-    side: impl FnOnce() -> Result<B, Failure> + Send,
-    main: impl FnOnce() -> A,
-) -> (A, Result<B, Failure>) {
-    std::thread::scope(|scope| {
-        let there = beside(scope, reporter, step, side);
-        let here = main();
-        (here, there.join())
-    })
-}
-
-/// Work started on a thread of a scope by [`beside`].
-struct Beside<'scope, B> {
-    thread: std::thread::ScopedJoinHandle<'scope, Result<B, Failure>>,
-    step: StartupStep,
-    what: &'static str,
-}
-
-impl<B> Beside<'_, B> {
-    /// Waits for the work's result. Work that panicked fails its step,
-    /// naming what it was.
-    fn join(self) -> Result<B, Failure> {
-        self.thread.join().unwrap_or_else(|_| {
-            Err(failure(
-                self.step,
-                format!(
-                    "{} failed unexpectedly (its thread panicked); see the Domain log",
-                    self.what
-                ),
-            ))
-        })
-    }
-}
-
-/// Starts `side` on a thread of `scope`, in this thread's span, its phase
-/// ended when it is done.
-fn beside<'scope, B: Send + 'scope>(
-    scope: &'scope std::thread::Scope<'scope, '_>,
-    reporter: &'scope Reporter,
-    (step, what): (StartupStep, &'static str),
-    side: impl FnOnce() -> Result<B, Failure> + Send + 'scope,
-) -> Beside<'scope, B> {
-    let span = tracing::Span::current();
-    let thread = scope.spawn(move || {
-        let _span = span.enter();
-        let done = side();
-        reporter.finish_phase();
-        done
-    });
-    Beside { thread, step, what }
-}
-
-/// What the sandbox is made of on the host: the leased image, the State
-/// Anchor directories and the workspace's routing.
-struct Storage {
-    prepared: PreparedLower,
-    anchor_dirs: Vec<RetainedDir>,
-    uppers: super::usage::Uppers,
-    workspace: super::workspace::Prepared,
-}
-
-/// The State Anchor directories [`lease_and_anchor`] made.
-struct Anchors {
-    dirs: Vec<RetainedDir>,
-    uppers: super::usage::Uppers,
-}
-
-/// Leases the image (`lower`), makes the State Anchor directories
-/// (`anchors`) and prepares the workspace routing; what the lease and the
-/// anchors became (returned) and the routing's intent are left for
-/// [`send_plan`] to record. The workspace's git rules, which take a walk
-/// of the workspace, are taken on a thread of their own meanwhile.
-fn prepare_storage(
-    cx: Context<'_>,
-    owned: &Owned,
-    source: &lazaret_storage::image::ImageSource,
-    lower: Intent,
-    anchors: Vec<Intent>,
-) -> Result<(Storage, Vec<Became>), Failure> {
-    std::thread::scope(|scope| {
-        let rules = beside(
-            scope,
-            cx.reporter,
-            (StartupStep::Workspace, "taking the workspace's git rules"),
-            || {
-                super::workspace::take_rules(
-                    cx.reporter,
-                    cx.resolved,
-                    &owned.store,
-                    cx.ignore_changes,
-                )
-            },
-        );
-        let (prepared, made, became) = lease_and_anchor(cx, owned, source, lower, anchors)?;
-        let uid = rustix::process::getuid().as_raw();
-        let workspace =
-            super::workspace::prepare(cx.resolved, cx.generation_dir, rules.join()?, uid)?;
-        let storage = Storage {
-            prepared,
-            anchor_dirs: made.dirs,
-            uppers: made.uppers,
-            workspace,
-        };
-        Ok((storage, became))
-    })
-}
-
-/// The State Anchors' intents, one per persistent dir in the order of
-/// `persistent_dirs`.
-fn anchor_intents(resolved: &ResolvedDomainConfiguration) -> Vec<(Slot, ParticipantOwnership)> {
-    let dirs = resolved.record().persistent_dirs.iter();
-    dirs.enumerate()
-        .map(|(i, dir)| (Slot::state_anchor(i), anchor_record(resolved, dir, None)))
-        .collect()
-}
-
-/// The State Anchor of persistent dir `dir`: a Domain-owned upper and work
-/// dir in the Domain's storage, over the prepared artifact `lower`.
-fn anchor_record(
-    resolved: &ResolvedDomainConfiguration,
-    dir: &str,
-    lower: Option<lazaret_proto::ids::PreparedArtifactId>,
-) -> ParticipantOwnership {
-    let state_dir = resolved
-        .authorities()
-        .domain_storage
-        .label()
-        .join(anchor_dir(dir));
-    ParticipantOwnership::StateAnchor(StateAnchorOwnership {
-        lower_artifact_id: lower,
-        upper_path: Some(HostPath::from(&state_dir.join(UPPER_DIR))),
-        work_path: Some(HostPath::from(&state_dir.join(WORK_DIR))),
-        sandbox_path: Some(dir.to_owned()),
-        ..StateAnchorOwnership::default()
-    })
-}
-
-/// Leases the image (`lower`, recorded as intended) and makes the State
-/// Anchor directories (`anchors`, recorded as intended, in the order of
-/// `persistent_dirs`); what the lease and the anchors became is returned
-/// for the sandbox's intent.
-fn lease_and_anchor(
-    cx: Context<'_>,
-    owned: &Owned,
-    source: &lazaret_storage::image::ImageSource,
-    lower: Intent,
-    anchors: Vec<Intent>,
-) -> Result<(PreparedLower, Anchors, Vec<Became>), Failure> {
-    let Context {
-        reporter,
-        resolved,
-        generation,
-        generation_dir,
-        ..
-    } = cx;
-    let auth = resolved.authorities();
-    let uid = rustix::process::getuid().as_raw();
-    // The image, leased for this generation.
-    reporter.progress(
-        StartupStep::Image,
-        format!("resolving {}", resolved.record().image),
-    );
-    // This process prepares: recorded with the prepare operation.
-    let preparer = crate::process::own_identity()
-        .map_err(|source| lazaret_storage::catalog::CatalogError::Io {
-            operation: "read the identity of this process from",
-            path: "/proc/self".to_owned(),
-            source,
-        })
-        .map_err(|e| at(StartupStep::Image)(&e))?;
-    let prepared = owned
-        .catalog
-        .prepare_and_lease(
-            source,
-            resolved.domain_id(),
-            generation.generation_id,
-            preparer,
-            &mut |p| {
-                reporter.send(StartupEvent::Progress {
-                    step: StartupStep::Image,
-                    detail: p.to_string(),
-                    fraction: p.fraction(),
-                })
-            },
-        )
-        .map_err(|e| at(StartupStep::Image)(&e))?;
-    let leased = lower.becoming(
-        ParticipantState::LeaseHeld,
-        ParticipantOwnership::PreparedLower(PreparedLowerOwnership {
-            prepared_artifact_id: Some(prepared.artifact_id),
-            selected_manifest_digest: Some(prepared.manifest_digest),
-            rootfs_path: Some(HostPath::from(&prepared.rootfs_path)),
-            ..PreparedLowerOwnership::default()
-        }),
-    );
-    reporter.progress(
-        StartupStep::Image,
-        format!("prepared {}", prepared.manifest_digest.to_oci_string()),
-    );
-
-    // The State Anchors, over this image.
-    reporter.progress(
-        StartupStep::State,
-        format!("generation {}", generation.generation_id),
-    );
-    let persistent_dirs = &resolved.record().persistent_dirs;
-    let dirs = persistent_dirs
-        .iter()
-        .map(|dir| {
-            let dir = auth.domain_storage.ensure_child(&anchor_dir(dir), uid)?;
-            dir.ensure_child(Path::new(UPPER_DIR), uid)?;
-            dir.ensure_child(Path::new(WORK_DIR), uid)?;
-            Ok(dir)
-        })
-        .collect::<Result<Vec<_>, crate::config::ConfinedError>>()
-        .map_err(|e| at(StartupStep::State)(&e))?;
-    let uppers = super::usage::Uppers::new(generation_dir, persistent_dirs, &dirs)
-        .map_err(|e| at(StartupStep::State)(&e))?;
-    let became = std::iter::once(leased)
-        .chain(
-            anchors
-                .into_iter()
-                .zip(persistent_dirs)
-                .map(|(anchor, dir)| {
-                    let record = anchor_record(resolved, dir, Some(prepared.artifact_id));
-                    anchor.becoming(ParticipantState::Active, record)
-                }),
-        )
-        .collect();
-    Ok((prepared, Anchors { dirs, uppers }, became))
-}
-
-/// The storage, and the workspace routing and the sandbox recorded as
-/// intended with the plan that makes them sent.
-struct Planned {
-    storage: Storage,
-    routing: Intent,
-    sandbox: Intent,
-    sandbox_record: SandboxOwnership,
-    environment: OwnedFd,
-}
-
-/// Records what the image's lease and the State Anchors became (`became`)
-/// and the routing's and the sandbox's intents, and sends the supervisor
-/// its plan.
-fn send_plan(
-    cx: Context<'_>,
-    supervisor: &Supervisor,
-    storage: Storage,
-    became: Vec<Became>,
-    runsc: &Path,
-    container_id: ContainerId,
-    nameservers: Vec<std::net::Ipv4Addr>,
-) -> Result<Planned, Failure> {
-    let Context {
-        recorder,
-        resolved,
-        generation,
-        generation_dir,
-        ..
-    } = cx;
-    // The sandbox.
-    let sandbox_record = SandboxOwnership {
-        container_id: Some(container_id),
-        bundle_path: Some(HostPath::from(&generation_dir.label().join("mnt/bundle"))),
-        ..SandboxOwnership::default()
-    };
-    // What the lease and the State Anchors became, and the intents of the
-    // routing and the sandbox the plan makes, with the rules the routing
-    // takes (for the next `up` to compare with): one commit.
-    let [routing, sandbox] = recorder.record(
-        StartupStep::Sandbox,
-        became,
-        [
-            storage.workspace.intent(),
-            (
-                Slot::SANDBOX,
-                ParticipantOwnership::Sandbox(sandbox_record.clone()),
-            ),
-        ],
-        Some(storage.workspace.encoded_rules()),
-    )?;
-    // One sealed memfd of the resolved environment serves the sandbox and
-    // every session process.
-    let environment = environment_memfd(resolved).map_err(|e| {
-        failure(
-            StartupStep::Sandbox,
-            format!("cannot pass the sandbox environment: {e}"),
-        )
-    })?;
-    supervisor.send_plan(
-        resolved,
-        PlanInputs {
-            environment: environment.as_fd(),
-            prepared: &storage.prepared,
-            anchor_dirs: &storage.anchor_dirs,
-            isolated: &storage.workspace.isolated,
-            rules: storage.workspace.rules.as_fd(),
-            generation_dir,
-            runsc,
-            container_id,
-        },
-        generation,
-        nameservers,
-    )?;
-    Ok(Planned {
-        storage,
-        routing,
-        sandbox,
-        sandbox_record,
-        environment,
-    })
-}
-
 /// Takes the namespaces the supervisor reports, records their holder,
 /// attaches the connectivity helper to the enforcement namespace, and asks
 /// for the policy's attestation.
@@ -1315,116 +845,6 @@ fn attach_network(
     Ok((namespaces, requested))
 }
 
-/// What [`publish`] made: the control socket, and the Session
-/// Coordinator's socket, server configuration and credentials, with their
-/// records, which become active once the sandbox runs.
-struct Published {
-    listener: OwnedFd,
-    sessions: UnixListener,
-    session_server: Arc<rustls::ServerConfig>,
-    credential: ProtocolCredential,
-    manifest: TrustManifest,
-    records: [Intent; 2],
-}
-
-/// The intents to publish the control socket ([`Slot::PUBLICATION`]) and
-/// the session socket with its client credential
-/// ([`Slot::SESSION_PUBLICATION`]): what recovery removes.
-fn publications(auth: &crate::config::ConfinedAuthorities) -> [(Slot, ParticipantOwnership); 2] {
-    let runtime = auth.domain_runtime.label();
-    let published = |socket: &str, identity: Option<&str>| {
-        ParticipantOwnership::Publication(PublicationOwnership {
-            socket_path: Some(HostPath::from(&runtime.join(socket))),
-            identity_path: identity.map(|dir| HostPath::from(&runtime.join(dir))),
-        })
-    };
-    [
-        (Slot::PUBLICATION, published(super::CONTROL_SOCKET, None)),
-        (
-            Slot::SESSION_PUBLICATION,
-            published(session::SESSION_SOCKET, Some(session::CREDENTIAL_DIR)),
-        ),
-    ]
-}
-
-/// Binds the control socket, creates the generation's session
-/// credentials, writes the client credential and binds the session socket;
-/// `records` are their publications' intents, committed before.
-fn publish(
-    resolved: &ResolvedDomainConfiguration,
-    generation: &Generation,
-    records: [Intent; 2],
-) -> Result<Published, Failure> {
-    let auth = resolved.authorities();
-    let step = at(StartupStep::Sandbox);
-    let socket = auth.domain_runtime.label().join(super::CONTROL_SOCKET);
-    let _ = std::fs::remove_file(&socket);
-    // What failed, where: a socket that cannot be bound (a full runtime
-    // dir, a name too long for a socket address).
-    let cannot_bind = |socket: &Path, detail: String| {
-        failure(
-            StartupStep::Sandbox,
-            format!("cannot bind {}: {detail}", socket.display()),
-        )
-    };
-    let listener = lazaret_proto::channel::listen(&lazaret_proto::channel::socket_path_at(
-        auth.domain_runtime.fd(),
-        super::CONTROL_SOCKET,
-    ))
-    .map_err(|e| cannot_bind(&socket, chain(&e)))?;
-
-    let uid = rustix::process::getuid().as_raw();
-    let identity = GenerationIdentity {
-        agent_profile: resolved.profile().as_str().to_owned(),
-        domain_id: resolved.domain_id(),
-        generation_id: generation.generation_id,
-        configuration_fingerprint: resolved.fingerprint(),
-        generation_nonce: GenerationNonce(session::random_bytes()),
-        created_at: UnixTimeNs::now(),
-    };
-    let protocol = session::coordinator_protocol_credential(&identity);
-    let credentials = GenerationCredentials::create(identity, &protocol).map_err(|e| step(&e))?;
-    let credential_dir = auth
-        .domain_runtime
-        .ensure_child(Path::new(session::CREDENTIAL_DIR), uid)
-        .map_err(|e| step(&e))?;
-    let socket = auth.domain_runtime.label().join(session::SESSION_SOCKET);
-    // A stale credential of an earlier generation is replaced.
-    let _ = remove_client_credential(&credential_dir);
-    credentials
-        .write_client_credential(&credential_dir)
-        .and_then(|()| credentials.write_publication(&credential_dir, &socket))
-        .map_err(|e| step(&e))?;
-    let _ = std::fs::remove_file(&socket);
-    let sessions = UnixListener::bind(lazaret_proto::channel::socket_path_at(
-        auth.domain_runtime.fd(),
-        session::SESSION_SOCKET,
-    ))
-    .map_err(|e| cannot_bind(&socket, e.to_string()))?;
-    Ok(Published {
-        listener,
-        sessions,
-        session_server: credentials.server_config(),
-        credential: protocol,
-        manifest: credentials.trust_manifest(),
-        records,
-    })
-}
-
-/// The resolved sandbox environment in a sealed memfd: `NAME=value\0`
-/// entries. The values exist only in this process's memory and the memfd.
-fn environment_memfd(resolved: &ResolvedDomainConfiguration) -> std::io::Result<OwnedFd> {
-    lazaret_proto::memfd::sealed("lazaret-environment", |file| {
-        for (name, value) in resolved.environment() {
-            std::io::Write::write_all(file, name.as_str().as_bytes())?;
-            std::io::Write::write_all(file, b"=")?;
-            std::io::Write::write_all(file, value.expose().as_bytes())?;
-            std::io::Write::write_all(file, b"\0")?;
-        }
-        Ok(())
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use lazaret_proto::config::{
@@ -1434,6 +854,217 @@ mod tests {
     use lazaret_proto::names::{DnsMode, HostPattern};
 
     use super::differences;
+
+    mod bring_up {
+        //! The steps of `start` and `bring_up` that run without root or
+        //! runsc, on a scratch host.
+
+        use std::os::fd::AsFd;
+        use std::sync::Arc;
+        use std::time::{Duration, Instant};
+
+        use lazaret_proto::channel::Endpoint;
+        use lazaret_proto::control::{ControlRequest, ControlResponse, FailureKind, StartupStep};
+        use lazaret_proto::ownership::ParticipantOwnership;
+        use lazaret_proto::store::{GenerationState, ParticipantState};
+
+        use super::super::{
+            Args, IgnoreChangesMode, Ownership, begin, load, new_generation, open_stores, own,
+            recover_stale,
+        };
+        use crate::lifecycle::CONTROL_SOCKET;
+        use crate::lifecycle::record::Recorder;
+        use crate::lifecycle::testing::{Scratch, generation};
+        use crate::network::{HostNetwork, PlannedNetwork};
+        use lazaret_storage::store::Slot;
+
+        #[test]
+        fn a_profile_name_that_does_not_parse_is_an_invalid_configuration() {
+            let scratch = Scratch::new();
+            let failed = load(&Args {
+                profile: "not a profile!".into(),
+                config: Some(scratch.config.clone().into()),
+                workspace: scratch.workspace.clone(),
+                ignore_changes: IgnoreChangesMode::Keep,
+            })
+            .unwrap_err();
+            assert_eq!(failed.step, StartupStep::Configuration);
+            assert_eq!(failed.kind, FailureKind::InvalidConfiguration);
+            assert!(
+                failed.message.starts_with("invalid configuration: "),
+                "{}",
+                failed.message
+            );
+        }
+
+        #[test]
+        fn a_domain_nobody_holds_is_taken() {
+            let scratch = Scratch::new();
+            let resolved = scratch.load("");
+            let runtime = &resolved.authorities().domain_runtime;
+            let owned = own(runtime, &resolved, Duration::ZERO).unwrap();
+            assert!(matches!(owned, Ownership::Mine(_)));
+            // Held now: a second lock is refused.
+            assert!(crate::lifecycle::try_lock(runtime).unwrap().is_none());
+        }
+
+        #[test]
+        fn a_domain_held_and_never_served_fails_ownership_once_the_wait_is_over() {
+            let scratch = Scratch::new();
+            let resolved = scratch.load("");
+            let runtime = &resolved.authorities().domain_runtime;
+            let _held = crate::lifecycle::try_lock(runtime).unwrap().expect("free");
+            let started = Instant::now();
+            let failed = match own(runtime, &resolved, Duration::from_millis(200)) {
+                Err(failed) => failed,
+                Ok(_) => panic!("a held Domain was taken"),
+            };
+            assert!(started.elapsed() >= Duration::from_millis(200));
+            assert!(started.elapsed() < Duration::from_secs(10));
+            assert_eq!(failed.step, StartupStep::Ownership);
+            assert!(
+                failed.message.contains("without serving it"),
+                "{}",
+                failed.message
+            );
+            assert!(
+                failed.message.contains("lazaret down p"),
+                "{}",
+                failed.message
+            );
+        }
+
+        #[test]
+        fn an_owner_that_answers_status_with_something_else_is_refused() {
+            let scratch = Scratch::new();
+            let resolved = scratch.load("");
+            let runtime = &resolved.authorities().domain_runtime;
+            let _held = crate::lifecycle::try_lock(runtime).unwrap().expect("free");
+            let listener = lazaret_proto::channel::listen(&lazaret_proto::channel::socket_path_at(
+                runtime.fd(),
+                CONTROL_SOCKET,
+            ))
+            .unwrap();
+            let owner = std::thread::spawn(move || {
+                let peer =
+                    Endpoint::<ControlResponse, ControlRequest>::accept(listener.as_fd()).unwrap();
+                let asked = peer.recv().unwrap().message;
+                let answer = ControlResponse::Failed {
+                    message: "busy".into(),
+                };
+                peer.send(&answer, &[]).unwrap();
+                asked
+            });
+            let failed = match own(runtime, &resolved, Duration::from_secs(5)) {
+                Err(failed) => failed,
+                Ok(_) => panic!("a held Domain was taken"),
+            };
+            assert_eq!(owner.join().unwrap(), ControlRequest::Status);
+            assert_eq!(failed.step, StartupStep::Ownership);
+            assert!(
+                failed.message.contains("the running coordinator answered"),
+                "{}",
+                failed.message
+            );
+        }
+
+        #[test]
+        fn a_new_generation_is_the_stores_next_held_by_this_process_and_starting() {
+            let scratch = Scratch::new();
+            let resolved = scratch.load("");
+            let owned = open_stores(&resolved).unwrap();
+            let earlier = generation(&resolved, 1, GenerationState::Closed);
+            owned.store.put_generation(&earlier).unwrap();
+            let (next, me) = new_generation(&owned, &resolved).unwrap();
+            assert_eq!(next.generation_id.0, 2);
+            assert_eq!(next.state, GenerationState::Starting);
+            assert_eq!(next.domain_id, resolved.domain_id());
+            assert_eq!(next.configuration_fingerprint, resolved.fingerprint());
+            assert_eq!(next.host_coordinator, me.committed());
+            assert_eq!(me.identity.host_pid, std::process::id());
+            // Nothing is recorded until bring-up begins it.
+            assert_eq!(
+                owned
+                    .store
+                    .latest_generation()
+                    .unwrap()
+                    .unwrap()
+                    .generation_id
+                    .0,
+                1
+            );
+        }
+
+        #[test]
+        fn a_stale_generation_is_finished_before_a_new_one_begins() {
+            let scratch = Scratch::new();
+            let resolved = scratch.load("");
+            let owned = open_stores(&resolved).unwrap();
+            assert_eq!(recover_stale(&owned, &resolved).unwrap(), None);
+            let stale = generation(&resolved, 4, GenerationState::Running);
+            owned.store.put_generation(&stale).unwrap();
+            let finished = recover_stale(&owned, &resolved).unwrap();
+            assert_eq!(finished.map(|id| id.0), Some(4));
+            assert!(owned.store.open_generation().unwrap().is_none());
+            let closed = owned.store.latest_generation().unwrap().unwrap();
+            assert_eq!(closed.state, GenerationState::Closed);
+            assert!(closed.closed_at.is_some());
+            assert_eq!(recover_stale(&owned, &resolved).unwrap(), None);
+        }
+
+        #[test]
+        fn begin_records_the_generation_with_every_first_intent_in_one_commit() {
+            let scratch = Scratch::new();
+            let resolved = scratch.load("persistent_dirs = ['/root', '/opt']");
+            let store = crate::lifecycle::testing::store_of(&resolved);
+            let host = HostNetwork {
+                addresses: Vec::new(),
+                on_link: Vec::new(),
+                gateways: Vec::new(),
+            };
+            let planned = PlannedNetwork::new(resolved.network(), &host).unwrap();
+            let starting = generation(&resolved, 1, GenerationState::Starting);
+            let recorder = Recorder::new(Arc::clone(&store), starting.generation_id);
+            let begun = begin(&recorder, &resolved, &starting, &planned).unwrap();
+            assert_eq!(begun.anchors.len(), 2);
+            let stored = store.latest_generation().unwrap().expect("recorded");
+            assert_eq!(stored.state, GenerationState::Starting);
+            let rows = store.participants(starting.generation_id).unwrap();
+            let slots: Vec<Slot> = rows.iter().map(|(slot, _)| *slot).collect();
+            for slot in [
+                Slot::SUPERVISOR,
+                Slot::NAMESPACE_HOLDER,
+                Slot::PREPARED_LOWER,
+                Slot::PUBLICATION,
+                Slot::SESSION_PUBLICATION,
+                Slot::NETWORK,
+                Slot::CONNECTIVITY_HELPER,
+                Slot::state_anchor(0),
+                Slot::state_anchor(1),
+            ] {
+                assert!(slots.contains(&slot), "no intent in {}", slot.name());
+            }
+            assert_eq!(rows.len(), 9, "nothing else is recorded yet");
+            assert!(
+                rows.iter()
+                    .all(|(_, row)| row.state == ParticipantState::Intent),
+                "nothing exists before it is recorded as intended"
+            );
+            let network = rows
+                .iter()
+                .find(|(slot, _)| *slot == Slot::NETWORK)
+                .map(|(_, row)| row.ownership.clone());
+            let Some(ParticipantOwnership::Network(network)) = network else {
+                panic!("the network's record");
+            };
+            assert_eq!(
+                network.derived_policy_digest,
+                Some(planned.policy.digest().unwrap())
+            );
+            assert_eq!(network.enforcement_namespace, None);
+            drop(begun);
+        }
+    }
 
     fn base() -> ConfigurationFingerprintRecordV1 {
         ConfigurationFingerprintRecordV1 {

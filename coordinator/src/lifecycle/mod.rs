@@ -1,23 +1,39 @@
 //! The Domain lifecycle: starting a generation, serving it, stopping it, and
 //! finishing a stale one.
 //!
-//! The Host Coordinator daemon ([`daemon`]) owns a running generation. The
-//! CLI side ([`client`]) starts it, asks it for status, and asks it to stop.
+//! The Host Coordinator daemon ([`daemon`]) owns a running generation: it
+//! brings one up step by step (the storage and plan in `prepare`, the
+//! sockets in `publish`, the network in `network`, the workspace in
+//! `workspace`) and serves it (`serve`). What those steps share sits
+//! below them, importing none of them: a step's failure (`failure`), the
+//! CLI's startup channel (`report`), the steps' context (`context`), work
+//! run beside the main line (`beside`), the records (`record`) and the
+//! running generation (`live`). The CLI side ([`client`]) starts it, asks
+//! it for status, and asks it to stop.
 //! Recovery ([`recovery`]) finishes a generation whose coordinator is gone,
 //! from its records alone. This module owns the runtime file layout of a
 //! Domain and how the CLI finds it without reading the configuration. It
 //! trusts the invoking user's environment for paths, and nothing that
 //! answers on a socket until its uid is checked.
 
+mod beside;
 pub mod client;
+mod context;
 pub mod daemon;
+mod failure;
 pub mod journal;
+mod live;
 pub mod logfile;
 mod network;
+mod prepare;
+mod publish;
 mod record;
 pub mod recovery;
+mod report;
 mod serve;
 mod supervisor;
+#[cfg(test)]
+pub(crate) mod testing;
 mod usage;
 pub(crate) mod workspace;
 

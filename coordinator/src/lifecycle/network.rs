@@ -17,6 +17,7 @@ use std::os::fd::AsFd;
 use lazaret_proto::control::{NamesStatus, NetworkRecheck, NetworkStatus, StartupStep};
 use lazaret_proto::names::DnsMode;
 use lazaret_proto::resolver::ResolverReadiness;
+use lazaret_storage::store::Slot;
 
 use crate::network::PlannedNetwork;
 use lazaret_proto::ids::NetworkSidecarId;
@@ -31,13 +32,14 @@ use lazaret_proto::process::{PersistedHostProcessOwnership, PidfsProcessIdentity
 use lazaret_proto::sidecar::AttestParameters;
 use lazaret_proto::store::ParticipantState;
 
-use super::daemon::{Context, Failure, Reporter, at, failure};
+use super::context::Context;
+use super::failure::{Failure, at, failure};
 use super::record::{Became, Intent, Recorder};
+use super::report::Reporter;
 use super::supervisor::{Attested, Namespaces, Supervisor};
 use crate::network::{ConnectivityHelper, policy_memfd};
 use crate::process::HeldProcess;
 use crate::session;
-use lazaret_storage::store::Slot;
 
 const STEP: StartupStep = StartupStep::Network;
 

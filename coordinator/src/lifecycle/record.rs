@@ -15,9 +15,9 @@ use lazaret_proto::control::StartupStep;
 use lazaret_proto::ids::GenerationId;
 use lazaret_proto::ownership::ParticipantOwnership;
 use lazaret_proto::store::{Generation, Participant, ParticipantState};
-
-use super::daemon::{Failure, at};
 use lazaret_storage::store::{DomainStore, Slot};
+
+use super::failure::{Failure, at};
 
 /// Records the participants of one generation.
 #[derive(Debug, Clone)]

@@ -20,11 +20,11 @@ use lazaret_proto::store::{
     Generation, GenerationState, Participant, ParticipantState, SessionTerminal,
     SessionTerminalState,
 };
+use lazaret_storage::catalog::StorageCatalog;
+use lazaret_storage::store::{DomainStore, Slot, StoreError};
 
 use crate::config::RetainedDir;
 use crate::process::{Proof, kill_and_wait, prove};
-use lazaret_storage::catalog::StorageCatalog;
-use lazaret_storage::store::{DomainStore, Slot, StoreError};
 
 use super::DomainPaths;
 
@@ -280,5 +280,381 @@ fn creation_rank(ownership: &ParticipantOwnership) -> u8 {
         ParticipantOwnership::Helper(_) => 4,
         ParticipantOwnership::Sandbox(_) => 5,
         ParticipantOwnership::Publication(_) => 6,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! Releasing generations from what the store records, in every
+    //! durable state, on a scratch host: no root, no runsc. The processes
+    //! are this test's own children.
+
+    use std::path::Path;
+    use std::sync::Arc;
+
+    use lazaret_proto::common::{HostPath, UnixTimeNs};
+    use lazaret_proto::ids::{CliId, GenerationId, SessionId};
+    use lazaret_proto::ownership::{
+        HelperOwnership, ParticipantOwnership, PreparedLowerOwnership, PublicationOwnership,
+        SandboxOwnership, StateAnchorOwnership,
+    };
+    use lazaret_proto::process::{
+        HostProcessIdentity, LegacyUnverifiedProcessIdentityV1, PersistedHostProcessOwnership,
+    };
+    use lazaret_proto::store::{
+        GenerationState, Participant, ParticipantState, Session, SessionTerminal,
+        SessionTerminalState,
+    };
+
+    use super::{RecoveryError, release_generation};
+    use crate::config::ResolvedDomainConfiguration;
+    use crate::lifecycle::testing::{Scratch, generation, store_of};
+    use crate::process::HeldProcess;
+    use lazaret_storage::catalog::StorageCatalog;
+    use lazaret_storage::store::{DomainStore, STORE_FILE, Slot};
+
+    /// A scratch Domain with its store, catalog and generation 2 running.
+    struct Domain {
+        scratch: Scratch,
+        resolved: ResolvedDomainConfiguration,
+        store: Arc<DomainStore>,
+        catalog: StorageCatalog,
+    }
+
+    const GENERATION: GenerationId = GenerationId(2);
+
+    impl Domain {
+        fn new() -> Self {
+            let scratch = Scratch::new();
+            let resolved = scratch.load("");
+            let store = store_of(&resolved);
+            let catalog = StorageCatalog::open(
+                &resolved.authorities().storage_root,
+                rustix::process::getuid().as_raw(),
+            )
+            .unwrap();
+            store
+                .put_generation(&generation(
+                    &resolved,
+                    GENERATION.0,
+                    GenerationState::Running,
+                ))
+                .unwrap();
+            Self {
+                scratch,
+                resolved,
+                store,
+                catalog,
+            }
+        }
+
+        fn runtime(&self) -> &Path {
+            self.resolved.authorities().domain_runtime.label()
+        }
+
+        fn record(&self, slot: Slot, state: ParticipantState, ownership: ParticipantOwnership) {
+            let participant = Participant {
+                generation_id: GENERATION,
+                role: ownership.role(),
+                state,
+                ownership,
+            };
+            self.store.put_participant(slot, &participant).unwrap();
+        }
+
+        fn state(&self, slot: Slot) -> ParticipantState {
+            self.store
+                .participants(GENERATION)
+                .unwrap()
+                .into_iter()
+                .find(|(s, _)| *s == slot)
+                .map(|(_, p)| p.state)
+                .expect("a record in the slot")
+        }
+
+        fn release(&self) -> Result<usize, RecoveryError> {
+            let generation = self
+                .store
+                .open_generation()
+                .unwrap()
+                .unwrap_or_else(|| self.store.latest_generation().unwrap().unwrap());
+            release_generation(
+                &self.store,
+                &self.catalog,
+                self.resolved.domain_id(),
+                generation,
+                &self.resolved.authorities().domain_runtime,
+            )
+        }
+    }
+
+    fn publication(socket: &Path, identity: Option<&Path>) -> ParticipantOwnership {
+        ParticipantOwnership::Publication(PublicationOwnership {
+            socket_path: Some(HostPath::from(socket)),
+            identity_path: identity.map(HostPath::from),
+        })
+    }
+
+    fn helper(process: PersistedHostProcessOwnership) -> ParticipantOwnership {
+        ParticipantOwnership::Helper(HelperOwnership {
+            runtime_supervisor: process,
+            ..HelperOwnership::default()
+        })
+    }
+
+    /// A child of this test, held by its pidfd.
+    fn child(program: &str, args: &[&str]) -> (std::process::Child, HeldProcess) {
+        let child = std::process::Command::new(program)
+            .args(args)
+            .spawn()
+            .unwrap();
+        let pidfd = crate::process::pidfd_of_child(&child).unwrap();
+        let held = HeldProcess::from_pidfd(pidfd).unwrap();
+        (child, held)
+    }
+
+    #[test]
+    fn every_durable_state_is_released_retained_or_left_as_it_is() {
+        let domain = Domain::new();
+        let lower = ParticipantOwnership::PreparedLower(PreparedLowerOwnership::default());
+        let anchor = || ParticipantOwnership::StateAnchor(StateAnchorOwnership::default());
+        let network = ParticipantOwnership::Network(Default::default());
+        let unassigned = || helper(PersistedHostProcessOwnership::Unassigned);
+        domain.record(Slot::PREPARED_LOWER, ParticipantState::LeaseHeld, lower);
+        domain.record(Slot::state_anchor(0), ParticipantState::Active, anchor());
+        domain.record(Slot::state_anchor(1), ParticipantState::Retained, anchor());
+        domain.record(Slot::NETWORK, ParticipantState::Intent, network);
+        domain.record(
+            Slot::SUPERVISOR,
+            ParticipantState::ReleaseIntent,
+            unassigned(),
+        );
+        domain.record(
+            Slot::NAMESPACE_HOLDER,
+            ParticipantState::Released,
+            unassigned(),
+        );
+        let killed = domain.release().unwrap();
+        assert_eq!(killed, 0, "nothing recorded was running");
+        for (slot, state) in [
+            (Slot::PREPARED_LOWER, ParticipantState::Released),
+            (Slot::state_anchor(0), ParticipantState::Retained),
+            (Slot::state_anchor(1), ParticipantState::Retained),
+            (Slot::NETWORK, ParticipantState::Released),
+            (Slot::SUPERVISOR, ParticipantState::Released),
+            (Slot::NAMESPACE_HOLDER, ParticipantState::Released),
+        ] {
+            assert_eq!(domain.state(slot), state, "{}", slot.name());
+        }
+        let closed = domain.store.latest_generation().unwrap().unwrap();
+        assert_eq!(closed.state, GenerationState::Closed);
+        assert!(closed.closed_at.is_some());
+        assert!(domain.store.open_generation().unwrap().is_none());
+    }
+
+    #[test]
+    fn releasing_again_finds_nothing_left_to_do() {
+        let domain = Domain::new();
+        let network = ParticipantOwnership::Network(Default::default());
+        domain.record(Slot::NETWORK, ParticipantState::Active, network);
+        domain.release().unwrap();
+        let first = domain.store.latest_generation().unwrap().unwrap();
+        // A crash after the release, before anything else: the next one
+        // finds every participant released and the generation closed.
+        assert_eq!(domain.release().unwrap(), 0);
+        assert_eq!(domain.state(Slot::NETWORK), ParticipantState::Released);
+        let again = domain.store.latest_generation().unwrap().unwrap();
+        assert_eq!(again.state, GenerationState::Closed);
+        assert_eq!(again.generation_id, first.generation_id);
+    }
+
+    #[test]
+    fn published_sockets_and_credentials_go_but_a_path_outside_the_runtime_dir_stays() {
+        let domain = Domain::new();
+        let runtime = domain.runtime().to_path_buf();
+        let socket = runtime.join("control.sock");
+        let credential = runtime.join("session");
+        std::fs::write(&socket, b"").unwrap();
+        std::fs::create_dir(&credential).unwrap();
+        std::fs::write(credential.join("client.pem"), b"key").unwrap();
+        let outside = domain.scratch.base().join("elsewhere.sock");
+        std::fs::write(&outside, b"").unwrap();
+        domain.record(
+            Slot::PUBLICATION,
+            ParticipantState::Active,
+            publication(&socket, None),
+        );
+        domain.record(
+            Slot::SESSION_PUBLICATION,
+            ParticipantState::Intent,
+            publication(&outside, Some(&credential)),
+        );
+        domain.release().unwrap();
+        assert!(!socket.exists());
+        assert!(!credential.exists(), "keys never outlive their generation");
+        assert!(outside.exists(), "a recorded path is never followed out");
+        assert_eq!(
+            domain.state(Slot::SESSION_PUBLICATION),
+            ParticipantState::Released
+        );
+    }
+
+    #[test]
+    fn a_recorded_process_still_running_is_killed_and_one_gone_is_not() {
+        let domain = Domain::new();
+        let (mut running, held_running) = child("sleep", &["60"]);
+        let (mut done, held_done) = child("true", &[]);
+        done.wait().unwrap();
+        domain.record(
+            Slot::SANDBOX,
+            ParticipantState::Active,
+            ParticipantOwnership::Sandbox(SandboxOwnership {
+                container_process: held_running.committed(),
+                ..SandboxOwnership::default()
+            }),
+        );
+        domain.record(
+            Slot::SUPERVISOR,
+            ParticipantState::Active,
+            helper(held_done.committed()),
+        );
+        assert_eq!(domain.release().unwrap(), 1);
+        let status = running.wait().unwrap();
+        assert_eq!(
+            std::os::unix::process::ExitStatusExt::signal(&status),
+            Some(9)
+        );
+        assert_eq!(domain.state(Slot::SANDBOX), ParticipantState::Released);
+        assert_eq!(domain.state(Slot::SUPERVISOR), ParticipantState::Released);
+    }
+
+    #[test]
+    fn a_legacy_identity_is_never_acted_on() {
+        let domain = Domain::new();
+        // This very process, named the old way: refused, never signalled.
+        let me = HostProcessIdentity::LegacyUnverifiedV1(LegacyUnverifiedProcessIdentityV1 {
+            host_pid: std::process::id(),
+            start_time_ticks: 0,
+        });
+        domain.record(
+            Slot::SUPERVISOR,
+            ParticipantState::Active,
+            helper(PersistedHostProcessOwnership::Committed(me)),
+        );
+        assert_eq!(domain.release().unwrap(), 0);
+        assert_eq!(domain.state(Slot::SUPERVISOR), ParticipantState::Released);
+    }
+
+    #[test]
+    fn the_generation_dir_goes_and_open_sessions_are_recorded_closed() {
+        let domain = Domain::new();
+        let generation_dir = domain.runtime().join("gen-2");
+        std::fs::create_dir_all(generation_dir.join("mnt")).unwrap();
+        let session = Session {
+            generation_id: GENERATION,
+            session_id: SessionId([5; 16]),
+            cli_id: CliId([5; 16]),
+            opened_at: UnixTimeNs::now(),
+            closed_at: None,
+        };
+        let terminal = SessionTerminal {
+            generation_id: GENERATION,
+            session_id: session.session_id,
+            state: SessionTerminalState::Running,
+            pty: None,
+            guest_process: None,
+        };
+        domain.store.put_session_state(&session, &terminal).unwrap();
+        domain.release().unwrap();
+        assert!(!generation_dir.exists());
+        let sessions = domain.store.sessions(GENERATION).unwrap();
+        assert_eq!(sessions.len(), 1);
+        let (session, terminal) = &sessions[0];
+        assert!(session.closed_at.is_some(), "no session looks alive");
+        assert_eq!(
+            terminal.as_ref().map(|t| t.state),
+            Some(SessionTerminalState::Closed)
+        );
+    }
+
+    /// Rewrites the stored record of `slot` with what `damage` makes of it,
+    /// with the store closed, as a crash or a bad disk would leave it.
+    fn damage_record(domain: Domain, slot: Slot, damage: impl Fn(&[u8]) -> Vec<u8>) -> Domain {
+        let Domain {
+            scratch,
+            resolved,
+            store,
+            catalog,
+        } = domain;
+        drop(store);
+        use redb::ReadableTable;
+        const PARTICIPANTS: redb::TableDefinition<(u64, u32), &[u8]> =
+            redb::TableDefinition::new("participants");
+        let path = resolved
+            .authorities()
+            .domain_storage
+            .label()
+            .join(STORE_FILE);
+        {
+            let db = redb::Database::open(&path).unwrap();
+            let txn = db.begin_write().unwrap();
+            {
+                let mut table = txn.open_table(PARTICIPANTS).unwrap();
+                let stored = table
+                    .get((GENERATION.0, slot.0))
+                    .unwrap()
+                    .expect("the record")
+                    .value()
+                    .to_vec();
+                table
+                    .insert((GENERATION.0, slot.0), damage(&stored).as_slice())
+                    .unwrap();
+            }
+            txn.commit().unwrap();
+        }
+        let store = store_of(&resolved);
+        Domain {
+            scratch,
+            resolved,
+            store,
+            catalog,
+        }
+    }
+
+    /// A damaged record stops the release before anything is released:
+    /// the generation stays open, for `lazaret state verify` to name and
+    /// the next try once it is repaired.
+    fn refused(damage: impl Fn(&[u8]) -> Vec<u8>) {
+        let domain = Domain::new();
+        let runtime = domain.runtime().to_path_buf();
+        let socket = runtime.join("control.sock");
+        std::fs::write(&socket, b"").unwrap();
+        domain.record(
+            Slot::PUBLICATION,
+            ParticipantState::Active,
+            publication(&socket, None),
+        );
+        let network = ParticipantOwnership::Network(Default::default());
+        domain.record(Slot::NETWORK, ParticipantState::Active, network);
+        let domain = damage_record(domain, Slot::NETWORK, damage);
+        let failed = domain.release().unwrap_err();
+        assert!(matches!(failed, RecoveryError::Store(_)), "{failed:?}");
+        assert!(socket.exists(), "nothing was released");
+        let open = domain.store.open_generation().unwrap().expect("still open");
+        assert_eq!(open.generation_id, GENERATION);
+    }
+
+    #[test]
+    fn a_garbled_record_stops_the_release_and_keeps_the_generation_open() {
+        refused(|stored| {
+            let mut garbled = stored.to_vec();
+            garbled[0] = 0xff;
+            garbled
+        });
+    }
+
+    #[test]
+    fn a_torn_record_stops_the_release_and_keeps_the_generation_open() {
+        refused(|stored| stored[..stored.len() / 2].to_vec());
     }
 }

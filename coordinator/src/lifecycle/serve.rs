@@ -20,10 +20,10 @@ use lazaret_proto::control::{ControlRequest, ControlResponse, NetworkRecheck, Ne
 use lazaret_proto::network::ConnectivityLink;
 use lazaret_proto::sidecar::ObserveParameters;
 use lazaret_proto::store::{Generation, GenerationState};
-use lazaret_proto::supervisor::{SupervisorReport, SupervisorRequest};
+use lazaret_proto::supervisor::{SupervisorError, SupervisorReport, SupervisorRequest};
 use tokio::sync::mpsc;
 
-use super::daemon::{Live, Owned};
+use super::live::{Live, Owned};
 use super::recovery::release_generation;
 use super::{CONTROL_SOCKET, chain};
 use crate::aio::{AsyncChannel, Exit, exited};
@@ -403,7 +403,7 @@ async fn sleep_until(due: Option<tokio::time::Instant>) {
 /// addresses it found admitted for names are kept for the status.
 fn recheck(
     network: &mut NetworkStatus,
-    observed: Result<Box<lazaret_proto::network::Observed>, String>,
+    observed: Result<Box<lazaret_proto::network::Observed>, SupervisorError>,
 ) -> NetworkRecheck {
     let at = lazaret_proto::common::UnixTimeNs::now();
     match observed {
@@ -433,7 +433,7 @@ fn recheck(
                 NetworkRecheck::Differs { at, drift }
             }
         }
-        Err(detail) => {
+        Err(SupervisorError { detail, .. }) => {
             if let Some(names) = network.names.as_mut() {
                 names.admitted.clear();
                 names.admitted_total = 0;
@@ -509,5 +509,176 @@ fn accept_control(
                 Err(_) => tracing::warn!("a control client sent no request within 5 s"),
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The control socket as the loop serves it, against scripted clients:
+    //! no root, no runsc.
+
+    use std::os::fd::{AsFd, OwnedFd};
+    use std::path::PathBuf;
+    use std::time::Duration;
+
+    use lazaret_proto::channel::{ChannelError, Endpoint};
+    use lazaret_proto::control::{ControlRequest, ControlResponse};
+    use tokio::sync::mpsc;
+
+    use super::{ControlPeer, REQUEST_TIMEOUT, accept_control, sleep_until};
+
+    type Client = Endpoint<ControlRequest, ControlResponse>;
+    type Requests = (
+        mpsc::Sender<(ControlRequest, ControlPeer)>,
+        mpsc::Receiver<(ControlRequest, ControlPeer)>,
+    );
+
+    /// A non-blocking control listener in a scratch directory.
+    fn listener() -> (tempfile::TempDir, OwnedFd, PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("control.sock");
+        let listener = lazaret_proto::channel::listen(&path).unwrap();
+        rustix::fs::fcntl_setfl(&listener, rustix::fs::OFlags::NONBLOCK).unwrap();
+        (dir, listener, path)
+    }
+
+    fn requests() -> Requests {
+        mpsc::channel(16)
+    }
+
+    fn me() -> rustix::process::Uid {
+        rustix::process::getuid()
+    }
+
+    /// Sends `bytes` as one packet, whatever they decode to.
+    fn send_raw(client: &Client, bytes: &[u8]) {
+        rustix::net::send(client.as_fd(), bytes, rustix::net::SendFlags::empty()).unwrap();
+    }
+
+    /// Whether the loop heard nothing more within a moment.
+    async fn nothing_more(asked: &mut mpsc::Receiver<(ControlRequest, ControlPeer)>) -> bool {
+        tokio::time::timeout(Duration::from_millis(300), asked.recv())
+            .await
+            .is_err()
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn status_and_down_reach_the_loop_with_peers_it_can_answer() {
+        let (_dir, listener, path) = listener();
+        let (requests, mut asked) = requests();
+        let status = Client::connect(&path).unwrap();
+        let down = Client::connect(&path).unwrap();
+        status.send(&ControlRequest::Status, &[]).unwrap();
+        down.send(&ControlRequest::Down, &[]).unwrap();
+        accept_control(listener.as_fd(), me(), &requests);
+        let mut heard = Vec::new();
+        for _ in 0..2 {
+            let (request, peer) = tokio::time::timeout(Duration::from_secs(10), asked.recv())
+                .await
+                .expect("a request within the bound")
+                .expect("the sender lives");
+            if request == ControlRequest::Status {
+                let answer = ControlResponse::Failed {
+                    message: "answered".into(),
+                };
+                peer.send(&answer, &[]).await.unwrap();
+            }
+            heard.push(request);
+        }
+        heard.sort_by_key(|r| format!("{r:?}"));
+        assert_eq!(heard, [ControlRequest::Down, ControlRequest::Status]);
+        assert_eq!(
+            status.recv().unwrap().message,
+            ControlResponse::Failed {
+                message: "answered".into()
+            }
+        );
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_peer_of_another_uid_is_refused_before_it_is_heard() {
+        let (_dir, listener, path) = listener();
+        let (requests, mut asked) = requests();
+        let client = Client::connect(&path).unwrap();
+        client.send(&ControlRequest::Down, &[]).unwrap();
+        let someone_else = rustix::process::Uid::from_raw(me().as_raw().wrapping_add(1));
+        accept_control(listener.as_fd(), someone_else, &requests);
+        assert!(nothing_more(&mut asked).await, "a refused peer was heard");
+        // Closed unread: the client hears the connection end (reset, as
+        // its request was never read).
+        assert!(client.recv().is_err());
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn malformed_and_unknown_requests_are_dropped_and_the_next_peer_is_served() {
+        let (_dir, listener, path) = listener();
+        let (requests, mut asked) = requests();
+        let garbled = Client::connect(&path).unwrap();
+        send_raw(&garbled, &[0xff, 0x01, 0x02]);
+        // The current envelope version, then a variant no request has.
+        let unknown = Client::connect(&path).unwrap();
+        send_raw(&unknown, &[1, 7]);
+        // A request with bytes after it.
+        let trailing = Client::connect(&path).unwrap();
+        send_raw(&trailing, &[1, 0, 0]);
+        let good = Client::connect(&path).unwrap();
+        good.send(&ControlRequest::Status, &[]).unwrap();
+        accept_control(listener.as_fd(), me(), &requests);
+        let (request, _peer) = tokio::time::timeout(Duration::from_secs(10), asked.recv())
+            .await
+            .expect("the good request within the bound")
+            .unwrap();
+        assert_eq!(request, ControlRequest::Status);
+        assert!(nothing_more(&mut asked).await, "a bad request was heard");
+        for bad in [&garbled, &unknown, &trailing] {
+            assert!(matches!(bad.recv(), Err(ChannelError::Disconnected)));
+        }
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_peer_that_vanishes_before_asking_is_forgotten() {
+        let (_dir, listener, path) = listener();
+        let (requests, mut asked) = requests();
+        // Nobody waits: the accept returns at once.
+        accept_control(listener.as_fd(), me(), &requests);
+        drop(Client::connect(&path).unwrap());
+        accept_control(listener.as_fd(), me(), &requests);
+        assert!(nothing_more(&mut asked).await);
+        // The socket still serves the next client.
+        let next = Client::connect(&path).unwrap();
+        next.send(&ControlRequest::Down, &[]).unwrap();
+        accept_control(listener.as_fd(), me(), &requests);
+        let (request, _peer) = tokio::time::timeout(Duration::from_secs(10), asked.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(request, ControlRequest::Down);
+    }
+
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn a_silent_peer_is_given_up_once_the_request_bound_passes() {
+        let (_dir, listener, path) = listener();
+        let (requests, mut asked) = requests();
+        let silent = Client::connect(&path).unwrap();
+        accept_control(listener.as_fd(), me(), &requests);
+        tokio::time::sleep(REQUEST_TIMEOUT - Duration::from_millis(100)).await;
+        assert!(asked.try_recv().is_err());
+        // Still held just before the bound.
+        assert!(matches!(silent.try_recv(), Ok(None)));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        tokio::task::yield_now().await;
+        assert!(matches!(silent.recv(), Err(ChannelError::Disconnected)));
+        assert!(asked.try_recv().is_err());
+    }
+
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn a_recheck_is_due_only_when_one_was_asked_for() {
+        let never = tokio::time::timeout(Duration::from_secs(3600), sleep_until(None)).await;
+        assert!(never.is_err());
+        let due = tokio::time::Instant::now() + Duration::from_secs(3);
+        tokio::time::timeout(Duration::from_secs(4), sleep_until(Some(due)))
+            .await
+            .expect("due within its time");
+        assert!(tokio::time::Instant::now() >= due);
     }
 }

@@ -25,11 +25,11 @@ use lazaret_proto::supervisor::{
     AnchorMount, FdIndex, FdList, PLAN_LIMITS, SandboxPlan, SupervisorReport, SupervisorRequest,
     VolumeMount,
 };
+use lazaret_storage::catalog::PreparedLower;
 
-use super::daemon::{Failure, at, failure};
+use super::failure::{Failure, at, failure};
 use crate::config::{ResolvedDomainConfiguration, RetainedDir};
 use crate::process::{HeldProcess, kill_and_wait, pidfd_of_child, readable, wait_exit};
-use lazaret_storage::catalog::PreparedLower;
 
 /// The coordinator's end of the supervisor's channel.
 pub(super) type SupervisorChannel = Endpoint<SupervisorRequest, SupervisorReport>;
@@ -587,7 +587,13 @@ mod tests {
     fn another_report_than_the_one_awaited_is_named() {
         let (ours, theirs) = pair();
         theirs
-            .send(&SupervisorReport::NetworkObserved(Err("x".into())), &[])
+            .send(
+                &SupervisorReport::NetworkObserved(Err(SupervisorError {
+                    step: SupervisorStep::Network,
+                    detail: "x".into(),
+                })),
+                &[],
+            )
             .unwrap();
         let failure = await_sandbox(&ours).unwrap_err();
         assert!(

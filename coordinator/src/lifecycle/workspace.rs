@@ -38,14 +38,16 @@ use lazaret_proto::supervisor::SupervisorReport;
 use lazaret_routing::gather::gather;
 use lazaret_routing::gitconfig::UserConfig;
 use lazaret_routing::watch::Watch;
+use lazaret_storage::store::{DomainStore, Slot};
 use sha2::{Digest, Sha256};
 
-use super::daemon::{Failure, IgnoreChangesMode, Reporter, at, failure};
+use super::context::IgnoreChangesMode;
+use super::failure::{Failure, at, failure};
 use super::record::{Became, Intent};
+use super::report::Reporter;
 use super::supervisor::unexpected;
 use crate::config::{HostEnvironment, ResolvedDomainConfiguration, RetainedDir};
 use crate::process::HeldProcess;
-use lazaret_storage::store::{DomainStore, Slot};
 
 const STEP: StartupStep = StartupStep::Workspace;
 

@@ -14,12 +14,11 @@
 //! carries must be the connection's own.
 
 use std::collections::HashMap;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use lazaret_proto::channel::Received;
-use lazaret_proto::codec::WireRecord;
 use lazaret_proto::common::UnixTimeNs;
 use lazaret_proto::control::SessionSummary;
 use lazaret_proto::ids::{CliId, ContainerId, GenerationId, RequestId, SessionId};
@@ -32,17 +31,19 @@ use lazaret_proto::terminal::{
     GuestProcessIdentity, MAX_TERMINAL_CHUNK, PtyIdentity, SessionExit, SessionExitOutcome,
     SessionTerminalEvent, SessionTerminalMessage, TerminalOutput,
 };
+use lazaret_storage::store::DomainStore;
 use rustix::process::{Signal, pidfd_send_signal};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{mpsc, watch};
 
+use super::conn::Link;
+pub use super::conn::SessionError;
+use super::stdio::{ProcessEnds, SessionIo, resize};
 use super::stream::FdStream;
-use super::tls::{FrameBuffer, FrameError, write_frame};
+use super::tls::FrameBuffer;
 use crate::aio::{AsyncChannel, Exit, Stream, exited};
 use crate::escalation::Escalation;
 use crate::escalation::mailbox::GuestClaim;
 use crate::escalation::session::{Event, SessionEscalation};
-use lazaret_storage::store::DomainStore;
 
 /// The supervisor link, shared by the sessions that send `Exec` on it.
 pub type SupervisorLink = AsyncChannel<SupervisorRequest, SupervisorReport>;
@@ -60,10 +61,6 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long the sandbox has to start a session's process.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// How long one write to a client may wait: a client that stops reading
-/// (a stopped CLI) ends its session instead of holding it.
-const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
-
 /// How long after a window's change its programs are told, so that a burst
 /// of changes (a window dragged to a new size) is told once. A resize to
 /// the size the window has already is a request to draw again: the runtime
@@ -80,9 +77,6 @@ const FAREWELL_TIMEOUT: Duration = Duration::from_millis(200);
 /// Input a session holds for a process that does not read it; past this it
 /// stops reading its connection.
 const INPUT_BOUND: usize = 256 * 1024;
-
-/// The output pipe's capacity for sessions without a terminal.
-const OUTPUT_PIPE_SIZE: usize = 1 << 20;
 
 /// How many output chunks one wakeup relays at most: enough to spare
 /// system calls, few enough that ten sessions relaying at once hold a
@@ -502,81 +496,17 @@ impl Running<'_> {
         mut io: SessionIo,
         escalation: &mut SessionEscalation,
     ) -> Result<(), SessionError> {
-        let args = open
-            .command
-            .clone()
-            .unwrap_or_else(|| vec!["/bin/sh".into(), "-l".into()]);
         let passed = io.take_process_ends();
-        {
-            let mut fds = FdList::new();
-            let environment = fds.push(self.hub.environment.as_fd());
-            let stdio = match &passed {
-                ProcessEnds::Terminal(slave) => ExecStdio::Terminal {
-                    slave: fds.push(slave.as_fd()),
-                    rows: open.rows,
-                    columns: open.columns,
-                },
-                ProcessEnds::Pipes { input, output } => ExecStdio::Pipes {
-                    input: fds.push(input.as_fd()),
-                    output: fds.push(output.as_fd()),
-                },
-                ProcessEnds::Passed => {
-                    return Err(SessionError::Peer(
-                        "the session's streams were already handed on".into(),
-                    ));
-                }
-            };
-            let request = SupervisorRequest::Exec(ExecRequest {
-                session_id: self.session_id,
-                args,
-                cwd: lazaret_proto::layout::WORKSPACE.into(),
-                term: open.term.clone(),
-                environment,
-                stdio,
-            });
-            self.hub
-                .supervisor
-                .send(&request, fds.as_slice())
-                .await
-                .map_err(|e| SessionError::Supervisor(crate::lifecycle::chain(&e)))?;
-        }
+        self.exec(open, &passed).await?;
         // The child's ends now live in the supervisor; only ours remain here.
         drop(passed);
-
-        // The client may go while its process starts: then nothing waits
-        // for the start, and the process is killed once it is reported
-        // (it has no route by then).
-        let (inbox, client) = (&mut self.inbox, self.client.as_ref());
-        let started = tokio::time::timeout(START_TIMEOUT, async {
-            loop {
-                tokio::select! {
-                    event = inbox.recv() => match event {
-                        Some(HubEvent::Started(pidfd)) => return Ok(Ok(pidfd)),
-                        Some(HubEvent::Failed(reason)) => return Ok(Err(reason)),
-                        Some(HubEvent::Exited { .. }) => {}
-                        None => return Ok(Err("the Domain is going down".to_owned())),
-                    },
-                    () = exited(client) => return Err(SessionError::Closed),
-                }
-            }
-        })
-        .await;
-        let process = match started {
-            Ok(Ok(Ok(pidfd))) => pidfd,
-            Ok(Ok(Err(reason))) => return self.refuse(link, reason).await,
-            Ok(Err(gone)) => {
+        let process = match self.await_start().await {
+            Ok(Start::Started(pidfd)) => pidfd,
+            Ok(Start::Refused(reason)) => return self.refuse(link, reason).await,
+            Err(gone) => {
                 tracing::info!("session ended before its process started: {gone}");
                 self.record(SessionTerminalState::Closed, true, None);
                 return Ok(());
-            }
-            Err(_) => {
-                let reason = format!(
-                    "the sandbox did not start the session's process within {} s: the sandbox \
-                     or the Workspace Router does not answer (`lazaret status` names a stopped \
-                     one)",
-                    START_TIMEOUT.as_secs()
-                );
-                return self.refuse(link, reason).await;
             }
         };
         let opened = link
@@ -597,6 +527,89 @@ impl Running<'_> {
             }
             Err(error) => Err(error),
         };
+        self.end(link, served, process).await
+    }
+
+    /// Asks the supervisor to run the session's command (a login shell by
+    /// default) in the sandbox, on the process's ends `passed`.
+    async fn exec(&self, open: &OpenSession, passed: &ProcessEnds) -> Result<(), SessionError> {
+        let args = open
+            .command
+            .clone()
+            .unwrap_or_else(|| vec!["/bin/sh".into(), "-l".into()]);
+        let mut fds = FdList::new();
+        let environment = fds.push(self.hub.environment.as_fd());
+        let stdio = match passed {
+            ProcessEnds::Terminal(slave) => ExecStdio::Terminal {
+                slave: fds.push(slave.as_fd()),
+                rows: open.rows,
+                columns: open.columns,
+            },
+            ProcessEnds::Pipes { input, output } => ExecStdio::Pipes {
+                input: fds.push(input.as_fd()),
+                output: fds.push(output.as_fd()),
+            },
+            ProcessEnds::Passed => {
+                return Err(SessionError::Peer(
+                    "the session's streams were already handed on".into(),
+                ));
+            }
+        };
+        let request = SupervisorRequest::Exec(ExecRequest {
+            session_id: self.session_id,
+            args,
+            cwd: lazaret_proto::layout::WORKSPACE.into(),
+            term: open.term.clone(),
+            environment,
+            stdio,
+        });
+        self.hub
+            .supervisor
+            .send(&request, fds.as_slice())
+            .await
+            .map_err(|e| SessionError::Supervisor(crate::lifecycle::chain(&e)))
+    }
+
+    /// Waits, within [`START_TIMEOUT`], for the hub to say the session's
+    /// process started (its `runsc exec` pidfd) or could not (why, to tell
+    /// the client). The client may go while its process starts: then
+    /// nothing waits for the start (`Err`), and the process is killed once
+    /// it is reported (it has no route by then).
+    async fn await_start(&mut self) -> Result<Start, SessionError> {
+        let (inbox, client) = (&mut self.inbox, self.client.as_ref());
+        let started = tokio::time::timeout(START_TIMEOUT, async {
+            loop {
+                tokio::select! {
+                    event = inbox.recv() => match event {
+                        Some(HubEvent::Started(pidfd)) => return Ok(Start::Started(pidfd)),
+                        Some(HubEvent::Failed(reason)) => return Ok(Start::Refused(reason)),
+                        Some(HubEvent::Exited { .. }) => {}
+                        None => return Ok(Start::Refused("the Domain is going down".to_owned())),
+                    },
+                    () = exited(client) => return Err(SessionError::Closed),
+                }
+            }
+        })
+        .await;
+        started.unwrap_or_else(|_| {
+            Ok(Start::Refused(format!(
+                "the sandbox did not start the session's process within {} s: the sandbox \
+                 or the Workspace Router does not answer (`lazaret status` names a stopped \
+                 one)",
+                START_TIMEOUT.as_secs()
+            )))
+        })
+    }
+
+    /// Ends a session whose process started (`process`, its `runsc exec`):
+    /// one served to its process's exit tells the client how it ended; one
+    /// whose client went or that broke has its process killed.
+    async fn end(
+        &mut self,
+        link: &mut Link,
+        served: Result<SessionExit, SessionError>,
+        process: OwnedFd,
+    ) -> Result<(), SessionError> {
         match served {
             Ok(exit) => {
                 tracing::info!(
@@ -646,107 +659,47 @@ impl Running<'_> {
         escalation: &mut SessionEscalation,
     ) -> Result<SessionExit, SessionError> {
         let session_id = self.session_id;
-        let mut input = Input::default();
-        let mut frames = FrameBuffer::<SessionTerminalEvent>::new();
+        let mut state = Pumping::default();
         let mut read_buf = vec![0u8; MAX_TERMINAL_CHUNK];
         let mut out_buf = vec![0u8; MAX_TERMINAL_CHUNK];
         let mut output_open = io.output.is_some();
-        // While the client shows an escalation prompt, the process's output
-        // stays unread (it waits in the terminal, then the process waits):
-        // nothing can land on the prompt, and the client, which reads on,
-        // is never taken for one that stopped reading.
-        let mut prompting: Option<RequestId> = None;
-        // When the sandbox's programs are told the window changed: a burst
-        // of resizes is told once.
-        let mut window_changed: Option<tokio::time::Instant> = None;
         let exit = loop {
             let output = io
                 .output
                 .as_deref()
-                .filter(|_| output_open && prompting.is_none());
-            let input_target = io.input.as_deref().filter(|_| !input.bytes.is_empty());
+                .filter(|_| output_open && state.prompting.is_none());
+            let input_target = io
+                .input
+                .as_deref()
+                .filter(|_| !state.input.bytes.is_empty());
             tokio::select! {
                 event = self.inbox.recv() => match event {
                     Some(HubEvent::Exited { code, signaled }) => {
-                        break SessionExit {
-                            session_id,
-                            outcome: if signaled {
-                                SessionExitOutcome::Terminated
-                            } else {
-                                SessionExitOutcome::Exited
-                            },
-                            exit_code: code,
-                        };
+                        break exit_of(session_id, code, signaled);
                     }
                     Some(_) => {}
                     None => return Err(SessionError::Closed),
                 },
                 () = exited(self.client.as_ref()) => return Err(SessionError::Closed),
-                () = sleep_until(window_changed), if window_changed.is_some() => {
-                    window_changed = None;
+                () = sleep_until(state.window_changed), if state.window_changed.is_some() => {
+                    state.window_changed = None;
                     self.signal(ExecSignal::WindowChanged).await;
                 }
                 event = escalation.next() => {
-                    let message = match event {
-                        Event::Prompt(prompt) => {
-                            prompting = Some(prompt.request_id);
-                            SessionTerminalMessage::EscalationPrompt(prompt)
-                        }
-                        Event::Settled(settled) => {
-                            if prompting == Some(settled.request_id) {
-                                prompting = None;
-                            }
-                            SessionTerminalMessage::EscalationSettled(settled)
-                        }
-                        Event::Guest(guest) => {
-                            self.record_guest(guest, io);
-                            continue;
-                        }
-                    };
-                    link.send(&message).await?;
+                    if let Some(message) = self.on_escalation(event, &mut state, io) {
+                        link.send(&message).await?;
+                    }
                 }
-                read = link.read(&mut read_buf), if input.bytes.len() < INPUT_BOUND => {
+                read = link.read(&mut read_buf), if state.input.bytes.len() < INPUT_BOUND => {
                     let n = read?;
                     if n == 0 {
                         return Err(SessionError::Closed);
                     }
-                    frames.push(&read_buf[..n]);
-                    while let Some(event) = frames.next_frame()? {
-                        if event.session_id() != session_id {
-                            return Err(SessionError::Peer(
-                                "an event named another session".into(),
-                            ));
-                        }
-                        match &event {
-                            SessionTerminalEvent::EscalationAnswer(answer)
-                                if prompting == Some(answer.request_id) =>
-                            {
-                                prompting = None;
-                            }
-                            SessionTerminalEvent::Resize(_) if window_changed.is_none() => {
-                                window_changed =
-                                    Some(tokio::time::Instant::now() + WINDOW_CHANGE_DELAY);
-                            }
-                            _ => {}
-                        }
-                        self.handle(event, io, &mut input, escalation).await;
-                    }
+                    self.on_client_bytes(&read_buf[..n], &mut state, io, escalation)
+                        .await?;
                 }
-                written = write_some(input_target, &input.bytes), if input_target.is_some() => {
-                    match written {
-                        Ok(n) => {
-                            input.bytes.drain(..n);
-                        }
-                        // The process closed its input: what it did not
-                        // read is dropped, as a pipe would.
-                        Err(_) => {
-                            input.bytes.clear();
-                            input.close = true;
-                        }
-                    }
-                    if input.bytes.is_empty() && input.close {
-                        io.close_input();
-                    }
+                written = write_some(input_target, &state.input.bytes), if input_target.is_some() => {
+                    state.input.written(written, io);
                 }
                 read = read_some(output, &mut out_buf), if output.is_some() => {
                     match read? {
@@ -774,6 +727,63 @@ impl Running<'_> {
             }
         }
         Ok(exit)
+    }
+
+    /// What the client is told of an escalation event: a prompt (its
+    /// output held back until the prompt is settled) or its settling. A
+    /// guest's claim is recorded, and the client told nothing.
+    fn on_escalation(
+        &mut self,
+        event: Event,
+        state: &mut Pumping,
+        io: &SessionIo,
+    ) -> Option<SessionTerminalMessage> {
+        match event {
+            Event::Prompt(prompt) => {
+                state.prompting = Some(prompt.request_id);
+                Some(SessionTerminalMessage::EscalationPrompt(prompt))
+            }
+            Event::Settled(settled) => {
+                if state.prompting == Some(settled.request_id) {
+                    state.prompting = None;
+                }
+                Some(SessionTerminalMessage::EscalationSettled(settled))
+            }
+            Event::Guest(guest) => {
+                self.record_guest(guest, io);
+                None
+            }
+        }
+    }
+
+    /// Takes the frames in `bytes` the client sent, each of which must
+    /// name this session, and acts on each.
+    async fn on_client_bytes(
+        &self,
+        bytes: &[u8],
+        state: &mut Pumping,
+        io: &mut SessionIo,
+        escalation: &mut SessionEscalation,
+    ) -> Result<(), SessionError> {
+        state.frames.push(bytes);
+        while let Some(event) = state.frames.next_frame()? {
+            if event.session_id() != self.session_id {
+                return Err(SessionError::Peer("an event named another session".into()));
+            }
+            match &event {
+                SessionTerminalEvent::EscalationAnswer(answer)
+                    if state.prompting == Some(answer.request_id) =>
+                {
+                    state.prompting = None;
+                }
+                SessionTerminalEvent::Resize(_) if state.window_changed.is_none() => {
+                    state.window_changed = Some(tokio::time::Instant::now() + WINDOW_CHANGE_DELAY);
+                }
+                _ => {}
+            }
+            self.handle(event, io, &mut state.input, escalation).await;
+        }
+        Ok(())
     }
 
     /// Acts on one event from the client.
@@ -809,6 +819,15 @@ impl Running<'_> {
     }
 }
 
+/// How waiting for a session's process to start ended.
+#[derive(Debug)]
+enum Start {
+    /// It started: its `runsc exec` pidfd.
+    Started(OwnedFd),
+    /// It could not start: why, to tell the client.
+    Refused(String),
+}
+
 /// Input held for the process.
 #[derive(Default)]
 struct Input {
@@ -816,6 +835,56 @@ struct Input {
     /// The client ended its input: close the process's once `bytes` is
     /// written.
     close: bool,
+}
+
+impl Input {
+    /// Drops what a write to the process took; a process that closed its
+    /// input drops what it did not read, as a pipe would. Closes the
+    /// process's input once all is written and the client ended it.
+    fn written(&mut self, written: std::io::Result<usize>, io: &mut SessionIo) {
+        match written {
+            Ok(n) => {
+                self.bytes.drain(..n);
+            }
+            Err(_) => {
+                self.bytes.clear();
+                self.close = true;
+            }
+        }
+        if self.bytes.is_empty() && self.close {
+            io.close_input();
+        }
+    }
+}
+
+/// What a session's pump keeps between wakeups.
+#[derive(Default)]
+struct Pumping {
+    /// Input held for the process.
+    input: Input,
+    /// The client's frames, as they come.
+    frames: FrameBuffer<SessionTerminalEvent>,
+    /// While the client shows an escalation prompt, the process's output
+    /// stays unread (it waits in the terminal, then the process waits):
+    /// nothing can land on the prompt, and the client, which reads on,
+    /// is never taken for one that stopped reading.
+    prompting: Option<RequestId>,
+    /// When the sandbox's programs are told the window changed: a burst
+    /// of resizes is told once.
+    window_changed: Option<tokio::time::Instant>,
+}
+
+/// How a session's process ended, as its client is told.
+fn exit_of(session_id: SessionId, code: u8, signaled: bool) -> SessionExit {
+    SessionExit {
+        session_id,
+        outcome: if signaled {
+            SessionExitOutcome::Terminated
+        } else {
+            SessionExitOutcome::Exited
+        },
+        exit_code: code,
+    }
 }
 
 /// Sleeps until `at`, or forever without one.
@@ -867,252 +936,278 @@ async fn relay(
     link.flush().await
 }
 
-/// The TLS connection of one session, with its frames.
-struct Link {
-    stream: tokio_rustls::server::TlsStream<FdStream>,
-    /// Frames queued and not yet written.
-    outgoing: Vec<u8>,
-}
+#[cfg(test)]
+mod tests {
+    //! The hub against a scripted supervisor on a socketpair, on a scratch
+    //! host: no root, no runsc, no sandbox.
 
-impl Link {
-    fn new(stream: tokio_rustls::server::TlsStream<FdStream>) -> Self {
-        Self {
-            stream,
-            outgoing: Vec::new(),
+    use std::os::fd::OwnedFd;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use lazaret_proto::channel::{Endpoint, Received};
+    use lazaret_proto::common::UnixTimeNs;
+    use lazaret_proto::control::SessionSummary;
+    use lazaret_proto::ids::{ContainerId, GenerationId, GenerationNonce, SessionId};
+    use lazaret_proto::store::SessionTerminalState;
+    use lazaret_proto::supervisor::{ExecSignal, FdIndex, SupervisorReport, SupervisorRequest};
+    use lazaret_proto::trust::GenerationIdentity;
+    use tokio::io::AsyncReadExt;
+    use tokio::sync::mpsc;
+
+    use super::{HANDSHAKE_TIMEOUT, Hub, HubEvent, MAX_HANDSHAKES, Route};
+    use crate::aio::AsyncChannel;
+    use crate::lifecycle::testing::{Scratch, store_of};
+    use crate::session::tls::GenerationCredentials;
+    use lazaret_storage::store::DomainStore;
+
+    const GENERATION: GenerationId = GenerationId(1);
+
+    /// A hub of generation 1 on a scratch host, and the scripted
+    /// supervisor's end of its link.
+    struct Fixture {
+        _scratch: Scratch,
+        _mailbox: tempfile::TempDir,
+        hub: Arc<Hub>,
+        supervisor: Endpoint<SupervisorReport, SupervisorRequest>,
+        store: Arc<DomainStore>,
+    }
+
+    fn fixture() -> Fixture {
+        let scratch = Scratch::new();
+        let resolved = scratch.load("");
+        let store = store_of(&resolved);
+        let identity = GenerationIdentity {
+            agent_profile: "p".into(),
+            domain_id: resolved.domain_id(),
+            generation_id: GENERATION,
+            configuration_fingerprint: resolved.fingerprint(),
+            generation_nonce: GenerationNonce(super::super::random_bytes()),
+            created_at: UnixTimeNs::now(),
+        };
+        let protocol = super::super::coordinator_protocol_credential(&identity);
+        let credentials = GenerationCredentials::create(identity, &protocol).unwrap();
+        let mailbox = tempfile::tempdir().unwrap();
+        let root = rustix::fs::open(
+            mailbox.path(),
+            rustix::fs::OFlags::DIRECTORY
+                | rustix::fs::OFlags::RDONLY
+                | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )
+        .unwrap();
+        let escalation = crate::escalation::Escalation::new(
+            &resolved,
+            protocol,
+            credentials.trust_manifest(),
+            root,
+        )
+        .unwrap();
+        let (ours, theirs) =
+            lazaret_proto::channel::pair::<SupervisorRequest, SupervisorReport>().unwrap();
+        let link = Arc::new(AsyncChannel::new(Arc::new(ours)).unwrap());
+        let environment = lazaret_proto::memfd::sealed_bytes("environment", b"").unwrap();
+        let hub = Hub::new(
+            link,
+            escalation,
+            ContainerId([3; 16]),
+            environment,
+            Arc::clone(&store),
+            GENERATION,
+            credentials.server_config(),
+        );
+        Fixture {
+            _scratch: scratch,
+            _mailbox: mailbox,
+            hub,
+            supervisor: theirs,
+            store,
         }
     }
 
-    /// The descriptors the client attached so far.
-    fn take_fds(&mut self) -> Vec<OwnedFd> {
-        self.stream.get_mut().0.take_fds()
+    /// Attaches session `id` to the hub, opened at `opened_at`; its inbox.
+    fn attach(hub: &Hub, id: u8, opened_at: u64) -> mpsc::UnboundedReceiver<HubEvent> {
+        let (events, inbox) = mpsc::unbounded_channel();
+        let summary = SessionSummary {
+            session_id: SessionId([id; 16]),
+            command: Vec::new(),
+            terminal: true,
+            opened_at: UnixTimeNs(opened_at),
+            guest: None,
+        };
+        hub.routes()
+            .insert(SessionId([id; 16]), Route { events, summary });
+        inbox
     }
 
-    /// Reads what the connection has. Cancel-safe.
-    async fn read(&mut self, buf: &mut [u8]) -> Result<usize, SessionError> {
-        read_into(&mut self.stream, buf).await
+    fn report(message: SupervisorReport, fds: Vec<OwnedFd>) -> Received<SupervisorReport> {
+        Received { message, fds }
     }
 
-    /// Reads one frame of `T` (used before the session runs, when nothing
-    /// else is read).
-    async fn recv<T: WireRecord>(&mut self) -> Result<T, SessionError> {
-        let mut frames = FrameBuffer::<T>::new();
-        let mut buf = vec![0u8; 4096];
-        loop {
-            if let Some(record) = frames.next_frame()? {
-                return Ok(record);
-            }
-            let n = self.read(&mut buf).await?;
-            if n == 0 {
-                return Err(SessionError::Closed);
-            }
-            frames.push(&buf[..n]);
-        }
+    /// A child of this test, and its pidfd.
+    fn sleeper() -> (std::process::Child, OwnedFd) {
+        let child = std::process::Command::new("sleep")
+            .arg("60")
+            .spawn()
+            .unwrap();
+        let pidfd = crate::process::pidfd_of_child(&child).unwrap();
+        (child, pidfd)
     }
 
-    /// Queues one frame.
-    fn queue<T: WireRecord>(&mut self, record: &T) -> Result<(), SessionError> {
-        write_frame(&mut self.outgoing, record).map_err(SessionError::Frame)
-    }
-
-    /// Writes what is queued, within [`WRITE_TIMEOUT`].
-    async fn flush(&mut self) -> Result<(), SessionError> {
-        let bytes = std::mem::take(&mut self.outgoing);
-        tokio::time::timeout(WRITE_TIMEOUT, async {
-            self.stream.write_all(&bytes).await?;
-            self.stream.flush().await
-        })
-        .await
-        .map_err(|_| SessionError::Stalled)?
-        .map_err(SessionError::Io)
-    }
-
-    /// Sends one frame.
-    async fn send<T: WireRecord>(&mut self, record: &T) -> Result<(), SessionError> {
-        self.queue(record)?;
-        self.flush().await
-    }
-
-    /// Says goodbye: a TLS close_notify.
-    async fn close(&mut self) {
-        let _ = self.stream.shutdown().await;
-    }
-}
-
-async fn read_into<S: AsyncRead + Unpin>(
-    stream: &mut S,
-    buf: &mut [u8],
-) -> Result<usize, SessionError> {
-    match stream.read(buf).await {
-        Ok(n) => Ok(n),
-        // A client that went away without a close_notify has still gone.
-        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Ok(0),
-        Err(e) => Err(SessionError::Io(e)),
-    }
-}
-
-/// The host side of a session's standard streams.
-#[derive(Debug)]
-struct SessionIo {
-    /// Where input goes: the PTY master, or our end of the input pipe.
-    input: Option<Arc<Stream>>,
-    /// Where output comes from: the PTY master, or our end of the output
-    /// pipe. `None` when the process writes to the CLI directly.
-    output: Option<Arc<Stream>>,
-    /// Whether the streams are a PTY.
-    terminal: bool,
-    /// The process's ends, until they are passed to the supervisor.
-    process_ends: ProcessEnds,
-}
-
-/// The process's ends of a session's streams.
-#[derive(Debug, Default)]
-enum ProcessEnds {
-    /// The PTY slave, its input and output.
-    Terminal(OwnedFd),
-    /// Its input and output pipes (or the CLI's own, for a direct session).
-    Pipes { input: OwnedFd, output: OwnedFd },
-    /// Handed to the supervisor.
-    #[default]
-    Passed,
-}
-
-impl SessionIo {
-    fn open(open: &OpenSession, passed: Vec<OwnedFd>) -> std::io::Result<Self> {
-        if open.direct_stdio {
-            // The CLI's own standard input and output go to the process; the
-            // coordinator keeps none of them.
-            let [input, output]: [OwnedFd; 2] = passed.try_into().map_err(|_| {
-                std::io::Error::other("a direct session must pass standard input and output")
-            })?;
-            if !super::donatable(input.as_fd()) || !super::donatable(output.as_fd()) {
-                return Err(std::io::Error::other(
-                    "a direct session may pass only pipes or /dev/null; \
-                     a terminal, socket or file must be relayed",
-                ));
-            }
-            return Ok(Self {
-                input: None,
-                output: None,
-                terminal: false,
-                process_ends: ProcessEnds::Pipes { input, output },
-            });
-        }
-        if !passed.is_empty() {
-            return Err(std::io::Error::other(
-                "descriptors were passed with a session that takes none",
-            ));
-        }
-        if open.terminal {
-            let master = rustix::pty::openpt(
-                rustix::pty::OpenptFlags::RDWR
-                    | rustix::pty::OpenptFlags::NOCTTY
-                    | rustix::pty::OpenptFlags::CLOEXEC,
-            )?;
-            rustix::pty::grantpt(&master)?;
-            rustix::pty::unlockpt(&master)?;
-            let name = rustix::pty::ptsname(&master, Vec::new())?;
-            let slave = rustix::fs::open(
-                name.as_c_str(),
-                rustix::fs::OFlags::RDWR | rustix::fs::OFlags::NOCTTY | rustix::fs::OFlags::CLOEXEC,
-                rustix::fs::Mode::empty(),
-            )?;
-            resize(master.as_fd(), open.rows, open.columns);
-            let master = Arc::new(Stream::new(master)?);
-            Ok(Self {
-                input: Some(Arc::clone(&master)),
-                output: Some(master),
-                terminal: true,
-                process_ends: ProcessEnds::Terminal(slave),
+    #[tokio::test(flavor = "current_thread")]
+    async fn reports_naming_a_session_reach_it_and_others_come_back() {
+        let f = fixture();
+        let mut inbox = attach(&f.hub, 1, 1);
+        let session_id = SessionId([1; 16]);
+        let failed = SupervisorReport::ExecFailed {
+            session_id,
+            detail: "no such command".into(),
+        };
+        assert!(f.hub.dispatch(report(failed, Vec::new())).is_none());
+        assert!(matches!(
+            inbox.try_recv(),
+            Ok(HubEvent::Failed(detail)) if detail == "no such command"
+        ));
+        let exited = SupervisorReport::ExecExited {
+            session_id,
+            exit_code: 3,
+            signaled: false,
+        };
+        assert!(f.hub.dispatch(report(exited, Vec::new())).is_none());
+        assert!(matches!(
+            inbox.try_recv(),
+            Ok(HubEvent::Exited {
+                code: 3,
+                signaled: false
             })
-        } else {
-            let flags = rustix::pipe::PipeFlags::CLOEXEC;
-            let (child_input, input) = rustix::pipe::pipe_with(flags)?;
-            let (output, child_output) = rustix::pipe::pipe_with(flags)?;
-            // A large output pipe lets the process write on while the
-            // coordinator relays.
-            let _ = rustix::pipe::fcntl_setpipe_size(&output, OUTPUT_PIPE_SIZE);
-            Ok(Self {
-                input: Some(Arc::new(Stream::new(input)?)),
-                output: Some(Arc::new(Stream::new(output)?)),
-                terminal: false,
-                process_ends: ProcessEnds::Pipes {
-                    input: child_input,
-                    output: child_output,
-                },
-            })
+        ));
+        // A start without its pidfd cannot be a start.
+        let started = SupervisorReport::ExecStarted {
+            session_id,
+            process: FdIndex(0),
+        };
+        assert!(f.hub.dispatch(report(started, Vec::new())).is_none());
+        assert!(matches!(inbox.try_recv(), Ok(HubEvent::Failed(_))));
+        let (mut child, pidfd) = sleeper();
+        let started = SupervisorReport::ExecStarted {
+            session_id,
+            process: FdIndex(0),
+        };
+        assert!(f.hub.dispatch(report(started, vec![pidfd])).is_none());
+        assert!(matches!(inbox.try_recv(), Ok(HubEvent::Started(_))));
+        // What names no session is the loop's.
+        let other = f
+            .hub
+            .dispatch(report(SupervisorReport::Stopped, Vec::new()));
+        assert!(matches!(other, Some(SupervisorReport::Stopped)));
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_process_started_for_a_session_nobody_waits_for_is_killed() {
+        let f = fixture();
+        let (mut child, pidfd) = sleeper();
+        let session_id = SessionId([9; 16]);
+        let started = SupervisorReport::ExecStarted {
+            session_id,
+            process: FdIndex(0),
+        };
+        assert!(f.hub.dispatch(report(started, vec![pidfd])).is_none());
+        let supervisor = f.supervisor;
+        let asked = tokio::task::spawn_blocking(move || supervisor.recv().map(|r| r.message));
+        let asked = tokio::time::timeout(Duration::from_secs(10), asked)
+            .await
+            .expect("the supervisor is asked within the bound")
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            asked,
+            SupervisorRequest::SignalExec {
+                session_id,
+                signal: ExecSignal::Kill,
+            }
+        );
+        // And its `runsc exec` (here, a child of the test) is killed.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "not killed");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        };
+        assert_eq!(
+            std::os::unix::process::ExitStatusExt::signal(&status),
+            Some(9)
+        );
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn attached_sessions_are_listed_in_the_order_they_opened() {
+        let f = fixture();
+        let _late = attach(&f.hub, 2, 20);
+        let _early = attach(&f.hub, 1, 10);
+        let _middle = attach(&f.hub, 3, 15);
+        let order: Vec<u8> = f.hub.sessions().iter().map(|s| s.session_id.0[0]).collect();
+        assert_eq!(order, [1, 3, 2]);
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn the_domain_going_down_records_every_session_left_closed() {
+        let f = fixture();
+        let _one = attach(&f.hub, 1, 10);
+        let _two = attach(&f.hub, 2, 11);
+        let started = tokio::time::Instant::now();
+        f.hub.domain_down(Duration::from_millis(200)).await;
+        assert!(started.elapsed() < Duration::from_secs(5));
+        assert!(f.hub.sessions().is_empty());
+        let recorded = f.store.sessions(GENERATION).unwrap();
+        assert_eq!(recorded.len(), 2);
+        for (session, terminal) in recorded {
+            assert!(session.closed_at.is_some());
+            assert_eq!(
+                terminal.map(|t| t.state),
+                Some(SessionTerminalState::Closed)
+            );
         }
     }
 
-    /// The process's ends of its streams (a PTY slave, or the input and
-    /// output pipes), taken out of `self` so that only the process holds
-    /// them.
-    fn take_process_ends(&mut self) -> ProcessEnds {
-        std::mem::take(&mut self.process_ends)
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn a_connection_that_never_proves_itself_gives_up_its_place_within_the_bound() {
+        let f = fixture();
+        let (server, mut client) = tokio::net::UnixStream::pair().unwrap();
+        f.hub.spawn_session(server);
+        tokio::task::yield_now().await;
+        assert_eq!(f.hub.handshakes.available_permits(), MAX_HANDSHAKES - 1);
+        tokio::time::sleep(HANDSHAKE_TIMEOUT + Duration::from_secs(1)).await;
+        assert_eq!(f.hub.handshakes.available_permits(), MAX_HANDSHAKES);
+        let mut buf = [0u8; 16];
+        let read = tokio::time::timeout(Duration::from_secs(1), client.read(&mut buf)).await;
+        assert!(matches!(read, Ok(Ok(0)) | Ok(Err(_))), "{read:?}");
+        assert!(f.hub.sessions().is_empty());
     }
 
-    /// Whether the output is a pipe, which may be read several times per
-    /// wakeup (a PTY master gives one chunk).
-    fn is_pipe(&self) -> bool {
-        !self.terminal
-    }
-
-    /// The PTY master, for resizing.
-    fn terminal(&self) -> Option<BorrowedFd<'_>> {
-        self.output
-            .as_ref()
-            .filter(|_| self.terminal)
-            .map(|master| master.fd())
-    }
-
-    /// Closes the process's input (a pipe: it reads end of file). A PTY
-    /// stays open: its end of input is a byte the client sends.
-    fn close_input(&mut self) {
-        if !self.terminal {
-            self.input = None;
+    #[tokio::test(flavor = "current_thread")]
+    async fn connections_past_the_handshake_bound_are_closed_at_once() {
+        let f = fixture();
+        let mut clients = Vec::new();
+        for _ in 0..MAX_HANDSHAKES {
+            let (server, client) = tokio::net::UnixStream::pair().unwrap();
+            f.hub.spawn_session(server);
+            clients.push(client);
         }
+        assert_eq!(f.hub.handshakes.available_permits(), 0);
+        let (server, mut extra) = tokio::net::UnixStream::pair().unwrap();
+        f.hub.spawn_session(server);
+        let mut buf = [0u8; 16];
+        let read = tokio::time::timeout(Duration::from_secs(5), extra.read(&mut buf))
+            .await
+            .expect("closed at once");
+        assert!(matches!(read, Ok(0)), "{read:?}");
+        // Those in progress are still waiting for their handshakes.
+        assert_eq!(f.hub.handshakes.available_permits(), 0);
+        drop(clients);
+        f.hub.domain_down(Duration::from_millis(100)).await;
     }
-
-    /// The identity of the PTY master, for the session's record.
-    fn pty_identity(&self) -> Option<PtyIdentity> {
-        let master = self.terminal()?;
-        let stat = rustix::fs::fstat(master).ok()?;
-        Some(PtyIdentity {
-            master_fd: u32::try_from(std::os::fd::AsRawFd::as_raw_fd(&master)).ok()?,
-            device: stat.st_rdev,
-            inode: stat.st_ino,
-        })
-    }
-}
-
-fn resize(master: BorrowedFd<'_>, rows: u16, columns: u16) {
-    let size = rustix::termios::Winsize {
-        ws_row: rows,
-        ws_col: columns,
-        ws_xpixel: 0,
-        ws_ypixel: 0,
-    };
-    let _ = rustix::termios::tcsetwinsize(master, size);
-}
-
-/// Why a session failed.
-#[derive(Debug, thiserror::Error)]
-pub enum SessionError {
-    /// The peer is not this Domain's owner, or broke the protocol.
-    #[error("refused a session connection: {0}")]
-    Peer(String),
-    /// The client closed the connection, or its process is gone.
-    #[error("the client went away")]
-    Closed,
-    /// The client stopped reading.
-    #[error("the client did not read its output for {} s", WRITE_TIMEOUT.as_secs())]
-    Stalled,
-    /// A frame was malformed.
-    #[error("a session frame was malformed")]
-    Frame(#[from] FrameError),
-    /// The supervisor could not be asked.
-    #[error("cannot ask the supervisor for the session process: {0}")]
-    Supervisor(String),
-    /// The connection or a host descriptor failed (TLS refusals included).
-    #[error("the session connection failed")]
-    Io(#[from] std::io::Error),
 }

@@ -6,8 +6,10 @@
 //! frames carried inside the connection. It trusts a peer only after the
 //! TLS handshake proved it holds a credential of the current generation.
 
+mod conn;
 pub mod hub;
 pub mod link;
+mod stdio;
 pub mod stream;
 pub mod tls;
 

@@ -569,41 +569,62 @@ impl Held {
         // directories, owned by the user, the anchors' own dirs 0700.
         let anchors = Anchors::read(&self.storage)?;
         if let Some(last) = generations.last() {
-            for (_, participant) in self.store.participants(last.generation_id)? {
-                let ParticipantOwnership::StateAnchor(anchor) = participant.ownership else {
-                    continue;
-                };
-                let Some(path) = anchor.sandbox_path else {
-                    continue;
-                };
-                let name = anchor_name(&path);
-                for (sub, kind) in [(UPPER_DIR, "missing-upper"), (WORK_DIR, "bad-work-dir")] {
-                    let there = anchors.dir.as_ref().and_then(|dir| {
-                        beneath::lstat_at(dir.as_fd(), Path::new(&name).join(sub).as_os_str())
-                            .ok()
-                            .flatten()
-                    });
-                    let is_dir = there
-                        .as_ref()
-                        .is_some_and(|s| beneath::file_type(s) == rustix::fs::FileType::Directory);
-                    if !is_dir {
-                        found.push(finding(
-                            kind,
-                            format!(
-                                "the State Anchor of {path} has no {sub} directory ({}); \
-                                 `lazaret state reset --dir {path}` starts it afresh",
-                                self.storage
-                                    .label()
-                                    .join(ANCHORS_DIR)
-                                    .join(&name)
-                                    .join(sub)
-                                    .display()
-                            ),
-                        ));
-                    }
+            found.extend(self.verify_recorded_anchors(last.generation_id, &anchors)?);
+        }
+        found.extend(self.verify_anchor_dirs(roots, &anchors));
+        found.extend(self.verify_catalog(roots, &generations)?);
+        Ok(found)
+    }
+
+    /// Each State Anchor generation `last` recorded has its upper and work
+    /// directories.
+    fn verify_recorded_anchors(
+        &self,
+        last: GenerationId,
+        anchors: &Anchors,
+    ) -> Result<Vec<Finding>, StateError> {
+        let mut found = Vec::new();
+        for (_, participant) in self.store.participants(last)? {
+            let ParticipantOwnership::StateAnchor(anchor) = participant.ownership else {
+                continue;
+            };
+            let Some(path) = anchor.sandbox_path else {
+                continue;
+            };
+            let name = anchor_name(&path);
+            for (sub, kind) in [(UPPER_DIR, "missing-upper"), (WORK_DIR, "bad-work-dir")] {
+                let there = anchors.dir.as_ref().and_then(|dir| {
+                    beneath::lstat_at(dir.as_fd(), Path::new(&name).join(sub).as_os_str())
+                        .ok()
+                        .flatten()
+                });
+                let is_dir = there
+                    .as_ref()
+                    .is_some_and(|s| beneath::file_type(s) == rustix::fs::FileType::Directory);
+                if !is_dir {
+                    found.push(finding(
+                        kind,
+                        format!(
+                            "the State Anchor of {path} has no {sub} directory ({}); \
+                             `lazaret state reset --dir {path}` starts it afresh",
+                            self.storage
+                                .label()
+                                .join(ANCHORS_DIR)
+                                .join(&name)
+                                .join(sub)
+                                .display()
+                        ),
+                    ));
                 }
             }
         }
+        Ok(found)
+    }
+
+    /// Each State Anchor directory is the user's, mode 0700, and holds
+    /// nothing of another owner.
+    fn verify_anchor_dirs(&self, roots: &Roots, anchors: &Anchors) -> Vec<Finding> {
+        let mut found = Vec::new();
         for anchor in &anchors.entries {
             let Some(dir) = anchors.dir.as_ref() else {
                 break;
@@ -643,7 +664,16 @@ impl Held {
                 }
             }
         }
-        // The catalog: this Domain's leases, and what no Domain explains.
+        found
+    }
+
+    /// The catalog: this Domain's leases, and what no Domain explains.
+    fn verify_catalog(
+        &self,
+        roots: &Roots,
+        generations: &[Generation],
+    ) -> Result<Vec<Finding>, StateError> {
+        let mut found = Vec::new();
         let catalog = roots.catalog_as_is()?;
         let artifacts: Vec<PreparedArtifactId> = catalog
             .artifacts()?
