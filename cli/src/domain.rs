@@ -476,7 +476,7 @@ pub fn status(
             }
         }
         None => {
-            let workspace = crate::config::confined::canonicalize(&globals.workspace_dir()?)
+            let workspace = lazaret_hostfs::plan::canonicalize(&globals.workspace_dir()?)
                 .map_err(|e| failure(format!("cannot resolve the workspace: {}", chain(&e))))?;
             let here = workspace.as_os_str().as_encoded_bytes().to_vec();
             let running = running_domains()?;

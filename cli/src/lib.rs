@@ -9,7 +9,9 @@
 // The Host Coordinator's library, by the names the CLI has always used
 // (its `state` records are `lazaret_coordinator::state`: `state` here is
 // the CLI's own commands).
-use lazaret_coordinator::{config, escalation, image, lifecycle, network, programs, session};
+use lazaret_coordinator::{config, escalation, lifecycle, network, session};
+use lazaret_hostfs::programs;
+use lazaret_storage::image;
 
 mod agents;
 mod args;

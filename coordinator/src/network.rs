@@ -382,7 +382,7 @@ impl ConnectivityHelper {
         log_dir: BorrowedFd<'_>,
         ready: OwnedFd,
     ) -> Result<Self, String> {
-        let binary = crate::programs::slirp4netns()?;
+        let binary = lazaret_hostfs::programs::slirp4netns()?;
         let log: OwnedFd = rustix::fs::openat(
             log_dir,
             ".",
@@ -393,7 +393,7 @@ impl ConnectivityHelper {
         let (exit_read, exit_write) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
             .map_err(|e| format!("cannot make a pipe: {e}"))?;
         // The child inherits these under the same numbers.
-        let path = crate::config::confined::proc_self_fd;
+        let path = lazaret_hostfs::beneath::proc_self_fd;
         let number = |fd: &OwnedFd| fd.as_raw_fd().to_string();
         let mut command = Command::new(&binary);
         command

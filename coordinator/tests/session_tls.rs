@@ -14,11 +14,11 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use lazaret_coordinator::config::RetainedDir;
-use lazaret_coordinator::config::confined::ensure_root;
 use lazaret_coordinator::session::tls::{
     self, CLIENT_CERTIFICATE_FILE, CLIENT_KEY_FILE, CLIENT_TRUST_FILE, ClientCredential,
     FrameError, GenerationCredentials, TlsError, read_frame, remove_client_credential, write_frame,
 };
+use lazaret_hostfs::plan::ensure_root;
 use lazaret_proto::codec::{self, WireRecord};
 use lazaret_proto::common::{ProtocolVersion, UnixTimeNs};
 use lazaret_proto::ids::{

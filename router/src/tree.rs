@@ -352,7 +352,7 @@ impl Tree {
 
     /// Opens the directory `path` of one side.
     fn open_dir(&self, route: Route, path: &[u8], flags: OFlags) -> Result<OwnedFd> {
-        lazaret_routing::fs::open_dir(self.side(route), path, flags)
+        lazaret_hostfs::beneath::open_dir(self.side(route), path, flags)
     }
 
     /// Opens the isolated side's directory `path`, if there is one.
@@ -377,7 +377,7 @@ impl Tree {
                 Ok(()) | Err(Errno::EXIST) => {}
                 Err(e) => return Err(e),
             }
-            dir = lazaret_routing::fs::open_dir(dir.as_fd(), component, OFlags::PATH)?;
+            dir = lazaret_hostfs::beneath::open_dir(dir.as_fd(), component, OFlags::PATH)?;
         }
         Ok(dir)
     }
@@ -1435,7 +1435,7 @@ impl<'a> HostListing<'a> {
 }
 
 fn list(dir: BorrowedFd<'_>) -> Result<Vec<Listed>> {
-    let listed = lazaret_routing::fs::list(dir).map_err(io_errno)?;
+    let listed = lazaret_hostfs::beneath::list(dir).map_err(io_errno)?;
     Ok(listed
         .into_iter()
         .map(|entry| {

@@ -32,12 +32,12 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Component, Path, PathBuf};
 
+use lazaret_hostfs::read::ReadError;
 use lazaret_proto::router::{IgnoreFile, IgnoreScope, NamePrefix, RelativePath, WorkspaceRules};
 use rustix::fs::{FileType, OFlags};
 
 use crate::classify::{Classifier, DirState, GIT_DIR_NAME, HEAD_NAME, HostFacts, Route, join};
 use crate::command::command_names;
-use crate::fs::ReadError;
 use crate::gitconfig::{ConfigError, Configuration, Runs, UserConfig, normalize};
 
 /// The largest ignore file read (git's own limit is higher; a larger one
@@ -236,16 +236,17 @@ pub fn gather(
 ) -> Result<Gathered, GatherError> {
     let repository = discover(workspace_path)?;
     refuse_git_metadata(workspace_path, repository.as_ref())?;
-    let root = crate::fs::open_dir(workspace, b"", OFlags::RDONLY).map_err(|e| {
+    let root = lazaret_hostfs::beneath::open_dir(workspace, b"", OFlags::RDONLY).map_err(|e| {
         GatherError::Unreadable {
             path: workspace_path.display().to_string(),
             error: e.into(),
         }
     })?;
-    let entries = crate::fs::list(root.as_fd()).map_err(|error| GatherError::Unreadable {
-        path: workspace_path.display().to_string(),
-        error,
-    })?;
+    let entries =
+        lazaret_hostfs::beneath::list(root.as_fd()).map_err(|error| GatherError::Unreadable {
+            path: workspace_path.display().to_string(),
+            error,
+        })?;
     refuse_case_insensitive(root.as_fd(), &entries, workspace_path)?;
     let mut rules = WorkspaceRules {
         isolate_ignored: isolate,
@@ -562,7 +563,8 @@ fn scan_scripts(hooks: Vec<PathBuf>, worktree: &Path, runs: &mut Runs) {
             continue;
         }
         // A script too large to scan is still read-only itself.
-        let Ok(Some(text)) = crate::fs::read_small(None, &script, true, MAX_HOOK_LEN) else {
+        let Ok(Some(text)) = lazaret_hostfs::read::read_small(None, &script, true, MAX_HOOK_LEN)
+        else {
             continue;
         };
         let text = String::from_utf8_lossy(&text);
@@ -684,10 +686,10 @@ fn track(classifier: &mut Classifier, scope: usize, paths: &[(Vec<u8>, bool)]) {
 /// Refuses a directory whose names may compare without case.
 fn refuse_case_insensitive(
     dir: BorrowedFd<'_>,
-    entries: &[crate::fs::Listed],
+    entries: &[lazaret_hostfs::beneath::Listed],
     label: &Path,
 ) -> Result<(), GatherError> {
-    match crate::fs::dir_case_insensitive(dir, entries) {
+    match lazaret_hostfs::case::dir_case_insensitive(dir, entries) {
         Ok(None) => Ok(()),
         Ok(Some(kind)) => Err(GatherError::CaseInsensitive {
             path: label.display().to_string(),
@@ -790,7 +792,7 @@ fn git_dir_of(dir: &Path) -> Result<Option<(PathBuf, PathBuf)>, GatherError> {
         let not_a_git_file = || GatherError::GitFile {
             path: dot_git.display().to_string(),
         };
-        let text = match crate::fs::read_small(None, &dot_git, true, MAX_GIT_FILE_LEN) {
+        let text = match lazaret_hostfs::read::read_small(None, &dot_git, true, MAX_GIT_FILE_LEN) {
             Ok(Some(text)) => text,
             Ok(None) | Err(ReadError::TooLarge { .. }) => return Err(not_a_git_file()),
             Err(ReadError::Io(e)) => return Err(read_error(dot_git.display())(e)),
@@ -907,7 +909,7 @@ fn walk(
     let mut pending = vec![(Vec::<u8>::new(), classifier.root(), earlier_root, 0usize)];
     while let Some((dir_path, state, earlier, depth)) = pending.pop() {
         let label = workspace_path.join(OsStr::from_bytes(&dir_path));
-        let fd = match crate::fs::open_dir(workspace, &dir_path, OFlags::RDONLY) {
+        let fd = match lazaret_hostfs::beneath::open_dir(workspace, &dir_path, OFlags::RDONLY) {
             Ok(fd) => fd,
             // Gone, or replaced by a link, since it was listed.
             Err(rustix::io::Errno::NOENT | rustix::io::Errno::LOOP | rustix::io::Errno::NOTDIR) => {
@@ -920,14 +922,17 @@ fn walk(
                 });
             }
         };
-        let entries = crate::fs::list(fd.as_fd()).map_err(|error| GatherError::Unreadable {
-            path: label.display().to_string(),
-            error,
-        })?;
+        let entries =
+            lazaret_hostfs::beneath::list(fd.as_fd()).map_err(|error| GatherError::Unreadable {
+                path: label.display().to_string(),
+                error,
+            })?;
         // The root's filesystem is checked whole; below it (on the same
         // filesystem: the walk crosses no mount) only a directory's own
         // flag can differ.
-        if let Some(kind) = crate::fs::dir_folds_case(fd.as_fd()).filter(|_| !dir_path.is_empty()) {
+        if let Some(kind) =
+            lazaret_hostfs::case::dir_folds_case(fd.as_fd()).filter(|_| !dir_path.is_empty())
+        {
             return Err(GatherError::CaseInsensitive {
                 path: label.display().to_string(),
                 kind,
@@ -1048,7 +1053,7 @@ fn walk(
 }
 
 /// The file at `path` (beneath `dir` when given), as
-/// [`read_small`](crate::fs::read_small) reads it, of at most
+/// [`read_small`](lazaret_hostfs::read::read_small) reads it, of at most
 /// [`MAX_IGNORE_FILE_LEN`] bytes: ignore files and git's small metadata.
 fn read_file(
     dir: Option<(BorrowedFd<'_>, &Path)>,
@@ -1059,15 +1064,14 @@ fn read_file(
         Some((_, dir)) => dir.join(path).display().to_string(),
         None => path.display().to_string(),
     };
-    crate::fs::read_small(dir.map(|(fd, _)| fd), path, follow, MAX_IGNORE_FILE_LEN).map_err(|e| {
-        match e {
+    lazaret_hostfs::read::read_small(dir.map(|(fd, _)| fd), path, follow, MAX_IGNORE_FILE_LEN)
+        .map_err(|e| match e {
             ReadError::TooLarge { max } => GatherError::TooLarge { path: label(), max },
             ReadError::Io(error) => GatherError::Read {
                 path: label(),
                 error,
             },
-        }
-    })
+        })
 }
 
 #[cfg(test)]

@@ -119,11 +119,11 @@ impl UserConfig {
         depth: usize,
         configuration: &mut Configuration,
     ) -> Result<(), ConfigError> {
-        let text = match crate::fs::read_small(None, file, true, MAX_CONFIG_LEN) {
+        let text = match lazaret_hostfs::read::read_small(None, file, true, MAX_CONFIG_LEN) {
             Ok(Some(bytes)) => String::from_utf8_lossy(&bytes).into_owned(),
             // git passes over a file it cannot open (with a warning), so
             // nothing in it is run: nothing to protect either.
-            Ok(None) | Err(crate::fs::ReadError::Io(_)) => return Ok(()),
+            Ok(None) | Err(lazaret_hostfs::read::ReadError::Io(_)) => return Ok(()),
             Err(error) => {
                 return Err(ConfigError {
                     path: file.to_path_buf(),
@@ -178,7 +178,7 @@ pub struct ConfigError {
     /// The file.
     pub path: PathBuf,
     /// Why.
-    pub error: crate::fs::ReadError,
+    pub error: lazaret_hostfs::read::ReadError,
 }
 
 /// The configuration git reads for one repository, read once: every entry

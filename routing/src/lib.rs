@@ -19,7 +19,6 @@
 
 pub mod classify;
 pub mod command;
-pub mod fs;
 pub mod gather;
 pub mod gitconfig;
 pub mod watch;

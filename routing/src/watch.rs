@@ -17,7 +17,7 @@
 //! holding more is reported as not checked rather than half compared.
 //!
 //! Reaches the host only through the workspace descriptor, beneath it,
-//! following no link ([`crate::fs`]); trusts the rules it is given.
+//! following no link ([`lazaret_hostfs::beneath`]); trusts the rules it is given.
 
 use std::collections::BTreeMap;
 use std::ffi::OsStr;
@@ -224,10 +224,10 @@ fn walk(
         let mut pending = vec![(dir.clone(), state)];
         let mut complete = true;
         'walk: while let Some((path, state)) = pending.pop() {
-            let Ok(fd) = crate::fs::open_dir(workspace, &path, OFlags::RDONLY) else {
+            let Ok(fd) = lazaret_hostfs::beneath::open_dir(workspace, &path, OFlags::RDONLY) else {
                 continue;
             };
-            let Ok(listed) = crate::fs::list(fd.as_fd()) else {
+            let Ok(listed) = lazaret_hostfs::beneath::list(fd.as_fd()) else {
                 continue;
             };
             let dir_holds_head = listed.iter().any(|e| e.name == HEAD_NAME);
@@ -281,7 +281,7 @@ fn state_of(workspace: BorrowedFd<'_>, classifier: &Classifier, dir: &[u8]) -> O
     let (route, state) = classifier.walk(dir, true, &exists);
     (route == Route::Host
         && !state.is_git_metadata()
-        && crate::fs::open_dir(workspace, dir, OFlags::PATH).is_ok())
+        && lazaret_hostfs::beneath::open_dir(workspace, dir, OFlags::PATH).is_ok())
     .then_some(state)
 }
 

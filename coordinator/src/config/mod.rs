@@ -13,7 +13,6 @@
 //! Its one output is a [`ResolvedDomainConfiguration`]: move-only, not
 //! serializable, with the retained descriptors every later consumer uses.
 
-pub mod confined;
 mod decode;
 pub mod hostenv;
 mod keypath;
@@ -37,8 +36,12 @@ use rustix::fd::OwnedFd;
 
 pub use lazaret_proto::config::ConfigSchema;
 
-pub use confined::{ConfinedError, ConfinedPathPlan, ObjectIdentity, Opened, RetainedDir};
+// The plans and directories the loader hands out are the host-filesystem
+// layer's own.
 pub use hostenv::HostEnvironment;
+pub use lazaret_hostfs::plan::{
+    ConfinedError, ConfinedPathPlan, ObjectIdentity, Opened, RetainedDir,
+};
 pub use resolve::check_executable;
 pub use source::{ConfigSource, read as read_source};
 
@@ -318,7 +321,7 @@ pub fn load_with(
     let source = source::read(&config_path, request.host.uid)?;
     let layout = SandboxLayoutV1::production();
     let config = decode::decode(
-        &confined::label(source.plan.canonical_label()),
+        &lazaret_hostfs::plan::label(source.plan.canonical_label()),
         &source.bytes,
         &layout,
     )?;
@@ -349,7 +352,7 @@ pub fn storage_root_of(
         return host.storage_root(None);
     }
     let source = source::read(&config_path, host.uid)?;
-    let label = confined::label(source.plan.canonical_label());
+    let label = lazaret_hostfs::plan::label(source.plan.canonical_label());
     let field = |rule: String| ConfigError::Field {
         field: "storage.data_root".into(),
         rule,

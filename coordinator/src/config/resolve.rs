@@ -23,16 +23,17 @@ use lazaret_proto::layout::SandboxLayoutV1;
 use rustix::fd::AsFd;
 use rustix::fs::{Access, AtFlags, FileType, Stat};
 
-use super::confined::{
-    ConfinedError, ConfinedPathPlan, ObjectIdentity, Opened, RetainedDir, canonicalize,
-    ensure_root, identity, label, overlaps, planned_canonical, proc_self_fd, stat,
-};
 use super::decode::{effective_prefixes, global_prefixes};
 use super::hostenv::HostEnvironment;
 use super::source::ConfigSource;
 use super::{
     ConfigError, ConfinedAuthorities, DecodedConfiguration, EffectiveNetworkPolicy,
     ResolvedDomainConfiguration, ResolvedExecutable, ResolvedVolumeSource, SecretValue, field,
+};
+use lazaret_hostfs::beneath::proc_self_fd;
+use lazaret_hostfs::plan::{
+    ConfinedError, ConfinedPathPlan, ObjectIdentity, Opened, RetainedDir, canonicalize,
+    ensure_root, identity, label, overlaps, planned_canonical, stat,
 };
 
 fn at(field_name: &str) -> impl Fn(ConfinedError) -> ConfigError + '_ {

@@ -14,10 +14,12 @@ use lazaret_proto::config::MAX_SOURCE_LEN;
 use rustix::fd::{AsFd, OwnedFd};
 use rustix::fs::{FileType, Mode, OFlags, Stat};
 
-use super::ConfigError;
-use super::confined::{
-    ConfinedError, ConfinedPathPlan, canonicalize, identity, label, proc_self_fd, stat, type_name,
+use lazaret_hostfs::beneath::proc_self_fd;
+use lazaret_hostfs::plan::{
+    ConfinedError, ConfinedPathPlan, canonicalize, identity, label, stat, type_name,
 };
+
+use super::ConfigError;
 
 /// The bytes of a configuration source and the plan that reached it.
 #[derive(Debug)]

@@ -29,17 +29,18 @@ use rustix::process::{Signal, WaitId, WaitIdOptions};
 use super::subreaper::{self, NotStarted};
 
 use crate::aio::{Exit, Stream};
-use crate::config::confined::{canonicalize, overlaps, proc_self_fd};
 use crate::config::{
     ConfinedPathPlan, ObjectIdentity, Opened, ResolvedDomainConfiguration, check_executable,
 };
+use lazaret_hostfs::beneath::proc_self_fd;
+use lazaret_hostfs::plan::{canonicalize, overlaps};
 
 /// The `PATH` of host commands.
 pub const HOST_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
 
 /// What a host command sees of the coordinator's environment, besides
 /// [`HOST_PATH`], `LANG=C.UTF-8` and the proxies
-/// ([`crate::programs::PROXY_ENVIRONMENT`]): where the user's files and
+/// ([`lazaret_hostfs::programs::PROXY_ENVIRONMENT`]): where the user's files and
 /// settings are, and temporary space. Never the sandbox's environment.
 pub const HOST_ENVIRONMENT: &[&str] = &[
     "HOME",
@@ -116,7 +117,7 @@ impl Launcher {
         }
         let environment = HOST_ENVIRONMENT
             .iter()
-            .chain(crate::programs::PROXY_ENVIRONMENT)
+            .chain(lazaret_hostfs::programs::PROXY_ENVIRONMENT)
             .filter_map(|name| Some(((*name).to_owned(), std::env::var(name).ok()?)))
             .collect();
         Ok(Self {

@@ -17,14 +17,14 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
+use lazaret_hostfs::beneath::{self, list};
+use lazaret_hostfs::read::read_small;
+use lazaret_hostfs::tree;
 use lazaret_proto::codec::WireRecord;
 use lazaret_proto::ids::SessionId;
 use lazaret_proto::mailbox::{
     CREDENTIAL_FILE, GUEST_FILE, REQUESTS_DIR, RESULTS_DIR, SignedProtocolRecord,
 };
-use lazaret_routing::fs::{list, read_small};
-
-use crate::image::fsops;
 use rustix::fs::{AtFlags, FileType, Mode, OFlags};
 
 /// The most bytes of a record file taken from the sandbox.
@@ -47,7 +47,7 @@ pub struct SessionMailbox {
 
 impl Drop for SessionMailbox {
     fn drop(&mut self) {
-        let _ = fsops::remove_at(self.root.as_fd(), std::ffi::OsStr::new(&self.name));
+        let _ = tree::remove_at(self.root.as_fd(), std::ffi::OsStr::new(&self.name));
     }
 }
 
@@ -116,12 +116,12 @@ impl SessionMailbox {
         let name = session_id.to_hex();
         rustix::fs::mkdirat(root, name.as_str(), Mode::from_raw_mode(0o700))?;
         let made = (|| {
-            let dir = fsops::open_dir_read(root, name.as_str())?;
+            let dir = beneath::open_dir_read(root, name.as_str())?;
             for sub in [REQUESTS_DIR, RESULTS_DIR] {
                 rustix::fs::mkdirat(&dir, sub, Mode::from_raw_mode(0o700))?;
             }
-            let requests = fsops::open_dir_read(dir.as_fd(), REQUESTS_DIR)?;
-            let results = fsops::open_dir_read(dir.as_fd(), RESULTS_DIR)?;
+            let requests = beneath::open_dir_read(dir.as_fd(), REQUESTS_DIR)?;
+            let results = beneath::open_dir_read(dir.as_fd(), RESULTS_DIR)?;
             put(dir.as_fd(), CREDENTIAL_FILE, credential, 0o400)?;
             Ok::<_, std::io::Error>((dir, requests, results))
         })();
@@ -135,7 +135,7 @@ impl SessionMailbox {
             }),
             Err(e) => {
                 // Half a mailbox is none.
-                let _ = fsops::remove_at(root, std::ffi::OsStr::new(&name));
+                let _ = tree::remove_at(root, std::ffi::OsStr::new(&name));
                 Err(e)
             }
         }
@@ -178,7 +178,7 @@ impl SessionMailbox {
                     })
                     .is_some_and(|age| age > PART_FILE_AGE);
                 if old {
-                    let _ = fsops::remove_at(dir, name);
+                    let _ = tree::remove_at(dir, name);
                 }
                 continue;
             }
@@ -210,7 +210,7 @@ impl SessionMailbox {
                     let _ = rustix::fs::unlinkat(dir, name, AtFlags::empty());
                     taken.push(refused(format!(
                         "it is a {}, not a regular file",
-                        crate::config::confined::type_name(other)
+                        lazaret_hostfs::plan::type_name(other)
                     )));
                 }
             }

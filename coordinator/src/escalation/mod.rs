@@ -210,7 +210,7 @@ impl Watcher {
             // Dropping `registered` on an error removes what was added.
             let wd = inotify::add_watch(
                 this.fd.get_ref(),
-                crate::config::confined::proc_self_fd(dir),
+                lazaret_hostfs::beneath::proc_self_fd(dir),
                 flags | WatchFlags::ONLYDIR,
             )?;
             registered.descriptors.push(wd);

@@ -490,7 +490,7 @@ fn follow(me: Pid, command: Pid, signals: &Signals) -> Ended {
 /// `kill 0` in it does not reach this process), killed if this process
 /// dies. The executable's descriptor is the only one it inherits.
 fn spawn(args: &Arguments, executable: &OwnedFd) -> std::io::Result<Pid> {
-    let path = crate::config::confined::proc_self_fd(executable.as_fd());
+    let path = lazaret_hostfs::beneath::proc_self_fd(executable.as_fd());
     let mut command = Command::new(&path);
     std::os::unix::process::CommandExt::arg0(&mut command, &args.argv[0]);
     command

@@ -12,13 +12,13 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use lazaret_hostfs::programs::role_binary;
 use lazaret_proto::channel::{ChannelError, Endpoint, Received};
 use lazaret_proto::control::{ControlRequest, ControlResponse, StartupEvent, StartupReply};
 use rustix::fs::{FlockOperation, Mode, OFlags};
 
 use super::DomainPaths;
 use super::context::IgnoreChangesMode;
-use crate::programs::role_binary;
 
 /// Why a lifecycle request failed.
 #[derive(Debug, thiserror::Error)]
@@ -166,7 +166,7 @@ pub struct Start<'a> {
 /// startup event to `on_event` until a final one (ready, already running,
 /// failed), which is returned; what `on_event` answers a question with is
 /// sent back. The coordinator sees only the environment
-/// [`crate::programs::coordinator_command`] allows, with the host
+/// [`lazaret_hostfs::programs::coordinator_command`] allows, with the host
 /// variables the profile's `env:` references name.
 pub fn run_coordinator(
     start: &Start<'_>,
@@ -182,7 +182,7 @@ pub fn run_coordinator(
     } = *start;
     let binary = role_binary("lazaret-coordinator").map_err(ClientError::Spawn)?;
     let (ours, theirs) = lazaret_proto::channel::pair::<StartupReply, StartupEvent>()?;
-    let mut command = crate::programs::coordinator_command(&binary, referenced);
+    let mut command = lazaret_hostfs::programs::coordinator_command(&binary, referenced);
     command
         .arg("start")
         .arg(profile)

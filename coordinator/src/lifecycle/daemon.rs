@@ -38,6 +38,9 @@ use lazaret_proto::control::{ControlRequest, ControlResponse, StartupEvent, Star
 use lazaret_proto::ids::{ContainerId, GenerationId};
 use lazaret_proto::ownership::{HelperOwnership, ParticipantOwnership, PreparedLowerOwnership};
 use lazaret_proto::store::{Domain, Generation, GenerationState};
+use lazaret_storage::catalog::StorageCatalog;
+use lazaret_storage::image::parse_reference;
+use lazaret_storage::store::{DomainStore, Slot};
 
 pub use super::context::IgnoreChangesMode;
 
@@ -52,13 +55,10 @@ use super::recovery::{finish_stale, release_generation};
 use super::report::Reporter;
 use super::supervisor::Supervisor;
 use super::{DomainPaths, chain};
-use crate::catalog::StorageCatalog;
 use crate::config::{self, HostEnvironment, LoadRequest, ResolvedDomainConfiguration, RetainedDir};
-use crate::image::parse_reference;
 use crate::network::{ConnectivityHelper, PlannedNetwork};
 use crate::process::HeldProcess;
 use crate::session;
-use crate::store::{DomainStore, Slot};
 
 /// How long a second `up` waits for a starting coordinator to publish.
 const PUBLISH_WAIT: Duration = Duration::from_secs(120);
@@ -448,14 +448,14 @@ fn programs_outside_the_sandbox(auth: &crate::config::ConfinedAuthorities) -> Re
     ];
     let mut programs = roles
         .iter()
-        .map(|name| crate::programs::role_binary(name))
+        .map(|name| lazaret_hostfs::programs::role_binary(name))
         .collect::<Result<Vec<_>, _>>()?;
-    programs.push(crate::programs::runsc()?);
-    programs.push(crate::programs::slirp4netns()?);
-    programs.extend(crate::programs::skopeo()?);
+    programs.push(lazaret_hostfs::programs::runsc()?);
+    programs.push(lazaret_hostfs::programs::slirp4netns()?);
+    programs.extend(lazaret_hostfs::programs::skopeo()?);
     programs
         .iter()
-        .try_for_each(|program| crate::programs::outside(program, &writable))
+        .try_for_each(|program| lazaret_hostfs::programs::outside(program, &writable))
 }
 
 /// Brings the generation up, in the order the module's doc gives: what
@@ -488,8 +488,8 @@ fn bring_up(
     reporter.progress(StartupStep::Sandbox, "starting the Runtime Supervisor");
     let sandbox_failure = |message: String| failure(StartupStep::Sandbox, message);
     let supervisor_path =
-        crate::programs::role_binary("lazaret-supervisor").map_err(sandbox_failure)?;
-    let runsc = crate::programs::runsc().map_err(sandbox_failure)?;
+        lazaret_hostfs::programs::role_binary("lazaret-supervisor").map_err(sandbox_failure)?;
+    let runsc = lazaret_hostfs::programs::runsc().map_err(sandbox_failure)?;
     let container_id = ContainerId(session::random_bytes());
     let begun = begin(&recorder, resolved, generation, &planned)?;
     // The generation's runtime directory.
@@ -543,7 +543,7 @@ fn bring_up(
 /// starts.
 fn preflight(
     resolved: &ResolvedDomainConfiguration,
-) -> Result<(PlannedNetwork, crate::image::ImageSource), Failure> {
+) -> Result<(PlannedNetwork, lazaret_storage::image::ImageSource), Failure> {
     let auth = resolved.authorities();
     let host = crate::network::HostNetwork::read()
         .map_err(|e| failure(StartupStep::Network, chain(&e)))?;
@@ -628,7 +628,7 @@ fn begin(
 /// network, the image, runsc and the container's ID.
 struct Sources<'a> {
     planned: PlannedNetwork,
-    image: &'a crate::image::ImageSource,
+    image: &'a lazaret_storage::image::ImageSource,
     runsc: &'a Path,
     container_id: ContainerId,
 }
@@ -876,7 +876,7 @@ mod tests {
         use crate::lifecycle::record::Recorder;
         use crate::lifecycle::testing::{Scratch, generation};
         use crate::network::{HostNetwork, PlannedNetwork};
-        use crate::store::Slot;
+        use lazaret_storage::store::Slot;
 
         #[test]
         fn a_profile_name_that_does_not_parse_is_an_invalid_configuration() {

@@ -14,14 +14,14 @@ use lazaret_proto::control::{DomainStatus, NetworkStatus, WorkspaceStatus};
 use lazaret_proto::ids::{ContainerId, GenerationId};
 use lazaret_proto::store::Generation;
 use lazaret_proto::trust::{ProtocolCredential, TrustManifest};
+use lazaret_storage::catalog::{PreparedLower, StorageCatalog};
+use lazaret_storage::store::DomainStore;
 
 use super::supervisor::Supervisor;
-use crate::catalog::{PreparedLower, StorageCatalog};
 use crate::config::ResolvedDomainConfiguration;
 use crate::network::ConnectivityHelper;
 use crate::process::HeldProcess;
 use crate::session::hub::Hub;
-use crate::store::DomainStore;
 
 /// The stores of a Domain whose ownership this process holds.
 pub(super) struct Owned {

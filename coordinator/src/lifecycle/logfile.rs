@@ -21,7 +21,7 @@ use std::sync::{Mutex, OnceLock};
 use lazaret_proto::logging::{MAX_LINE, bounded_line};
 use rustix::fs::{Mode, OFlags};
 
-use crate::image::fsops::open_beneath;
+use lazaret_hostfs::beneath::open_beneath;
 
 /// The Domain log file's name in the runtime directory.
 pub const LOG_FILE: &str = super::LOG_FILE;

@@ -82,12 +82,11 @@ impl DomainPaths {
             field: "PROFILE".into(),
             rule: e.to_string(),
         })?;
-        let canonical = crate::config::confined::canonicalize(workspace).map_err(|source| {
-            ConfigError::Path {
+        let canonical =
+            lazaret_hostfs::plan::canonicalize(workspace).map_err(|source| ConfigError::Path {
                 field: "workspace".into(),
                 source,
-            }
-        })?;
+            })?;
         let id = domain_id(&profile, canonical.as_os_str().as_encoded_bytes()).map_err(|e| {
             ConfigError::Field {
                 field: "workspace".into(),
@@ -138,7 +137,7 @@ pub fn try_lock(
     runtime: &crate::config::RetainedDir,
 ) -> std::io::Result<Option<std::os::fd::OwnedFd>> {
     use rustix::fs::{FlockOperation, Mode, OFlags};
-    let fd = crate::image::fsops::open_beneath(
+    let fd = lazaret_hostfs::beneath::open_beneath(
         runtime.fd(),
         LOCK_FILE,
         OFlags::RDWR | OFlags::CREATE,

@@ -17,6 +17,7 @@ use std::os::fd::AsFd;
 use lazaret_proto::control::{NamesStatus, NetworkRecheck, NetworkStatus, StartupStep};
 use lazaret_proto::names::DnsMode;
 use lazaret_proto::resolver::ResolverReadiness;
+use lazaret_storage::store::Slot;
 
 use crate::network::PlannedNetwork;
 use lazaret_proto::ids::NetworkSidecarId;
@@ -39,7 +40,6 @@ use super::supervisor::{Attested, Namespaces, Supervisor};
 use crate::network::{ConnectivityHelper, policy_memfd};
 use crate::process::HeldProcess;
 use crate::session;
-use crate::store::Slot;
 
 const STEP: StartupStep = StartupStep::Network;
 

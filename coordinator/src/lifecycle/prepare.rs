@@ -17,6 +17,8 @@ use lazaret_proto::ownership::{
     ParticipantOwnership, PreparedLowerOwnership, SandboxOwnership, StateAnchorOwnership,
 };
 use lazaret_proto::store::ParticipantState;
+use lazaret_storage::catalog::PreparedLower;
+use lazaret_storage::store::Slot;
 
 use super::beside::beside;
 use super::context::Context;
@@ -24,10 +26,8 @@ use super::failure::{Failure, at, failure};
 use super::live::Owned;
 use super::record::{Became, Intent};
 use super::supervisor::{PlanInputs, Supervisor};
-use crate::catalog::PreparedLower;
 use crate::config::{ResolvedDomainConfiguration, RetainedDir};
 use crate::state::{UPPER_DIR, WORK_DIR, anchor_dir};
-use crate::store::Slot;
 
 /// What the sandbox is made of on the host: the leased image, the State
 /// Anchor directories and the workspace's routing.
@@ -52,7 +52,7 @@ struct Anchors {
 pub(super) fn prepare_storage(
     cx: Context<'_>,
     owned: &Owned,
-    source: &crate::image::ImageSource,
+    source: &lazaret_storage::image::ImageSource,
     lower: Intent,
     anchors: Vec<Intent>,
 ) -> Result<(Storage, Vec<Became>), Failure> {
@@ -123,7 +123,7 @@ fn anchor_record(
 fn lease_and_anchor(
     cx: Context<'_>,
     owned: &Owned,
-    source: &crate::image::ImageSource,
+    source: &lazaret_storage::image::ImageSource,
     lower: Intent,
     anchors: Vec<Intent>,
 ) -> Result<(PreparedLower, Anchors, Vec<Became>), Failure> {
@@ -141,12 +141,21 @@ fn lease_and_anchor(
         StartupStep::Image,
         format!("resolving {}", resolved.record().image),
     );
+    // This process prepares: recorded with the prepare operation.
+    let preparer = crate::process::own_identity()
+        .map_err(|source| lazaret_storage::catalog::CatalogError::Io {
+            operation: "read the identity of this process from",
+            path: "/proc/self".to_owned(),
+            source,
+        })
+        .map_err(|e| at(StartupStep::Image)(&e))?;
     let prepared = owned
         .catalog
         .prepare_and_lease(
             source,
             resolved.domain_id(),
             generation.generation_id,
+            preparer,
             &mut |p| {
                 reporter.send(StartupEvent::Progress {
                     step: StartupStep::Image,
@@ -307,7 +316,7 @@ mod tests {
     use super::{anchor_intents, environment_memfd};
     use crate::lifecycle::testing::Scratch;
     use crate::state::{UPPER_DIR, WORK_DIR, anchor_dir};
-    use crate::store::Slot;
+    use lazaret_storage::store::Slot;
 
     #[test]
     fn each_persistent_dir_has_its_state_anchor_intent_in_order() {

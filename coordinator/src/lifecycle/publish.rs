@@ -16,6 +16,7 @@ use lazaret_proto::ids::GenerationNonce;
 use lazaret_proto::ownership::{ParticipantOwnership, PublicationOwnership};
 use lazaret_proto::store::Generation;
 use lazaret_proto::trust::{GenerationIdentity, ProtocolCredential, TrustManifest};
+use lazaret_storage::store::Slot;
 
 use super::failure::{Failure, at, failure};
 use super::record::Intent;
@@ -23,7 +24,6 @@ use super::{CONTROL_SOCKET, chain};
 use crate::config::ResolvedDomainConfiguration;
 use crate::session;
 use crate::session::tls::{GenerationCredentials, remove_client_credential};
-use crate::store::Slot;
 
 /// What [`publish`] made: the control socket, and the Session
 /// Coordinator's socket, server configuration and credentials, with their
@@ -137,7 +137,7 @@ mod tests {
     use crate::lifecycle::record::Recorder;
     use crate::lifecycle::testing::{Scratch, generation, store_of};
     use crate::session::{CREDENTIAL_DIR, SESSION_SOCKET};
-    use crate::store::Slot;
+    use lazaret_storage::store::Slot;
 
     fn is_socket(path: &std::path::Path) -> bool {
         std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_socket())

@@ -15,9 +15,9 @@ use lazaret_proto::control::StartupStep;
 use lazaret_proto::ids::GenerationId;
 use lazaret_proto::ownership::ParticipantOwnership;
 use lazaret_proto::store::{Generation, Participant, ParticipantState};
+use lazaret_storage::store::{DomainStore, Slot};
 
 use super::failure::{Failure, at};
-use crate::store::{DomainStore, Slot};
 
 /// Records the participants of one generation.
 #[derive(Debug, Clone)]
@@ -127,10 +127,10 @@ impl Recorder {
             )
             .map_err(|e| at(step)(&e))?;
         for became in &done {
-            crate::fault::point("active", &became.0.slot.name());
+            lazaret_storage::fault::point("active", &became.0.slot.name());
         }
         for intent in &intents {
-            crate::fault::point("intent", &intent.slot.name());
+            lazaret_storage::fault::point("intent", &intent.slot.name());
         }
         Ok(intents)
     }
@@ -194,8 +194,20 @@ mod tests {
     use lazaret_proto::process::PersistedHostProcessOwnership;
     use lazaret_proto::store::GenerationState;
 
+    /// The Domain Store of a made-up Domain in a scratch directory.
     fn store() -> (tempfile::TempDir, Arc<DomainStore>) {
-        let (dir, store) = crate::store::scratch();
+        let dir = tempfile::tempdir().unwrap();
+        let retained = lazaret_hostfs::plan::ensure_root(
+            &dir.path().join("domain"),
+            rustix::process::getuid().as_raw(),
+        )
+        .unwrap();
+        let domain = lazaret_proto::store::Domain {
+            domain_id: DomainId([7; 32]),
+            profile_name: "p".into(),
+            canonical_workspace: HostPath::from(std::path::Path::new("/w")),
+        };
+        let store = DomainStore::open(&retained, &domain).unwrap();
         (dir, Arc::new(store))
     }
 

@@ -20,11 +20,11 @@ use lazaret_proto::store::{
     Generation, GenerationState, Participant, ParticipantState, SessionTerminal,
     SessionTerminalState,
 };
+use lazaret_storage::catalog::StorageCatalog;
+use lazaret_storage::store::{DomainStore, Slot, StoreError};
 
-use crate::catalog::StorageCatalog;
 use crate::config::RetainedDir;
 use crate::process::{Proof, kill_and_wait, prove};
-use crate::store::{DomainStore, Slot, StoreError};
 
 use super::DomainPaths;
 
@@ -54,7 +54,7 @@ pub enum RecoveryError {
         generation: u64,
         /// What the catalog said.
         #[source]
-        source: crate::catalog::CatalogError,
+        source: lazaret_storage::catalog::CatalogError,
     },
 }
 
@@ -152,7 +152,7 @@ pub fn release_generation(
                     ..participant.clone()
                 },
             )?;
-            crate::fault::point("release", &slot.name());
+            lazaret_storage::fault::point("release", &slot.name());
         }
         let mut next = Participant {
             state: ParticipantState::Released,
@@ -215,7 +215,7 @@ pub fn release_generation(
         store.put_participant(slot, &next)?;
     }
     let generation_dir = DomainPaths::generation_dir_name(generation.generation_id);
-    let _ = crate::image::fsops::remove_at(runtime_dir.fd(), OsStr::new(&generation_dir));
+    let _ = lazaret_hostfs::tree::remove_at(runtime_dir.fd(), OsStr::new(&generation_dir));
     close_sessions(store, generation.generation_id)?;
     generation.state = GenerationState::Closed;
     generation.closed_at = Some(UnixTimeNs::now());
@@ -238,7 +238,7 @@ fn remove_in(runtime_dir: &RetainedDir, path: &HostPath) {
             return;
         }
     };
-    let _ = crate::image::fsops::remove_at(runtime_dir.fd(), name);
+    let _ = lazaret_hostfs::tree::remove_at(runtime_dir.fd(), name);
 }
 
 /// Records every session of a released generation closed: its sandbox is
@@ -307,11 +307,11 @@ mod tests {
     };
 
     use super::{RecoveryError, release_generation};
-    use crate::catalog::StorageCatalog;
     use crate::config::ResolvedDomainConfiguration;
     use crate::lifecycle::testing::{Scratch, generation, store_of};
     use crate::process::HeldProcess;
-    use crate::store::{DomainStore, STORE_FILE, Slot};
+    use lazaret_storage::catalog::StorageCatalog;
+    use lazaret_storage::store::{DomainStore, STORE_FILE, Slot};
 
     /// A scratch Domain with its store, catalog and generation 2 running.
     struct Domain {

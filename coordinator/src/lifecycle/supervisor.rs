@@ -25,9 +25,9 @@ use lazaret_proto::supervisor::{
     AnchorMount, FdIndex, FdList, PLAN_LIMITS, SandboxPlan, SupervisorReport, SupervisorRequest,
     VolumeMount,
 };
+use lazaret_storage::catalog::PreparedLower;
 
 use super::failure::{Failure, at, failure};
-use crate::catalog::PreparedLower;
 use crate::config::{ResolvedDomainConfiguration, RetainedDir};
 use crate::process::{HeldProcess, kill_and_wait, pidfd_of_child, readable, wait_exit};
 

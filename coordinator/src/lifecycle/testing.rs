@@ -14,9 +14,9 @@ use lazaret_proto::common::{HostPath, UnixTimeNs};
 use lazaret_proto::ids::GenerationId;
 use lazaret_proto::process::PersistedHostProcessOwnership;
 use lazaret_proto::store::{Domain, Generation, GenerationState};
+use lazaret_storage::store::DomainStore;
 
 use crate::config::{self, HostEnvironment, LoadRequest, ResolvedDomainConfiguration};
-use crate::store::DomainStore;
 
 /// A temporary host layout for one test.
 pub(crate) struct Scratch {

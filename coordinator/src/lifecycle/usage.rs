@@ -93,10 +93,10 @@ impl Uppers {
             .iter()
             .filter_map(|(path, anchor)| {
                 let upper =
-                    crate::image::fsops::open_dir_read(anchor.as_fd(), crate::state::UPPER_DIR)
+                    lazaret_hostfs::beneath::open_dir_read(anchor.as_fd(), crate::state::UPPER_DIR)
                         .ok()?;
                 let (bytes, complete) =
-                    crate::image::fsops::disk_usage_until(upper.as_fd(), Some(deadline)).ok()?;
+                    lazaret_hostfs::tree::disk_usage_until(upper.as_fd(), Some(deadline)).ok()?;
                 Some(PersistentUsage {
                     sandbox_path: path.clone(),
                     bytes,

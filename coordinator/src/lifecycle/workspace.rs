@@ -38,6 +38,7 @@ use lazaret_proto::supervisor::SupervisorReport;
 use lazaret_routing::gather::gather;
 use lazaret_routing::gitconfig::UserConfig;
 use lazaret_routing::watch::Watch;
+use lazaret_storage::store::{DomainStore, Slot};
 use sha2::{Digest, Sha256};
 
 use super::context::IgnoreChangesMode;
@@ -47,7 +48,6 @@ use super::report::Reporter;
 use super::supervisor::unexpected;
 use crate::config::{HostEnvironment, ResolvedDomainConfiguration, RetainedDir};
 use crate::process::HeldProcess;
-use crate::store::{DomainStore, Slot};
 
 const STEP: StartupStep = StartupStep::Workspace;
 

@@ -31,6 +31,7 @@ use lazaret_proto::terminal::{
     GuestProcessIdentity, MAX_TERMINAL_CHUNK, PtyIdentity, SessionExit, SessionExitOutcome,
     SessionTerminalEvent, SessionTerminalMessage, TerminalOutput,
 };
+use lazaret_storage::store::DomainStore;
 use rustix::process::{Signal, pidfd_send_signal};
 use tokio::sync::{mpsc, watch};
 
@@ -43,7 +44,6 @@ use crate::aio::{AsyncChannel, Exit, Stream, exited};
 use crate::escalation::Escalation;
 use crate::escalation::mailbox::GuestClaim;
 use crate::escalation::session::{Event, SessionEscalation};
-use crate::store::DomainStore;
 
 /// The supervisor link, shared by the sessions that send `Exec` on it.
 pub type SupervisorLink = AsyncChannel<SupervisorRequest, SupervisorReport>;
@@ -953,7 +953,7 @@ mod tests {
     use crate::aio::AsyncChannel;
     use crate::lifecycle::testing::{Scratch, store_of};
     use crate::session::tls::GenerationCredentials;
-    use crate::store::DomainStore;
+    use lazaret_storage::store::DomainStore;
 
     const GENERATION: GenerationId = GenerationId(1);
 

@@ -28,6 +28,7 @@ use std::marker::PhantomData;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use lazaret_hostfs::beneath::open_beneath;
 use lazaret_proto::codec::{self, DecodeError, EncodeError, MAX_RECORD_LEN, WireRecord};
 use lazaret_proto::common::{HostPath, ProtocolVersion};
 use lazaret_proto::ids::Sha256Digest;
@@ -48,7 +49,6 @@ use rustls::{ClientConfig, RootCertStore, ServerConfig};
 use sha2::{Digest, Sha256};
 
 use crate::config::RetainedDir;
-use crate::image::fsops::open_beneath;
 
 /// The DNS name in the server certificate, and the name a client asks for.
 /// It is under `.invalid`, so it can never name a real host.
@@ -674,7 +674,7 @@ fn read_private_file(dir: &RetainedDir, name: &str) -> Result<Vec<u8>, TlsError>
     if found != FileType::RegularFile {
         return Err(TlsError::NotRegular {
             path,
-            found: crate::config::confined::type_name(found),
+            found: lazaret_hostfs::plan::type_name(found),
         });
     }
     let uid = rustix::process::getuid().as_raw();

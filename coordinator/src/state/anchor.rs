@@ -67,7 +67,7 @@ pub struct Walked {
 }
 
 fn open_dir(at: BorrowedFd<'_>, name: &OsStr) -> rustix::io::Result<OwnedFd> {
-    crate::image::fsops::open_dir_read(at, name)
+    lazaret_hostfs::beneath::open_dir_read(at, name)
 }
 
 /// Whether the directory `dir` is marked opaque by overlayfs (in a user
@@ -112,7 +112,7 @@ impl Walk {
         path: &[u8],
         depth: usize,
     ) {
-        let Ok(entries) = lazaret_routing::fs::list(upper) else {
+        let Ok(entries) = lazaret_hostfs::beneath::list(upper) else {
             self.out.complete = false;
             return;
         };
@@ -198,9 +198,18 @@ pub fn walk(upper: BorrowedFd<'_>, lower: Option<BorrowedFd<'_>>, uid: u32) -> W
 
 #[cfg(test)]
 mod tests {
+    use rustix::fs::{Mode, OFlags};
+
     use super::*;
 
-    use crate::image::fsops::open_dir_for_test as open;
+    fn open(path: &std::path::Path) -> rustix::fd::OwnedFd {
+        rustix::fs::open(
+            path,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .unwrap()
+    }
 
     #[test]
     fn changes_are_named_against_the_image() {

@@ -25,14 +25,15 @@ use lazaret_proto::ownership::ParticipantOwnership;
 use lazaret_proto::store::{Domain, Generation, GenerationState};
 use serde::Serialize;
 
-use crate::catalog::{CatalogError, StorageCatalog};
-use crate::config::confined::ensure_root;
-use crate::config::{ConfigError, ConfinedError, DOMAINS_DIR, HostEnvironment, RetainedDir};
-use crate::image::fsops;
+use lazaret_hostfs::plan::{ConfinedError, RetainedDir, ensure_root};
+use lazaret_hostfs::{beneath, tree};
+use lazaret_storage::catalog::{CatalogError, StorageCatalog};
+use lazaret_storage::store::{DomainStore, StoreError};
+
+use crate::config::{ConfigError, DOMAINS_DIR, HostEnvironment};
 use crate::lifecycle::DomainPaths;
 use crate::lifecycle::recovery::{RecoveryError, finish_stale};
 use crate::lifecycle::workspace::ISOLATED_DIR;
-use crate::store::{DomainStore, StoreError};
 
 /// The State Anchors' directory in a Domain's storage.
 pub const ANCHORS_DIR: &str = "anchors";
@@ -120,8 +121,8 @@ impl Roots {
         let Some(domains) = self.domains()? else {
             return Ok(Vec::new());
         };
-        let dir = fsops::open_dir_read(domains.fd(), ".").map_err(io("list", domains.label()))?;
-        let mut ids: Vec<DomainId> = fsops::list_dir(dir.as_fd())
+        let dir = beneath::open_dir_read(domains.fd(), ".").map_err(io("list", domains.label()))?;
+        let mut ids: Vec<DomainId> = beneath::list_names(dir.as_fd())
             .map_err(io("list", domains.label()))?
             .iter()
             .filter_map(|name| std::str::from_utf8(name).ok().and_then(DomainId::from_hex))
@@ -282,9 +283,9 @@ impl DomainSummary {
 /// The bytes the directory `name` beneath `dir` occupies; nothing there
 /// is none.
 fn usage(dir: BorrowedFd<'_>, name: &str) -> u64 {
-    fsops::open_dir_read(dir, name)
+    beneath::open_dir_read(dir, name)
         .ok()
-        .and_then(|fd| fsops::disk_usage(fd.as_fd()).ok())
+        .and_then(|fd| tree::disk_usage(fd.as_fd()).ok())
         .unwrap_or(0)
 }
 
@@ -326,7 +327,7 @@ impl Anchors {
     /// was never made.
     fn read(storage: &RetainedDir) -> Result<Self, StateError> {
         let path = storage.label().join(ANCHORS_DIR);
-        let dir = match fsops::open_dir_read(storage.fd(), ANCHORS_DIR) {
+        let dir = match beneath::open_dir_read(storage.fd(), ANCHORS_DIR) {
             Ok(dir) => dir,
             Err(rustix::io::Errno::NOENT) => {
                 return Ok(Self {
@@ -336,7 +337,7 @@ impl Anchors {
             }
             Err(e) => return Err(io("open", &path)(e)),
         };
-        let mut entries: Vec<AnchorEntry> = fsops::list_dir(dir.as_fd())
+        let mut entries: Vec<AnchorEntry> = beneath::list_names(dir.as_fd())
             .map_err(io("list", &path))?
             .into_iter()
             .filter_map(|name| {
@@ -369,7 +370,7 @@ impl Anchors {
     /// `sub` (a path) of anchor `name`, opened for reading.
     fn open(&self, name: &str, sub: &str) -> Option<OwnedFd> {
         let dir = self.dir.as_ref()?;
-        fsops::open_dir_read(dir.as_fd(), Path::new(name).join(sub).as_os_str()).ok()
+        beneath::open_dir_read(dir.as_fd(), Path::new(name).join(sub).as_os_str()).ok()
     }
 }
 
@@ -469,7 +470,7 @@ pub struct Inspection {
 /// filesystem, following no link.
 fn image_dir(rootfs: &OwnedFd, path: &str) -> Option<OwnedFd> {
     let relative = path.trim_start_matches('/');
-    lazaret_routing::fs::open_dir(
+    beneath::open_dir(
         rootfs.as_fd(),
         relative.as_bytes(),
         rustix::fs::OFlags::RDONLY,
@@ -593,13 +594,13 @@ impl Held {
             let name = anchor_name(&path);
             for (sub, kind) in [(UPPER_DIR, "missing-upper"), (WORK_DIR, "bad-work-dir")] {
                 let there = anchors.dir.as_ref().and_then(|dir| {
-                    fsops::lstat_at(dir.as_fd(), Path::new(&name).join(sub).as_os_str())
+                    beneath::lstat_at(dir.as_fd(), Path::new(&name).join(sub).as_os_str())
                         .ok()
                         .flatten()
                 });
                 let is_dir = there
                     .as_ref()
-                    .is_some_and(|s| fsops::file_type(s) == rustix::fs::FileType::Directory);
+                    .is_some_and(|s| beneath::file_type(s) == rustix::fs::FileType::Directory);
                 if !is_dir {
                     found.push(finding(
                         kind,
@@ -628,7 +629,7 @@ impl Held {
             let Some(dir) = anchors.dir.as_ref() else {
                 break;
             };
-            if let Ok(Some(stat)) = fsops::lstat_at(dir.as_fd(), OsStr::new(&anchor.name)) {
+            if let Ok(Some(stat)) = beneath::lstat_at(dir.as_fd(), OsStr::new(&anchor.name)) {
                 if stat.st_uid != roots.uid || stat.st_mode & 0o777 != 0o700 {
                     found.push(finding(
                         "bad-mode",
@@ -809,17 +810,17 @@ impl Held {
             match &removal.target {
                 Target::Isolated => {
                     let path = self.storage.label().join(ISOLATED_DIR);
-                    match fsops::open_dir_read(self.storage.fd(), ISOLATED_DIR) {
-                        Ok(dir) => fsops::remove_children(dir.as_fd(), |_| false)
+                    match beneath::open_dir_read(self.storage.fd(), ISOLATED_DIR) {
+                        Ok(dir) => tree::remove_children(dir.as_fd(), |_| false)
                             .map_err(io("empty", &path))?,
                         Err(rustix::io::Errno::NOENT) => {}
                         Err(e) => return Err(io("open", &path)(e)),
                     }
                 }
                 Target::Anchor(name) => {
-                    let dir = fsops::open_dir_read(self.storage.fd(), ANCHORS_DIR)
+                    let dir = beneath::open_dir_read(self.storage.fd(), ANCHORS_DIR)
                         .map_err(io("open", &anchors_path))?;
-                    fsops::remove_at(dir.as_fd(), OsStr::new(name))
+                    tree::remove_at(dir.as_fd(), OsStr::new(name))
                         .map_err(io("remove", &anchors_path.join(name)))?;
                 }
             }

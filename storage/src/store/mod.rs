@@ -22,7 +22,7 @@ use lazaret_proto::store::{
 use redb::{Database, ReadableDatabase, ReadableTable};
 use rustix::fs::{Mode, OFlags};
 
-use crate::config::RetainedDir;
+use lazaret_hostfs::plan::RetainedDir;
 
 /// The file name of the Domain Store beneath the Domain's storage directory.
 pub const STORE_FILE: &str = "store.redb";
@@ -210,7 +210,7 @@ impl DomainStore {
 
     fn open_file(dir: &RetainedDir, create: OFlags) -> Result<Self, StoreError> {
         let path = dir.label().join(STORE_FILE).display().to_string();
-        let file: File = crate::image::fsops::open_beneath(
+        let file: File = lazaret_hostfs::beneath::open_beneath(
             dir.fd(),
             STORE_FILE,
             OFlags::RDWR | create,
@@ -489,7 +489,7 @@ impl DomainStore {
 #[cfg(test)]
 pub(crate) fn scratch() -> (tempfile::TempDir, DomainStore) {
     let dir = tempfile::tempdir().unwrap();
-    let retained = crate::config::confined::ensure_root(
+    let retained = lazaret_hostfs::plan::ensure_root(
         &dir.path().join("domain"),
         rustix::process::getuid().as_raw(),
     )

@@ -14,15 +14,14 @@ use std::time::{Duration, Instant};
 
 use flate2::Compression as GzLevel;
 use flate2::write::GzEncoder;
-use lazaret_coordinator::catalog::{CatalogError, PreparedLower, StorageCatalog, tables};
-use lazaret_coordinator::config::RetainedDir;
-use lazaret_coordinator::config::confined::ensure_root;
-use lazaret_coordinator::image::{ImageError, ImageSource, Progress, parse_reference};
+use lazaret_hostfs::plan::{RetainedDir, ensure_root};
 use lazaret_proto::catalog::{ImageSourceIdentity, PrepareOperation};
 use lazaret_proto::codec;
 use lazaret_proto::common::{HostPath, UnixTimeNs};
 use lazaret_proto::ids::{DomainId, GenerationId, OperationId, PreparedArtifactId};
 use lazaret_proto::process::{HostProcessIdentity, LegacyUnverifiedProcessIdentityV1};
+use lazaret_storage::catalog::{CatalogError, PreparedLower, StorageCatalog, tables};
+use lazaret_storage::image::{ImageError, ImageSource, Progress, parse_reference};
 use redb::ReadableDatabase;
 use serde_json::json;
 use sha2::{Digest, Sha256};
@@ -230,7 +229,7 @@ impl OciWriter {
 }
 
 fn host_arch() -> &'static str {
-    lazaret_coordinator::image::layout::host_platform().1
+    lazaret_storage::image::layout::host_platform().1
 }
 
 // ---------------------------------------------------------------- fixture
@@ -345,10 +344,22 @@ fn prepare(
     generation: u64,
 ) -> (Result<PreparedLower, CatalogError>, Vec<Progress>) {
     let mut events = Vec::new();
-    let result = catalog.prepare_and_lease(source, domain_id, GenerationId(generation), &mut |p| {
-        events.push(p)
-    });
+    let result = catalog.prepare_and_lease(
+        source,
+        domain_id,
+        GenerationId(generation),
+        this_process(),
+        &mut |p| events.push(p),
+    );
     (result, events)
+}
+
+/// This test process, as the preparer a prepare operation records.
+fn this_process() -> HostProcessIdentity {
+    HostProcessIdentity::LegacyUnverifiedV1(LegacyUnverifiedProcessIdentityV1 {
+        host_pid: std::process::id(),
+        start_time_ticks: 0,
+    })
 }
 
 fn image_error(error: CatalogError) -> ImageError {
@@ -1214,7 +1225,7 @@ fn skopeo_copies_into_a_layout_the_catalog_reads() {
     let mut layout = fx.layout("source");
     let digest = layout.image(&good_layers(), "src");
     let copied = fx.base.join("images/copied");
-    lazaret_coordinator::image::fetch::copy_with_skopeo(
+    lazaret_storage::image::fetch::copy_with_skopeo(
         &format!("oci:{}:src", layout.dir.display()),
         &copied,
         "lazaret",
@@ -1234,7 +1245,7 @@ fn skopeo_copies_into_a_layout_the_catalog_reads() {
     assert!(!lower.rootfs_path.join("opt/data/old-a").exists());
 
     // A failing copy says what skopeo said.
-    let error = lazaret_coordinator::image::fetch::copy_with_skopeo(
+    let error = lazaret_storage::image::fetch::copy_with_skopeo(
         &format!("oci:{}:missing", layout.dir.display()),
         &fx.base.join("images/never"),
         "lazaret",

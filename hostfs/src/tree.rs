@@ -1,89 +1,21 @@
-//! Confined filesystem operations beneath a retained directory descriptor:
-//! the only way the image and catalog code touch the files they create.
+//! Walks of whole trees beneath a directory descriptor: removing a tree
+//! however deep it is, and measuring what a tree occupies on disk.
 //!
-//! Every open is `openat2(2)` with `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS |
-//! RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV` and `O_NOFOLLOW`, so no path
-//! handled here can leave the directory it is resolved beneath, follow a
-//! symbolic link or cross a mount. Removal never follows a symbolic link
-//! either: a link is unlinked, never descended into. These helpers trust
-//! nothing about the trees they walk (they may hold hostile image content),
-//! only the descriptor they are given.
+//! Every open is one of [`crate::beneath`]'s, so no walk leaves the
+//! directory it starts in, follows a symbolic link or crosses a mount.
+//! Removal never follows a symbolic link either: a link is unlinked, never
+//! descended into. Trusts nothing about the trees it walks (they may hold
+//! hostile image or sandbox content), only the descriptor it is given.
 
 use std::collections::HashSet;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 
 use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
-use rustix::fs::{AtFlags, FileType, Mode, OFlags, RenameFlags, ResolveFlags, Stat};
+use rustix::fs::{AtFlags, FileType, Mode, RenameFlags};
 use rustix::io::Errno;
 
-/// The resolution flags of every open beneath a directory descriptor.
-pub(crate) const CONFINED: ResolveFlags = ResolveFlags::BENEATH
-    .union(ResolveFlags::NO_SYMLINKS)
-    .union(ResolveFlags::NO_MAGICLINKS)
-    .union(ResolveFlags::NO_XDEV);
-
-/// `openat2(2)` of `path` beneath `dir` with [`CONFINED`], `O_NOFOLLOW` and
-/// `O_CLOEXEC` (and `O_NOCTTY` unless `O_PATH`).
-pub(crate) fn open_beneath<P: AsRef<OsStr>>(
-    dir: BorrowedFd<'_>,
-    path: P,
-    flags: OFlags,
-    mode: Mode,
-) -> Result<OwnedFd, Errno> {
-    let flags = if flags.contains(OFlags::PATH) {
-        flags
-    } else {
-        flags | OFlags::NOCTTY
-    };
-    rustix::fs::openat2(
-        dir,
-        path.as_ref(),
-        flags | OFlags::CLOEXEC | OFlags::NOFOLLOW,
-        mode,
-        CONFINED,
-    )
-}
-
-/// Opens the directory `path` beneath `dir` as `O_PATH`.
-pub(crate) fn open_dir_path<P: AsRef<OsStr>>(
-    dir: BorrowedFd<'_>,
-    path: P,
-) -> Result<OwnedFd, Errno> {
-    open_beneath(dir, path, OFlags::PATH | OFlags::DIRECTORY, Mode::empty())
-}
-
-/// Opens the directory `path` beneath `dir` for reading its entries.
-pub(crate) fn open_dir_read<P: AsRef<OsStr>>(
-    dir: BorrowedFd<'_>,
-    path: P,
-) -> Result<OwnedFd, Errno> {
-    open_beneath(dir, path, OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty())
-}
-
-/// `fstatat(2)` with `AT_SYMLINK_NOFOLLOW`; `None` when nothing is there.
-pub(crate) fn lstat_at<P: AsRef<OsStr>>(
-    dir: BorrowedFd<'_>,
-    name: P,
-) -> Result<Option<Stat>, Errno> {
-    match rustix::fs::statat(dir, name.as_ref(), AtFlags::SYMLINK_NOFOLLOW) {
-        Ok(stat) => Ok(Some(stat)),
-        Err(Errno::NOENT) => Ok(None),
-        Err(e) => Err(e),
-    }
-}
-
-/// The type of a `stat` result.
-pub(crate) fn file_type(stat: &Stat) -> FileType {
-    FileType::from_raw_mode(stat.st_mode)
-}
-
-/// `chmod(2)` of exactly the object an `O_PATH` descriptor names, through
-/// its `/proc/self/fd` link (`fchmod(2)` refuses `O_PATH` descriptors).
-pub(crate) fn chmod_fd(fd: BorrowedFd<'_>, mode: Mode) -> Result<(), Errno> {
-    let link = crate::config::confined::proc_self_fd(fd);
-    rustix::fs::chmodat(rustix::fs::CWD, link.as_str(), mode, AtFlags::empty())
-}
+use crate::beneath::{chmod_fd, file_type, list_names, lstat_at, open_dir_path, open_dir_read};
 
 /// Opens a directory for reading so that its entries can be removed: a
 /// directory whose mode denies the owner access (as an image may ask for)
@@ -106,22 +38,9 @@ fn open_dir_for_removal(dir: BorrowedFd<'_>, name: &OsStr) -> Result<OwnedFd, Er
     }
 }
 
-/// The names in a directory opened for reading, without `.` and `..`.
-pub(crate) fn list_dir(dir: BorrowedFd<'_>) -> Result<Vec<Vec<u8>>, Errno> {
-    let mut names = Vec::new();
-    for entry in rustix::fs::Dir::read_from(dir)? {
-        let entry = entry?;
-        let name = entry.file_name().to_bytes();
-        if name != b"." && name != b".." {
-            names.push(name.to_vec());
-        }
-    }
-    Ok(names)
-}
-
 /// Removes whatever is at `name` beneath `dir`: a directory with all its
 /// contents, anything else by `unlinkat(2)`. Nothing there is success.
-pub(crate) fn remove_at(dir: BorrowedFd<'_>, name: &OsStr) -> Result<(), Errno> {
+pub fn remove_at(dir: BorrowedFd<'_>, name: &OsStr) -> Result<(), Errno> {
     let Some(stat) = lstat_at(dir, name)? else {
         return Ok(());
     };
@@ -147,7 +66,7 @@ pub(crate) fn remove_at(dir: BorrowedFd<'_>, name: &OsStr) -> Result<(), Errno> 
 fn empty_dir(top: BorrowedFd<'_>) -> Result<(), Errno> {
     let mut fresh = 0u64;
     loop {
-        let names = list_dir(top)?;
+        let names = list_names(top)?;
         if names.is_empty() {
             return Ok(());
         }
@@ -158,7 +77,7 @@ fn empty_dir(top: BorrowedFd<'_>) -> Result<(), Errno> {
             };
             let flags = if file_type(&stat) == FileType::Directory {
                 let child = open_dir_for_removal(top, name)?;
-                for inner in list_dir(child.as_fd())? {
+                for inner in list_names(child.as_fd())? {
                     let inner = OsStr::from_bytes(&inner);
                     let mut opened_up = false;
                     loop {
@@ -197,11 +116,11 @@ fn empty_dir(top: BorrowedFd<'_>) -> Result<(), Errno> {
 
 /// Removes every entry of the directory `dir` (opened for reading) for
 /// which `keep` is false.
-pub(crate) fn remove_children(
+pub fn remove_children(
     dir: BorrowedFd<'_>,
     mut keep: impl FnMut(&[u8]) -> bool,
 ) -> Result<(), Errno> {
-    for name in list_dir(dir)? {
+    for name in list_names(dir)? {
         if !keep(&name) {
             remove_at(dir, OsStr::from_bytes(&name))?;
         }
@@ -215,7 +134,7 @@ const MAX_MEASURED_DEPTH: usize = 256;
 
 /// The bytes a tree occupies on disk (`st_blocks * 512`), each inode
 /// counted once. `dir` is opened for reading.
-pub(crate) fn disk_usage(dir: BorrowedFd<'_>) -> Result<u64, Errno> {
+pub fn disk_usage(dir: BorrowedFd<'_>) -> Result<u64, Errno> {
     disk_usage_until(dir, None).map(|(bytes, _)| bytes)
 }
 
@@ -224,7 +143,7 @@ pub(crate) fn disk_usage(dir: BorrowedFd<'_>) -> Result<u64, Errno> {
 /// not read, which the sandbox can make in its uppers, or one deeper than
 /// [`MAX_MEASURED_DEPTH`], is left out and makes the count incomplete
 /// too).
-pub(crate) fn disk_usage_until(
+pub fn disk_usage_until(
     dir: BorrowedFd<'_>,
     deadline: Option<std::time::Instant>,
 ) -> Result<(u64, bool), Errno> {
@@ -235,7 +154,7 @@ pub(crate) fn disk_usage_until(
     }
     fn walk(dir: BorrowedFd<'_>, state: &mut Walk, depth: usize) -> Result<u64, Errno> {
         let mut total = 0u64;
-        for name in list_dir(dir)? {
+        for name in list_names(dir)? {
             if state
                 .deadline
                 .is_some_and(|d| std::time::Instant::now() >= d)
@@ -274,23 +193,21 @@ pub(crate) fn disk_usage_until(
     Ok((bytes, state.complete))
 }
 
-/// The directory at `path`, opened for the tests of the walks here and in
-/// `state::anchor`.
-#[cfg(test)]
-pub(crate) fn open_dir_for_test(path: &std::path::Path) -> OwnedFd {
-    rustix::fs::open(
-        path,
-        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
-        Mode::empty(),
-    )
-    .unwrap()
-}
-
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use rustix::fs::OFlags;
 
-    use super::open_dir_for_test as open;
+    use super::*;
+    use crate::beneath::open_beneath;
+
+    fn open(path: &std::path::Path) -> OwnedFd {
+        rustix::fs::open(
+            path,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .unwrap()
+    }
 
     #[test]
     fn a_tree_deeper_than_the_descriptors_a_process_holds_is_removed() {

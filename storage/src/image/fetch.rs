@@ -20,6 +20,7 @@ use std::path::Path;
 use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
+use lazaret_hostfs::programs;
 use lazaret_proto::ids::ManifestDigest;
 
 use super::ImageError;
@@ -139,16 +140,15 @@ fn is_unreachable(message: &str) -> bool {
 }
 
 /// skopeo at its fixed, trusted path with a cleared environment plus
-/// [`SKOPEO_ENVIRONMENT`](crate::programs::SKOPEO_ENVIRONMENT), ready for
+/// [`SKOPEO_ENVIRONMENT`](programs::SKOPEO_ENVIRONMENT), ready for
 /// `args`.
 fn skopeo(args: &[&str]) -> Result<Command, ImageError> {
-    let path = crate::programs::skopeo()
+    let path = programs::skopeo()
         .map_err(|detail| ImageError::UntrustedProgram { detail })?
         .ok_or_else(|| ImageError::SkopeoMissing {
             source: std::io::ErrorKind::NotFound.into(),
         })?;
-    let mut command =
-        crate::programs::networked_command(&path, crate::programs::SKOPEO_ENVIRONMENT);
+    let mut command = programs::networked_command(&path, programs::SKOPEO_ENVIRONMENT);
     command.args(args);
     Ok(command)
 }

@@ -2,5 +2,5 @@
 fn requires<T: serde::Serialize>() {}
 
 fn main() {
-    requires::<lazaret_coordinator::config::ConfinedPathPlan>();
+    requires::<lazaret_hostfs::plan::ConfinedPathPlan>();
 }

@@ -2,5 +2,5 @@
 fn requires<T: for<'de> serde::Deserialize<'de>>() {}
 
 fn main() {
-    requires::<lazaret_coordinator::config::ConfinedPathPlan>();
+    requires::<lazaret_hostfs::plan::ConfinedPathPlan>();
 }

@@ -1,7 +1,6 @@
 //! Confined path authority: `ConfinedPathPlan`s and the component-wise
 //! creation of Lazaret-owned directories.
 //!
-//! This module owns every filesystem open the configuration loader makes.
 //! A plan retains an ancestor directory descriptor and a normalized relative
 //! suffix; consumers reopen beneath the ancestor with `openat2(2)` and
 //! `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS |
@@ -22,11 +21,7 @@ use std::path::{Component, Path, PathBuf};
 use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags, Stat, StatxFlags};
 
-/// The resolution flags of every open beneath a retained ancestor.
-const CONFINED: ResolveFlags = ResolveFlags::BENEATH
-    .union(ResolveFlags::NO_SYMLINKS)
-    .union(ResolveFlags::NO_MAGICLINKS)
-    .union(ResolveFlags::NO_XDEV);
+use crate::beneath::open_beneath;
 
 /// The filesystem identity of an opened object: device, inode and mount.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -120,12 +115,6 @@ pub enum ConfinedError {
 /// The display form of a pathname.
 pub fn label(path: &Path) -> String {
     path.display().to_string()
-}
-
-/// The `/proc/self/fd/N` magic link of an open descriptor: the way to reach
-/// exactly that object again (reopen it, or ask `faccessat(2)` about it).
-pub fn proc_self_fd(fd: BorrowedFd<'_>) -> String {
-    format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&fd))
 }
 
 /// Resolves `path` once to its canonical form (`realpath(3)`).
@@ -310,18 +299,11 @@ impl ConfinedPathPlan {
     /// Opens the planned object beneath the retained ancestor with `flags`
     /// (never following a symbolic link or crossing a mount).
     pub fn open(&self, flags: OFlags) -> Result<OwnedFd, ConfinedError> {
-        // openat2(2) refuses O_NOCTTY beside O_PATH.
-        let flags = if flags.contains(OFlags::PATH) {
-            flags
-        } else {
-            flags | OFlags::NOCTTY
-        };
-        rustix::fs::openat2(
-            &self.retained_ancestor,
+        open_beneath(
+            self.retained_ancestor.as_fd(),
             &self.relative_suffix,
-            flags | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+            flags,
             Mode::empty(),
-            CONFINED,
         )
         .map_err(|e| io_error("open", &self.canonical_label, e))
     }
@@ -424,12 +406,11 @@ impl RetainedDir {
             Ok(()) => {
                 // A restrictive umask may have removed bits; the mode must
                 // be exactly 0700. The check below proves the result.
-                rustix::fs::openat2(
-                    &self.fd,
+                open_beneath(
+                    self.fd.as_fd(),
                     name,
-                    OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+                    OFlags::RDONLY | OFlags::DIRECTORY,
                     Mode::empty(),
-                    CONFINED,
                 )
                 .and_then(|dir| rustix::fs::fchmod(&dir, Mode::RWXU))
                 .map_err(|e| io_error("set the mode of", &child, e))?;
@@ -442,14 +423,8 @@ impl RetainedDir {
     }
 
     fn open_child_dir(&self, name: &OsStr, child: &Path) -> Result<OwnedFd, ConfinedError> {
-        let fd = rustix::fs::openat2(
-            &self.fd,
-            name,
-            OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-            Mode::empty(),
-            CONFINED,
-        )
-        .map_err(|e| io_error("open", child, e))?;
+        let fd = open_beneath(self.fd.as_fd(), name, OFlags::PATH, Mode::empty())
+            .map_err(|e| io_error("open", child, e))?;
         let found = FileType::from_raw_mode(stat(fd.as_fd(), child)?.st_mode);
         match found {
             FileType::Directory => Ok(fd),
@@ -497,12 +472,11 @@ impl RetainedDir {
     pub fn open_child(&self, suffix: &Path) -> Result<RetainedDir, ConfinedError> {
         let label = self.label.join(suffix);
         normalized_components(&label)?;
-        let fd = rustix::fs::openat2(
-            &self.fd,
+        let fd = open_beneath(
+            self.fd.as_fd(),
             suffix,
-            OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            OFlags::PATH | OFlags::DIRECTORY,
             Mode::empty(),
-            CONFINED,
         )
         .map_err(|e| io_error("open", &label, e))?;
         let identity = identity(fd.as_fd(), &label)?;

@@ -11,7 +11,7 @@
 //! 3. select and verify one image manifest from the layout ([`layout`]);
 //! 4. unpack its layers, bottom first, applying whiteouts and refusing
 //!    anything that could escape the destination or create a device
-//!    ([`unpack`], over the confined helpers of `fsops`).
+//!    ([`unpack`], over the confined opens of `lazaret_hostfs`).
 //!
 //! Trust: a reference is only text; a layout's blobs are believed only once
 //! their SHA-256 digest matches the descriptor that names them; layer
@@ -21,7 +21,6 @@
 //! catalog's.
 
 pub mod fetch;
-pub(crate) mod fsops;
 pub mod layout;
 pub mod reference;
 pub mod unpack;

@@ -4,7 +4,7 @@
 //! The `tar` crate only parses; every filesystem write is made here,
 //! relative to a descriptor of the destination root, and every parent is
 //! reached with `openat2(2)` and `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS |
-//! RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV` ([`super::fsops`]), so nothing
+//! RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV` ([`lazaret_hostfs::beneath`]), so nothing
 //! can be written outside the root whatever the layer says.
 //!
 //! Trust: none in the tar stream. An entry is refused (naming the layer and
@@ -42,13 +42,14 @@ use std::ffi::OsStr;
 use std::io::{self, Read, Write};
 use std::os::unix::ffi::OsStrExt;
 
+use lazaret_hostfs::beneath::{self, open_beneath, open_dir_path};
+use lazaret_hostfs::tree;
 use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, Timespec, Timestamps};
 use rustix::io::Errno;
 use tar::EntryType;
 
 use super::ImageError;
-use super::fsops::{self, open_beneath, open_dir_path};
 
 /// The longest entry path accepted, in bytes.
 const MAX_PATH_BYTES: usize = 16 * 1024;
@@ -149,31 +150,39 @@ impl At<'_> {
     }
 }
 
+/// Why an entry path is refused: `what` is how the entry names it ("has",
+/// "is a hard link to").
+#[derive(Debug, thiserror::Error)]
+enum BadPath {
+    #[error("{what} an absolute path, which could escape the image root")]
+    Absolute { what: &'static str },
+    #[error("{what} a path longer than {MAX_PATH_BYTES} bytes")]
+    TooLong { what: &'static str },
+    #[error("{what} a path with a `..` component, which could escape the image root")]
+    Parent { what: &'static str },
+    #[error("{what} more than {MAX_DEPTH} path components")]
+    TooDeep { what: &'static str },
+}
+
 /// Splits an entry path into its components, refusing absolute paths and
 /// `..`; `.` and empty components are dropped, so `./` is the root.
-fn components<'p>(path: &'p [u8], what: &str) -> Result<Vec<&'p [u8]>, String> {
+fn components<'p>(path: &'p [u8], what: &'static str) -> Result<Vec<&'p [u8]>, BadPath> {
     if path.starts_with(b"/") {
-        return Err(format!(
-            "{what} an absolute path, which could escape the image root"
-        ));
+        return Err(BadPath::Absolute { what });
     }
     if path.len() > MAX_PATH_BYTES {
-        return Err(format!("{what} a path longer than {MAX_PATH_BYTES} bytes"));
+        return Err(BadPath::TooLong { what });
     }
     let mut out = Vec::new();
     for component in path.split(|&b| b == b'/') {
         match component {
             b"" | b"." => {}
-            b".." => {
-                return Err(format!(
-                    "{what} a path with a `..` component, which could escape the image root"
-                ));
-            }
+            b".." => return Err(BadPath::Parent { what }),
             name => out.push(name),
         }
     }
     if out.len() > MAX_DEPTH {
-        return Err(format!("{what} more than {MAX_DEPTH} path components"));
+        return Err(BadPath::TooDeep { what });
     }
     Ok(out)
 }
@@ -297,7 +306,7 @@ impl Unpacker {
         if matches!(kind, EntryType::XGlobalHeader | EntryType::XHeader) {
             return Ok(());
         }
-        let parts = components(at.entry, "has").map_err(|r| at.refuse(r))?;
+        let parts = components(at.entry, "has").map_err(|r| at.refuse(r.to_string()))?;
         let Some((&name, parents)) = parts.split_last() else {
             // The root itself (`./`).
             if kind != EntryType::Directory {
@@ -456,9 +465,9 @@ impl Unpacker {
                 Err(Errno::NOENT) => return Ok(None),
                 Err(Errno::NOTDIR | Errno::LOOP) => {
                     let prefix = join(&parents[..=depth]).escape_ascii().to_string();
-                    let stat = fsops::lstat_at(current.as_fd(), name)
+                    let stat = beneath::lstat_at(current.as_fd(), name)
                         .map_err(|e| at.io("inspect parent", e))?;
-                    return Err(match stat.map(|s| fsops::file_type(&s)) {
+                    return Err(match stat.map(|s| beneath::file_type(&s)) {
                         Some(FileType::Symlink) => at.refuse(format!(
                             "passes through the symbolic link `{prefix}`, which unpacking never follows"
                         )),
@@ -489,12 +498,12 @@ impl Unpacker {
         keep_dir: bool,
         at: &At<'_>,
     ) -> Result<bool, ImageError> {
-        let existing = fsops::lstat_at(parent, name).map_err(|e| at.io("inspect", e))?;
-        match existing.map(|s| fsops::file_type(&s)) {
+        let existing = beneath::lstat_at(parent, name).map_err(|e| at.io("inspect", e))?;
+        match existing.map(|s| beneath::file_type(&s)) {
             None => Ok(false),
             Some(FileType::Directory) if keep_dir => Ok(true),
             Some(_) => {
-                fsops::remove_at(parent, name).map_err(|e| at.io("replace", e))?;
+                tree::remove_at(parent, name).map_err(|e| at.io("replace", e))?;
                 self.forget_dirs(key);
                 Ok(false)
             }
@@ -572,7 +581,8 @@ impl Unpacker {
         target: &[u8],
         at: &At<'_>,
     ) -> Result<(), ImageError> {
-        let target_parts = components(target, "is a hard link to").map_err(|r| at.refuse(r))?;
+        let target_parts =
+            components(target, "is a hard link to").map_err(|r| at.refuse(r.to_string()))?;
         let shown = target.escape_ascii().to_string();
         let Some((&target_name, target_parents)) = target_parts.split_last() else {
             return Err(at.refuse("is a hard link to the image root"));
@@ -592,9 +602,9 @@ impl Unpacker {
                 at.refuse(format!("is a hard link to `{shown}`, which does not exist"))
             })?;
         let target_name = OsStr::from_bytes(target_name);
-        match fsops::lstat_at(target_parent.as_fd(), target_name)
+        match beneath::lstat_at(target_parent.as_fd(), target_name)
             .map_err(|e| at.io("inspect hard link target of", e))?
-            .map(|s| fsops::file_type(&s))
+            .map(|s| beneath::file_type(&s))
         {
             None => {
                 return Err(at.refuse(format!("is a hard link to `{shown}`, which does not exist")));
@@ -622,10 +632,11 @@ impl Unpacker {
             let dir = self
                 .open_parent(parents, true, at)?
                 .ok_or_else(|| at.refuse("has a parent that could not be created"))?;
-            let readable = fsops::open_dir_read(dir.as_fd(), ".").map_err(|e| at.io("open", e))?;
+            let readable =
+                beneath::open_dir_read(dir.as_fd(), ".").map_err(|e| at.io("open", e))?;
             let prefix = join(parents);
             let mut doomed = Vec::new();
-            for child in fsops::list_dir(readable.as_fd()).map_err(|e| at.io("list", e))? {
+            for child in beneath::list_names(readable.as_fd()).map_err(|e| at.io("list", e))? {
                 let key = if prefix.is_empty() {
                     child.clone()
                 } else {
@@ -636,7 +647,7 @@ impl Unpacker {
                 }
             }
             for (child, key) in doomed {
-                fsops::remove_at(readable.as_fd(), OsStr::from_bytes(&child))
+                tree::remove_at(readable.as_fd(), OsStr::from_bytes(&child))
                     .map_err(|e| at.io("remove (opaque directory)", e))?;
                 self.forget_dirs(&key);
             }
@@ -660,7 +671,7 @@ impl Unpacker {
         let Some(dir) = self.open_parent(parents, false, at)? else {
             return Ok(());
         };
-        fsops::remove_at(dir.as_fd(), OsStr::from_bytes(target))
+        tree::remove_at(dir.as_fd(), OsStr::from_bytes(target))
             .map_err(|e| at.io("remove (whiteout)", e))?;
         self.forget_dirs(&key);
         Ok(())
@@ -673,8 +684,8 @@ impl Unpacker {
             layer: label,
             entry: b".",
         };
-        let root = fsops::open_dir_read(self.root.as_fd(), ".").map_err(|e| at.io("open", e))?;
-        self.stats.disk_bytes = fsops::disk_usage(root.as_fd()).map_err(|e| at.io("measure", e))?;
+        let root = beneath::open_dir_read(self.root.as_fd(), ".").map_err(|e| at.io("open", e))?;
+        self.stats.disk_bytes = tree::disk_usage(root.as_fd()).map_err(|e| at.io("measure", e))?;
         self.finish_unmeasured(label)
     }
 
@@ -698,7 +709,7 @@ impl Unpacker {
                 layer: label,
                 entry: &key,
             };
-            let dir = match fsops::open_dir_read(self.root.as_fd(), OsStr::from_bytes(&path)) {
+            let dir = match beneath::open_dir_read(self.root.as_fd(), OsStr::from_bytes(&path)) {
                 Ok(dir) => dir,
                 // Replaced by a later layer with something else.
                 Err(Errno::NOENT | Errno::NOTDIR | Errno::LOOP) => continue,
