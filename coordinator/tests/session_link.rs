@@ -183,27 +183,38 @@ fn a_refused_client_certificate_is_named_by_the_alert() {
     // 1.3 finishes the client's handshake before the server refuses it.
     let client = client_of(&generation);
     let mixed = mixed_config(&client, &other);
-    run(async {
-        let (a, b) = tokio::net::UnixStream::pair().unwrap();
-        let server = async {
-            let refused = accept(generation.server_config(), b).await;
-            assert!(refused.is_err(), "the server refuses the certificate");
-        };
-        let client = async {
-            let mut link = ClientLink::connect(a, mixed).await.unwrap();
-            let error = match link.send(&input(b"hello")).await {
-                Err(error) => error,
-                Ok(()) => link.recv::<SessionOpened>().await.unwrap_err(),
+    // The client's first frame goes out before the server closes, or finds
+    // it closed (a broken pipe): either way the alert says why.
+    for after_the_close in [false, true] {
+        let mixed = Arc::clone(&mixed);
+        let server_config = generation.server_config();
+        run(async move {
+            let (a, b) = tokio::net::UnixStream::pair().unwrap();
+            let (closed, heard) = tokio::sync::oneshot::channel::<()>();
+            let server = async {
+                let refused = accept(server_config, b).await;
+                assert!(refused.is_err(), "the server refuses the certificate");
+                let _ = closed.send(());
             };
-            assert!(matches!(error, LinkError::Tls(_)), "{error:?}");
-            let message = lazaret_proto::error_chain(&error);
-            assert!(
-                message.contains("refused") && message.contains("alert"),
-                "{message}"
-            );
-        };
-        tokio::join!(server, client);
-    });
+            let client = async {
+                let mut link = ClientLink::connect(a, mixed).await.unwrap();
+                if after_the_close {
+                    heard.await.unwrap();
+                }
+                let error = match link.send(&input(b"hello")).await {
+                    Err(error) => error,
+                    Ok(()) => link.recv::<SessionOpened>().await.unwrap_err(),
+                };
+                assert!(matches!(error, LinkError::Tls(_)), "{error:?}");
+                let message = lazaret_proto::error_chain(&error);
+                assert!(
+                    message.contains("refused") && message.contains("alert"),
+                    "{message}"
+                );
+            };
+            tokio::join!(server, client);
+        });
+    }
 }
 
 /// A client configuration trusting `trusting`'s CA and presenting

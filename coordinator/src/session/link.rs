@@ -28,6 +28,10 @@ use super::tls::{FrameError, server_name, take_frame, write_frame};
 /// The most bytes one read takes from the connection.
 const READ_CHUNK: usize = 64 * 1024;
 
+/// How long, after a write found the peer gone, its last words (a TLS
+/// alert) may take to read.
+const REFUSAL_WAIT: Duration = Duration::from_secs(1);
+
 /// Why a link failed.
 #[derive(Debug, thiserror::Error)]
 pub enum LinkError {
@@ -178,7 +182,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Link<S> {
 
     /// Writes everything queued to the socket.
     pub async fn flush(&mut self) -> Result<(), LinkError> {
-        poll_fn(|cx| self.poll_send(cx)).await
+        let sent = poll_fn(|cx| self.poll_send(cx)).await;
+        self.refusal_instead_of(sent).await
     }
 
     /// Reads until one frame of `T` is complete.
@@ -197,7 +202,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Link<S> {
     /// returns with nothing to write and `read` false. Cancel-safe.
     /// `Err(Closed)` at end of stream.
     pub async fn exchange(&mut self, read: bool) -> Result<Exchanged, LinkError> {
-        poll_fn(|cx| {
+        let exchanged = poll_fn(|cx| {
             if self.sending() {
                 if let Poll::Ready(sent) = self.poll_send(cx) {
                     return Poll::Ready(sent.map(|()| Exchanged::Sent));
@@ -210,7 +215,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Link<S> {
             }
             Poll::Pending
         })
-        .await
+        .await;
+        self.refusal_instead_of(exchanged).await
     }
 
     /// Says goodbye: what is queued, then a TLS close_notify.
@@ -231,18 +237,14 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Link<S> {
                     self.outgoing.drain(..n);
                     self.unflushed = true;
                 }
-                Poll::Ready(Err(error)) => {
-                    return Poll::Ready(Err(self.refusal_instead_of(cx, error)));
-                }
+                Poll::Ready(Err(error)) => return Poll::Ready(Err(error.into())),
                 Poll::Pending => return Poll::Pending,
             }
         }
         if self.unflushed {
             match Pin::new(&mut self.stream).poll_flush(cx) {
                 Poll::Ready(Ok(())) => self.unflushed = false,
-                Poll::Ready(Err(error)) => {
-                    return Poll::Ready(Err(self.refusal_instead_of(cx, error)));
-                }
+                Poll::Ready(Err(error)) => return Poll::Ready(Err(error.into())),
                 Poll::Pending => return Poll::Pending,
             }
         }
@@ -266,21 +268,33 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Link<S> {
     /// A peer that refuses us (a TLS 1.3 server refusing our client
     /// certificate after our handshake ended) sends an alert and closes, so
     /// our next write fails: the alert, which says why, rather than the
-    /// write's broken pipe. Reads only when the peer has closed, so the
-    /// read finds the alert at once if there is one.
-    fn refusal_instead_of(&mut self, cx: &mut Context<'_>, error: io::Error) -> LinkError {
-        let closed = matches!(
-            error.kind(),
-            io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset
-        );
-        if closed {
-            let mut buf = ReadBuf::new(&mut self.scratch);
-            if let Poll::Ready(Err(read)) = Pin::new(&mut self.stream).poll_read(cx, &mut buf) {
-                if let refusal @ LinkError::Tls(_) = LinkError::from(read) {
-                    return refusal;
+    /// write's broken pipe. The peer has closed, so what it sent before is
+    /// read at once; [`REFUSAL_WAIT`] bounds it all the same.
+    async fn refusal_instead_of<T>(
+        &mut self,
+        result: Result<T, LinkError>,
+    ) -> Result<T, LinkError> {
+        let error = match result {
+            Err(LinkError::Io(error))
+                if matches!(
+                    error.kind(),
+                    io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset
+                ) =>
+            {
+                error
+            }
+            other => return other,
+        };
+        let alert = tokio::time::timeout(REFUSAL_WAIT, async {
+            loop {
+                match poll_fn(|cx| self.poll_fill(cx)).await {
+                    Ok(()) => continue,
+                    Err(refusal @ LinkError::Tls(_)) => return Some(refusal),
+                    Err(_) => return None,
                 }
             }
-        }
-        error.into()
+        })
+        .await;
+        Err(alert.ok().flatten().unwrap_or(LinkError::Io(error)))
     }
 }
