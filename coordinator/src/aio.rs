@@ -1,13 +1,16 @@
 //! The Host Coordinator's descriptors on its tokio event loop: a channel
 //! endpoint, a process's exit through its pidfd, and a non-blocking PTY
-//! master or pipe.
+//! master or pipe; and for `lazaret attach`, a descriptor it does not own
+//! (its standard input) watched for input.
 //!
 //! Owns the registration of those descriptors with the runtime's reactor
 //! and the readiness rules each needs: a channel is read and written with
 //! `MSG_DONTWAIT` so the socket's blocking mode does not matter, a pidfd is
 //! readable once its process has exited and stays so, a PTY master or pipe
 //! is switched to `O_NONBLOCK` here and reads `EIO` as the end of its
-//! stream. Trusts nothing it reads; callers decode and judge it.
+//! stream, a watched input keeps its blocking mode and is confirmed with
+//! `poll(2)` before it is called readable. Trusts nothing it reads; callers
+//! decode and judge it.
 
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -169,5 +172,87 @@ impl Stream {
                 Err(_would_block) => {}
             }
         }
+    }
+}
+
+/// A descriptor watched for input and left as it is: its file status flags
+/// (shared with whoever else holds its open file, a shell's terminal) are
+/// not touched, so the caller reads it with a plain `read(2)` once
+/// [`Input::readable`] says that will not block.
+#[derive(Debug)]
+pub struct Input {
+    fd: AsyncFd<OwnedFd>,
+}
+
+impl Input {
+    /// Watches `fd` (a duplicate is registered). Fails for what `epoll(7)`
+    /// cannot watch: a regular file or `/dev/null` (`EPERM`), which a read
+    /// never waits for anyway.
+    pub fn watch(fd: BorrowedFd<'_>) -> io::Result<Self> {
+        Ok(Self {
+            fd: register_owned(fd.try_clone_to_owned()?)?,
+        })
+    }
+
+    /// Completes once a read returns at once: bytes, the end of the input
+    /// or an error are there. Cancel-safe.
+    pub async fn readable(&self) -> io::Result<()> {
+        loop {
+            let mut guard = self.fd.readable().await?;
+            if has_input(self.fd.get_ref().as_fd()) {
+                // Still ready: what one read leaves is read next time.
+                guard.retain_ready();
+                return Ok(());
+            }
+            guard.clear_ready();
+        }
+    }
+}
+
+/// Whether a read of `fd` returns at once (`poll(2)` without waiting).
+fn has_input(fd: BorrowedFd<'_>) -> bool {
+    let mut fds = [rustix::event::PollFd::new(
+        &fd,
+        rustix::event::PollFlags::IN,
+    )];
+    let now = rustix::event::Timespec::default();
+    matches!(rustix::event::poll(&mut fds, Some(&now)), Ok(n) if n > 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::fd::AsFd;
+    use std::time::Duration;
+
+    use super::Input;
+
+    #[test]
+    fn input_is_readable_once_written_or_ended_and_keeps_its_mode() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let (read, write) = rustix::pipe::pipe().unwrap();
+            let input = Input::watch(read.as_fd()).unwrap();
+            let waited = tokio::time::timeout(Duration::from_millis(50), input.readable()).await;
+            assert!(waited.is_err(), "nothing written, nothing to read");
+            rustix::io::write(&write, b"ab").unwrap();
+            input.readable().await.unwrap();
+            let mut byte = [0u8; 1];
+            rustix::io::read(&read, &mut byte).unwrap();
+            input.readable().await.unwrap();
+            rustix::io::read(&read, &mut byte).unwrap();
+            let waited = tokio::time::timeout(Duration::from_millis(50), input.readable()).await;
+            assert!(waited.is_err(), "everything was read");
+            drop(write);
+            input.readable().await.unwrap();
+            assert_eq!(rustix::io::read(&read, &mut byte), Ok(0));
+            let flags = rustix::fs::fcntl_getfl(&read).unwrap();
+            assert!(!flags.contains(rustix::fs::OFlags::NONBLOCK));
+        });
+        let file = tempfile::tempfile().unwrap();
+        let _runtime = runtime.enter();
+        assert!(Input::watch(file.as_fd()).is_err(), "epoll refuses files");
     }
 }

@@ -2,9 +2,12 @@
 //! attach` clients.
 //!
 //! This module owns the link between a host CLI and its Domain's Host
-//! Coordinator. [`tls`] holds the per-generation TLS material and the
-//! frames carried inside the connection. It trusts a peer only after the
-//! TLS handshake proved it holds a credential of the current generation.
+//! Coordinator, both ends of it: [`tls`] holds the per-generation TLS
+//! material and the frames carried inside the connection, [`stream`] the
+//! socket with the descriptors it carries, [`link`] the frames over
+//! `tokio-rustls` (and the client's connection), [`hub`] the server's
+//! sessions. It trusts a peer only after the TLS handshake proved it holds
+//! a credential of the current generation.
 
 mod conn;
 pub mod hub;

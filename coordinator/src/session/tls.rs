@@ -868,6 +868,25 @@ fn checked_len<T: WireRecord>(prefix: [u8; FRAME_PREFIX_LEN]) -> Result<usize, F
     }
 }
 
+/// Takes the first frame out of `bytes`, the stream read so far, decoded
+/// as `T`: `None` when more bytes are needed. An oversize length is refused
+/// as soon as its prefix is complete. An error leaves `bytes` unusable:
+/// close the connection.
+pub fn take_frame<T: WireRecord>(bytes: &mut Vec<u8>) -> Result<Option<T>, FrameError> {
+    let Some(prefix) = bytes.first_chunk::<FRAME_PREFIX_LEN>() else {
+        return Ok(None);
+    };
+    let len = checked_len::<T>(*prefix)?;
+    let end = FRAME_PREFIX_LEN + len;
+    if bytes.len() < end {
+        return Ok(None);
+    }
+    let record = codec::decode(&bytes[FRAME_PREFIX_LEN..end])
+        .map_err(|source| FrameError::Decode { source })?;
+    bytes.drain(..end);
+    Ok(Some(record))
+}
+
 /// Frames of `T` assembled from bytes as they arrive, for a loop that reads
 /// whatever a non-blocking socket has and cannot wait for a whole frame.
 ///
@@ -912,18 +931,7 @@ impl<T: WireRecord> FrameBuffer<T> {
     /// Takes the next complete frame, or `None` when more bytes are needed.
     /// An error leaves the buffer unusable: close the connection.
     pub fn next_frame(&mut self) -> Result<Option<T>, FrameError> {
-        let Some(prefix) = self.bytes.first_chunk::<FRAME_PREFIX_LEN>() else {
-            return Ok(None);
-        };
-        let len = checked_len::<T>(*prefix)?;
-        let end = FRAME_PREFIX_LEN + len;
-        if self.bytes.len() < end {
-            return Ok(None);
-        }
-        let record = codec::decode(&self.bytes[FRAME_PREFIX_LEN..end])
-            .map_err(|source| FrameError::Decode { source })?;
-        self.bytes.drain(..end);
-        Ok(Some(record))
+        take_frame(&mut self.bytes)
     }
 
     /// Bytes received that are not yet part of a returned frame.
