@@ -727,7 +727,9 @@ impl Live {
 
 /// Refuses a host program `up` runs (its own role binaries, runsc,
 /// slirp4netns, skopeo) that lies beneath the workspace or a volume.
-fn programs_outside_the_sandbox(auth: &crate::config::ConfinedAuthorities) -> Result<(), String> {
+fn programs_outside_the_sandbox(
+    auth: &crate::config::ConfinedAuthorities,
+) -> Result<(), crate::programs::ProgramError> {
     let mut writable = vec![auth.workspace.label()];
     writable.extend(auth.volumes.iter().map(|v| v.plan.canonical_label()));
     let roles = [
@@ -767,14 +769,14 @@ fn bring_up(
     let host = crate::network::HostNetwork::read()
         .map_err(|e| failure(StartupStep::Network, chain(&e)))?;
     let planned = PlannedNetwork::new(resolved.network(), &host)
-        .map_err(|message| invalid(StartupStep::Network, message))?;
+        .map_err(|e| invalid(StartupStep::Network, chain(&e)))?;
     // So do a host program the sandbox could replace and an image
     // reference that is not one. The workspace's git rules, which take a
     // walk of the workspace, are taken below, while the rest starts.
     let source = parse_reference(&resolved.record().image)
         .map_err(|e| invalid(StartupStep::Image, chain(&e)))?;
     programs_outside_the_sandbox(auth)
-        .map_err(|message| invalid(StartupStep::Configuration, message))?;
+        .map_err(|e| invalid(StartupStep::Configuration, chain(&e)))?;
 
     // The generation, and the intents of every participant made before
     // the plan is sent: one commit. The supervisor's pid 1 holds the
@@ -783,7 +785,7 @@ fn bring_up(
     // State Anchors until the storage is prepared, nothing of the control
     // and session sockets until the network is attaching.
     reporter.progress(StartupStep::Sandbox, "starting the Runtime Supervisor");
-    let sandbox_failure = |message: String| failure(StartupStep::Sandbox, message);
+    let sandbox_failure = |e: crate::programs::ProgramError| at(StartupStep::Sandbox)(&e);
     let supervisor_path =
         crate::programs::role_binary("lazaret-supervisor").map_err(sandbox_failure)?;
     let runsc = crate::programs::runsc().map_err(sandbox_failure)?;

@@ -400,10 +400,11 @@ async fn sleep_until(due: Option<tokio::time::Instant>) {
 }
 
 /// What a read-back of the network says about the policy in force; the
-/// addresses it found admitted for names are kept for the status.
-fn recheck(
+/// addresses it found admitted for names are kept for the status. Why a
+/// read-back failed is the supervisor's report, shown as it renders it.
+fn recheck<E: std::fmt::Display>(
     network: &mut NetworkStatus,
-    observed: Result<Box<lazaret_proto::network::Observed>, String>,
+    observed: Result<Box<lazaret_proto::network::Observed>, E>,
 ) -> NetworkRecheck {
     let at = lazaret_proto::common::UnixTimeNs::now();
     match observed {
@@ -439,7 +440,7 @@ fn recheck(
                 names.admitted_total = 0;
             }
             tracing::error!("the enforcement namespace could not be read back: {detail}");
-            NetworkRecheck::Failed(detail)
+            NetworkRecheck::Failed(detail.to_string())
         }
     }
 }
