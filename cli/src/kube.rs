@@ -79,7 +79,7 @@ pub(super) fn export(
         resolved.network(),
         &crate::network::platform_deny(&crate::network::HostNetwork::default(), &[]),
     )
-    .map_err(failure)?;
+    .map_err(|e| failure(lazaret_proto::error_chain(&e)))?;
     let manifests = Manifests::new(resolved, &image, &policy, fqdn);
     for note in &manifests.network_notes {
         eprintln!("lazaret: {}", super::printable(note));

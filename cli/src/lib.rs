@@ -252,8 +252,8 @@ fn config_check(globals: &Globals, profile: &str, as_json: bool) -> Result<(), F
     let resolved = globals.load(profile)?;
     // The network policy `up` would install: one that cannot be installed
     // is refused here too.
-    let invalid = |message: String| Failure {
-        message: format!("invalid configuration: {message}"),
+    let invalid = |error: &dyn std::error::Error| Failure {
+        message: format!("invalid configuration: {}", chain(error)),
         status: EXIT_INVALID,
     };
     let host = crate::network::HostNetwork::read().map_err(|e| Failure {
@@ -261,11 +261,8 @@ fn config_check(globals: &Globals, profile: &str, as_json: bool) -> Result<(), F
         status: 1,
     })?;
     let planned =
-        crate::network::PlannedNetwork::new(resolved.network(), &host).map_err(invalid)?;
-    let policy_digest = planned
-        .policy
-        .digest()
-        .map_err(|e| invalid(e.to_string()))?;
+        crate::network::PlannedNetwork::new(resolved.network(), &host).map_err(|e| invalid(&e))?;
+    let policy_digest = planned.policy.digest().map_err(|e| invalid(&e))?;
     let report = ConfigReport::of(&resolved, &planned, &policy_digest);
     if as_json {
         return print_json(&report);

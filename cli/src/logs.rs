@@ -207,7 +207,8 @@ fn journal_entries(paths: &DomainPaths, follow: bool, since: Option<u64>) -> Res
             paths.domain_id
         ));
     };
-    let journalctl = crate::programs::trusted(journalctl).map_err(failure)?;
+    let journalctl = crate::programs::trusted(journalctl)
+        .map_err(|e| failure(lazaret_proto::error_chain(&e)))?;
     let mut command = crate::programs::command(&journalctl, &["LANG", "LC_ALL", "TERM", "PAGER"]);
     command
         .args(["--no-pager", "--output=short-iso"])

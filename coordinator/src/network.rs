@@ -16,17 +16,22 @@
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use lazaret_proto::codec;
+use lazaret_proto::codec::{self, EncodeError};
 use lazaret_proto::names::DnsMode;
-use lazaret_proto::network::{ConnectivityLink, DerivedNetworkPolicy, IpPrefix, NamedEgress};
+use lazaret_proto::network::{
+    ConnectivityLink, DerivedNetworkPolicy, IpPrefix, NamedEgress, PolicyError,
+};
 use rustix::fs::{Mode, OFlags};
+use rustix::io::Errno;
 
 use crate::config::EffectiveNetworkPolicy;
 use crate::process::{HeldProcess, kill_and_wait, pidfd_of_child, wait_exit};
 use crate::sys::{ChildSetup, spawn_inheriting};
+use lazaret_hostfs::programs::ProgramError;
 
 /// The special-purpose IPv4 ranges the platform denies whatever a profile
 /// allows (`allow_egress = ["0.0.0.0/0"]` included): only a strictly
@@ -266,7 +271,7 @@ pub struct PlannedNetwork {
 impl PlannedNetwork {
     /// The policy `up` installs on a host with the network `host`: the
     /// configuration's, with the platform's denials.
-    pub fn new(network: &EffectiveNetworkPolicy, host: &HostNetwork) -> Result<Self, String> {
+    pub fn new(network: &EffectiveNetworkPolicy, host: &HostNetwork) -> Result<Self, PlanError> {
         let platform_deny = platform_deny(host, &allowed(network));
         let policy = derive_policy(network, &platform_deny)?;
         Ok(Self {
@@ -319,7 +324,7 @@ fn prefix(p: &lazaret_proto::config::Ipv4Prefix) -> IpPrefix {
 pub fn derive_policy(
     network: &EffectiveNetworkPolicy,
     platform: &[IpPrefix],
-) -> Result<DerivedNetworkPolicy, String> {
+) -> Result<DerivedNetworkPolicy, PlanError> {
     let policy = DerivedNetworkPolicy::ipv4_only(
         network
             .allow
@@ -333,24 +338,78 @@ pub fn derive_policy(
             .chain(platform.iter().copied()),
         [ConnectivityLink::SLIRP4NETNS_RESOLVER],
     );
-    policy.validate().map_err(|e| {
-        let rule = e
-            .rule_index()
-            .and_then(|i| policy.prefix_rules.get(i))
-            .map(|r| format!(" ({}/{})", r.network.address, r.network.prefix_len));
-        format!(
-            "the network policy cannot be installed{}: {e}",
-            rule.unwrap_or_default()
-        )
-    })?;
+    policy
+        .validate()
+        .map_err(|source| PlanError::Uninstallable {
+            rule: source
+                .rule_index()
+                .and_then(|i| policy.prefix_rules.get(i))
+                .map(|r| r.network),
+            source,
+        })?;
     Ok(policy)
 }
 
 /// The policy, encoded, in a sealed memfd.
-pub fn policy_memfd(policy: &DerivedNetworkPolicy) -> Result<OwnedFd, String> {
-    let bytes = codec::encode(policy).map_err(|e| format!("cannot encode the policy: {e}"))?;
-    lazaret_proto::memfd::sealed_bytes("lazaret-network-policy", &bytes)
-        .map_err(|e| format!("cannot seal the policy in a memfd: {e}"))
+pub fn policy_memfd(policy: &DerivedNetworkPolicy) -> Result<OwnedFd, PlanError> {
+    let bytes = codec::encode(policy).map_err(PlanError::Encode)?;
+    lazaret_proto::memfd::sealed_bytes("lazaret-network-policy", &bytes).map_err(PlanError::Seal)
+}
+
+/// Why a generation's network policy cannot be made or handed over.
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    /// The policy breaks a rule of the installer (a rule naming the
+    /// resolver, too many rules, ...).
+    #[error("the network policy cannot be installed{}", shown_rule(*rule))]
+    Uninstallable {
+        /// The rule that breaks it, when one does.
+        rule: Option<IpPrefix>,
+        /// The rule broken.
+        #[source]
+        source: PolicyError,
+    },
+    /// The policy does not encode.
+    #[error("cannot encode the policy")]
+    Encode(#[source] EncodeError),
+    /// The encoded policy could not be sealed in a memfd.
+    #[error("cannot seal the policy in a memfd")]
+    Seal(#[source] std::io::Error),
+}
+
+/// ` (NETWORK/LEN)` for a rule, nothing without one.
+fn shown_rule(rule: Option<IpPrefix>) -> String {
+    rule.map(|r| format!(" ({}/{})", r.address, r.prefix_len))
+        .unwrap_or_default()
+}
+
+/// Why slirp4netns could not be started and held.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectivityError {
+    /// slirp4netns is missing or not trusted.
+    #[error(transparent)]
+    Program(#[from] ProgramError),
+    /// Its log file could not be made.
+    #[error("cannot make slirp4netns's log file")]
+    Log(#[source] Errno),
+    /// Its exit pipe could not be made.
+    #[error("cannot make a pipe")]
+    Pipe(#[source] Errno),
+    /// Its log file's descriptor could not be duplicated for its output.
+    #[error("cannot give slirp4netns its log file")]
+    Output(#[source] std::io::Error),
+    /// It could not be started.
+    #[error("cannot start {}", program.display())]
+    Spawn {
+        /// The slirp4netns executable.
+        program: PathBuf,
+        /// Why not.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Its pidfd could not be taken.
+    #[error("cannot hold slirp4netns")]
+    Hold(#[source] std::io::Error),
 }
 
 /// A running slirp4netns attached (or attaching) to a generation's
@@ -381,7 +440,7 @@ impl ConnectivityHelper {
         link: &ConnectivityLink,
         log_dir: BorrowedFd<'_>,
         ready: OwnedFd,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, ConnectivityError> {
         let binary = lazaret_hostfs::programs::slirp4netns()?;
         let log: OwnedFd = rustix::fs::openat(
             log_dir,
@@ -389,9 +448,10 @@ impl ConnectivityHelper {
             OFlags::TMPFILE | OFlags::RDWR | OFlags::CLOEXEC,
             Mode::from_raw_mode(0o600),
         )
-        .map_err(|e| format!("cannot make slirp4netns's log file: {e}"))?;
+        .map_err(ConnectivityError::Log)?;
         let (exit_read, exit_write) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
-            .map_err(|e| format!("cannot make a pipe: {e}"))?;
+            .map_err(ConnectivityError::Pipe)?;
+        let output = || log.try_clone().map_err(ConnectivityError::Output);
         // The child inherits these under the same numbers.
         let path = lazaret_hostfs::beneath::proc_self_fd;
         let number = |fd: &OwnedFd| fd.as_raw_fd().to_string();
@@ -408,8 +468,8 @@ impl ConnectivityHelper {
             .arg(path(network_namespace))
             .arg(&link.tap_name)
             .stdin(Stdio::null())
-            .stdout(Stdio::from(log.try_clone().map_err(|e| e.to_string())?))
-            .stderr(Stdio::from(log.try_clone().map_err(|e| e.to_string())?));
+            .stdout(Stdio::from(output()?))
+            .stderr(Stdio::from(output()?));
         // It starts in the Domain user namespace, root there: that lets
         // `--enable-sandbox` give it a mount namespace of its own with
         // only /etc and /run of the host, read-only (this slirp4netns
@@ -423,14 +483,17 @@ impl ConnectivityHelper {
                 die_with_parent: false,
             },
         )
-        .map_err(|e| format!("cannot start {}: {e}", binary.display()))?;
+        .map_err(|source| ConnectivityError::Spawn {
+            program: binary.clone(),
+            source,
+        })?;
         // Only slirp4netns holds the write end now: its exit is the end
         // of the pipe.
         drop((ready, exit_read));
         // Failing here drops the exit pipe's write end, which ends it.
         let held = pidfd_of_child(&child)
             .and_then(HeldProcess::from_pidfd)
-            .map_err(|e| format!("cannot hold slirp4netns: {e}"))?;
+            .map_err(ConnectivityError::Hold)?;
         Ok(Self {
             child,
             held,
@@ -539,6 +602,7 @@ mod tests {
             &[],
         )
         .unwrap_err();
+        let error = lazaret_proto::error_chain(&error);
         assert!(error.contains("10.0.2.3/32"), "{error}");
     }
 

@@ -11,10 +11,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lazaret_coordinator::config::RetainedDir;
-use lazaret_coordinator::config::confined::ensure_root;
 use lazaret_coordinator::session::link::{ClientLink, Exchanged, Link, LinkError};
 use lazaret_coordinator::session::stream::FdStream;
 use lazaret_coordinator::session::tls::{ClientCredential, GenerationCredentials};
+use lazaret_hostfs::plan::ensure_root;
 use lazaret_proto::common::{ProtocolVersion, UnixTimeNs};
 use lazaret_proto::ids::{
     ConfigurationFingerprint, CredentialId, DomainId, GenerationId, GenerationNonce, SessionId,

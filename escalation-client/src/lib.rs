@@ -320,7 +320,33 @@ impl Backoff {
     }
 }
 
+/// Sends the request of `invocation` and waits for its result.
 fn escalate(invocation: &Invocation) -> Result<u8, Failure> {
+    let interrupted = watch_interrupts()?;
+    let mailbox = Mailbox::open()?;
+    let request_id = send_request(&mailbox, invocation)?;
+    let mut stdout = std::io::stdout().lock();
+    let mut stderr = std::io::stderr().lock();
+    let mut wait = Wait::new(&mailbox, request_id, invocation.timeout);
+    loop {
+        if interrupted.swap(false, Ordering::Relaxed) {
+            wait.cancel()?;
+        }
+        if wait.take_chunk(&mut stdout, &mut stderr) {
+            continue;
+        }
+        match wait.take_result(&invocation.argv[0]) {
+            Looked::Finished(status) => return Ok(status),
+            Looked::Later => continue,
+            Looked::Nothing => {}
+        }
+        wait.still_waiting()?;
+        wait.backoff.pause();
+    }
+}
+
+/// Ctrl-C, SIGTERM and SIGHUP, as a flag that the wait reads.
+fn watch_interrupts() -> Result<Arc<AtomicBool>, Failure> {
     let interrupted = Arc::new(AtomicBool::new(false));
     for signal in [
         signal_hook::consts::SIGINT,
@@ -330,11 +356,14 @@ fn escalate(invocation: &Invocation) -> Result<u8, Failure> {
         signal_hook::flag::register(signal, Arc::clone(&interrupted))
             .map_err(|e| unavailable(format!("cannot watch for Ctrl-C: {e}")))?;
     }
-    let mailbox = Mailbox::open()?;
+    Ok(interrupted)
+}
+
+/// Writes the signed request for `invocation`'s command; its id.
+fn send_request(mailbox: &Mailbox, invocation: &Invocation) -> Result<RequestId, Failure> {
     let capability = &mailbox.bundle.request_capability;
     let request_id = RequestId(signing::random_bytes());
     let issued_at = UnixTimeNs::now();
-    let expires_at = issued_at.after(invocation.timeout);
     let request = MailboxRequest {
         protocol_version: ProtocolVersion::V1,
         session_binding: capability.session_binding.clone(),
@@ -342,90 +371,155 @@ fn escalate(invocation: &Invocation) -> Result<u8, Failure> {
         capability_id: capability.capability_id,
         command_argv: invocation.argv.clone(),
         issued_at,
-        expires_at,
+        expires_at: issued_at.after(invocation.timeout),
     };
     mailbox.send(&MailboxRecord::Request(request), RecordFile::Request)?;
+    Ok(request_id)
+}
 
-    let mut stdout = std::io::stdout().lock();
-    let mut stderr = std::io::stderr().lock();
-    let mut output_open = [true, true];
-    let mut next_chunk = 0u64;
-    let mut answered = false;
-    let mut cancelled_at: Option<Instant> = None;
-    let mut result_seen_at: Option<Instant> = None;
-    let answer_deadline = Instant::now() + invocation.timeout + ANSWER_GRACE;
-    let mut backoff = Backoff { looks: 0 };
-    let chunk_name = |sequence| record_file_name(request_id, RecordFile::Chunk(sequence));
-    let result_name = record_file_name(request_id, RecordFile::Result);
-    let decision_name = record_file_name(request_id, RecordFile::Decision);
-    loop {
-        if interrupted.swap(false, Ordering::Relaxed) && cancelled_at.is_none() {
-            let cancellation = MailboxCancellation {
-                protocol_version: ProtocolVersion::V1,
-                session_binding: capability.session_binding.clone(),
-                request_id,
-                capability_id: capability.capability_id,
-                issued_at: UnixTimeNs::now(),
-            };
-            mailbox.send(
-                &MailboxRecord::Cancellation(cancellation),
-                RecordFile::Cancellation,
-            )?;
-            cancelled_at = Some(Instant::now());
+/// What a look for the result found.
+#[derive(Debug, PartialEq, Eq)]
+enum Looked {
+    /// No result yet.
+    Nothing,
+    /// A result whose last chunks have not come yet: look again.
+    Later,
+    /// The result, acknowledged: the status to exit with.
+    Finished(u8),
+}
+
+/// The wait for the host's answer to one request: the output read so
+/// far, and the deadlines.
+struct Wait<'a> {
+    mailbox: &'a Mailbox,
+    request_id: RequestId,
+    /// Whether standard output and error still take the command's.
+    output_open: [bool; 2],
+    next_chunk: u64,
+    /// Whether the host took the request (a chunk or its decision came).
+    answered: bool,
+    cancelled_at: Option<Instant>,
+    result_seen_at: Option<Instant>,
+    answer_deadline: Instant,
+    backoff: Backoff,
+}
+
+impl<'a> Wait<'a> {
+    fn new(mailbox: &'a Mailbox, request_id: RequestId, timeout: Duration) -> Self {
+        Self {
+            mailbox,
+            request_id,
+            output_open: [true, true],
+            next_chunk: 0,
+            answered: false,
+            cancelled_at: None,
+            result_seen_at: None,
+            answer_deadline: Instant::now() + timeout + ANSWER_GRACE,
+            backoff: Backoff { looks: 0 },
         }
-        if let Some((MailboxRecord::ResultChunk(chunk), _)) =
-            mailbox.receive(&chunk_name(next_chunk), request_id)
+    }
+
+    fn name(&self, kind: RecordFile) -> String {
+        record_file_name(self.request_id, kind)
+    }
+
+    /// Sends the signed cancellation, once.
+    fn cancel(&mut self) -> Result<(), Failure> {
+        if self.cancelled_at.is_some() {
+            return Ok(());
+        }
+        let capability = &self.mailbox.bundle.request_capability;
+        let cancellation = MailboxCancellation {
+            protocol_version: ProtocolVersion::V1,
+            session_binding: capability.session_binding.clone(),
+            request_id: self.request_id,
+            capability_id: capability.capability_id,
+            issued_at: UnixTimeNs::now(),
+        };
+        self.mailbox.send(
+            &MailboxRecord::Cancellation(cancellation),
+            RecordFile::Cancellation,
+        )?;
+        self.cancelled_at = Some(Instant::now());
+        Ok(())
+    }
+
+    /// Writes the next chunk of output to `stdout` or `stderr`, if it has
+    /// come; whether it had.
+    fn take_chunk(&mut self, stdout: &mut impl Write, stderr: &mut impl Write) -> bool {
+        let name = self.name(RecordFile::Chunk(self.next_chunk));
+        let Some((MailboxRecord::ResultChunk(chunk), _)) =
+            self.mailbox.receive(&name, self.request_id)
+        else {
+            return false;
+        };
+        if chunk.sequence != self.next_chunk {
+            return false;
+        }
+        let (out, open): (&mut dyn Write, _) = match chunk.stream {
+            ResultStream::Stdout => (stdout, &mut self.output_open[0]),
+            ResultStream::Stderr => (stderr, &mut self.output_open[1]),
+        };
+        // A closed output (a pipe whose reader went) drops the rest of
+        // that stream; the command itself is not ended by it.
+        if *open
+            && out
+                .write_all(&chunk.bytes)
+                .and_then(|()| out.flush())
+                .is_err()
         {
-            if chunk.sequence == next_chunk {
-                let (out, open): (&mut dyn Write, _) = match chunk.stream {
-                    ResultStream::Stdout => (&mut stdout, &mut output_open[0]),
-                    ResultStream::Stderr => (&mut stderr, &mut output_open[1]),
-                };
-                // A closed output (a pipe whose reader went) drops the rest
-                // of that stream; the command itself is not ended by it.
-                if *open
-                    && out
-                        .write_all(&chunk.bytes)
-                        .and_then(|()| out.flush())
-                        .is_err()
-                {
-                    *open = false;
-                }
-                mailbox.remove(&chunk_name(next_chunk));
-                next_chunk += 1;
-                answered = true;
-                backoff.reset();
-                continue;
-            }
+            *open = false;
         }
-        if let Some((MailboxRecord::Result(result), bytes)) =
-            mailbox.receive(&result_name, request_id)
-        {
-            // Its last chunks were written before it: read them first. A
-            // chunk that does not come was removed by something else in
-            // the sandbox; the status still counts.
-            let missing = result.chunk_count > next_chunk;
-            let waited = result_seen_at.get_or_insert_with(Instant::now).elapsed();
-            if missing && waited < Duration::from_secs(2) {
-                backoff.pause();
-                continue;
-            }
-            if missing {
-                eprintln!(
-                    "lazaret-escalate: {} of the command's output chunks were removed from \
-                     the mailbox before they were read",
-                    result.chunk_count - next_chunk
-                );
-            }
-            acknowledge(&mailbox, &result, &bytes, next_chunk);
-            return Ok(finish(&result, &invocation.argv[0]));
+        self.mailbox.remove(&name);
+        self.next_chunk += 1;
+        self.answered = true;
+        self.backoff.reset();
+        true
+    }
+
+    /// Takes the result, once its chunks have been read (or 2 s after it
+    /// came, when some never do), and acknowledges it.
+    fn take_result(&mut self, program: &str) -> Looked {
+        let Some((MailboxRecord::Result(result), bytes)) = self
+            .mailbox
+            .receive(&self.name(RecordFile::Result), self.request_id)
+        else {
+            return Looked::Nothing;
+        };
+        // Its last chunks were written before it: read them first. A chunk
+        // that does not come was removed by something else in the
+        // sandbox; the status still counts.
+        let missing = result.chunk_count > self.next_chunk;
+        let waited = self
+            .result_seen_at
+            .get_or_insert_with(Instant::now)
+            .elapsed();
+        if missing && waited < Duration::from_secs(2) {
+            self.backoff.pause();
+            return Looked::Later;
         }
+        if missing {
+            eprintln!(
+                "lazaret-escalate: {} of the command's output chunks were removed from the \
+                 mailbox before they were read",
+                result.chunk_count - self.next_chunk
+            );
+        }
+        acknowledge(self.mailbox, &result, &bytes, self.next_chunk);
+        Looked::Finished(finish(&result, program))
+    }
+
+    /// Whether to go on waiting: not past the cancellation's wait, the
+    /// session's end, or, before the host took the request, its answer
+    /// deadline.
+    fn still_waiting(&mut self) -> Result<(), Failure> {
         // The decision only says the host took the request (so a long
         // command outlives the answer deadline): looked for now and then.
-        if !answered && backoff.looks % 16 == 15 {
-            answered = mailbox.receive(&decision_name, request_id).is_some();
+        if !self.answered && self.backoff.looks % 16 == 15 {
+            let decision = self.name(RecordFile::Decision);
+            self.answered = self.mailbox.receive(&decision, self.request_id).is_some();
         }
-        if let Some(at) = cancelled_at
+        if let Some(at) = self.cancelled_at
             && at.elapsed() > CANCEL_WAIT
         {
             return Err(Failure {
@@ -436,17 +530,17 @@ fn escalate(invocation: &Invocation) -> Result<u8, Failure> {
         // The host removes a session's mailbox when the session ends: a
         // client that outlived its session (it escaped to a session of its
         // own) stops waiting then.
-        if backoff.looks % 64 == 63 && !mailbox.requests.is_dir() {
+        if self.backoff.looks % 64 == 63 && !self.mailbox.requests.is_dir() {
             return Err(unavailable(
                 "this session's mailbox is gone: the session ended before the result came",
             ));
         }
-        if !answered && Instant::now() > answer_deadline {
+        if !self.answered && Instant::now() > self.answer_deadline {
             return Err(unavailable(
                 "the host did not answer the request; is the Domain still up?",
             ));
         }
-        backoff.pause();
+        Ok(())
     }
 }
 
@@ -595,5 +689,296 @@ mod tests {
                 EXIT_LAUNCH_FAILED
             ]
         );
+    }
+
+    use lazaret_proto::ids::{
+        CapabilityId, CliId, ConfigurationFingerprint, CredentialId, DomainId, GenerationId,
+        GenerationNonce, Sha256Digest,
+    };
+    use lazaret_proto::mailbox::MailboxResultChunk;
+    use lazaret_proto::trust::{
+        GenerationIdentity, ProtocolCredential, ProtocolSigningKey, SessionBinding,
+        SessionRequestCapability, TrustManifest,
+    };
+
+    fn binding() -> SessionBinding {
+        SessionBinding {
+            generation_identity: GenerationIdentity {
+                agent_profile: "p".into(),
+                domain_id: DomainId([1; 32]),
+                generation_id: GenerationId(2),
+                configuration_fingerprint: ConfigurationFingerprint([3; 32]),
+                generation_nonce: GenerationNonce([4; 16]),
+                created_at: UnixTimeNs(5),
+            },
+            cli_id: CliId([6; 16]),
+            session_id: SessionId([6; 16]),
+            credential_id: CredentialId([7; 16]),
+        }
+    }
+
+    /// A scratch directory, removed when dropped.
+    struct Scratch(PathBuf);
+
+    impl Scratch {
+        fn new() -> Self {
+            let name = format!(
+                "lazaret-escalate-test-{}",
+                lazaret_proto::ids::to_hex(&signing::random_bytes::<8>())
+            );
+            let path = std::env::temp_dir().join(name);
+            std::fs::create_dir(&path).unwrap();
+            Self(path)
+        }
+
+        fn path(&self) -> &Path {
+            &self.0
+        }
+    }
+
+    impl Drop for Scratch {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    /// A mailbox in a scratch directory, with the host's signing key.
+    fn scratch_mailbox() -> (Scratch, Mailbox, ProtocolSigningKey) {
+        let dir = Scratch::new();
+        let (requests, results) = (dir.path().join("requests"), dir.path().join("results"));
+        std::fs::create_dir(&requests).unwrap();
+        std::fs::create_dir(&results).unwrap();
+        let (host_key, host_public) = signing::generate();
+        let (sandbox_key, sandbox_public) = signing::generate();
+        let binding = binding();
+        let identity = binding.generation_identity.clone();
+        let bundle = SandboxCredentialBundle {
+            protocol_version: ProtocolVersion::V1,
+            generation_identity: identity.clone(),
+            trust_manifest: TrustManifest {
+                protocol_version: ProtocolVersion::V1,
+                generation_identity: identity.clone(),
+                tls_ca_sha256: Sha256Digest([0; 32]),
+                session_coordinator_credential_id: CredentialId([8; 16]),
+                session_coordinator_public_key: host_public,
+            },
+            protocol_credential: ProtocolCredential {
+                protocol_version: ProtocolVersion::V1,
+                credential_id: binding.credential_id,
+                generation_identity: identity,
+                role: ProtocolCredentialRole::AgentSandbox,
+                public_key: sandbox_public,
+                signing_key: sandbox_key,
+                issued_at: UnixTimeNs(5),
+            },
+            request_capability: SessionRequestCapability {
+                protocol_version: ProtocolVersion::V1,
+                capability_id: CapabilityId([9; 16]),
+                session_binding: binding,
+                expires_at: UnixTimeNs(u64::MAX),
+            },
+        };
+        let mailbox = Mailbox {
+            requests,
+            results,
+            bundle,
+        };
+        (dir, mailbox, host_key)
+    }
+
+    const REQUEST: RequestId = RequestId([0x42; 16]);
+
+    fn chunk(sequence: u64, stream: ResultStream, bytes: &[u8]) -> MailboxRecord {
+        MailboxRecord::ResultChunk(MailboxResultChunk {
+            protocol_version: ProtocolVersion::V1,
+            session_binding: binding(),
+            request_id: REQUEST,
+            sequence,
+            stream,
+            offset: 0,
+            bytes: bytes.to_vec(),
+        })
+    }
+
+    fn result(chunk_count: u64) -> MailboxRecord {
+        MailboxRecord::Result(MailboxResult {
+            protocol_version: ProtocolVersion::V1,
+            session_binding: binding(),
+            request_id: REQUEST,
+            outcome: EscalationOutcome::Completed,
+            exit_code: Some(4),
+            terminating_signal: None,
+            chunk_count,
+            output_truncated: false,
+            detail: String::new(),
+            finished_at: UnixTimeNs(6),
+        })
+    }
+
+    /// Puts `record`, signed with `key`, where the host puts a record of
+    /// `kind`.
+    fn put(mailbox: &Mailbox, key: &ProtocolSigningKey, record: &MailboxRecord, kind: RecordFile) {
+        let bytes = signing::seal(key, record).unwrap();
+        std::fs::write(mailbox.results.join(record_file_name(REQUEST, kind)), bytes).unwrap();
+    }
+
+    #[test]
+    fn a_bounded_read_refuses_what_is_no_small_regular_file() {
+        let dir = Scratch::new();
+        let path = dir.path().join("f");
+        assert!(read_bounded(&path, 4).unwrap().is_none());
+        std::fs::write(&path, b"1234").unwrap();
+        assert_eq!(read_bounded(&path, 4).unwrap().unwrap(), b"1234");
+        std::fs::write(&path, b"12345").unwrap();
+        assert!(read_bounded(&path, 4).is_err());
+        assert!(read_bounded(dir.path(), 4).is_err());
+    }
+
+    #[test]
+    fn only_the_hosts_records_for_this_request_are_received() {
+        let (_dir, mailbox, host_key) = scratch_mailbox();
+        let name = record_file_name(REQUEST, RecordFile::Result);
+        assert!(mailbox.receive(&name, REQUEST).is_none());
+        // Signed by the sandbox's own key: anyone in the sandbox could.
+        let sandbox_key = mailbox.bundle.protocol_credential.signing_key.clone();
+        put(&mailbox, &sandbox_key, &result(0), RecordFile::Result);
+        assert!(mailbox.receive(&name, REQUEST).is_none());
+        // Garbage, and a file too large to be a record.
+        std::fs::write(mailbox.results.join(&name), b"garbage").unwrap();
+        assert!(mailbox.receive(&name, REQUEST).is_none());
+        let huge = vec![0u8; SignedProtocolRecord::MAX_ENCODED_LEN + 1];
+        std::fs::write(mailbox.results.join(&name), huge).unwrap();
+        assert!(mailbox.receive(&name, REQUEST).is_none());
+        // The host's, but for another request.
+        put(&mailbox, &host_key, &result(0), RecordFile::Result);
+        assert!(mailbox.receive(&name, RequestId([1; 16])).is_none());
+        let (record, _) = mailbox.receive(&name, REQUEST).unwrap();
+        assert!(matches!(record, MailboxRecord::Result(r) if r.exit_code == Some(4)));
+    }
+
+    #[test]
+    fn chunks_go_to_their_streams_in_order_and_are_removed() {
+        let (_dir, mailbox, host_key) = scratch_mailbox();
+        let mut wait = Wait::new(&mailbox, REQUEST, Duration::from_secs(60));
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+        assert!(!wait.take_chunk(&mut out, &mut err));
+        // Chunk 1 alone is not taken: 0 comes first.
+        put(
+            &mailbox,
+            &host_key,
+            &chunk(1, ResultStream::Stderr, b"two"),
+            RecordFile::Chunk(1),
+        );
+        assert!(!wait.take_chunk(&mut out, &mut err));
+        put(
+            &mailbox,
+            &host_key,
+            &chunk(0, ResultStream::Stdout, b"one"),
+            RecordFile::Chunk(0),
+        );
+        assert!(wait.take_chunk(&mut out, &mut err));
+        assert!(wait.take_chunk(&mut out, &mut err));
+        assert!(!wait.take_chunk(&mut out, &mut err));
+        assert_eq!((&out[..], &err[..]), (&b"one"[..], &b"two"[..]));
+        assert!(wait.answered);
+        assert_eq!(wait.next_chunk, 2);
+        assert_eq!(std::fs::read_dir(&mailbox.results).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn a_chunk_under_another_sequences_name_is_not_taken() {
+        let (_dir, mailbox, host_key) = scratch_mailbox();
+        let mut wait = Wait::new(&mailbox, REQUEST, Duration::from_secs(60));
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+        // Chunk 5, renamed to where chunk 0 goes.
+        put(
+            &mailbox,
+            &host_key,
+            &chunk(5, ResultStream::Stdout, b"late"),
+            RecordFile::Chunk(0),
+        );
+        assert!(!wait.take_chunk(&mut out, &mut err));
+        assert!(out.is_empty());
+        assert_eq!(wait.next_chunk, 0);
+    }
+
+    #[test]
+    fn a_result_waits_for_its_chunks_then_is_acknowledged() {
+        let (_dir, mailbox, host_key) = scratch_mailbox();
+        let mut wait = Wait::new(&mailbox, REQUEST, Duration::from_secs(60));
+        assert_eq!(wait.take_result("/x"), Looked::Nothing);
+        put(&mailbox, &host_key, &result(1), RecordFile::Result);
+        // Its one chunk has not been read: look again.
+        assert_eq!(wait.take_result("/x"), Looked::Later);
+        put(
+            &mailbox,
+            &host_key,
+            &chunk(0, ResultStream::Stdout, b"x"),
+            RecordFile::Chunk(0),
+        );
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+        assert!(wait.take_chunk(&mut out, &mut err));
+        assert_eq!(wait.take_result("/x"), Looked::Finished(4));
+        // The acknowledgement names the result's payload and the chunks.
+        let ack_name = record_file_name(REQUEST, RecordFile::ResultAck);
+        let bytes = std::fs::read(mailbox.requests.join(&ack_name)).unwrap();
+        let record = signing::open(
+            &bytes,
+            &mailbox.bundle.protocol_credential.public_key,
+            ProtocolCredentialRole::AgentSandbox,
+        )
+        .unwrap();
+        let MailboxRecord::ResultAck(ack) = record else {
+            panic!("{record:?}")
+        };
+        assert_eq!(ack.chunks_received, 1);
+        let payload = codec::encode(&result(1)).unwrap();
+        assert_eq!(
+            ack.result_sha256.0,
+            <[u8; 32]>::from(Sha256::digest(&payload))
+        );
+    }
+
+    #[test]
+    fn a_wait_ends_when_the_mailbox_is_gone_or_nobody_answers() {
+        let (dir, mailbox, _) = scratch_mailbox();
+        let mut wait = Wait::new(&mailbox, REQUEST, Duration::from_secs(60));
+        assert!(wait.still_waiting().is_ok());
+        std::fs::remove_dir(dir.path().join("requests")).unwrap();
+        wait.backoff.looks = 63;
+        let failure = wait.still_waiting().unwrap_err();
+        assert_eq!(failure.status, EXIT_UNAVAILABLE);
+        assert!(
+            failure.message.contains("mailbox is gone"),
+            "{}",
+            failure.message
+        );
+
+        let (_dir, mailbox, _) = scratch_mailbox();
+        let mut wait = Wait::new(&mailbox, REQUEST, Duration::ZERO);
+        wait.answer_deadline = Instant::now() - Duration::from_secs(1);
+        let failure = wait.still_waiting().unwrap_err();
+        assert!(
+            failure.message.contains("did not answer"),
+            "{}",
+            failure.message
+        );
+        // Once the host took it, a long command may outlive the deadline.
+        wait.answered = true;
+        assert!(wait.still_waiting().is_ok());
+    }
+
+    #[test]
+    fn a_cancellation_is_sent_once_and_waited_for_a_while() {
+        let (_dir, mailbox, _) = scratch_mailbox();
+        let mut wait = Wait::new(&mailbox, REQUEST, Duration::from_secs(60));
+        wait.cancel().unwrap();
+        let name = record_file_name(REQUEST, RecordFile::Cancellation);
+        let first = std::fs::read(mailbox.requests.join(&name)).unwrap();
+        wait.cancel().unwrap();
+        assert_eq!(std::fs::read(mailbox.requests.join(&name)).unwrap(), first);
+        wait.cancelled_at = Some(Instant::now() - CANCEL_WAIT - Duration::from_secs(1));
+        let failure = wait.still_waiting().unwrap_err();
+        assert_eq!(failure.status, EXIT_CANCELLED);
     }
 }

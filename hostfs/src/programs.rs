@@ -16,6 +16,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use rustix::fs::{Access, AtFlags, CWD, FileType, Mode};
+use rustix::io::Errno;
 
 /// Where a package puts each host program, in the order tried.
 const RUNSC: &[&str] = &["/usr/local/bin/runsc", "/usr/bin/runsc"];
@@ -61,51 +62,163 @@ pub const COORDINATOR_ENVIRONMENT: &[&str] = &[
 const LAZARET_SETTINGS: &str = "LAZARET_";
 
 /// The gVisor runtime.
-pub fn runsc() -> Result<PathBuf, String> {
-    host_program(
-        RUNSC,
-        "runsc (gVisor) is not installed; install it with `apt-get install runsc`",
-    )
+pub fn runsc() -> Result<PathBuf, ProgramError> {
+    host_program(RUNSC, "runsc (gVisor)", "runsc")
 }
 
 /// The user-mode network stack between the sandbox and the host.
-pub fn slirp4netns() -> Result<PathBuf, String> {
-    host_program(
-        SLIRP4NETNS,
-        "slirp4netns is not installed; install it with `apt-get install slirp4netns`",
-    )
+pub fn slirp4netns() -> Result<PathBuf, ProgramError> {
+    host_program(SLIRP4NETNS, "slirp4netns", "slirp4netns")
 }
 
 /// The registry client, or `None` when it is not installed; an error when
 /// it is there but not trusted.
-pub fn skopeo() -> Result<Option<PathBuf>, String> {
+pub fn skopeo() -> Result<Option<PathBuf>, ProgramError> {
     match SKOPEO.iter().find(|p| exists(Path::new(p))) {
         Some(path) => trusted(Path::new(path)).map(Some),
         None => Ok(None),
     }
 }
 
-/// The first of `candidates` that exists, once [`trusted`]; `missing` says
-/// how to install it when none does.
-fn host_program(candidates: &[&str], missing: &str) -> Result<PathBuf, String> {
+/// Why a host program cannot be run.
+#[derive(Debug, thiserror::Error)]
+pub enum ProgramError {
+    /// None of its fixed paths holds it.
+    #[error("{program} is not installed; install it with `apt-get install {package}`")]
+    Missing {
+        /// The program, as the user knows it.
+        program: &'static str,
+        /// The package that installs it.
+        package: &'static str,
+    },
+    /// This executable's own path is unknown.
+    #[error("cannot locate this executable")]
+    CurrentExe(#[source] std::io::Error),
+    /// A role binary is neither beside this executable nor installed.
+    #[error("{name} is not installed beside {}", exe.display())]
+    RoleMissing {
+        /// The role binary's name.
+        name: String,
+        /// This executable.
+        exe: PathBuf,
+    },
+    /// Its path could not be resolved.
+    #[error("cannot resolve {}", path.display())]
+    Resolve {
+        /// The path as found.
+        path: PathBuf,
+        /// Why not.
+        #[source]
+        source: std::io::Error,
+    },
+    /// It or a directory above it could not be examined.
+    #[error("cannot stat {}", path.display())]
+    Stat {
+        /// The file or directory.
+        path: PathBuf,
+        /// Why not.
+        #[source]
+        source: Errno,
+    },
+    /// It is not a regular file.
+    #[error("{} is not a regular file", path.display())]
+    NotRegular {
+        /// Its canonical path.
+        path: PathBuf,
+    },
+    /// Someone else could replace it.
+    #[error(transparent)]
+    Replaceable(#[from] Replaceable),
+    /// The user may not execute it.
+    #[error("{} is not executable by you", path.display())]
+    NotExecutable {
+        /// Its canonical path.
+        path: PathBuf,
+    },
+    /// A directory above it could be replaced by someone else.
+    #[error("{} is not trusted, since another user could replace it", program.display())]
+    Ancestor {
+        /// The program's canonical path.
+        program: PathBuf,
+        /// What is wrong with the directory.
+        #[source]
+        source: Replaceable,
+    },
+    /// It lies where the sandbox can write.
+    #[error(
+        "{} is beneath {}, which the sandbox can write; Lazaret will not run a program \
+         the sandbox could replace: install Lazaret and its helpers outside the workspace \
+         and the volumes",
+        program.display(),
+        root.display()
+    )]
+    Beneath {
+        /// The program's path.
+        program: PathBuf,
+        /// The tree the sandbox can write.
+        root: PathBuf,
+    },
+}
+
+/// Why a file or directory could be replaced by someone but root and the
+/// invoking user.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Replaceable {
+    /// Another user owns it.
+    #[error(
+        "{} is owned by uid {owner}; Lazaret runs only programs that you (uid {uid}) or \
+         root own, in directories you or root own",
+        path.display()
+    )]
+    Owner {
+        /// The file or directory.
+        path: PathBuf,
+        /// Its owner.
+        owner: u32,
+        /// The invoking user.
+        uid: u32,
+    },
+    /// Its group or others may write it.
+    #[error(
+        "{} is writable by its group or others (mode {mode:04o}); run `chmod go-w {}`",
+        path.display(),
+        path.display()
+    )]
+    Writable {
+        /// The file or directory.
+        path: PathBuf,
+        /// Its permission bits.
+        mode: u32,
+    },
+}
+
+/// The first of `candidates` that exists, once [`trusted`]; `program` and
+/// `package` say how to install it when none does.
+fn host_program(
+    candidates: &[&str],
+    program: &'static str,
+    package: &'static str,
+) -> Result<PathBuf, ProgramError> {
     let found = candidates
         .iter()
         .map(Path::new)
         .find(|p| exists(p))
-        .ok_or_else(|| missing.to_owned())?;
+        .ok_or(ProgramError::Missing { program, package })?;
     trusted(found)
 }
 
 /// The executable of a sibling role binary: beside this one, or in the
 /// installed libexec directory, once [`trusted`].
-pub fn role_binary(name: &str) -> Result<PathBuf, String> {
-    let exe = std::env::current_exe().map_err(|e| format!("cannot locate this executable: {e}"))?;
+pub fn role_binary(name: &str) -> Result<PathBuf, ProgramError> {
+    let exe = std::env::current_exe().map_err(ProgramError::CurrentExe)?;
     let dir = exe.parent().unwrap_or(Path::new("/"));
     let candidates = [dir.join(name), dir.join("../libexec/lazaret").join(name)];
-    let found = candidates
-        .iter()
-        .find(|p| p.is_file())
-        .ok_or_else(|| format!("{name} is not installed beside {}", exe.display()))?;
+    let Some(found) = candidates.iter().find(|p| p.is_file()) else {
+        return Err(ProgramError::RoleMissing {
+            name: name.to_owned(),
+            exe,
+        });
+    };
     trusted(found)
 }
 
@@ -117,61 +230,66 @@ fn exists(path: &Path) -> bool {
 /// replace what it names: the file and every directory above it owned by
 /// one of them and not writable by group or others (a sticky directory
 /// excepted), the file a regular file the user may execute.
-pub fn trusted(path: &Path) -> Result<PathBuf, String> {
+pub fn trusted(path: &Path) -> Result<PathBuf, ProgramError> {
     let uid = rustix::process::getuid().as_raw();
-    let canonical = std::fs::canonicalize(path)
-        .map_err(|e| format!("cannot resolve {}: {e}", path.display()))?;
-    let shown = canonical.display();
-    let stat = rustix::fs::stat(&canonical).map_err(|e| format!("cannot stat {shown}: {e}"))?;
+    let canonical = std::fs::canonicalize(path).map_err(|source| ProgramError::Resolve {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let stat_of = |path: &Path| {
+        rustix::fs::stat(path).map_err(|source| ProgramError::Stat {
+            path: path.to_path_buf(),
+            source,
+        })
+    };
+    let stat = stat_of(&canonical)?;
     if FileType::from_raw_mode(stat.st_mode) != FileType::RegularFile {
-        return Err(format!("{shown} is not a regular file"));
+        return Err(ProgramError::NotRegular { path: canonical });
     }
     check_owner_and_mode(&canonical, &stat, uid)?;
-    rustix::fs::accessat(CWD, &canonical, Access::EXEC_OK, AtFlags::EACCESS)
-        .map_err(|_| format!("{shown} is not executable by you"))?;
+    if rustix::fs::accessat(CWD, &canonical, Access::EXEC_OK, AtFlags::EACCESS).is_err() {
+        return Err(ProgramError::NotExecutable { path: canonical });
+    }
     for dir in canonical.ancestors().skip(1) {
-        let stat =
-            rustix::fs::stat(dir).map_err(|e| format!("cannot stat {}: {e}", dir.display()))?;
+        let stat = stat_of(dir)?;
         let sticky = Mode::from_raw_mode(stat.st_mode).contains(Mode::SVTX);
         if !sticky {
-            check_owner_and_mode(dir, &stat, uid).map_err(|e| {
-                format!("{shown} is not trusted, since another user could replace it: {e}")
+            check_owner_and_mode(dir, &stat, uid).map_err(|source| ProgramError::Ancestor {
+                program: canonical.clone(),
+                source,
             })?;
         }
     }
     Ok(canonical)
 }
 
-fn check_owner_and_mode(path: &Path, stat: &rustix::fs::Stat, uid: u32) -> Result<(), String> {
-    let shown = path.display();
+fn check_owner_and_mode(path: &Path, stat: &rustix::fs::Stat, uid: u32) -> Result<(), Replaceable> {
     if stat.st_uid != 0 && stat.st_uid != uid {
-        return Err(format!(
-            "{shown} is owned by uid {}; Lazaret runs only programs that you (uid {uid}) or \
-             root own, in directories you or root own",
-            stat.st_uid
-        ));
+        return Err(Replaceable::Owner {
+            path: path.to_path_buf(),
+            owner: stat.st_uid,
+            uid,
+        });
     }
     let mode = stat.st_mode & 0o7777;
     if mode & 0o022 != 0 {
-        return Err(format!(
-            "{shown} is writable by its group or others (mode {mode:04o}); run `chmod go-w {shown}`"
-        ));
+        return Err(Replaceable::Writable {
+            path: path.to_path_buf(),
+            mode,
+        });
     }
     Ok(())
 }
 
 /// Refuses `program` when it lies beneath one of `writable` (the
 /// workspace, the volumes' sources): the sandbox could replace it.
-pub fn outside(program: &Path, writable: &[&Path]) -> Result<(), String> {
+pub fn outside(program: &Path, writable: &[&Path]) -> Result<(), ProgramError> {
     match writable.iter().find(|root| program.starts_with(root)) {
         None => Ok(()),
-        Some(root) => Err(format!(
-            "{} is beneath {}, which the sandbox can write; Lazaret will not run a program \
-             the sandbox could replace: install Lazaret and its helpers outside the workspace \
-             and the volumes",
-            program.display(),
-            root.display()
-        )),
+        Some(root) => Err(ProgramError::Beneath {
+            program: program.to_path_buf(),
+            root: root.to_path_buf(),
+        }),
     }
 }
 
@@ -225,7 +343,19 @@ mod tests {
     use std::os::unix::fs::PermissionsExt;
     use std::path::Path;
 
-    use super::{outside, trusted};
+    use super::{ProgramError, Replaceable, outside, trusted};
+
+    /// Why `path` is not trusted, as the user reads it.
+    fn refusal(path: &Path) -> String {
+        let error = trusted(path).unwrap_err();
+        let mut text = error.to_string();
+        let mut source = std::error::Error::source(&error);
+        while let Some(cause) = source {
+            text.push_str(&format!(": {cause}"));
+            source = cause.source();
+        }
+        text
+    }
 
     fn chmod(path: &Path, mode: u32) {
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
@@ -241,21 +371,21 @@ mod tests {
         std::fs::write(&program, "#!/bin/sh\n").unwrap();
         chmod(&program, 0o755);
         let canonical = std::fs::canonicalize(&program).unwrap();
-        assert_eq!(trusted(&program), Ok(canonical.clone()));
+        assert_eq!(trusted(&program).ok(), Some(canonical.clone()));
         // Through a link, the file it names is checked and returned.
         let link = scratch.path().join("link");
         std::os::unix::fs::symlink(&program, &link).unwrap();
-        assert_eq!(trusted(&link), Ok(canonical));
+        assert_eq!(trusted(&link).ok(), Some(canonical));
 
         chmod(&program, 0o775);
-        assert!(trusted(&program).unwrap_err().contains("chmod go-w"));
+        assert!(refusal(&program).contains("chmod go-w"));
         chmod(&program, 0o644);
-        assert!(trusted(&program).unwrap_err().contains("not executable"));
+        assert!(refusal(&program).contains("not executable"));
         chmod(&program, 0o755);
 
         // A directory above it that others may write, unless sticky.
         chmod(&dir, 0o777);
-        let refused = trusted(&program).unwrap_err();
+        let refused = refusal(&program);
         assert!(
             refused.contains("another user could replace it"),
             "{refused}"
@@ -267,21 +397,13 @@ mod tests {
         if rustix::process::geteuid().is_root() {
             let other = Some(12_345);
             std::os::unix::fs::chown(&program, other, None).unwrap();
-            assert!(
-                trusted(&program)
-                    .unwrap_err()
-                    .contains("owned by uid 12345")
-            );
+            assert!(refusal(&program).contains("owned by uid 12345"));
             std::os::unix::fs::chown(&program, Some(0), None).unwrap();
             std::os::unix::fs::chown(&dir, other, None).unwrap();
-            assert!(
-                trusted(&program)
-                    .unwrap_err()
-                    .contains("owned by uid 12345")
-            );
+            assert!(refusal(&program).contains("owned by uid 12345"));
         }
         assert!(trusted(&dir.join("missing")).is_err());
-        assert!(trusted(&dir).unwrap_err().contains("not a regular file"));
+        assert!(refusal(&dir).contains("not a regular file"));
     }
 
     #[test]
@@ -290,12 +412,81 @@ mod tests {
         for root in ["/home/dev/project", "/home/dev/project/target", "/"] {
             let refused = outside(program, &[Path::new("/srv/volume"), Path::new(root)]);
             assert!(
-                refused.unwrap_err().contains("the sandbox can write"),
+                refused
+                    .unwrap_err()
+                    .to_string()
+                    .contains("the sandbox can write"),
                 "{root}"
             );
         }
         for root in ["/home/dev/proj", "/home/dev/project/src", "/srv"] {
-            assert_eq!(outside(program, &[Path::new(root)]), Ok(()), "{root}");
+            assert!(outside(program, &[Path::new(root)]).is_ok(), "{root}");
         }
+    }
+
+    #[test]
+    fn each_refusal_names_the_step_and_the_path() {
+        let scratch = tempfile::tempdir().unwrap();
+        let dir = scratch.path().join("bin");
+        std::fs::create_dir(&dir).unwrap();
+        chmod(&dir, 0o755);
+        let program = dir.join("helper");
+        std::fs::write(&program, "#!/bin/sh\n").unwrap();
+        chmod(&program, 0o755);
+        let canonical = std::fs::canonicalize(&program).unwrap();
+
+        let missing = dir.join("missing");
+        match trusted(&missing) {
+            Err(ProgramError::Resolve { path, source }) => {
+                assert_eq!(path, missing);
+                assert_eq!(source.kind(), std::io::ErrorKind::NotFound);
+            }
+            other => panic!("{other:?}"),
+        }
+        chmod(&program, 0o757);
+        match trusted(&program) {
+            Err(ProgramError::Replaceable(Replaceable::Writable { path, mode })) => {
+                assert_eq!((path, mode), (canonical.clone(), 0o757));
+            }
+            other => panic!("{other:?}"),
+        }
+        chmod(&program, 0o644);
+        assert!(matches!(
+            trusted(&program),
+            Err(ProgramError::NotExecutable { path }) if path == canonical
+        ));
+        chmod(&program, 0o755);
+        chmod(&dir, 0o775);
+        match trusted(&program) {
+            Err(ProgramError::Ancestor {
+                program: named,
+                source: Replaceable::Writable { path, mode },
+            }) => {
+                assert_eq!(named, canonical);
+                assert_eq!(path, std::fs::canonicalize(&dir).unwrap());
+                assert_eq!(mode, 0o775);
+            }
+            other => panic!("{other:?}"),
+        }
+        // The sentence carries the directory's fix after the program's.
+        let said = refusal(&program);
+        assert!(
+            said.contains(&format!("chmod go-w {}", dir.display())),
+            "{said}"
+        );
+    }
+
+    #[test]
+    fn a_program_beneath_a_writable_tree_names_both() {
+        let program = Path::new("/work/ws/tools/runsc");
+        match outside(program, &[Path::new("/srv"), Path::new("/work/ws")]) {
+            Err(ProgramError::Beneath { program: p, root }) => {
+                assert_eq!(p, program);
+                assert_eq!(root, Path::new("/work/ws"));
+            }
+            other => panic!("{other:?}"),
+        }
+        // A sibling whose name only begins the same is not beneath it.
+        assert!(outside(Path::new("/work/wsx/runsc"), &[Path::new("/work/ws")]).is_ok());
     }
 }

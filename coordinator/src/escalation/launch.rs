@@ -26,11 +26,13 @@ use rustix::fs::FileType;
 use rustix::io::Errno;
 use rustix::process::{Signal, WaitId, WaitIdOptions};
 
-use super::subreaper::{self, NotStarted};
+use super::report::{self, Ended, NotStarted};
+use super::subreaper;
 
 use crate::aio::{Exit, Stream};
 use crate::config::{
-    ConfinedPathPlan, ObjectIdentity, Opened, ResolvedDomainConfiguration, check_executable,
+    ConfinedError, ConfinedPathPlan, ObjectIdentity, Opened, ResolvedDomainConfiguration,
+    check_executable,
 };
 use lazaret_hostfs::beneath::proc_self_fd;
 use lazaret_hostfs::plan::{canonicalize, overlaps};
@@ -62,7 +64,7 @@ struct RuleExecutable {
 pub struct Launcher {
     rules: Vec<RuleExecutable>,
     /// Canonical trees an executable may not lie in, with what each is.
-    forbidden: Vec<(PathBuf, String)>,
+    forbidden: Vec<(PathBuf, Tree)>,
     /// The host workspace, the commands' working directory.
     workspace: OwnedFd,
     environment: Vec<(String, String)>,
@@ -92,28 +94,13 @@ impl Launcher {
             })
             .collect::<std::io::Result<Vec<_>>>()?;
         let mut forbidden = vec![
-            (
-                auth.workspace.label().to_path_buf(),
-                "the workspace".to_owned(),
-            ),
-            (
-                auth.profile_dir.label().to_path_buf(),
-                "the profile directory".to_owned(),
-            ),
-            (
-                auth.storage_root.label().to_path_buf(),
-                "Lazaret's storage".to_owned(),
-            ),
-            (
-                auth.runtime_root.label().to_path_buf(),
-                "Lazaret's runtime directory".to_owned(),
-            ),
+            (auth.workspace.label().to_path_buf(), Tree::Workspace),
+            (auth.profile_dir.label().to_path_buf(), Tree::ProfileDir),
+            (auth.storage_root.label().to_path_buf(), Tree::Storage),
+            (auth.runtime_root.label().to_path_buf(), Tree::Runtime),
         ];
         for (i, volume) in auth.volumes.iter().enumerate() {
-            forbidden.push((
-                volume.plan.canonical_label().to_path_buf(),
-                format!("volume {i}'s source"),
-            ));
+            forbidden.push((volume.plan.canonical_label().to_path_buf(), Tree::Volume(i)));
         }
         let environment = HOST_ENVIRONMENT
             .iter()
@@ -130,24 +117,19 @@ impl Launcher {
     }
 
     /// Rule `index`'s executable, reopened and checked for this launch.
-    pub fn rule_executable(&self, index: usize) -> Result<Checked, String> {
+    pub fn rule_executable(&self, index: usize) -> Result<Checked, ExecutableError> {
         let rule = self
             .rules
             .get(index)
-            .ok_or_else(|| format!("auto_approve[{index}] does not exist"))?;
-        let opened = rule
-            .plan
-            .open_as(FileType::RegularFile)
-            .map_err(|e| crate::lifecycle::chain(&e))?;
+            .ok_or(ExecutableError::NoRule { index })?;
+        let opened = rule.plan.open_as(FileType::RegularFile)?;
         let label = rule.plan.canonical_label();
         if opened.identity != rule.identity {
-            return Err(format!(
-                "{} was replaced since `lazaret up` checked it; run `lazaret down` and \
-                 `lazaret up` to accept the new file",
-                label.display()
-            ));
+            return Err(ExecutableError::Replaced {
+                path: label.to_path_buf(),
+            });
         }
-        check_executable(label, &opened, self.uid)?;
+        checked(label, &opened, self.uid)?;
         Ok(Checked {
             opened,
             canonical: label.to_path_buf(),
@@ -156,23 +138,18 @@ impl Launcher {
 
     /// The executable at `path` (absolute, as requested), resolved and
     /// checked for a launch the developer approves.
-    pub fn requested_executable(&self, path: &str) -> Result<Checked, String> {
-        let canonical = canonicalize(Path::new(path)).map_err(|e| e.to_string())?;
-        for (tree, what) in &self.forbidden {
-            if overlaps(&canonical, tree) {
-                return Err(format!(
-                    "{} lies inside {what} ({}), which the sandbox can write or Lazaret owns; \
-                     a host command must be an executable outside them",
-                    canonical.display(),
-                    tree.display()
-                ));
-            }
+    pub fn requested_executable(&self, path: &str) -> Result<Checked, ExecutableError> {
+        let canonical = canonicalize(Path::new(path)).map_err(ExecutableError::Resolve)?;
+        if let Some((tree, what)) = forbidden_tree(&canonical, &self.forbidden) {
+            return Err(ExecutableError::Forbidden {
+                path: canonical,
+                tree: tree.to_path_buf(),
+                what,
+            });
         }
-        let plan = ConfinedPathPlan::for_canonical(&canonical).map_err(|e| e.to_string())?;
-        let opened = plan
-            .open_as(FileType::RegularFile)
-            .map_err(|e| crate::lifecycle::chain(&e))?;
-        check_executable(&canonical, &opened, self.uid)?;
+        let plan = ConfinedPathPlan::for_canonical(&canonical).map_err(ExecutableError::Resolve)?;
+        let opened = plan.open_as(FileType::RegularFile)?;
+        checked(&canonical, &opened, self.uid)?;
         Ok(Checked { opened, canonical })
     }
 
@@ -180,8 +157,8 @@ impl Launcher {
     /// just before it runs: what the developer was shown is what runs,
     /// and it must still pass the checks (its mode or owner may have
     /// changed meanwhile).
-    pub fn recheck(&self, executable: &Checked) -> Result<(), String> {
-        check_executable(&executable.canonical, &executable.opened, self.uid)
+    pub fn recheck(&self, executable: &Checked) -> Result<(), ExecutableError> {
+        checked(&executable.canonical, &executable.opened, self.uid)
     }
 
     /// Starts `argv` (element zero as the program's name) as
@@ -189,7 +166,15 @@ impl Launcher {
     /// coordinator's own executable in mode `launch`
     /// ([`super::subreaper`]), which starts the command, ends whatever it
     /// leaves behind, and reports how it ended.
-    pub fn spawn(&self, executable: &Checked, argv: &[String]) -> std::io::Result<HostCommand> {
+    pub fn spawn(&self, executable: &Checked, argv: &[String]) -> Result<HostCommand, LaunchError> {
+        self.start(executable, argv)
+            .map_err(|source| LaunchError::Spawn {
+                program: executable.canonical.clone(),
+                source,
+            })
+    }
+
+    fn start(&self, executable: &Checked, argv: &[String]) -> std::io::Result<HostCommand> {
         let exe = executable.opened.fd.as_fd();
         let (report, report_end) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
         let arguments = subreaper::Arguments {
@@ -247,6 +232,124 @@ impl Launcher {
     }
 }
 
+/// Where an executable may not lie: what the sandbox can write, and
+/// Lazaret's own trees.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tree {
+    /// The host workspace.
+    Workspace,
+    /// The profile's directory.
+    ProfileDir,
+    /// Lazaret's storage root.
+    Storage,
+    /// Lazaret's runtime root.
+    Runtime,
+    /// The source of the profile's volume with this index.
+    Volume(usize),
+}
+
+impl std::fmt::Display for Tree {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Workspace => f.write_str("the workspace"),
+            Self::ProfileDir => f.write_str("the profile directory"),
+            Self::Storage => f.write_str("Lazaret's storage"),
+            Self::Runtime => f.write_str("Lazaret's runtime directory"),
+            Self::Volume(i) => write!(f, "volume {i}'s source"),
+        }
+    }
+}
+
+/// The first of `forbidden` that `canonical` lies in (or holds).
+fn forbidden_tree<'a>(
+    canonical: &Path,
+    forbidden: &'a [(PathBuf, Tree)],
+) -> Option<(&'a Path, Tree)> {
+    forbidden
+        .iter()
+        .find(|(tree, _)| overlaps(canonical, tree))
+        .map(|(tree, what)| (tree.as_path(), *what))
+}
+
+/// The checks of [`check_executable`], as an [`ExecutableError`].
+fn checked(label: &Path, opened: &Opened, uid: u32) -> Result<(), ExecutableError> {
+    check_executable(label, opened, uid).map_err(|reason| ExecutableError::Unfit {
+        path: label.to_path_buf(),
+        reason,
+    })
+}
+
+/// Why an executable may not run as a host command.
+#[derive(Debug, thiserror::Error)]
+pub enum ExecutableError {
+    /// The classification named a rule the configuration does not hold.
+    #[error("auto_approve[{index}] does not exist")]
+    NoRule {
+        /// The rule's index.
+        index: usize,
+    },
+    /// The requested path could not be resolved or planned.
+    #[error(transparent)]
+    Resolve(ConfinedError),
+    /// The executable could not be opened through its confined plan.
+    #[error(transparent)]
+    Open(#[from] ConfinedError),
+    /// A rule's executable is no longer the object `up` checked.
+    #[error(
+        "{} was replaced since `lazaret up` checked it; run `lazaret down` and \
+         `lazaret up` to accept the new file",
+        path.display()
+    )]
+    Replaced {
+        /// Its canonical path.
+        path: PathBuf,
+    },
+    /// The executable lies where the sandbox can write or Lazaret owns.
+    #[error(
+        "{} lies inside {what} ({}), which the sandbox can write or Lazaret owns; \
+         a host command must be an executable outside them",
+        path.display(),
+        tree.display()
+    )]
+    Forbidden {
+        /// Its canonical path.
+        path: PathBuf,
+        /// The tree it lies in.
+        tree: PathBuf,
+        /// What that tree is.
+        what: Tree,
+    },
+    /// It fails the checks of [`check_executable`] (links, owner, mode,
+    /// execute permission).
+    #[error("{reason}")]
+    Unfit {
+        /// Its canonical path.
+        path: PathBuf,
+        /// The check it failed, as a sentence naming the path.
+        reason: String,
+    },
+}
+
+/// Why an approved command was not started.
+#[derive(Debug, thiserror::Error)]
+pub enum LaunchError {
+    /// Its executable no longer passes the checks.
+    #[error(transparent)]
+    Executable(#[from] ExecutableError),
+    /// No executable was checked for it at admission.
+    #[error("no executable was checked for it")]
+    Unchecked,
+    /// Its launch process could not be started.
+    #[error("cannot start {}", program.display())]
+    Spawn {
+        /// The executable's canonical path.
+        program: PathBuf,
+        /// Why not.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
 /// A running host command, as its launch process: that process's pidfd,
 /// its report pipe, the command's output.
 #[derive(Debug)]
@@ -262,23 +365,6 @@ pub struct HostCommand {
     /// Its standard error, until it ends.
     pub stderr: Option<Stream>,
     reaped: bool,
-}
-
-/// How a host command ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Ended {
-    /// It exited with this status.
-    Exited(u8),
-    /// This signal ended it.
-    Signaled(u8),
-}
-
-impl Ended {
-    /// How a process a signal ended ended, from the signal its wait
-    /// status names; `None` for one that exited.
-    pub fn by_signal(signal: Option<i32>) -> Option<Self> {
-        signal.map(|signal| Self::Signaled(u8::try_from(signal).unwrap_or(u8::MAX)))
-    }
 }
 
 /// Why how a host command ended is not known.
@@ -348,7 +434,7 @@ impl HostCommand {
                 .and_then(|status| status.ok_or(Errno::CHILD))
                 .map_err(ReapError::Wait)?;
         self.reaped = true;
-        let mut bytes = [0u8; subreaper::MAX_REPORT];
+        let mut bytes = [0u8; report::MAX_REPORT];
         let mut len = 0;
         while len < bytes.len() {
             match rustix::io::read(&self.report, &mut bytes[len..]) {
@@ -358,7 +444,7 @@ impl HostCommand {
                 Err(_) => break,
             }
         }
-        match subreaper::decode_report(&bytes[..len]) {
+        match report::decode_report(&bytes[..len]) {
             Some(Ok(ended)) => Ok(ended),
             Some(Err(why)) => Err(ReapError::NotStarted {
                 program: self.program.clone(),
@@ -401,5 +487,184 @@ impl Drop for HostCommand {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    use super::*;
+    use crate::config::{HostEnvironment, LoadRequest};
+
+    /// A scratch host with one auto-approval rule for `tools/rule`: its
+    /// directory, the resolved configuration, the rule's path.
+    fn scratch() -> (tempfile::TempDir, ResolvedDomainConfiguration, PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let base = std::fs::canonicalize(dir.path()).unwrap();
+        let (home, run, work, tools) = (
+            base.join("home"),
+            base.join("run"),
+            base.join("work"),
+            base.join("tools"),
+        );
+        for d in [&home, &run, &work, &tools] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        std::fs::set_permissions(&run, std::fs::Permissions::from_mode(0o700)).unwrap();
+        let rule = tools.join("rule");
+        std::fs::write(&rule, "#!/bin/sh\n").unwrap();
+        std::fs::set_permissions(&rule, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let file = base.join("config.toml");
+        std::fs::write(
+            &file,
+            format!(
+                "schema = \"lazaret-trusted-host-config-v2\"\n[profiles.p]\nimage = \"x\"\n\
+                 [profiles.p.escalation]\nenabled = true\nauto_approve = [\
+                 {{ executable = {:?}, args = [\"-x\"], allow_extra_args = true }}]\n",
+                rule.display().to_string()
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let host = HostEnvironment::from_vars(
+            rustix::process::getuid().as_raw(),
+            [
+                ("HOME", home.as_os_str()),
+                ("XDG_RUNTIME_DIR", run.as_os_str()),
+            ],
+        );
+        let resolved = crate::config::load(LoadRequest {
+            profile: "p",
+            config: Some(file.as_os_str()),
+            workspace: &work,
+            host: &host,
+        })
+        .unwrap_or_else(|e| panic!("{}", lazaret_proto::error_chain(&e)));
+        (dir, resolved, rule)
+    }
+
+    #[test]
+    fn a_rules_executable_is_reopened_and_checked() {
+        let (_dir, resolved, rule) = scratch();
+        let launcher = Launcher::new(&resolved).unwrap();
+        let checked = launcher.rule_executable(0).unwrap();
+        assert_eq!(checked.canonical, rule);
+        assert!(launcher.recheck(&checked).is_ok());
+        assert!(matches!(
+            launcher.rule_executable(1),
+            Err(ExecutableError::NoRule { index: 1 })
+        ));
+        // Its mode changed after admission: the recheck refuses it.
+        std::fs::set_permissions(&rule, std::fs::Permissions::from_mode(0o777)).unwrap();
+        match launcher.recheck(&checked) {
+            Err(ExecutableError::Unfit { path, reason }) => {
+                assert_eq!(path, rule);
+                assert!(reason.contains("chmod go-w"), "{reason}");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            launcher.rule_executable(0),
+            Err(ExecutableError::Unfit { .. })
+        ));
+    }
+
+    #[test]
+    fn a_replaced_rule_executable_is_refused() {
+        let (dir, resolved, rule) = scratch();
+        let launcher = Launcher::new(&resolved).unwrap();
+        let other = dir.path().join("tools/other");
+        std::fs::write(&other, "#!/bin/sh\necho swapped\n").unwrap();
+        std::fs::set_permissions(&other, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::rename(&other, &rule).unwrap();
+        let error = launcher.rule_executable(0).unwrap_err();
+        assert!(
+            matches!(&error, ExecutableError::Replaced { path } if *path == rule),
+            "{error:?}"
+        );
+        assert!(
+            error
+                .to_string()
+                .contains("was replaced since `lazaret up`"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn a_requested_executable_inside_a_writable_tree_is_refused() {
+        let (dir, resolved, rule) = scratch();
+        let launcher = Launcher::new(&resolved).unwrap();
+        let base = std::fs::canonicalize(dir.path()).unwrap();
+        let planted = base.join("work/tool");
+        std::fs::write(&planted, "#!/bin/sh\n").unwrap();
+        std::fs::set_permissions(&planted, std::fs::Permissions::from_mode(0o755)).unwrap();
+        match launcher.requested_executable(planted.to_str().unwrap()) {
+            Err(ExecutableError::Forbidden { path, tree, what }) => {
+                assert_eq!(path, planted);
+                assert_eq!(tree, base.join("work"));
+                assert_eq!(what, Tree::Workspace);
+            }
+            other => panic!("{other:?}"),
+        }
+        // Through a link from outside, it is still what the link names.
+        let link = base.join("tools/link");
+        std::os::unix::fs::symlink(&planted, &link).unwrap();
+        assert!(matches!(
+            launcher.requested_executable(link.to_str().unwrap()),
+            Err(ExecutableError::Forbidden { .. })
+        ));
+        // Outside every tree, it passes.
+        let checked = launcher
+            .requested_executable(rule.to_str().unwrap())
+            .unwrap();
+        assert_eq!(checked.canonical, rule);
+    }
+
+    #[test]
+    fn a_requested_path_that_is_no_executable_file_is_refused() {
+        let (dir, resolved, _) = scratch();
+        let launcher = Launcher::new(&resolved).unwrap();
+        let base = std::fs::canonicalize(dir.path()).unwrap();
+        let missing = base.join("tools/missing");
+        assert!(matches!(
+            launcher.requested_executable(missing.to_str().unwrap()),
+            Err(ExecutableError::Resolve(_))
+        ));
+        let tools = base.join("tools");
+        assert!(matches!(
+            launcher.requested_executable(tools.to_str().unwrap()),
+            Err(ExecutableError::Open(_))
+        ));
+        let linked = base.join("tools/linked");
+        std::fs::hard_link(base.join("tools/rule"), &linked).unwrap();
+        match launcher.requested_executable(linked.to_str().unwrap()) {
+            Err(ExecutableError::Unfit { path, reason }) => {
+                assert_eq!(path, linked);
+                assert!(reason.contains("hard links"), "{reason}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn each_forbidden_tree_is_named() {
+        let trees = [
+            (PathBuf::from("/w"), Tree::Workspace),
+            (PathBuf::from("/v/0"), Tree::Volume(0)),
+            (PathBuf::from("/v/1"), Tree::Volume(1)),
+        ];
+        assert_eq!(
+            forbidden_tree(Path::new("/v/1/bin/x"), &trees),
+            Some((Path::new("/v/1"), Tree::Volume(1)))
+        );
+        // A tree inside the executable's path (a directory above it) too.
+        assert_eq!(
+            forbidden_tree(Path::new("/"), &trees),
+            Some((Path::new("/w"), Tree::Workspace))
+        );
+        assert_eq!(forbidden_tree(Path::new("/wx/bin"), &trees), None);
+        assert_eq!(Tree::Volume(1).to_string(), "volume 1's source");
+        assert_eq!(Tree::Storage.to_string(), "Lazaret's storage");
     }
 }

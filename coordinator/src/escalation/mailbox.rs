@@ -18,7 +18,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
 use lazaret_hostfs::beneath::{self, list};
-use lazaret_hostfs::read::read_small;
+use lazaret_hostfs::read::{ReadError, read_small};
 use lazaret_hostfs::tree;
 use lazaret_proto::codec::WireRecord;
 use lazaret_proto::ids::SessionId;
@@ -26,6 +26,8 @@ use lazaret_proto::mailbox::{
     CREDENTIAL_FILE, GUEST_FILE, REQUESTS_DIR, RESULTS_DIR, SignedProtocolRecord,
 };
 use rustix::fs::{AtFlags, FileType, Mode, OFlags};
+
+use lazaret_hostfs::plan::type_name;
 
 /// The most bytes of a record file taken from the sandbox.
 const MAX_RECORD_FILE: u64 = SignedProtocolRecord::MAX_ENCODED_LEN as u64;
@@ -66,7 +68,27 @@ pub enum Taken {
         /// Its name, escaped for the log.
         name: String,
         /// Why.
-        why: String,
+        why: Refusal,
+    },
+}
+
+/// Why something in `requests/` is not taken as a record file.
+#[derive(Debug, thiserror::Error)]
+pub enum Refusal {
+    /// What was listed as a regular file was no longer one when opened.
+    #[error("it changed into something else while read")]
+    Changed,
+    /// It could not be read within the bound.
+    #[error("it cannot be read")]
+    Unreadable(#[source] ReadError),
+    /// It is a directory.
+    #[error("it is a directory, not a record file")]
+    Directory,
+    /// It is a symbolic link, a FIFO, a socket or a device.
+    #[error("it is a {}, not a regular file", type_name(*kind))]
+    NotRegular {
+        /// What it is.
+        kind: FileType,
     },
 }
 
@@ -86,7 +108,7 @@ pub struct GuestClaim {
 /// Writes `bytes` as `name` beneath `dir`: a new `.`-named file, then a
 /// rename over `name`.
 fn put(dir: BorrowedFd<'_>, name: &str, bytes: &[u8], mode: u32) -> std::io::Result<()> {
-    let nonce = lazaret_proto::ids::to_hex(&crate::session::random_bytes::<8>());
+    let nonce = lazaret_proto::ids::to_hex(&lazaret_proto::signing::random_bytes::<8>());
     let temporary = format!(".{name}.{nonce}.part");
     let fd = rustix::fs::openat(
         dir,
@@ -186,7 +208,7 @@ impl SessionMailbox {
                 .escape_debug()
                 .to_string();
             let name = std::ffi::OsStr::from_bytes(&entry.name);
-            let refused = |why: String| Taken::Refused {
+            let refused = |why: Refusal| Taken::Refused {
                 name: shown.clone(),
                 why,
             };
@@ -196,22 +218,19 @@ impl SessionMailbox {
                     let _ = rustix::fs::unlinkat(dir, name, AtFlags::empty());
                     taken.push(match read {
                         Ok(Some(bytes)) => Taken::File { name: shown, bytes },
-                        Ok(None) => refused("it changed into something else while read".into()),
-                        Err(e) => refused(format!("it cannot be read: {e}")),
+                        Ok(None) => refused(Refusal::Changed),
+                        Err(e) => refused(Refusal::Unreadable(e)),
                     });
                 }
                 FileType::Directory => {
                     let removed = rustix::fs::unlinkat(dir, name, AtFlags::REMOVEDIR).is_ok();
                     if removed || complained.insert(entry.name.clone()) {
-                        taken.push(refused("it is a directory, not a record file".into()));
+                        taken.push(refused(Refusal::Directory));
                     }
                 }
                 other => {
                     let _ = rustix::fs::unlinkat(dir, name, AtFlags::empty());
-                    taken.push(refused(format!(
-                        "it is a {}, not a regular file",
-                        lazaret_hostfs::plan::type_name(other)
-                    )));
+                    taken.push(refused(Refusal::NotRegular { kind: other }));
                 }
             }
         }
@@ -300,7 +319,9 @@ mod tests {
             .iter()
             .map(|t| match t {
                 Taken::File { name, bytes } => format!("{name}={}", String::from_utf8_lossy(bytes)),
-                Taken::Refused { name, why } => format!("{name}: {why}"),
+                Taken::Refused { name, why } => {
+                    format!("{name}: {}", lazaret_proto::error_chain(why))
+                }
             })
             .collect();
         assert_eq!(summary[0], "a.request=one");
@@ -345,5 +366,199 @@ mod tests {
         mailbox.put_result("x.result", b"r").unwrap();
         assert!(std::fs::read_dir(outside.path()).unwrap().next().is_none());
         assert!(base.join("moved/x.result").exists());
+    }
+
+    /// A mailbox on a scratch root, and its `requests/` path.
+    fn scratch(id: u8) -> (tempfile::TempDir, SessionMailbox, std::path::PathBuf) {
+        let (tmp, fd) = root();
+        let mailbox = SessionMailbox::create(fd.as_fd(), SessionId([id; 16]), b"b").unwrap();
+        let requests = tmp
+            .path()
+            .join(SessionId([id; 16]).to_hex())
+            .join(REQUESTS_DIR);
+        (tmp, mailbox, requests)
+    }
+
+    fn take_all(mailbox: &SessionMailbox) -> Vec<Taken> {
+        let mut taken = mailbox.take(&mut HashSet::new()).unwrap();
+        taken.sort_by_key(|t| match t {
+            Taken::File { name, .. } | Taken::Refused { name, .. } => name.clone(),
+        });
+        taken
+    }
+
+    #[test]
+    fn a_record_file_of_exactly_the_bound_is_taken_and_one_byte_more_is_not() {
+        let (_tmp, mailbox, requests) = scratch(1);
+        let bound = MAX_RECORD_FILE as usize;
+        std::fs::write(requests.join("a"), vec![7u8; bound]).unwrap();
+        std::fs::write(requests.join("b"), vec![7u8; bound + 1]).unwrap();
+        std::fs::write(requests.join("c"), b"").unwrap();
+        let taken = take_all(&mailbox);
+        assert!(
+            matches!(&taken[0], Taken::File { name, bytes } if name == "a" && bytes.len() == bound)
+        );
+        match &taken[1] {
+            Taken::Refused {
+                name,
+                why: Refusal::Unreadable(ReadError::TooLarge { max }),
+            } => {
+                assert_eq!(name, "b");
+                assert_eq!(*max, MAX_RECORD_FILE);
+            }
+            other => panic!("{other:?}"),
+        }
+        // An empty file is taken as it is; the record's checks refuse it.
+        assert!(
+            matches!(&taken[2], Taken::File { name, bytes } if name == "c" && bytes.is_empty())
+        );
+        // Every one of them is gone, whatever became of it.
+        assert_eq!(std::fs::read_dir(&requests).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn a_socket_and_a_link_to_a_directory_are_refused_by_their_kind() {
+        let (tmp, mailbox, requests) = scratch(2);
+        let _socket = std::os::unix::net::UnixListener::bind(requests.join("s")).unwrap();
+        std::os::unix::fs::symlink(tmp.path(), requests.join("l")).unwrap();
+        let taken = take_all(&mailbox);
+        let kinds: Vec<_> = taken
+            .iter()
+            .map(|t| match t {
+                Taken::Refused {
+                    why: Refusal::NotRegular { kind },
+                    ..
+                } => *kind,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(kinds, [FileType::Symlink, FileType::Socket]);
+        let said = lazaret_proto::error_chain(match &taken[1] {
+            Taken::Refused { why, .. } => why,
+            Taken::File { .. } => unreachable!(),
+        });
+        assert_eq!(said, "it is a socket, not a regular file");
+        // The link is gone, and what it named is not.
+        assert!(tmp.path().exists());
+        assert_eq!(std::fs::read_dir(&requests).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn a_file_no_one_may_read_is_taken_only_by_root() {
+        let (_tmp, mailbox, requests) = scratch(3);
+        let path = requests.join("locked");
+        std::fs::write(&path, b"x").unwrap();
+        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o000))
+            .unwrap();
+        let taken = take_all(&mailbox);
+        if rustix::process::geteuid().is_root() {
+            assert!(matches!(&taken[..], [Taken::File { bytes, .. }] if bytes == b"x"));
+        } else {
+            assert!(
+                matches!(
+                    &taken[..],
+                    [Taken::Refused {
+                        why: Refusal::Unreadable(ReadError::Io(_)),
+                        ..
+                    }]
+                ),
+                "{taken:?}"
+            );
+        }
+        // Either way it is removed: it cannot fill the mailbox.
+        assert!(!path.exists());
+    }
+
+    #[test]
+    fn names_are_escaped_and_only_old_part_files_are_litter() {
+        let (_tmp, mailbox, requests) = scratch(4);
+        let odd = std::ffi::OsStr::from_bytes(b"x\xff\n\x1b[31m");
+        std::fs::write(requests.join(odd), b"r").unwrap();
+        let old = requests.join(".old.part");
+        let new = requests.join(".new.part");
+        std::fs::write(&old, b"").unwrap();
+        std::fs::write(&new, b"").unwrap();
+        let long_ago = rustix::fs::Timestamps {
+            last_access: rustix::fs::Timespec {
+                tv_sec: 1,
+                tv_nsec: 0,
+            },
+            last_modification: rustix::fs::Timespec {
+                tv_sec: 1,
+                tv_nsec: 0,
+            },
+        };
+        rustix::fs::utimensat(rustix::fs::CWD, &old, &long_ago, AtFlags::empty()).unwrap();
+        let taken = take_all(&mailbox);
+        match &taken[..] {
+            [Taken::File { name, bytes }] => {
+                assert_eq!(bytes, b"r");
+                assert!(!name.contains('\n') && !name.contains('\x1b'), "{name:?}");
+                assert!(name.starts_with('x'), "{name:?}");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(!old.exists());
+        assert!(new.exists());
+    }
+
+    #[test]
+    fn the_guest_claim_is_read_only_when_well_formed() {
+        let (tmp, mailbox, _) = scratch(5);
+        let dir = tmp.path().join(SessionId([5; 16]).to_hex());
+        let guest = dir.join(GUEST_FILE);
+        assert_eq!(mailbox.guest(), None);
+        std::fs::write(&guest, b"12 12 99887766\n").unwrap();
+        assert_eq!(
+            mailbox.guest(),
+            Some(GuestClaim {
+                pid: 12,
+                process_group: 12,
+                start_time: 99_887_766
+            })
+        );
+        for bad in [
+            &b"12 12"[..],
+            b"-1 12 5",
+            b"12 x 5",
+            b"4294967296 1 1",
+            b"\xff 1 1",
+        ] {
+            std::fs::write(&guest, bad).unwrap();
+            assert_eq!(mailbox.guest(), None, "{:?}", String::from_utf8_lossy(bad));
+        }
+        // More than the bound is not read at all.
+        let mut long = b"1 1 1".to_vec();
+        long.extend(std::iter::repeat_n(b' ', 64));
+        std::fs::write(&guest, &long).unwrap();
+        assert_eq!(mailbox.guest(), None);
+        // A link in its place is not followed.
+        std::fs::remove_file(&guest).unwrap();
+        let elsewhere = tmp.path().join("claim");
+        std::fs::write(&elsewhere, b"1 1 1").unwrap();
+        std::os::unix::fs::symlink(&elsewhere, &guest).unwrap();
+        assert_eq!(mailbox.guest(), None);
+    }
+
+    #[test]
+    fn results_are_written_whole_and_removed_by_name() {
+        let (tmp, mailbox, _) = scratch(6);
+        let results = tmp
+            .path()
+            .join(SessionId([6; 16]).to_hex())
+            .join(RESULTS_DIR);
+        mailbox.put_result("r", b"first").unwrap();
+        mailbox.put_result("r", b"second").unwrap();
+        assert_eq!(std::fs::read(results.join("r")).unwrap(), b"second");
+        let mode = std::fs::metadata(results.join("r")).unwrap();
+        assert_eq!(
+            std::os::unix::fs::PermissionsExt::mode(&mode.permissions()) & 0o777,
+            0o400
+        );
+        // No `.part` file is left behind.
+        assert_eq!(std::fs::read_dir(&results).unwrap().count(), 1);
+        mailbox.remove_result("r");
+        assert!(!mailbox.holds_result("r"));
+        mailbox.remove_result("r");
     }
 }

@@ -23,6 +23,9 @@ pub mod classify;
 pub mod launch;
 pub mod machine;
 pub mod mailbox;
+pub mod record;
+pub mod report;
+pub mod running;
 pub mod session;
 pub mod subreaper;
 

@@ -16,49 +16,34 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use lazaret_proto::codec::EncodeError;
 use lazaret_proto::common::{ProtocolVersion, UnixTimeNs};
+use lazaret_proto::error_chain;
 use lazaret_proto::ids::{RequestId, Sha256Digest};
 use lazaret_proto::mailbox::{
-    DeveloperDecision, DeveloperDecisionKind, EscalationOutcome, MAX_RESULT_CHUNK,
-    MAX_RESULT_DETAIL, MailboxRecord, MailboxRequest, MailboxResult, MailboxResultChunk,
-    RecordFile, ResultStream, record_file_name,
+    DeveloperDecision, DeveloperDecisionKind, EscalationOutcome, MAX_RESULT_DETAIL, MailboxRecord,
+    MailboxRequest, MailboxResult, RecordFile, record_file_name,
 };
+use lazaret_proto::signing::SignError;
 use lazaret_proto::terminal::{
     EscalationAnswer, EscalationPrompt, EscalationSettled, MAX_PROMPT_ARGS, MAX_PROMPT_ARGV_BYTES,
     MAX_PROMPT_REASON,
 };
-use lazaret_proto::trust::{ProtocolCredentialRole, ProtocolPublicKey, SessionRequestCapability};
+use lazaret_proto::trust::{ProtocolPublicKey, SessionRequestCapability};
 use sha2::Digest;
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinSet;
 
 use super::audit;
 use super::classify::{Classification, classify, shown};
-use super::launch::{Checked, END_WAIT, Ended, HostCommand};
+use super::launch::{Checked, LaunchError, ReapError};
 use super::machine::{Admission, Effect, Rejection, Requests};
 use super::mailbox::{GuestClaim, SessionMailbox, Taken};
+use super::record::{stale, stale_request, verify};
+use super::report::Ended;
+use super::running::{Output, Ran, run};
 use super::{Escalation, Watch};
 
-/// How far in the future a request may say it was made (clock steps).
-const FUTURE_SKEW: Duration = Duration::from_secs(30);
-/// How old a request may be when the host reads it: older is stale (a
-/// file kept back and dropped in later). [`stale`] says "a minute".
-const MAX_AGE: Duration = Duration::from_secs(60);
-/// The longest a request may wait for the developer.
-const MAX_WAIT: Duration = Duration::from_secs(600);
-/// The most output bytes of one command that reach the sandbox; past
-/// this, output is read and dropped, and the result says so.
-const MAX_OUTPUT: u64 = 64 * 1024 * 1024;
-/// How many result chunks may wait in the mailbox for the client: the
-/// command's output then waits in its pipe (backpressure).
-const CHUNK_WINDOW: u64 = 64;
-/// How long a client may leave its output unread before the command is
-/// ended.
-const STALL_LIMIT: Duration = Duration::from_secs(300);
-/// How long a cancelled command has between SIGTERM and SIGKILL.
-const TERM_GRACE: Duration = super::subreaper::TERM_GRACE;
-/// How long output may still come after a command exited.
-const DRAIN_LIMIT: Duration = Duration::from_secs(1);
 /// How long the session's end waits for its commands to be ended.
 const CLOSE_WAIT: Duration = Duration::from_secs(2);
 
@@ -101,17 +86,6 @@ struct Request {
     ran: Option<Ran>,
 }
 
-/// What a finished command left.
-#[derive(Debug, Clone)]
-struct Ran {
-    ended: Option<Ended>,
-    chunks: u64,
-    truncated: bool,
-    /// Why the host ended it, when it did (its output could not be
-    /// delivered).
-    stopped: Option<String>,
-}
-
 /// One session's escalation.
 #[derive(Debug)]
 pub struct SessionEscalation {
@@ -124,8 +98,8 @@ pub struct SessionEscalation {
     requests: Requests,
     known: HashMap<RequestId, Request>,
     cancels: HashMap<RequestId, oneshot::Sender<()>>,
-    done_tx: mpsc::UnboundedSender<(RequestId, Result<Ran, String>)>,
-    done_rx: mpsc::UnboundedReceiver<(RequestId, Result<Ran, String>)>,
+    done_tx: mpsc::UnboundedSender<(RequestId, Result<Ran, ReapError>)>,
+    done_rx: mpsc::UnboundedReceiver<(RequestId, Result<Ran, ReapError>)>,
     events: VecDeque<Event>,
     complained: HashSet<Vec<u8>>,
     /// Whether the leader's identity was found (it is written once).
@@ -289,7 +263,7 @@ impl SessionEscalation {
                         tracing::warn!(
                             file = %audit::field(&name),
                             "escalation mailbox file refused: {}",
-                            audit::field(&why)
+                            audit::field(&error_chain(&why))
                         );
                     }
                 }
@@ -343,7 +317,7 @@ impl SessionEscalation {
         let now = UnixTimeNs::now();
         let record = match verify(name, bytes, &self.sandbox_key, &self.capability, now) {
             Ok(record) => record,
-            Err(why) => return self.refused_record(name, None, &why),
+            Err(why) => return self.refused_record(name, None, &error_chain(&why)),
         };
         match record {
             MailboxRecord::Request(request) => self.request(name, request, now),
@@ -391,18 +365,7 @@ impl SessionEscalation {
             let why = "its request id was used before (a replay)";
             return self.refused_record(name, Some(id), why);
         }
-        let stale = stale(request.issued_at, now).or_else(|| {
-            if request.expires_at <= now {
-                Some("it had expired when the host read it".into())
-            } else if request.expires_at.since(request.issued_at) > MAX_WAIT + FUTURE_SKEW {
-                Some(format!(
-                    "it asks to wait longer than the host allows ({} s)",
-                    MAX_WAIT.as_secs()
-                ))
-            } else {
-                None
-            }
-        });
+        let stale = stale_request(&request, now);
         let mut entry = Request {
             argv: request.command_argv,
             issued_at: request.issued_at,
@@ -418,7 +381,10 @@ impl SessionEscalation {
             ran: None,
         };
         let (classification, admission) = match stale {
-            Some(why) => ("stale", Admission::End(self.refuse(&mut entry, why))),
+            Some(why) => (
+                "stale",
+                Admission::End(self.refuse(&mut entry, why.to_string())),
+            ),
             None => self.admit(&mut entry),
         };
         match self.requests.admit(id, admission) {
@@ -480,10 +446,10 @@ impl SessionEscalation {
                         entry.executable = Some(checked);
                         ("auto-approved", Admission::Approved)
                     }
-                    Err(why) => (
-                        "auto-approved",
-                        Admission::End(self.refuse(entry, format!("auto_approve[{rule}]: {why}"))),
-                    ),
+                    Err(why) => {
+                        let why = format!("auto_approve[{rule}]: {}", error_chain(&why));
+                        ("auto-approved", Admission::End(self.refuse(entry, why)))
+                    }
                 }
             }
             Classification::AskDeveloper { reason } => {
@@ -518,7 +484,7 @@ impl SessionEscalation {
                         }
                         entry.executable = Some(checked);
                     }
-                    Err(why) => entry.cannot_run = Some(why),
+                    Err(why) => entry.cannot_run = Some(error_chain(&why)),
                 }
                 (
                     "ask the developer",
@@ -599,16 +565,16 @@ impl SessionEscalation {
         // its mode or owner may have changed while the developer decided.
         let launcher = &self.shared.launcher;
         let spawned = match request.executable.take() {
-            Some(exe) => launcher.recheck(&exe).and_then(|()| {
-                launcher
-                    .spawn(&exe, &request.argv)
-                    .map_err(|e| format!("cannot start {}: {e}", exe.canonical.display()))
-            }),
-            None => Err("no executable was checked for it".to_owned()),
+            Some(exe) => launcher
+                .recheck(&exe)
+                .map_err(LaunchError::from)
+                .and_then(|()| launcher.spawn(&exe, &request.argv)),
+            None => Err(LaunchError::Unchecked),
         };
         let command = match spawned {
             Ok(command) => command,
             Err(why) => {
+                let why = error_chain(&why);
                 tracing::warn!(request = %id, "escalation not launched: {why}");
                 request.detail = why;
                 let effects = self.requests.ended(id, EscalationOutcome::LaunchFailed);
@@ -636,7 +602,7 @@ impl SessionEscalation {
     }
 
     /// A command's task ended.
-    fn command_ended(&mut self, id: RequestId, ran: Result<Ran, String>) {
+    fn command_ended(&mut self, id: RequestId, ran: Result<Ran, ReapError>) {
         self.cancels.remove(&id);
         let outcome = match ran {
             Ok(ran) => {
@@ -647,7 +613,7 @@ impl SessionEscalation {
                 };
                 if let Some(request) = self.known.get_mut(&id) {
                     if let Some(why) = &ran.stopped {
-                        request.detail = why.clone();
+                        request.detail = error_chain(why);
                     }
                     request.ran = Some(ran);
                 }
@@ -655,7 +621,7 @@ impl SessionEscalation {
             }
             Err(why) => {
                 if let Some(request) = self.known.get_mut(&id) {
-                    request.detail = why;
+                    request.detail = error_chain(&why);
                 }
                 EscalationOutcome::LaunchFailed
             }
@@ -682,25 +648,24 @@ impl SessionEscalation {
     }
 
     fn put(&self, id: RequestId, kind: RecordFile, record: &MailboxRecord) {
-        let payload = lazaret_proto::codec::encode(record).map_err(|e| e.to_string());
+        let payload = lazaret_proto::codec::encode(record).map_err(PutError::Encode);
         self.put_payload(id, kind, payload);
     }
 
     /// Signs and writes an encoded record.
-    fn put_payload(&self, id: RequestId, kind: RecordFile, payload: Result<Vec<u8>, String>) {
-        let sealed = payload.and_then(|p| {
-            self.shared
-                .signer
-                .seal_payload(p)
-                .map_err(|e| e.to_string())
-        });
-        let written = sealed.and_then(|bytes| {
+    fn put_payload(&self, id: RequestId, kind: RecordFile, payload: Result<Vec<u8>, PutError>) {
+        let written = payload.and_then(|payload| {
+            let bytes = self.shared.signer.seal_payload(payload)?;
             self.mailbox
                 .put_result(&record_file_name(id, kind), &bytes)
-                .map_err(|e| e.to_string())
+                .map_err(PutError::Write)
         });
         if let Err(e) = written {
-            tracing::warn!(request = %id, "cannot write to this session's mailbox: {e}");
+            tracing::warn!(
+                request = %id,
+                "cannot write to this session's mailbox: {}",
+                error_chain(&e)
+            );
         }
     }
 
@@ -760,7 +725,7 @@ impl SessionEscalation {
             finished_at: UnixTimeNs::now(),
         });
         // Its digest is what the sandbox's acknowledgement must name.
-        let payload = lazaret_proto::codec::encode(&record).map_err(|e| e.to_string());
+        let payload = lazaret_proto::codec::encode(&record).map_err(PutError::Encode);
         if let Ok(bytes) = &payload {
             let digest = Sha256Digest(sha2::Sha256::digest(bytes).into());
             self.results.insert(id, (digest, ran.chunks));
@@ -776,56 +741,6 @@ impl SessionEscalation {
     }
 }
 
-/// Reads record file `name` as a record of this session's sandbox: signed
-/// by its key (checked before anything is decoded), of a kind the sandbox
-/// signs, bound to this session and generation, under its capability
-/// while that lasts, in the file its name says. Why not, otherwise.
-pub fn verify(
-    name: &str,
-    bytes: &[u8],
-    key: &ProtocolPublicKey,
-    capability: &SessionRequestCapability,
-    now: UnixTimeNs,
-) -> Result<MailboxRecord, String> {
-    let record = lazaret_proto::signing::open(bytes, key, ProtocolCredentialRole::AgentSandbox)
-        .map_err(|e| crate::lifecycle::chain(&e))?;
-    if *record.session_binding() != capability.session_binding {
-        return Err("it is bound to another session or generation".into());
-    }
-    let (capability_id, kind) = match &record {
-        MailboxRecord::Request(r) => (r.capability_id, RecordFile::Request),
-        MailboxRecord::Cancellation(r) => (r.capability_id, RecordFile::Cancellation),
-        MailboxRecord::ResultAck(r) => (r.capability_id, RecordFile::ResultAck),
-        _ => return Err("the host signs records of its kind".into()),
-    };
-    if capability_id != capability.capability_id {
-        return Err("it names another request capability".into());
-    }
-    if now >= capability.expires_at {
-        return Err("this session's request capability expired".into());
-    }
-    if name != record_file_name(record.request_id(), kind) {
-        return Err("its file name does not match the record".into());
-    }
-    Ok(record)
-}
-
-/// Why a record made at `issued_at` is stale when read at `now`: made in
-/// the future (past the clock skew allowed), or longer ago than
-/// [`MAX_AGE`] (a file kept back and dropped in later).
-fn stale(issued_at: UnixTimeNs, now: UnixTimeNs) -> Option<String> {
-    if issued_at > now.after(FUTURE_SKEW) {
-        Some(format!(
-            "it says it was made more than {} s in the future (is the clock right?)",
-            FUTURE_SKEW.as_secs()
-        ))
-    } else if now.since(issued_at) > MAX_AGE {
-        Some("it was made more than a minute before the host read it".to_owned())
-    } else {
-        None
-    }
-}
-
 /// Cuts `text` to at most `max` bytes, on a character boundary.
 fn truncate(text: &mut String, max: usize) {
     if text.len() > max {
@@ -837,332 +752,16 @@ fn truncate(text: &mut String, max: usize) {
     }
 }
 
-/// Where a running command's output goes.
-struct Output {
-    shared: Arc<Escalation>,
-    mailbox: Arc<SessionMailbox>,
-    binding: lazaret_proto::trust::SessionBinding,
-    request_id: RequestId,
-    changes: watch::Receiver<u64>,
-}
-
-impl Output {
-    fn name(&self, sequence: u64) -> String {
-        record_file_name(self.request_id, RecordFile::Chunk(sequence))
-    }
-
-    /// Waits until chunk `sequence` may be written: the one
-    /// [`CHUNK_WINDOW`] before it was read by the client.
-    async fn room_for(&mut self, sequence: u64) -> Result<(), String> {
-        let Some(oldest) = sequence.checked_sub(CHUNK_WINDOW) else {
-            return Ok(());
-        };
-        let name = self.name(oldest);
-        let since = Instant::now();
-        while self.mailbox.holds_result(&name) {
-            if since.elapsed() > STALL_LIMIT {
-                return Err(format!(
-                    "the sandbox left the command's output unread for {} s; the command was ended",
-                    STALL_LIMIT.as_secs()
-                ));
-            }
-            let _ = tokio::time::timeout(Duration::from_millis(200), self.changes.changed()).await;
-        }
-        Ok(())
-    }
-
-    fn put(&self, chunk: MailboxResultChunk) -> Result<(), String> {
-        let sequence = chunk.sequence;
-        let bytes = self
-            .shared
-            .signer
-            .seal(&MailboxRecord::ResultChunk(chunk))
-            .map_err(|e| e.to_string())?;
-        self.mailbox
-            .put_result(&self.name(sequence), &bytes)
-            .map_err(|e| format!("cannot write the output to the mailbox: {e}"))
-    }
-}
-
-/// Reads one stream of a command, or waits forever once it ended.
-async fn read_stream(
-    stream: &Option<crate::aio::Stream>,
-    buf: &mut [u8],
-) -> std::io::Result<Option<usize>> {
-    match stream {
-        Some(stream) => stream.read(buf).await,
-        None => std::future::pending().await,
-    }
-}
-
-/// Runs a command to its end: its output to the mailbox in order, its end
-/// by exit, cancellation or a client that stopped reading.
-async fn run(
-    mut command: HostCommand,
-    mut output: Output,
-    mut cancelled: oneshot::Receiver<()>,
-) -> Result<Ran, String> {
-    let mut sequence = 0u64;
-    let mut offsets = [0u64; 2];
-    let mut sent = 0u64;
-    let mut truncated = false;
-    let mut out_buf = vec![0u8; MAX_RESULT_CHUNK];
-    let mut err_buf = vec![0u8; MAX_RESULT_CHUNK];
-    let mut exited_at: Option<tokio::time::Instant> = None;
-    let mut cancelling = false;
-    let mut failure: Option<String> = None;
-    loop {
-        if command.stdout.is_none() && command.stderr.is_none() && exited_at.is_some() {
-            break;
-        }
-        let drain_over = async {
-            match exited_at {
-                Some(at) => tokio::time::sleep_until(at + DRAIN_LIMIT).await,
-                None => std::future::pending().await,
-            }
-        };
-        let (read, stream) = tokio::select! {
-            read = read_stream(&command.stdout, &mut out_buf) => (read, ResultStream::Stdout),
-            read = read_stream(&command.stderr, &mut err_buf) => (read, ResultStream::Stderr),
-            () = command.exited(), if exited_at.is_none() => {
-                // Its launch process has ended whatever the command left.
-                exited_at = Some(tokio::time::Instant::now());
-                continue;
-            }
-            _ = &mut cancelled, if !cancelling => {
-                cancelling = true;
-                // SIGTERM to everything it started, SIGKILL 0.5 s later:
-                // its launch process does both. One that does not exit
-                // in time is told more bluntly.
-                command.cancel();
-                let grace = TERM_GRACE + END_WAIT;
-                if tokio::time::timeout(grace, command.exited()).await.is_err() {
-                    command.end();
-                    if tokio::time::timeout(END_WAIT, command.exited()).await.is_err() {
-                        command.kill();
-                    }
-                }
-                continue;
-            }
-            () = drain_over => {
-                // Something outside the group still holds a pipe: what it
-                // writes from now on is not delivered.
-                truncated = true;
-                break;
-            }
-        };
-        let index = usize::from(stream == ResultStream::Stderr);
-        let n = match read {
-            Ok(Some(n)) => n,
-            Ok(None) | Err(_) => {
-                match stream {
-                    ResultStream::Stdout => command.stdout = None,
-                    ResultStream::Stderr => command.stderr = None,
-                }
-                continue;
-            }
-        };
-        // Past the bound nothing more is sent, so what the client gets is
-        // a prefix of each stream.
-        if truncated || sent + n as u64 > MAX_OUTPUT {
-            truncated = true;
-            continue;
-        }
-        if failure.is_some() {
-            continue;
-        }
-        let bytes = if index == 0 {
-            &out_buf[..n]
-        } else {
-            &err_buf[..n]
-        };
-        let chunk = MailboxResultChunk {
-            protocol_version: ProtocolVersion::V1,
-            session_binding: output.binding.clone(),
-            request_id: output.request_id,
-            sequence,
-            stream,
-            offset: offsets[index],
-            bytes: bytes.to_vec(),
-        };
-        let written = match output.room_for(sequence).await {
-            Ok(()) => output.put(chunk),
-            Err(e) => Err(e),
-        };
-        match written {
-            Ok(()) => {
-                sequence += 1;
-                offsets[index] += n as u64;
-                sent += n as u64;
-            }
-            Err(why) => {
-                command.end();
-                failure = Some(why);
-            }
-        }
-    }
-    let ended = command.reap().map_err(|e| crate::lifecycle::chain(&e))?;
-    Ok(Ran {
-        ended: Some(ended),
-        chunks: sequence,
-        truncated,
-        stopped: failure,
-    })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use lazaret_proto::ids::{
-        CapabilityId, CliId, ConfigurationFingerprint, CredentialId, DomainId, GenerationId,
-        GenerationNonce, SessionId,
-    };
-    use lazaret_proto::trust::{GenerationIdentity, ProtocolSigningKey, SessionBinding};
-    use proptest::prelude::*;
-
-    fn capability() -> SessionRequestCapability {
-        SessionRequestCapability {
-            protocol_version: ProtocolVersion::V1,
-            capability_id: CapabilityId([0xcc; 16]),
-            session_binding: SessionBinding {
-                generation_identity: GenerationIdentity {
-                    agent_profile: "p".into(),
-                    domain_id: DomainId([1; 32]),
-                    generation_id: GenerationId(3),
-                    configuration_fingerprint: ConfigurationFingerprint([2; 32]),
-                    generation_nonce: GenerationNonce([3; 16]),
-                    created_at: UnixTimeNs(1),
-                },
-                cli_id: CliId([4; 16]),
-                session_id: SessionId([4; 16]),
-                credential_id: CredentialId([5; 16]),
-            },
-            expires_at: UnixTimeNs(u64::MAX),
-        }
-    }
-
-    fn request(capability: &SessionRequestCapability) -> MailboxRecord {
-        MailboxRecord::Request(MailboxRequest {
-            protocol_version: ProtocolVersion::V1,
-            session_binding: capability.session_binding.clone(),
-            request_id: RequestId([9; 16]),
-            capability_id: capability.capability_id,
-            command_argv: vec!["/usr/bin/id".into(), "-u".into()],
-            issued_at: UnixTimeNs::now(),
-            expires_at: UnixTimeNs::now().after(Duration::from_secs(60)),
-        })
-    }
-
-    fn name() -> String {
-        record_file_name(RequestId([9; 16]), RecordFile::Request)
-    }
-
-    fn sealed(key: &ProtocolSigningKey, record: &MailboxRecord) -> Vec<u8> {
-        lazaret_proto::signing::seal(key, record).unwrap()
-    }
-
-    #[test]
-    fn only_this_sessions_own_records_pass() {
-        let (key, public) = lazaret_proto::signing::generate();
-        let capability = capability();
-        let now = UnixTimeNs::now();
-        let good = sealed(&key, &request(&capability));
-        assert!(verify(&name(), &good, &public, &capability, now).is_ok());
-
-        // Another session's key (its own credential, stolen).
-        let (other_key, _) = lazaret_proto::signing::generate();
-        let stolen = sealed(&other_key, &request(&capability));
-        let why = verify(&name(), &stolen, &public, &capability, now).unwrap_err();
-        assert!(why.contains("signature"), "{why}");
-
-        // This key, but bound to another generation or session.
-        let mut other = capability.clone();
-        other.session_binding.generation_identity.generation_id = GenerationId(2);
-        let why = verify(
-            &name(),
-            &sealed(&key, &request(&other)),
-            &public,
-            &capability,
-            now,
-        )
-        .unwrap_err();
-        assert!(why.contains("another session or generation"), "{why}");
-        let refused = |other: &SessionRequestCapability| {
-            verify(
-                &name(),
-                &sealed(&key, &request(other)),
-                &public,
-                &capability,
-                now,
-            )
-            .is_err()
-        };
-        let mut other = capability.clone();
-        other.session_binding.session_id = SessionId([6; 16]);
-        assert!(refused(&other));
-
-        // Another capability, an expired one, another file name.
-        let mut other = capability.clone();
-        other.capability_id = CapabilityId([0xdd; 16]);
-        assert!(refused(&other));
-        let mut expired = capability.clone();
-        expired.expires_at = now;
-        assert!(verify(&name(), &good, &public, &expired, now).is_err());
-        assert!(verify("x.request", &good, &public, &capability, now).is_err());
-
-        // A record of the host's kind, signed with the sandbox's key.
-        let result = MailboxRecord::Result(MailboxResult {
-            protocol_version: ProtocolVersion::V1,
-            session_binding: capability.session_binding.clone(),
-            request_id: RequestId([9; 16]),
-            outcome: EscalationOutcome::Completed,
-            exit_code: Some(0),
-            terminating_signal: None,
-            chunk_count: 0,
-            output_truncated: false,
-            detail: String::new(),
-            finished_at: now,
-        });
-        assert!(verify(&name(), &sealed(&key, &result), &public, &capability, now).is_err());
-    }
-
-    #[test]
-    fn a_non_utf8_argument_is_refused_after_the_signature() {
-        let (key, public) = lazaret_proto::signing::generate();
-        let capability = capability();
-        let MailboxRecord::Request(mut r) = request(&capability) else {
-            unreachable!()
-        };
-        r.command_argv = vec!["/usr/bin/id".into(), "MARK".into()];
-        let mut payload = lazaret_proto::codec::encode(&MailboxRecord::Request(r)).unwrap();
-        let at = payload.windows(4).position(|w| w == b"MARK").unwrap();
-        payload[at] = 0xff;
-        let bytes = lazaret_proto::signing::seal_payload(&key, payload).unwrap();
-        let why = verify(&name(), &bytes, &public, &capability, UnixTimeNs::now()).unwrap_err();
-        assert!(why.contains("payload"), "{why}");
-    }
-
-    proptest! {
-        #[test]
-        fn random_bytes_are_refused_without_panic(bytes in proptest::collection::vec(any::<u8>(), 0..4096)) {
-            let (_, public) = lazaret_proto::signing::generate();
-            prop_assert!(verify(&name(), &bytes, &public, &capability(), UnixTimeNs::now()).is_err());
-        }
-
-        #[test]
-        fn changed_records_are_refused_without_panic(
-            at in any::<prop::sample::Index>(),
-            xor in 1u8..,
-            cut in any::<prop::sample::Index>(),
-        ) {
-            let (key, public) = lazaret_proto::signing::generate();
-            let capability = capability();
-            let good = sealed(&key, &request(&capability));
-            let mut changed = good.clone();
-            changed[at.index(good.len())] ^= xor;
-            prop_assert!(verify(&name(), &changed, &public, &capability, UnixTimeNs::now()).is_err());
-            let short = &good[..cut.index(good.len())];
-            prop_assert!(verify(&name(), short, &public, &capability, UnixTimeNs::now()).is_err());
-        }
-    }
+/// Why a record for the sandbox was not written to the mailbox.
+#[derive(Debug, thiserror::Error)]
+enum PutError {
+    /// The record does not encode.
+    #[error("cannot encode the record")]
+    Encode(#[source] EncodeError),
+    /// The encoded record could not be signed.
+    #[error(transparent)]
+    Seal(#[from] SignError),
+    /// The signed record could not be written.
+    #[error("cannot write the record")]
+    Write(#[source] std::io::Error),
 }

@@ -39,7 +39,7 @@ use std::time::{Duration, Instant};
 use rustix::io::Errno;
 use rustix::process::{Pid, Signal, WaitOptions};
 
-use super::launch::Ended;
+use super::report::{Ended, NotStarted, Report, encode_report};
 use crate::process::ProcStat;
 
 /// The argument that selects this mode of `lazaret-coordinator`.
@@ -47,65 +47,6 @@ pub const MODE: &str = "launch";
 
 /// How long a cancelled command has between `SIGTERM` and `SIGKILL`.
 pub const TERM_GRACE: Duration = Duration::from_millis(500);
-
-/// The most bytes of a report.
-pub const MAX_REPORT: usize = 64;
-
-/// Why the launch process did not start the command.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum NotStarted {
-    /// Its parent-death signal, its role as subreaper or its signal
-    /// handlers could not be set up.
-    #[error("cannot prepare its launch")]
-    Prepare(#[source] Errno),
-    /// The coordinator died before the parent-death signal was set.
-    #[error("the coordinator ended before it started")]
-    Orphaned,
-    /// It was cancelled, or its session or Domain ended, while the launch
-    /// process made ready.
-    #[error("it was cancelled before it started")]
-    Cancelled,
-    /// Starting it failed (`execve(2)`, `fork(2)`).
-    #[error(transparent)]
-    Spawn(Errno),
-}
-
-/// What the launch process reports: how the command ended, or why it
-/// was not started.
-pub type Report = Result<Ended, NotStarted>;
-
-/// `report`'s bytes on the pipe.
-pub fn encode_report(report: &Report) -> Vec<u8> {
-    let text = match report {
-        Ok(Ended::Exited(code)) => format!("exited {code}"),
-        Ok(Ended::Signaled(signal)) => format!("signaled {signal}"),
-        Err(NotStarted::Prepare(e)) => format!("prepare-failed {}", e.raw_os_error()),
-        Err(NotStarted::Orphaned) => "orphaned".to_owned(),
-        Err(NotStarted::Cancelled) => "cancelled".to_owned(),
-        Err(NotStarted::Spawn(e)) => format!("spawn-failed {}", e.raw_os_error()),
-    };
-    text.into_bytes()
-}
-
-/// Reads a report; `None` when it is not one (the launch process was
-/// killed before it wrote it).
-pub fn decode_report(bytes: &[u8]) -> Option<Report> {
-    let text = std::str::from_utf8(bytes).ok()?;
-    let (kind, number) = text.split_once(' ').unwrap_or((text, ""));
-    let errno = || {
-        let raw = std::io::Error::from_raw_os_error(number.parse().ok()?);
-        Errno::from_io_error(&raw)
-    };
-    Some(match (kind, number) {
-        ("exited", _) => Ok(Ended::Exited(number.parse().ok()?)),
-        ("signaled", _) => Ok(Ended::Signaled(number.parse().ok()?)),
-        ("prepare-failed", _) => Err(NotStarted::Prepare(errno()?)),
-        ("orphaned", "") => Err(NotStarted::Orphaned),
-        ("cancelled", "") => Err(NotStarted::Cancelled),
-        ("spawn-failed", _) => Err(NotStarted::Spawn(errno()?)),
-        _ => return None,
-    })
-}
 
 /// The error number of `e`. Every error of a launch is a system call's;
 /// one that is not (the standard library refusing an argument) reads as
@@ -145,22 +86,22 @@ impl Arguments {
     }
 
     /// Parses what [`Self::to_args`] made (after the program's name).
-    pub fn parse(args: &[OsString]) -> Result<Self, String> {
-        let number = |i: usize| -> Result<i32, String> {
-            args.get(i)
+    pub fn parse(args: &[OsString]) -> Result<Self, ArgumentsError> {
+        let number = |index: usize| -> Result<i32, ArgumentsError> {
+            args.get(index)
                 .and_then(|a| a.to_str())
                 .and_then(|a| a.parse().ok())
-                .ok_or_else(|| format!("argument {i} is not a number"))
+                .ok_or(ArgumentsError::NotANumber { index })
         };
         if args.first().map(|a| a.as_bytes()) != Some(MODE.as_bytes()) {
-            return Err(format!("the first argument is not `{MODE}`"));
+            return Err(ArgumentsError::Mode);
         }
         if args.get(4).map(|a| a.as_bytes()) != Some(b"--") {
-            return Err("the command does not follow `--`".into());
+            return Err(ArgumentsError::NoSeparator);
         }
         let argv = args[5..].to_vec();
         if argv.is_empty() {
-            return Err("no command".into());
+            return Err(ArgumentsError::NoCommand);
         }
         let parsed = Self {
             executable: number(1)?,
@@ -169,10 +110,34 @@ impl Arguments {
             argv,
         };
         if parsed.executable == parsed.report {
-            return Err("the executable and the report share a descriptor".into());
+            return Err(ArgumentsError::SharedDescriptor);
         }
         Ok(parsed)
     }
+}
+
+/// Why the arguments of a launch process are not what the coordinator
+/// gives it ([`Arguments::to_args`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ArgumentsError {
+    /// The mode argument is missing or another.
+    #[error("the first argument is not `{}`", MODE)]
+    Mode,
+    /// A descriptor or the parent's pid is not a number.
+    #[error("argument {index} is not a number")]
+    NotANumber {
+        /// Its position, the mode being 0.
+        index: usize,
+    },
+    /// No `--` where the command should begin.
+    #[error("the command does not follow `--`")]
+    NoSeparator,
+    /// Nothing after `--`.
+    #[error("no command")]
+    NoCommand,
+    /// One descriptor named as both the executable and the report.
+    #[error("the executable and the report share a descriptor")]
+    SharedDescriptor,
 }
 
 /// The signals that end the command, as they arrive.
@@ -526,22 +491,36 @@ mod tests {
         assert_eq!(Arguments::parse(&args.to_args()), Ok(args));
         assert!(Arguments::parse(&["launch".into(), "7".into()]).is_err());
         assert!(Arguments::parse(&["start".into()]).is_err());
-        for report in [
-            Ok(Ended::Exited(0)),
-            Ok(Ended::Exited(255)),
-            Ok(Ended::Signaled(9)),
-            Err(NotStarted::Prepare(Errno::PERM)),
-            Err(NotStarted::Orphaned),
-            Err(NotStarted::Cancelled),
-            Err(NotStarted::Spawn(Errno::NOENT)),
-        ] {
-            let bytes = encode_report(&report);
-            assert!(bytes.len() <= MAX_REPORT);
-            assert_eq!(decode_report(&bytes), Some(report));
-        }
-        assert_eq!(decode_report(b""), None);
-        assert_eq!(decode_report(b"exited x"), None);
-        assert_eq!(decode_report(b"spawn-failed 99999"), None);
+    }
+
+    #[test]
+    fn malformed_arguments_say_what_is_wrong() {
+        let args = |list: &[&str]| -> Vec<OsString> { list.iter().map(OsString::from).collect() };
+        let parse = |list: &[&str]| Arguments::parse(&args(list));
+        assert_eq!(parse(&[]), Err(ArgumentsError::Mode));
+        assert_eq!(
+            parse(&["launch", "7", "9", "1", "x"]),
+            Err(ArgumentsError::NoSeparator)
+        );
+        assert_eq!(
+            parse(&["launch", "7", "9", "1", "--"]),
+            Err(ArgumentsError::NoCommand)
+        );
+        assert_eq!(
+            parse(&["launch", "7", "nine", "1", "--", "/bin/true"]),
+            Err(ArgumentsError::NotANumber { index: 2 })
+        );
+        assert_eq!(
+            parse(&["launch", "7", "7", "1", "--", "/bin/true"]),
+            Err(ArgumentsError::SharedDescriptor)
+        );
+        assert_eq!(
+            ArgumentsError::Mode.to_string(),
+            "the first argument is not `launch`"
+        );
+        // A command's own `--` and empty arguments are its own.
+        let parsed = parse(&["launch", "3", "4", "1", "--", "/bin/echo", "--", ""]).unwrap();
+        assert_eq!(parsed.argv, args(&["/bin/echo", "--", ""]));
     }
 
     #[test]

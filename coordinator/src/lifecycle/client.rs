@@ -180,7 +180,8 @@ pub fn run_coordinator(
         log_hint,
         ignore_changes,
     } = *start;
-    let binary = role_binary("lazaret-coordinator").map_err(ClientError::Spawn)?;
+    let binary = role_binary("lazaret-coordinator")
+        .map_err(|e| ClientError::Spawn(lazaret_proto::error_chain(&e)))?;
     let (ours, theirs) = lazaret_proto::channel::pair::<StartupReply, StartupEvent>()?;
     let mut command = lazaret_hostfs::programs::coordinator_command(&binary, referenced);
     command

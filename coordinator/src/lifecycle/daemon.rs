@@ -436,7 +436,9 @@ impl Starting {
 
 /// Refuses a host program `up` runs (its own role binaries, runsc,
 /// slirp4netns, skopeo) that lies beneath the workspace or a volume.
-fn programs_outside_the_sandbox(auth: &crate::config::ConfinedAuthorities) -> Result<(), String> {
+fn programs_outside_the_sandbox(
+    auth: &crate::config::ConfinedAuthorities,
+) -> Result<(), lazaret_hostfs::programs::ProgramError> {
     let mut writable = vec![auth.workspace.label()];
     writable.extend(auth.volumes.iter().map(|v| v.plan.canonical_label()));
     let roles = [
@@ -486,7 +488,7 @@ fn bring_up(
     // State Anchors until the storage is prepared, nothing of the control
     // and session sockets until the network is attaching.
     reporter.progress(StartupStep::Sandbox, "starting the Runtime Supervisor");
-    let sandbox_failure = |message: String| failure(StartupStep::Sandbox, message);
+    let sandbox_failure = |e: lazaret_hostfs::programs::ProgramError| at(StartupStep::Sandbox)(&e);
     let supervisor_path =
         lazaret_hostfs::programs::role_binary("lazaret-supervisor").map_err(sandbox_failure)?;
     let runsc = lazaret_hostfs::programs::runsc().map_err(sandbox_failure)?;
@@ -548,11 +550,11 @@ fn preflight(
     let host = crate::network::HostNetwork::read()
         .map_err(|e| failure(StartupStep::Network, chain(&e)))?;
     let planned = PlannedNetwork::new(resolved.network(), &host)
-        .map_err(|message| invalid(StartupStep::Network, message))?;
+        .map_err(|e| invalid(StartupStep::Network, chain(&e)))?;
     let source = parse_reference(&resolved.record().image)
         .map_err(|e| invalid(StartupStep::Image, chain(&e)))?;
     programs_outside_the_sandbox(auth)
-        .map_err(|message| invalid(StartupStep::Configuration, message))?;
+        .map_err(|e| invalid(StartupStep::Configuration, chain(&e)))?;
     Ok((planned, source))
 }
 

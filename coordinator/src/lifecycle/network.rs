@@ -145,7 +145,7 @@ pub(super) fn attach(
         enforcement_namespace: namespaces.network_namespace,
     };
     let link = ConnectivityLink::slirp4netns();
-    let memfd = policy_memfd(&policy).map_err(|m| failure(STEP, m))?;
+    let memfd = policy_memfd(&policy).map_err(|e| failure(STEP, lazaret_proto::error_chain(&e)))?;
     let (ready_read, ready_write) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
         .map_err(|e| failure(STEP, format!("cannot make a pipe: {e}")))?;
     supervisor.request_attestation(
@@ -173,10 +173,13 @@ pub(super) fn attach(
         cx.generation_dir.fd(),
         ready_write,
     )
-    .map_err(|message| {
+    .map_err(|e| {
         failure(
             STEP,
-            format!("the connectivity helper could not attach: {message}"),
+            format!(
+                "the connectivity helper could not attach: {}",
+                lazaret_proto::error_chain(&e)
+            ),
         )
     })?;
     let running = helper.insert(started);

@@ -400,7 +400,8 @@ async fn sleep_until(due: Option<tokio::time::Instant>) {
 }
 
 /// What a read-back of the network says about the policy in force; the
-/// addresses it found admitted for names are kept for the status.
+/// addresses it found admitted for names are kept for the status. Why a
+/// read-back failed is the supervisor's report, shown as it renders it.
 fn recheck(
     network: &mut NetworkStatus,
     observed: Result<Box<lazaret_proto::network::Observed>, SupervisorError>,
@@ -439,7 +440,7 @@ fn recheck(
                 names.admitted_total = 0;
             }
             tracing::error!("the enforcement namespace could not be read back: {detail}");
-            NetworkRecheck::Failed(detail)
+            NetworkRecheck::Failed(detail.to_string())
         }
     }
 }

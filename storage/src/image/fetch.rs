@@ -144,7 +144,9 @@ fn is_unreachable(message: &str) -> bool {
 /// `args`.
 fn skopeo(args: &[&str]) -> Result<Command, ImageError> {
     let path = programs::skopeo()
-        .map_err(|detail| ImageError::UntrustedProgram { detail })?
+        .map_err(|e| ImageError::UntrustedProgram {
+            detail: lazaret_proto::error_chain(&e),
+        })?
         .ok_or_else(|| ImageError::SkopeoMissing {
             source: std::io::ErrorKind::NotFound.into(),
         })?;
