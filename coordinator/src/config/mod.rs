@@ -39,7 +39,7 @@ pub use lazaret_proto::config::ConfigSchema;
 
 pub use confined::{ConfinedError, ConfinedPathPlan, ObjectIdentity, Opened, RetainedDir};
 pub use hostenv::HostEnvironment;
-pub use resolve::check_executable;
+pub use resolve::{ExecutableError, check_executable};
 pub use source::{ConfigSource, read as read_source};
 
 /// The directory, beneath both the Storage Root and the Runtime Root, that
@@ -106,6 +106,15 @@ pub enum ConfigError {
         field: String,
         /// What went wrong with the path.
         source: ConfinedError,
+    },
+    /// An auto-approval executable fails a check every host command's
+    /// executable passes; the source says which.
+    #[error("{field}")]
+    Executable {
+        /// The field path of the executable.
+        field: String,
+        /// The check it failed.
+        source: ExecutableError,
     },
     /// The selected profile does not exist.
     #[error("profile `{profile}` is not defined in {config}; defined profiles: {available}")]

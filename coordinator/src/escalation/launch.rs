@@ -180,7 +180,7 @@ impl Launcher {
     /// and it must still pass the checks (its mode or owner may have
     /// changed meanwhile).
     pub fn recheck(&self, executable: &Checked) -> Result<(), String> {
-        check_executable(&executable.canonical, &executable.opened, self.uid)
+        check_executable(&executable.canonical, &executable.opened, self.uid).map_err(String::from)
     }
 
     /// Starts `argv` (element zero as the program's name) as
