@@ -11,15 +11,21 @@
 //! Owns the mapping and its YAML. Trusts the loaded configuration; reads no
 //! secret value (the Secret is named, never written).
 
+use std::ffi::OsStr;
 use std::fmt::Write as _;
 use std::os::unix::ffi::OsStrExt as _;
+use std::path::Path;
 
+use lazaret_proto::config::{
+    ConfigurationFingerprintRecordV1, EnvironmentReference, ResolvedVolume, VolumeAccess,
+    VolumeKind,
+};
 use lazaret_proto::layout::{SANDBOX_CAPABILITIES, WORKSPACE};
 use lazaret_proto::network::{DerivedNetworkPolicy, IpPrefix, PolicyAction};
 use serde_json::{Value, json};
 
 use super::{Failure, failure};
-use crate::config::ResolvedDomainConfiguration;
+use crate::config::{EffectiveNetworkPolicy, ResolvedDomainConfiguration};
 use crate::image::reference::{ImageSource, parse_reference};
 use lazaret_proto::names::{DnsMode, HostPattern};
 
@@ -97,6 +103,8 @@ struct Manifests {
 }
 
 impl Manifests {
+    /// The claims, the pod and the network policy of the profile, in that
+    /// order, with a header naming what they leave out.
     fn new(
         resolved: &ResolvedDomainConfiguration,
         image: &str,
@@ -115,184 +123,31 @@ impl Manifests {
             "Apply with `kubectl apply -f`; the nodes need gVisor as RuntimeClass `gvisor`.".into(),
             "Sessions: `kubectl exec -it POD -- COMMAND` (no escalation to a developer's terminal).".into(),
         ];
-        let mut objects = Vec::new();
-        let mut claims: Vec<(String, String, bool)> = Vec::new();
-        let mut claim = |slug: String, mount: &str, read_only: bool| {
-            let mut claim_name = format!("{name}-{slug}");
-            let mut n = 2;
-            while claims.iter().any(|(c, _, _)| *c == claim_name) {
-                claim_name = format!("{name}-{slug}-{n}");
-                n += 1;
-            }
-            claims.push((claim_name, mount.to_owned(), read_only));
-        };
-        claim("workspace".into(), WORKSPACE, false);
-        for dir in &record.persistent_dirs {
-            claim(dns_label(dir), dir, false);
-        }
-        let profile_dir = resolved.authorities().profile_dir.label().as_os_str();
-        for volume in &record.volumes {
-            let source = std::ffi::OsStr::from_bytes(&volume.canonical_host_source);
-            let beneath = std::path::Path::new(source).starts_with(profile_dir);
-            if beneath && volume.kind == lazaret_proto::config::VolumeKind::Directory {
-                claim(
-                    format!("volume-{}", dns_label(&volume.container_path)),
-                    &volume.container_path,
-                    volume.access == lazaret_proto::config::VolumeAccess::ReadOnly,
-                );
-            } else {
-                header.push(format!(
-                    "Not exported: the host {} {} at {} (provide it as a ConfigMap or Secret).",
-                    match volume.kind {
-                        lazaret_proto::config::VolumeKind::File => "file",
-                        lazaret_proto::config::VolumeKind::Directory => "directory",
-                    },
-                    source.to_string_lossy(),
-                    volume.container_path
-                ));
-            }
-        }
+        let profile_dir = resolved.authorities().profile_dir.label();
+        let (claims, unexported) = Claims::of(&name, record, profile_dir);
+        header.extend(unexported);
         let secret = format!("{name}-env");
-        if !record.environment_references.is_empty() {
-            let literals: Vec<String> = record
-                .environment_references
-                .iter()
-                .map(|r| format!("--from-literal={}=\"${}\"", r.sandbox_name, r.host_name))
-                .collect();
-            header.push(format!(
-                "Create the Secret first: kubectl create secret generic {secret} {}",
-                literals.join(" ")
-            ));
-        }
+        header.extend(secret_note(&secret, &record.environment_references));
         if record.escalation_enabled {
             header
                 .push("Not exported: escalation (there is no developer's terminal to ask).".into());
         }
 
-        for (claim_name, _, _) in &claims {
-            objects.push(json!({
-                "apiVersion": "v1",
-                "kind": "PersistentVolumeClaim",
-                "metadata": {"name": claim_name, "labels": labels},
-                "spec": {
-                    "accessModes": ["ReadWriteOnce"],
-                    "resources": {"requests": {"storage": CLAIM_SIZE}},
-                },
-            }));
-        }
-        let env: Vec<Value> = record
-            .environment_references
+        let mut objects: Vec<Value> = claims
+            .0
             .iter()
-            .map(|r| {
-                json!({
-                    "name": r.sandbox_name,
-                    "valueFrom": {"secretKeyRef": {"name": secret, "key": r.sandbox_name}},
-                })
-            })
+            .map(|claim| claim_object(claim, &labels))
             .collect();
-        // A pod's volume names are DNS labels (63 characters at most); the
-        // claims' may be longer.
-        let volume_name = |i: usize| format!("v{i}");
-        let mounts: Vec<Value> = claims
-            .iter()
-            .enumerate()
-            .map(|(i, (_, mount, read_only))| {
-                json!({"name": volume_name(i), "mountPath": mount, "readOnly": read_only})
-            })
-            .collect();
-        let volumes: Vec<Value> = claims
-            .iter()
-            .enumerate()
-            .map(|(i, (claim_name, _, _))| {
-                json!({"name": volume_name(i), "persistentVolumeClaim": {"claimName": claim_name}})
-            })
-            .collect();
-        let capabilities: Vec<&str> = SANDBOX_CAPABILITIES
-            .iter()
-            .map(|c| c.trim_start_matches("CAP_"))
-            .collect();
-        let security = json!({
-            "runAsUser": 0,
-            "runAsGroup": 0,
-            "privileged": false,
-            "allowPrivilegeEscalation": false,
-            "capabilities": {"drop": ["ALL"], "add": capabilities},
-        });
-        // A persistent dir starts as the image's directory, as a Domain's
-        // overlay does: an empty claim would hide it. Once, before the
-        // sandbox, its claim is filled from the image.
-        let seeded: Vec<(usize, &str)> = claims
-            .iter()
-            .enumerate()
-            .filter(|(_, (_, mount, _))| record.persistent_dirs.iter().any(|d| d == mount))
-            .map(|(i, (_, mount, _))| (i, mount.as_str()))
-            .collect();
-        let seed_script = seeded
-            .iter()
-            .map(|(i, dir)| {
-                let dir = shell_quote(dir);
-                format!(
-                    "if [ -d {dir} ] && [ ! -e /lazaret-seed/{i}/.lazaret-seeded ]; then \
-                     cp -a {dir}/. /lazaret-seed/{i}/ && touch /lazaret-seed/{i}/.lazaret-seeded; fi"
-                )
-            })
-            .collect::<Vec<_>>()
-            .join("; ");
-        let seed_mounts: Vec<Value> = seeded
-            .iter()
-            .map(|(i, _)| json!({"name": volume_name(*i), "mountPath": format!("/lazaret-seed/{i}")}))
-            .collect();
-        let init_containers: Vec<Value> = if seeded.is_empty() {
-            Vec::new()
-        } else {
-            vec![json!({
-                "name": "seed",
-                "image": image,
-                "command": ["/bin/sh", "-c", seed_script],
-                "securityContext": security,
-                "volumeMounts": seed_mounts,
-            })]
+        let sandbox = Sandbox {
+            name: &name,
+            labels: &labels,
+            image,
+            secret: &secret,
         };
-        objects.push(json!({
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": name, "labels": labels},
-            "spec": {
-                "runtimeClassName": "gvisor",
-                "automountServiceAccountToken": false,
-                "enableServiceLinks": false,
-                "terminationGracePeriodSeconds": 5,
-                "initContainers": init_containers,
-                "containers": [{
-                    "name": "sandbox",
-                    "image": image,
-                    "command": ["/bin/sh", "-c", WAIT],
-                    "workingDir": WORKSPACE,
-                    "env": env,
-                    "stdin": true,
-                    "tty": true,
-                    "securityContext": security,
-                    "volumeMounts": mounts,
-                }],
-                "volumes": volumes,
-            },
-        }));
+        objects.push(sandbox.pod(&claims, record));
 
-        let network = resolved.network();
-        let (network_policy, network_notes) = match fqdn {
-            None => (
-                network_policy(&name, &labels, policy),
-                name_notes(&network.hosts),
-            ),
-            Some(FqdnPolicy::Cilium) => (
-                cilium_policy(&name, &labels, policy, &network.hosts),
-                cilium_notes(&network.hosts),
-            ),
-        };
-        let network_notes: Vec<String> = network_notes
-            .into_iter()
-            .chain(dns_note(network.dns))
-            .collect();
+        let (network_policy, network_notes) =
+            network_objects(&name, &labels, policy, resolved.network(), fqdn);
         header.extend(network_notes.iter().cloned());
         objects.push(network_policy);
         Self {
@@ -316,6 +171,276 @@ impl Manifests {
         }
         out
     }
+}
+
+/// A PersistentVolumeClaim the pod mounts.
+#[derive(Debug, PartialEq, Eq)]
+struct Claim {
+    /// The claim's name, unique among the profile's.
+    name: String,
+    /// Where the pod mounts it.
+    mount: String,
+    read_only: bool,
+}
+
+/// The profile's claims, in the pod's volume order: the workspace, each
+/// persistent dir, then each directory volume beneath the profile
+/// directory.
+#[derive(Debug, Default)]
+struct Claims(Vec<Claim>);
+
+impl Claims {
+    /// The claims of `record` for the objects named `name`, and a header
+    /// note for each volume a claim cannot carry (a file, or a host path
+    /// outside `profile_dir`).
+    fn of(
+        name: &str,
+        record: &ConfigurationFingerprintRecordV1,
+        profile_dir: &Path,
+    ) -> (Self, Vec<String>) {
+        let mut claims = Self::default();
+        let mut unexported = Vec::new();
+        claims.add(name, "workspace", WORKSPACE, false);
+        for dir in &record.persistent_dirs {
+            claims.add(name, &dns_label(dir), dir, false);
+        }
+        for volume in &record.volumes {
+            let source = Path::new(OsStr::from_bytes(&volume.canonical_host_source));
+            if source.starts_with(profile_dir) && volume.kind == VolumeKind::Directory {
+                claims.add(
+                    name,
+                    &format!("volume-{}", dns_label(&volume.container_path)),
+                    &volume.container_path,
+                    volume.access == VolumeAccess::ReadOnly,
+                );
+            } else {
+                unexported.push(volume_note(volume));
+            }
+        }
+        (claims, unexported)
+    }
+
+    /// Adds the claim `NAME-SLUG` (`NAME-SLUG-2`, `-3`… when taken)
+    /// mounted at `mount`.
+    fn add(&mut self, name: &str, slug: &str, mount: &str, read_only: bool) {
+        let mut claim_name = format!("{name}-{slug}");
+        let mut n = 2;
+        while self.0.iter().any(|c| c.name == claim_name) {
+            claim_name = format!("{name}-{slug}-{n}");
+            n += 1;
+        }
+        self.0.push(Claim {
+            name: claim_name,
+            mount: mount.to_owned(),
+            read_only,
+        });
+    }
+
+    /// The claims that back a persistent dir of `record`, by their index
+    /// in the pod's volumes: each is filled from the image once.
+    fn seeded<'a>(&'a self, record: &ConfigurationFingerprintRecordV1) -> Vec<(usize, &'a str)> {
+        self.0
+            .iter()
+            .enumerate()
+            .filter(|(_, claim)| record.persistent_dirs.contains(&claim.mount))
+            .map(|(i, claim)| (i, claim.mount.as_str()))
+            .collect()
+    }
+}
+
+/// The header note for a volume no claim carries.
+fn volume_note(volume: &ResolvedVolume) -> String {
+    format!(
+        "Not exported: the host {} {} at {} (provide it as a ConfigMap or Secret).",
+        match volume.kind {
+            VolumeKind::File => "file",
+            VolumeKind::Directory => "directory",
+        },
+        OsStr::from_bytes(&volume.canonical_host_source).to_string_lossy(),
+        volume.container_path
+    )
+}
+
+/// The header line that says how to create the Secret named `secret` that
+/// the `env:` references read, if there are any.
+fn secret_note(secret: &str, references: &[EnvironmentReference]) -> Option<String> {
+    if references.is_empty() {
+        return None;
+    }
+    let literals: Vec<String> = references
+        .iter()
+        .map(|r| format!("--from-literal={}=\"${}\"", r.sandbox_name, r.host_name))
+        .collect();
+    Some(format!(
+        "Create the Secret first: kubectl create secret generic {secret} {}",
+        literals.join(" ")
+    ))
+}
+
+/// The PersistentVolumeClaim object of `claim`.
+fn claim_object(claim: &Claim, labels: &Value) -> Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": claim.name, "labels": labels},
+        "spec": {
+            "accessModes": ["ReadWriteOnce"],
+            "resources": {"requests": {"storage": CLAIM_SIZE}},
+        },
+    })
+}
+
+/// A pod's name for its volume `i`. A pod's volume names are DNS labels
+/// (63 characters at most); the claims' may be longer.
+fn volume_name(i: usize) -> String {
+    format!("v{i}")
+}
+
+/// The sandbox's security context: root in the sandbox, with the
+/// capabilities a Domain's sandbox keeps and nothing more.
+fn security_context() -> Value {
+    let capabilities: Vec<&str> = SANDBOX_CAPABILITIES
+        .iter()
+        .map(|c| c.trim_start_matches("CAP_"))
+        .collect();
+    json!({
+        "runAsUser": 0,
+        "runAsGroup": 0,
+        "privileged": false,
+        "allowPrivilegeEscalation": false,
+        "capabilities": {"drop": ["ALL"], "add": capabilities},
+    })
+}
+
+/// The shell script that fills each `seeded` claim (mounted at
+/// `/lazaret-seed/INDEX`) from the image's directory, once.
+fn seed_script(seeded: &[(usize, &str)]) -> String {
+    seeded
+        .iter()
+        .map(|(i, dir)| {
+            let dir = shell_quote(dir);
+            format!(
+                "if [ -d {dir} ] && [ ! -e /lazaret-seed/{i}/.lazaret-seeded ]; then \
+                 cp -a {dir}/. /lazaret-seed/{i}/ && touch /lazaret-seed/{i}/.lazaret-seeded; fi"
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// The pod's parts that do not depend on its claims.
+struct Sandbox<'a> {
+    name: &'a str,
+    labels: &'a Value,
+    image: &'a str,
+    /// The Secret the `env:` references read.
+    secret: &'a str,
+}
+
+impl Sandbox<'_> {
+    /// The Pod: the sandbox container on gVisor, waiting for sessions,
+    /// with every claim mounted, and the seeding init container when a
+    /// persistent dir needs it.
+    fn pod(&self, claims: &Claims, record: &ConfigurationFingerprintRecordV1) -> Value {
+        let env: Vec<Value> = record
+            .environment_references
+            .iter()
+            .map(|r| {
+                json!({
+                    "name": r.sandbox_name,
+                    "valueFrom": {"secretKeyRef": {"name": self.secret, "key": r.sandbox_name}},
+                })
+            })
+            .collect();
+        let mounts: Vec<Value> = claims
+            .0
+            .iter()
+            .enumerate()
+            .map(|(i, claim)| {
+                json!({"name": volume_name(i), "mountPath": claim.mount, "readOnly": claim.read_only})
+            })
+            .collect();
+        let volumes: Vec<Value> = claims
+            .0
+            .iter()
+            .enumerate()
+            .map(|(i, claim)| {
+                json!({"name": volume_name(i), "persistentVolumeClaim": {"claimName": claim.name}})
+            })
+            .collect();
+        let init_containers: Vec<Value> = self
+            .seed_container(&claims.seeded(record))
+            .into_iter()
+            .collect();
+        json!({
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": self.name, "labels": self.labels},
+            "spec": {
+                "runtimeClassName": "gvisor",
+                "automountServiceAccountToken": false,
+                "enableServiceLinks": false,
+                "terminationGracePeriodSeconds": 5,
+                "initContainers": init_containers,
+                "containers": [{
+                    "name": "sandbox",
+                    "image": self.image,
+                    "command": ["/bin/sh", "-c", WAIT],
+                    "workingDir": WORKSPACE,
+                    "env": env,
+                    "stdin": true,
+                    "tty": true,
+                    "securityContext": security_context(),
+                    "volumeMounts": mounts,
+                }],
+                "volumes": volumes,
+            },
+        })
+    }
+
+    /// A persistent dir starts as the image's directory, as a Domain's
+    /// overlay does: an empty claim would hide it. Once, before the
+    /// sandbox, this container fills the `seeded` claims from the image;
+    /// none when there are none.
+    fn seed_container(&self, seeded: &[(usize, &str)]) -> Option<Value> {
+        if seeded.is_empty() {
+            return None;
+        }
+        let seed_mounts: Vec<Value> = seeded
+            .iter()
+            .map(|(i, _)| json!({"name": volume_name(*i), "mountPath": format!("/lazaret-seed/{i}")}))
+            .collect();
+        Some(json!({
+            "name": "seed",
+            "image": self.image,
+            "command": ["/bin/sh", "-c", seed_script(seeded)],
+            "securityContext": security_context(),
+            "volumeMounts": seed_mounts,
+        }))
+    }
+}
+
+/// The network policy object `fqdn` chooses, and what it cannot say of
+/// the profile's `network`.
+fn network_objects(
+    name: &str,
+    labels: &Value,
+    policy: &DerivedNetworkPolicy,
+    network: &EffectiveNetworkPolicy,
+    fqdn: Option<FqdnPolicy>,
+) -> (Value, Vec<String>) {
+    let (object, notes) = match fqdn {
+        None => (
+            network_policy(name, labels, policy),
+            name_notes(&network.hosts),
+        ),
+        Some(FqdnPolicy::Cilium) => (
+            cilium_policy(name, labels, policy, &network.hosts),
+            cilium_notes(&network.hosts),
+        ),
+    };
+    let notes = notes.into_iter().chain(dns_note(network.dns)).collect();
+    (object, notes)
 }
 
 /// The names of `hosts`, for a message: each in backquotes.
@@ -959,6 +1084,181 @@ mod tests {
             "{egress:?}"
         );
         assert!(m.network_notes.is_empty(), "{:?}", m.network_notes);
+    }
+
+    /// A record with `persistent_dirs`, `volumes` (host path, container
+    /// path, kind) and `env` references.
+    fn record(
+        persistent_dirs: &[&str],
+        volumes: &[(&str, &str, VolumeKind)],
+        env: &[(&str, &str)],
+    ) -> ConfigurationFingerprintRecordV1 {
+        ConfigurationFingerprintRecordV1 {
+            selected_profile: "p".into(),
+            storage_root: b"/s".to_vec(),
+            runtime_root: b"/r".to_vec(),
+            image: "x".into(),
+            isolate_gitignored: true,
+            persistent_dirs: persistent_dirs.iter().map(|d| (*d).to_owned()).collect(),
+            environment_references: env
+                .iter()
+                .map(|(sandbox, host)| EnvironmentReference {
+                    sandbox_name: (*sandbox).to_owned(),
+                    host_name: (*host).to_owned(),
+                })
+                .collect(),
+            volumes: volumes
+                .iter()
+                .map(|(host, container, kind)| ResolvedVolume {
+                    canonical_host_source: host.as_bytes().to_vec(),
+                    container_path: (*container).to_owned(),
+                    kind: *kind,
+                    access: VolumeAccess::ReadOnly,
+                    create: false,
+                })
+                .collect(),
+            effective_allow_prefixes: Vec::new(),
+            effective_deny_prefixes: Vec::new(),
+            escalation_enabled: false,
+            auto_approval_rules: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn claims_are_the_workspace_the_persistent_dirs_and_profile_directories() {
+        let record = record(
+            &["/root", "/var/lib/x", "/var_lib/x", "/var.lib/x"],
+            &[
+                ("/s/profiles/p/state", "/root/state", VolumeKind::Directory),
+                ("/s/profiles/p/cfg", "/root/cfg", VolumeKind::File),
+                ("/home/u/src", "/root/src", VolumeKind::Directory),
+            ],
+            &[],
+        );
+        let (claims, unexported) = Claims::of("lazaret-p", &record, Path::new("/s/profiles/p"));
+        let names: Vec<(&str, &str, bool)> = claims
+            .0
+            .iter()
+            .map(|c| (c.name.as_str(), c.mount.as_str(), c.read_only))
+            .collect();
+        // Names that map to the same label are numbered from 2.
+        assert_eq!(
+            names,
+            [
+                ("lazaret-p-workspace", WORKSPACE, false),
+                ("lazaret-p-root", "/root", false),
+                ("lazaret-p-var-lib-x", "/var/lib/x", false),
+                ("lazaret-p-var-lib-x-2", "/var_lib/x", false),
+                ("lazaret-p-var-lib-x-3", "/var.lib/x", false),
+                ("lazaret-p-volume-root-state", "/root/state", true),
+            ]
+        );
+        // A file, and a directory outside the profile directory, are named
+        // as not exported.
+        assert_eq!(
+            unexported,
+            [
+                "Not exported: the host file /s/profiles/p/cfg at /root/cfg (provide it as a \
+                 ConfigMap or Secret).",
+                "Not exported: the host directory /home/u/src at /root/src (provide it as a \
+                 ConfigMap or Secret).",
+            ]
+        );
+        // Only the persistent dirs' claims are seeded, by their volume index.
+        assert_eq!(
+            claims.seeded(&record),
+            [
+                (1, "/root"),
+                (2, "/var/lib/x"),
+                (3, "/var_lib/x"),
+                (4, "/var.lib/x")
+            ]
+        );
+    }
+
+    #[test]
+    fn the_secret_is_named_with_a_command_to_create_it() {
+        assert_eq!(secret_note("lazaret-p-env", &[]), None);
+        let record = record(&[], &[], &[("GH_TOKEN", "TOKEN"), ("B", "OTHER")]);
+        assert_eq!(
+            secret_note("lazaret-p-env", &record.environment_references).as_deref(),
+            Some(
+                "Create the Secret first: kubectl create secret generic lazaret-p-env \
+                 --from-literal=GH_TOKEN=\"$TOKEN\" --from-literal=B=\"$OTHER\""
+            )
+        );
+    }
+
+    #[test]
+    fn the_pod_mounts_every_claim_and_reads_env_from_the_secret() {
+        let record = record(&[], &[], &[("A", "HOST_A")]);
+        let (claims, _) = Claims::of("lazaret-p", &record, Path::new("/s/profiles/p"));
+        let labels = json!({"app": "l"});
+        let sandbox = Sandbox {
+            name: "lazaret-p",
+            labels: &labels,
+            image: "registry.example/a:1",
+            secret: "lazaret-p-env",
+        };
+        let pod = sandbox.pod(&claims, &record);
+        let spec = &pod["spec"];
+        assert_eq!(spec["runtimeClassName"], "gvisor");
+        // Nothing to seed: no init container.
+        assert_eq!(spec["initContainers"], json!([]));
+        let container = &spec["containers"][0];
+        assert_eq!(container["image"], "registry.example/a:1");
+        assert_eq!(
+            container["env"],
+            json!([{"name": "A", "valueFrom": {"secretKeyRef": {"name": "lazaret-p-env", "key": "A"}}}])
+        );
+        assert_eq!(
+            container["volumeMounts"],
+            json!([{"name": "v0", "mountPath": WORKSPACE, "readOnly": false}])
+        );
+        assert_eq!(
+            spec["volumes"],
+            json!([{"name": "v0", "persistentVolumeClaim": {"claimName": "lazaret-p-workspace"}}])
+        );
+        let security = &container["securityContext"];
+        assert_eq!(security["privileged"], false);
+        assert_eq!(security["capabilities"]["drop"], json!(["ALL"]));
+        assert!(
+            security["capabilities"]["add"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|c| !c.as_str().unwrap().starts_with("CAP_"))
+        );
+    }
+
+    #[test]
+    fn persistent_dirs_are_seeded_once_from_the_image_quoted() {
+        let seeded = [(1, "/root"), (3, "/it's here")];
+        assert_eq!(
+            seed_script(&seeded),
+            "if [ -d '/root' ] && [ ! -e /lazaret-seed/1/.lazaret-seeded ]; then cp -a \
+             '/root'/. /lazaret-seed/1/ && touch /lazaret-seed/1/.lazaret-seeded; fi; \
+             if [ -d '/it'\\''s here' ] && [ ! -e /lazaret-seed/3/.lazaret-seeded ]; then cp -a \
+             '/it'\\''s here'/. /lazaret-seed/3/ && touch /lazaret-seed/3/.lazaret-seeded; fi"
+        );
+        let labels = json!({});
+        let sandbox = Sandbox {
+            name: "n",
+            labels: &labels,
+            image: "i",
+            secret: "s",
+        };
+        assert_eq!(sandbox.seed_container(&[]), None);
+        let seed = sandbox.seed_container(&seeded).unwrap();
+        assert_eq!(seed["image"], "i");
+        assert_eq!(seed["command"][2], seed_script(&seeded).as_str());
+        assert_eq!(
+            seed["volumeMounts"],
+            json!([
+                {"name": "v1", "mountPath": "/lazaret-seed/1"},
+                {"name": "v3", "mountPath": "/lazaret-seed/3"},
+            ])
+        );
     }
 
     #[test]

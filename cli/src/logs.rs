@@ -21,15 +21,23 @@ const JOURNALCTL: &[&str] = &["/usr/bin/journalctl", "/bin/journalctl"];
 /// How often a followed log file is read for more.
 const FOLLOW_INTERVAL: Duration = Duration::from_millis(200);
 
+/// A `--since` value that names no time.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "--since {text:?} is not a time: use a duration back from now (90s, 10m, 2h, 1d), \
+     an RFC 3339 UTC time (2026-12-01T10:00:00Z) or @SECONDS"
+)]
+pub struct SinceError {
+    /// The value as given.
+    text: String,
+}
+
 /// Parses `--since`: a duration back from now (`90s`, `10m`, `2h`, `1d`),
 /// an RFC 3339 UTC time (`2026-12-01T10:00:00Z`), or `@SECONDS` since the
 /// epoch. Returns seconds since the epoch.
-pub fn parse_since(text: &str, now_secs: u64) -> Result<u64, String> {
-    let invalid = || {
-        format!(
-            "--since {text:?} is not a time: use a duration back from now (90s, 10m, 2h, 1d), \
-             an RFC 3339 UTC time (2026-12-01T10:00:00Z) or @SECONDS"
-        )
+pub fn parse_since(text: &str, now_secs: u64) -> Result<u64, SinceError> {
+    let invalid = || SinceError {
+        text: text.to_owned(),
     };
     if let Some(secs) = text.strip_prefix('@') {
         return secs.parse().map_err(|_| invalid());
@@ -125,7 +133,7 @@ pub fn logs(
     let since = since
         .map(|text| parse_since(text, now))
         .transpose()
-        .map_err(failure)?;
+        .map_err(|e| failure(e.to_string()))?;
     let journal = crate::lifecycle::journal::socket_path().is_some();
     let log = paths.log_file();
     let open = |path: &Path| match std::fs::File::open(path) {
@@ -260,7 +268,7 @@ mod tests {
             "@-1",
             "2026-12-01",
         ] {
-            let error = parse_since(bad, now).unwrap_err();
+            let error = parse_since(bad, now).unwrap_err().to_string();
             assert!(error.contains("--since"), "{error}");
         }
     }

@@ -561,150 +561,64 @@ pub fn join_or_none(items: &[String]) -> String {
 impl StatusView {
     /// The status for people: one aligned line per part.
     pub fn text(&self) -> String {
-        let n = &self.network;
-        let recheck = match &n.recheck {
-            RecheckView::Holds { .. } => "routes, rules and filter read back now: they hold".into(),
-            RecheckView::NotChecked => "not yet".into(),
-            RecheckView::Differs { .. } | RecheckView::Failed { .. } => {
-                "NO: see the problem below".into()
-            }
-        };
-        let dns = n
-            .dns
-            .iter()
-            .map(|d| {
-                format!(
-                    "{} ({}); queries leave through the host's resolver",
-                    d.resolver, d.outcome
-                )
-            })
-            .collect::<Vec<_>>()
-            .join("; ");
-        let sessions = if self.sessions.is_empty() {
-            "(none)".to_owned()
-        } else {
-            self.sessions
-                .iter()
-                .map(|s| {
-                    if s.command.is_empty() {
-                        "shell".to_owned()
-                    } else {
-                        super::printable(&s.command.join(" "))
-                    }
-                })
-                .collect::<Vec<_>>()
-                .join("; ")
-        };
-        let mut text = format!(
+        let mut rows = Rows(format!(
             "{profile}  {state}  generation {generation}  up {uptime}s  {workspace}\n",
             profile = self.profile,
             state = self.state,
             generation = self.generation,
             uptime = self.uptime_seconds,
             workspace = self.workspace,
-        );
-        let mut row = |key: &str, value: String| {
-            text.push_str(&format!("  {key:<17}{value}\n"));
-        };
-        row("domain id", self.domain_id.clone());
-        row(
+        ));
+        rows.row("domain id", self.domain_id.clone());
+        rows.row(
             "image",
             format!("{} ({})", self.image, self.manifest_digest),
         );
-        row(
+        rows.row(
             "sandbox",
             format!("container {}, pid {}", self.container_id, self.sandbox.pid),
         );
-        row(
+        rows.row(
             "supervisor",
             format!(
                 "pid {}; coordinator pid {}",
                 self.supervisor.pid, self.coordinator.pid
             ),
         );
-        row("persistent dirs", self.persistent_text());
-        row("workspace", self.routing_text());
-        row(
+        rows.row("persistent dirs", self.persistent_text());
+        rows.row("workspace", self.routing_text());
+        rows.row(
             "  isolated in",
             self.workspace_routing.isolated_root.clone(),
         );
         if let Some(kept) = self.kept_text() {
-            row("  kept hidden", kept);
+            rows.row("  kept hidden", kept);
         }
-        row("sessions", sessions);
-        row(
-            "network",
-            format!(
-                "attested: {} routes read back, {} denied and {} permitted destinations \
-                 probed (policy {})",
-                n.observed_routes,
-                n.denied_probes.len(),
-                n.permitted_probes.len(),
-                &n.policy_digest[..16.min(n.policy_digest.len())]
-            ),
-        );
-        row("  re-verified", recheck);
-        row("  allow", join_or_none(&n.allow));
-        row(
-            "  deny",
-            format!(
-                "{}; anything unlisted{}; IPv6",
-                join_or_none(&n.deny),
-                if n.unlisted == "unreachable" {
-                    ""
-                } else {
-                    " (but what allowed names resolve to)"
-                }
-            ),
-        );
-        row("  platform deny", join_or_none(&n.platform_deny));
-        row(
-            "  egress",
-            format!(
-                "slirp4netns pid {}, host loopback disabled",
-                n.connectivity_helper.pid
-            ),
-        );
-        match &n.names {
-            None => row("  dns", dns),
-            Some(names) => {
-                row("  hosts", join_or_none(&names.allow_hosts));
-                let resolver = if names.resolver.running {
-                    format!("resolver pid {}", names.resolver.pid)
-                } else {
-                    "GONE: the resolver exited, nothing resolves".into()
-                };
-                let others = match names.dns {
-                    "host" => "other names leave through the host's resolver",
-                    _ => "other names refused, never sent out",
-                };
-                row(
-                    "  dns",
-                    format!(
-                        "Lazaret's resolver on {} ({resolver}); {others}",
-                        names.resolver.listen
-                    ),
-                );
-                let mut admitted: Vec<String> = names
-                    .admitted
-                    .iter()
-                    .map(|a| {
-                        // The name is the sandbox's (under a wildcard).
-                        let name = super::printable(&a.name);
-                        format!("{name} {} ({}s)", a.address, a.expires_in_s)
-                    })
-                    .collect();
-                let unlisted = names.admitted_total.saturating_sub(admitted.len() as u64);
-                if unlisted > 0 {
-                    admitted.push(format!("and {unlisted} more"));
-                }
-                row("  admitted", join_or_none(&admitted));
-            }
-        }
+        rows.row("sessions", self.sessions_text());
+        self.network.rows(&mut rows);
         for problem in &self.problems {
-            row("PROBLEM", super::printable(problem));
+            rows.row("PROBLEM", super::printable(problem));
         }
-        text
+        rows.0
+    }
+
+    /// The attached sessions' commands (escaped: they came from a
+    /// session), `shell` for a login shell, or `(none)`.
+    fn sessions_text(&self) -> String {
+        if self.sessions.is_empty() {
+            return "(none)".to_owned();
+        }
+        self.sessions
+            .iter()
+            .map(|s| {
+                if s.command.is_empty() {
+                    "shell".to_owned()
+                } else {
+                    super::printable(&s.command.join(" "))
+                }
+            })
+            .collect::<Vec<_>>()
+            .join("; ")
     }
 
     /// The host paths kept isolated although the rules share them, and how
@@ -782,9 +696,263 @@ impl StatusView {
     }
 }
 
+/// The aligned `key value` lines beneath a status's first line.
+struct Rows(String);
+
+impl Rows {
+    fn row(&mut self, key: &str, value: String) {
+        self.0.push_str(&format!("  {key:<17}{value}\n"));
+    }
+}
+
+impl NetworkView {
+    /// The network's rows: its attestation, the policy, the egress path
+    /// and who answers DNS.
+    fn rows(&self, rows: &mut Rows) {
+        rows.row(
+            "network",
+            format!(
+                "attested: {} routes read back, {} denied and {} permitted destinations \
+                 probed (policy {})",
+                self.observed_routes,
+                self.denied_probes.len(),
+                self.permitted_probes.len(),
+                &self.policy_digest[..16.min(self.policy_digest.len())]
+            ),
+        );
+        rows.row("  re-verified", self.recheck_text().into());
+        rows.row("  allow", join_or_none(&self.allow));
+        rows.row("  deny", self.deny_text());
+        rows.row("  platform deny", join_or_none(&self.platform_deny));
+        rows.row(
+            "  egress",
+            format!(
+                "slirp4netns pid {}, host loopback disabled",
+                self.connectivity_helper.pid
+            ),
+        );
+        match &self.names {
+            None => rows.row("  dns", self.host_dns_text()),
+            Some(names) => names.rows(rows),
+        }
+    }
+
+    /// Whether the network read back for this status still holds.
+    fn recheck_text(&self) -> &'static str {
+        match &self.recheck {
+            RecheckView::Holds { .. } => "routes, rules and filter read back now: they hold",
+            RecheckView::NotChecked => "not yet",
+            RecheckView::Differs { .. } | RecheckView::Failed { .. } => "NO: see the problem below",
+        }
+    }
+
+    /// The denied prefixes, and what else is denied.
+    fn deny_text(&self) -> String {
+        format!(
+            "{}; anything unlisted{}; IPv6",
+            join_or_none(&self.deny),
+            if self.unlisted == "unreachable" {
+                ""
+            } else {
+                " (but what allowed names resolve to)"
+            }
+        )
+    }
+
+    /// The resolvers attestation asked, when the host's resolver answers
+    /// the sandbox.
+    fn host_dns_text(&self) -> String {
+        self.dns
+            .iter()
+            .map(|d| {
+                format!(
+                    "{} ({}); queries leave through the host's resolver",
+                    d.resolver, d.outcome
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("; ")
+    }
+}
+
+impl NamesView {
+    /// The allowed names' rows: the names, Lazaret's resolver, and the
+    /// addresses admitted for them.
+    fn rows(&self, rows: &mut Rows) {
+        rows.row("  hosts", join_or_none(&self.allow_hosts));
+        let resolver = if self.resolver.running {
+            format!("resolver pid {}", self.resolver.pid)
+        } else {
+            "GONE: the resolver exited, nothing resolves".into()
+        };
+        let others = match self.dns {
+            "host" => "other names leave through the host's resolver",
+            _ => "other names refused, never sent out",
+        };
+        rows.row(
+            "  dns",
+            format!(
+                "Lazaret's resolver on {} ({resolver}); {others}",
+                self.resolver.listen
+            ),
+        );
+        rows.row("  admitted", self.admitted_text());
+    }
+
+    /// Each admitted address with its name (escaped: the name is the
+    /// sandbox's, under a wildcard) and seconds left, and how many more
+    /// there are than were named.
+    fn admitted_text(&self) -> String {
+        let mut admitted: Vec<String> = self
+            .admitted
+            .iter()
+            .map(|a| {
+                let name = super::printable(&a.name);
+                format!("{name} {} ({}s)", a.address, a.expires_in_s)
+            })
+            .collect();
+        let unlisted = self.admitted_total.saturating_sub(admitted.len() as u64);
+        if unlisted > 0 {
+            admitted.push(format!("and {unlisted} more"));
+        }
+        join_or_none(&admitted)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A running Domain's status with a little of everything.
+    fn status() -> StatusView {
+        let process = |pid| ProcessView {
+            pid,
+            start_time_ticks: 7,
+        };
+        StatusView {
+            profile: "p".into(),
+            domain_id: "ab".repeat(16),
+            workspace: "/home/u/w".into(),
+            state: "running".into(),
+            problems: Vec::new(),
+            generation: 3,
+            uptime_seconds: 42,
+            configuration_fingerprint: "cd".repeat(32),
+            image: "docker.io/library/debian:trixie".into(),
+            manifest_digest: "sha256:ee".into(),
+            container_id: "lazaret-ab".into(),
+            runsc_root: "/run/user/1000/lazaret/runsc".into(),
+            persistent_dirs: vec!["/root".into(), "/var/cache".into()],
+            coordinator: process(10),
+            supervisor: process(11),
+            namespace_holder: process(12),
+            sandbox: process(13),
+            sessions: vec![
+                SessionView {
+                    session_id: "01".into(),
+                    command: Vec::new(),
+                    terminal: true,
+                    opened_at_unix: 5,
+                    guest_pid: Some(2),
+                },
+                SessionView {
+                    session_id: "02".into(),
+                    command: vec!["vim".into(), "a\x1bb".into()],
+                    terminal: true,
+                    opened_at_unix: 6,
+                    guest_pid: None,
+                },
+            ],
+            network: NetworkView {
+                state: "attested",
+                policy_digest: "0123456789abcdef0123".into(),
+                readiness_fingerprint: "ff".into(),
+                allow: vec!["0.0.0.0/0".into()],
+                deny: vec!["10.0.0.0/8".into()],
+                platform_deny: Vec::new(),
+                unlisted: "unreachable",
+                ipv6: "unreachable",
+                resolvers: vec!["10.0.2.3".into()],
+                connectivity_helper: HelperView {
+                    program: "slirp4netns",
+                    pid: 14,
+                    start_time_ticks: 8,
+                },
+                enforcement_namespace: NamespaceView {
+                    device: 4,
+                    inode: 4026531840,
+                },
+                attested_at_unix: 9,
+                recheck: RecheckView::Holds { at_unix: 10 },
+                observed_routes: 2,
+                denied_probes: Vec::new(),
+                permitted_probes: Vec::new(),
+                dns: vec![DnsView {
+                    resolver: "10.0.2.3".into(),
+                    query: "example.org".into(),
+                    outcome: "answered rcode 0".into(),
+                    addresses: Vec::new(),
+                }],
+                names: None,
+            },
+            storage: StorageView {
+                ephemeral_upper: Some(TmpfsView {
+                    used_bytes: 1 << 20,
+                    size_bytes: 1 << 30,
+                }),
+                persistent_uppers: vec![UpperView {
+                    sandbox_path: "/root".into(),
+                    bytes: 3 << 19,
+                    complete: false,
+                }],
+            },
+            workspace_routing: RoutingView {
+                isolate_gitignored: true,
+                repository: Some("/home/u/w".into()),
+                workspace_ignored: false,
+                isolated_root: "/data/isolated".into(),
+                scopes: 1,
+                ignore_files: 2,
+                tracked_ignored: 0,
+                configured_read_only: 0,
+                kept_isolated: Vec::new(),
+                kept_isolated_count: 0,
+                router: RouterView {
+                    pid: 15,
+                    start_time_ticks: 9,
+                    running: true,
+                },
+            },
+        }
+    }
+
+    /// The names part of a status whose policy allows `*.example.org`.
+    fn names(running: bool, dns: &'static str) -> NamesView {
+        NamesView {
+            allow_hosts: vec!["*.example.org".into()],
+            dns,
+            resolver: ResolverView {
+                listen: "10.0.2.3:53".into(),
+                pid: 16,
+                start_time_ticks: 1,
+                running,
+            },
+            admitted: vec![AdmittedView {
+                name: "a\x07.example.org".into(),
+                address: "192.0.2.1".into(),
+                expires_in_s: 30,
+            }],
+            admitted_total: 1,
+        }
+    }
+
+    /// The row of `text` whose key is `key`, without the key.
+    fn row<'t>(text: &'t str, key: &str) -> &'t str {
+        let prefix = format!("  {key:<17}");
+        text.lines()
+            .find_map(|line| line.strip_prefix(prefix.as_str()))
+            .unwrap_or_else(|| panic!("no row `{key}` in:\n{text}"))
+    }
 
     #[test]
     fn recheck_serializes_with_its_state_named() {
@@ -810,6 +978,110 @@ mod tests {
             }),
             serde_json::json!({"state": "failed", "detail": "gone"})
         );
+    }
+
+    #[test]
+    fn status_text_is_one_headline_and_aligned_rows() {
+        let text = status().text();
+        let mut lines = text.lines();
+        assert_eq!(
+            lines.next(),
+            Some("p  running  generation 3  up 42s  /home/u/w")
+        );
+        assert!(lines.all(|l| l.starts_with("  ")), "{text}");
+        assert_eq!(row(&text, "sandbox"), "container lazaret-ab, pid 13");
+        assert_eq!(row(&text, "supervisor"), "pid 11; coordinator pid 10");
+        assert_eq!(
+            row(&text, "network"),
+            "attested: 2 routes read back, 0 denied and 0 permitted destinations probed \
+             (policy 0123456789abcdef)"
+        );
+        assert_eq!(
+            row(&text, "  dns"),
+            "10.0.2.3 (answered rcode 0); queries leave through the host's resolver"
+        );
+        assert!(!text.contains("  hosts"), "{text}");
+        assert!(!text.contains("PROBLEM"), "{text}");
+    }
+
+    #[test]
+    fn sessions_read_shell_or_their_command_escaped() {
+        let mut s = status();
+        assert_eq!(s.sessions_text(), "shell; vim a\\u{1b}b");
+        s.sessions.clear();
+        assert_eq!(row(&s.text(), "sessions"), "(none)");
+    }
+
+    #[test]
+    fn problems_are_rows_of_their_own_escaped() {
+        let mut s = status();
+        s.state = "degraded".into();
+        s.problems = vec!["one\x1b[2J".into(), "two".into()];
+        let text = s.text();
+        let key = format!("  {:<17}", "PROBLEM");
+        let problems: Vec<&str> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix(key.as_str()))
+            .collect();
+        assert_eq!(problems, ["one\\u{1b}[2J", "two"]);
+        assert!(text.ends_with("two\n"), "{text}");
+    }
+
+    #[test]
+    fn recheck_and_deny_say_what_holds() {
+        let mut s = status();
+        assert_eq!(
+            s.network.recheck_text(),
+            "routes, rules and filter read back now: they hold"
+        );
+        assert_eq!(s.network.deny_text(), "10.0.0.0/8; anything unlisted; IPv6");
+        s.network.recheck = RecheckView::Differs {
+            at_unix: 1,
+            drift: vec!["route".into()],
+        };
+        s.network.unlisted = "names";
+        s.network.deny.clear();
+        assert_eq!(s.network.recheck_text(), "NO: see the problem below");
+        assert_eq!(
+            s.network.deny_text(),
+            "(none); anything unlisted (but what allowed names resolve to); IPv6"
+        );
+        s.network.recheck = RecheckView::NotChecked;
+        assert_eq!(row(&s.text(), "  re-verified"), "not yet");
+    }
+
+    #[test]
+    fn names_show_the_resolver_and_what_it_admitted() {
+        let mut s = status();
+        s.network.names = Some(names(true, "lazaret"));
+        let text = s.text();
+        assert_eq!(row(&text, "  hosts"), "*.example.org");
+        assert_eq!(
+            row(&text, "  dns"),
+            "Lazaret's resolver on 10.0.2.3:53 (resolver pid 16); other names refused, never \
+             sent out"
+        );
+        // The admitted name is the sandbox's: escaped.
+        assert_eq!(
+            row(&text, "  admitted"),
+            "a\\u{7}.example.org 192.0.2.1 (30s)"
+        );
+        let mut gone = names(false, "host");
+        gone.admitted_total = 5;
+        assert_eq!(
+            gone.admitted_text(),
+            "a\\u{7}.example.org 192.0.2.1 (30s), and 4 more"
+        );
+        s.network.names = Some(gone);
+        assert_eq!(
+            row(&s.text(), "  dns"),
+            "Lazaret's resolver on 10.0.2.3:53 (GONE: the resolver exited, nothing \
+             resolves); other names leave through the host's resolver"
+        );
+        let mut none = names(true, "lazaret");
+        none.admitted.clear();
+        none.admitted_total = 0;
+        assert_eq!(none.admitted_text(), "(none)");
     }
 
     #[test]

@@ -2229,7 +2229,8 @@ fn executable_checks_repeat_before_every_execution() {
     config::check_executable(executable.plan.canonical_label(), &executable.opened, uid).unwrap();
     std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o775)).unwrap();
     let why = config::check_executable(executable.plan.canonical_label(), &executable.opened, uid)
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
     assert!(why.contains("writable by its group or others"), "{why}");
 }
 

@@ -27,18 +27,19 @@
 //! index): it is parsed as data with bounded sizes, never executed.
 
 use std::ffi::OsStr;
-use std::os::fd::{AsFd, BorrowedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Component, Path, PathBuf};
 
-use lazaret_hostfs::read::ReadError;
 use lazaret_proto::router::{IgnoreFile, IgnoreScope, NamePrefix, RelativePath, WorkspaceRules};
 use rustix::fs::{FileType, OFlags};
 
 use crate::classify::{Classifier, DirState, GIT_DIR_NAME, HEAD_NAME, HostFacts, Route, join};
 use crate::command::command_names;
 use crate::gitconfig::{ConfigError, Configuration, Runs, UserConfig, normalize};
+use lazaret_hostfs::beneath::Listed;
+use lazaret_hostfs::read::ReadError;
 
 /// The largest ignore file read (git's own limit is higher; a larger one
 /// is refused rather than silently skipped, which could expose a secret).
@@ -211,6 +212,11 @@ pub struct Gathered {
     pub watched: Vec<RelativePath>,
 }
 
+/// A scope's tracked paths, relative to its repository's root, each with
+/// whether it stands for a whole directory (a submodule, or a sparse
+/// directory).
+type Tracked = Vec<(Vec<u8>, bool)>;
+
 /// A repository as discovery finds it.
 #[derive(Debug)]
 struct Repository {
@@ -291,75 +297,19 @@ pub fn gather(
         rules.global_excludes = read_file(None, path, true)?.unwrap_or_default();
     }
     let mut classifier = Classifier::new(&rules);
-    let mut tracked = Vec::new();
-
-    // The top scope: the repository (or none), with the `.gitignore` files
-    // between its root and the workspace.
-    let prefix = repository
-        .as_ref()
-        .and_then(|r| workspace_path.strip_prefix(&r.worktree).ok())
-        .map(|p| p.as_os_str().as_bytes().to_vec())
-        .unwrap_or_default();
-    let mut top = IgnoreScope {
-        root: RelativePath::default(),
-        prefix: RelativePath(prefix.clone()),
-        exclude: Vec::new(),
-        ignore_files: Vec::new(),
-        tracked_ignored: Vec::new(),
-        tracked_ignored_dirs: Vec::new(),
-    };
-    if let Some(repo) = &repository {
-        top.exclude =
-            read_file(None, &repo.common_dir.join("info/exclude"), true)?.unwrap_or_default();
-        let mut dir = Vec::new();
-        let mut dirs = vec![Vec::new()];
-        for component in prefix.split(|b| *b == b'/').filter(|c| !c.is_empty()) {
-            dir = join(&dir, component);
-            dirs.push(dir.clone());
-        }
-        dirs.pop(); // the workspace itself is read by the walk
-        for dir in dirs {
-            let path = repo
-                .worktree
-                .join(OsStr::from_bytes(&dir))
-                .join(".gitignore");
-            if let Some(content) = read_file(None, &path, false)? {
-                top.ignore_files.push(IgnoreFile {
-                    dir: RelativePath(dir),
-                    content,
-                });
-            }
-        }
-        tracked.push(read_index(&repo.git_dir.join("index"), Some(&prefix))?);
-    } else {
-        tracked.push(Vec::new());
-    }
+    let (top, top_tracked) = top_scope(repository.as_ref(), workspace_path)?;
     let index = classifier.add_scope(b"", &top.prefix.0, &top.exclude);
     for file in &top.ignore_files {
         classifier.add_ignore_file(index, &file.dir.0, &file.content);
     }
-    track(&mut classifier, index, &tracked[0]);
+    track(&mut classifier, index, &top_tracked);
+    let mut tracked = vec![top_tracked];
     rules.scopes.push(top);
 
     let workspace_ignored = classifier.workspace_is_isolated();
     let mut newly_shared = Vec::new();
     if !workspace_ignored {
-        // The earlier rules, where they isolated anything: their state of
-        // the workspace's root, unless they isolated all of it.
-        let before = earlier
-            .filter(|rules| rules.isolate_ignored)
-            .map(Classifier::new);
-        let before = match before {
-            Some(before) if before.workspace_is_isolated() => {
-                newly_shared.push(RelativePath::default());
-                None
-            }
-            Some(before) => {
-                let root = before.root();
-                Some((before, root))
-            }
-            None => None,
-        };
+        let before = earlier_state(earlier, &mut newly_shared);
         walk(
             workspace,
             workspace_path,
@@ -378,9 +328,91 @@ pub fn gather(
         )?;
     }
     newly_shared.sort();
+    keep_tracked_ignored(&classifier, &mut rules.scopes, &tracked);
+    Ok(Gathered {
+        rules,
+        repository: repository.map(|r| r.worktree),
+        workspace_ignored,
+        newly_shared,
+        watched,
+    })
+}
 
-    // Keep only the tracked paths that matter: those the rules would ignore.
-    for (i, scope) in rules.scopes.iter_mut().enumerate() {
+/// The top scope: the repository's (or none), with its `info/exclude` and
+/// the `.gitignore` files between its root and the workspace, and the
+/// paths its index tracks inside the workspace.
+fn top_scope(
+    repository: Option<&Repository>,
+    workspace_path: &Path,
+) -> Result<(IgnoreScope, Tracked), GatherError> {
+    let prefix = repository
+        .and_then(|r| workspace_path.strip_prefix(&r.worktree).ok())
+        .map(|p| p.as_os_str().as_bytes().to_vec())
+        .unwrap_or_default();
+    let mut top = IgnoreScope {
+        root: RelativePath::default(),
+        prefix: RelativePath(prefix.clone()),
+        exclude: Vec::new(),
+        ignore_files: Vec::new(),
+        tracked_ignored: Vec::new(),
+        tracked_ignored_dirs: Vec::new(),
+    };
+    let Some(repo) = repository else {
+        return Ok((top, Vec::new()));
+    };
+    top.exclude = read_file(None, &repo.common_dir.join("info/exclude"), true)?.unwrap_or_default();
+    for dir in dirs_above(&prefix) {
+        let path = repo
+            .worktree
+            .join(OsStr::from_bytes(&dir))
+            .join(".gitignore");
+        if let Some(content) = read_file(None, &path, false)? {
+            top.ignore_files.push(IgnoreFile {
+                dir: RelativePath(dir),
+                content,
+            });
+        }
+    }
+    let tracked = read_index(&repo.git_dir.join("index"), Some(&prefix))?;
+    Ok((top, tracked))
+}
+
+/// The directories from a repository's root down to the one holding the
+/// workspace at `prefix` below it, as paths relative to the root (the
+/// root is the empty path); the workspace itself is read by the walk.
+fn dirs_above(prefix: &[u8]) -> Vec<Vec<u8>> {
+    let mut dir = Vec::new();
+    let mut dirs = vec![Vec::new()];
+    for component in prefix.split(|b| *b == b'/').filter(|c| !c.is_empty()) {
+        dir = join(&dir, component);
+        dirs.push(dir.clone());
+    }
+    dirs.pop();
+    dirs
+}
+
+/// The earlier rules, where they isolated anything, and their state of
+/// the workspace's root; none, with the whole workspace newly shared,
+/// when they isolated all of it.
+fn earlier_state(
+    earlier: Option<&WorkspaceRules>,
+    newly_shared: &mut Vec<RelativePath>,
+) -> Option<(Classifier, DirState)> {
+    let before = earlier
+        .filter(|rules| rules.isolate_ignored)
+        .map(Classifier::new)?;
+    if before.workspace_is_isolated() {
+        newly_shared.push(RelativePath::default());
+        return None;
+    }
+    let root = before.root();
+    Some((before, root))
+}
+
+/// Keeps of each scope's `tracked` paths only those that matter: those
+/// its rules would ignore.
+fn keep_tracked_ignored(classifier: &Classifier, scopes: &mut [IgnoreScope], tracked: &[Tracked]) {
+    for (i, scope) in scopes.iter_mut().enumerate() {
         for (path, whole_dir) in &tracked[i] {
             if classifier.ignored_untracked(i, path, *whole_dir) {
                 let kept = if *whole_dir {
@@ -392,13 +424,6 @@ pub fn gather(
             }
         }
     }
-    Ok(Gathered {
-        rules,
-        repository: repository.map(|r| r.worktree),
-        workspace_ignored,
-        newly_shared,
-        watched,
-    })
 }
 
 /// The files of hook managers (and of tools hooks commonly run) that
@@ -822,7 +847,7 @@ fn parse_git_file(text: &[u8], dir: &Path) -> Option<PathBuf> {
 /// The tracked paths of an index (relative to its worktree) and whether
 /// each is a submodule; with `prefix`, only those inside it. A missing
 /// index tracks nothing.
-fn read_index(path: &Path, prefix: Option<&[u8]>) -> Result<Vec<(Vec<u8>, bool)>, GatherError> {
+fn read_index(path: &Path, prefix: Option<&[u8]>) -> Result<Tracked, GatherError> {
     let meta = match std::fs::symlink_metadata(path) {
         Ok(meta) => meta,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
@@ -875,11 +900,35 @@ struct Before<'a> {
     newly_shared: &'a mut Vec<RelativePath>,
 }
 
+impl Before<'_> {
+    /// The earlier rules' state of the entry `name` of `dir_path` (their
+    /// state `earlier`), which the new rules share. One they isolated is
+    /// newly shared, and so is everything below it, which is not looked
+    /// at again: `None`.
+    fn child(
+        &mut self,
+        earlier: &DirState,
+        dir_path: &[u8],
+        name: &[u8],
+        is_dir: bool,
+        facts: HostFacts,
+    ) -> Option<DirState> {
+        let (was, then) = self
+            .classifier
+            .child(earlier, dir_path, name, is_dir, facts);
+        if was == Route::Isolated {
+            self.newly_shared.push(RelativePath(join(dir_path, name)));
+            return None;
+        }
+        Some(then)
+    }
+}
+
 /// What the walk adds to as it goes: the rules, each scope's tracked
 /// paths, and the directories of scripts git runs.
 struct Found<'a> {
     rules: &'a mut WorkspaceRules,
-    tracked: &'a mut Vec<Vec<(Vec<u8>, bool)>>,
+    tracked: &'a mut Vec<Tracked>,
     watched: &'a mut Vec<RelativePath>,
 }
 
@@ -893,95 +942,47 @@ struct Found<'a> {
 fn walk(
     workspace: BorrowedFd<'_>,
     workspace_path: &Path,
-    (user, excludes_file): (&UserConfig, Option<&Path>),
+    user: (&UserConfig, Option<&Path>),
     classifier: &mut Classifier,
-    found: Found<'_>,
+    mut found: Found<'_>,
     mut before: Option<Before<'_>>,
 ) -> Result<(), GatherError> {
-    let Found {
-        rules,
-        tracked,
-        watched,
-    } = found;
     // Each directory with its depth, its state by the new rules and, while
     // the earlier ones shared it too, by those.
     let earlier_root = before.as_ref().map(|b| b.root.clone());
     let mut pending = vec![(Vec::<u8>::new(), classifier.root(), earlier_root, 0usize)];
     while let Some((dir_path, state, earlier, depth)) = pending.pop() {
         let label = workspace_path.join(OsStr::from_bytes(&dir_path));
-        let fd = match lazaret_hostfs::beneath::open_dir(workspace, &dir_path, OFlags::RDONLY) {
-            Ok(fd) => fd,
-            // Gone, or replaced by a link, since it was listed.
-            Err(rustix::io::Errno::NOENT | rustix::io::Errno::LOOP | rustix::io::Errno::NOTDIR) => {
-                continue;
-            }
-            Err(e) => {
-                return Err(GatherError::Unreadable {
-                    path: label.display().to_string(),
-                    error: e.into(),
-                });
-            }
+        let Some((fd, entries)) = open_walked(workspace, &dir_path, &label)? else {
+            continue;
         };
-        let entries =
-            lazaret_hostfs::beneath::list(fd.as_fd()).map_err(|error| GatherError::Unreadable {
-                path: label.display().to_string(),
-                error,
-            })?;
-        // The root's filesystem is checked whole; below it (on the same
-        // filesystem: the walk crosses no mount) only a directory's own
-        // flag can differ.
-        if let Some(kind) =
-            lazaret_hostfs::case::dir_folds_case(fd.as_fd()).filter(|_| !dir_path.is_empty())
+        let has = |name: &[u8]| entries.iter().any(|e| e.name == name);
+        if let Some((Some(scope), rel)) = state.scope()
+            && has(b".gitignore")
+            && let Some(content) =
+                read_file(Some((fd.as_fd(), &label)), Path::new(".gitignore"), false)?
         {
-            return Err(GatherError::CaseInsensitive {
-                path: label.display().to_string(),
-                kind,
+            classifier.add_ignore_file(scope, rel, &content);
+            found.rules.scopes[scope].ignore_files.push(IgnoreFile {
+                dir: RelativePath(rel.to_vec()),
+                content,
             });
         }
-        let has = |name: &[u8]| entries.iter().any(|e| e.name == name);
-        if let Some((Some(scope), rel)) = state.scope() {
-            if has(b".gitignore") {
-                if let Some(content) =
-                    read_file(Some((fd.as_fd(), &label)), Path::new(".gitignore"), false)?
-                {
-                    classifier.add_ignore_file(scope, rel, &content);
-                    rules.scopes[scope].ignore_files.push(IgnoreFile {
-                        dir: RelativePath(rel.to_vec()),
-                        content,
-                    });
-                }
-            }
-        }
-        let dir_holds_head = has(HEAD_NAME);
-        for entry in &entries {
+        let facts = HostFacts {
+            exists: true,
+            dir_holds_head: has(HEAD_NAME),
+        };
+        for entry in entries.iter().filter(|e| e.name != GIT_DIR_NAME) {
             let name = &entry.name;
-            if name == GIT_DIR_NAME {
-                continue;
-            }
             let is_dir = entry.file_type == FileType::Directory;
-            let facts = HostFacts {
-                exists: true,
-                dir_holds_head,
-            };
             let (route, mut child) = classifier.child(&state, &dir_path, name, is_dir, facts);
             if route != Route::Host {
                 continue;
             }
-            // Shared now: was it isolated before? Then it is newly shared,
-            // and so is everything below it, which is not looked at again.
+            // Shared now: was it isolated before?
             let earlier_child = match (&mut before, &earlier) {
                 (Some(before), Some(earlier)) => {
-                    let (was, then) = before
-                        .classifier
-                        .child(earlier, &dir_path, name, is_dir, facts);
-                    if was == Route::Isolated {
-                        before
-                            .newly_shared
-                            .push(RelativePath(join(&dir_path, name)));
-                        None
-                    } else {
-                        Some(then)
-                    }
+                    before.child(earlier, &dir_path, name, is_dir, facts)
                 }
                 _ => None,
             };
@@ -990,65 +991,134 @@ fn walk(
             }
             let child_path = join(&dir_path, name);
             let child_label = workspace_path.join(OsStr::from_bytes(&child_path));
-            if depth + 1 > MAX_WALK_DEPTH {
-                return Err(GatherError::TooDeep {
-                    path: child_label.display().to_string(),
-                    max: MAX_WALK_DEPTH,
-                });
-            }
-            // Its `.git` is looked for by its whole path.
-            let len = child_label.as_os_str().len();
-            if len > MAX_WALK_PATH_LEN {
-                return Err(GatherError::PathTooLong {
-                    path: child_label.display().to_string(),
-                    len,
-                    max: MAX_WALK_PATH_LEN,
-                });
-            }
-            if let Some((git_dir, common_dir)) = git_dir_of(&child_label)? {
-                let known = rules.git_dirs.len();
-                add_git_dirs(&[&git_dir, &common_dir], workspace_path, rules);
-                for added in &rules.git_dirs[known..] {
-                    classifier.add_git_dir(&added.0);
-                }
-                let config = user.read(&user.files(Some(&git_dir), Some(&common_dir)))?;
-                protect_what_git_runs(
-                    &config,
-                    &child_label,
-                    &common_dir,
+            check_walkable(depth + 1, &child_label)?;
+            if let Some(git_dirs) = git_dir_of(&child_label)? {
+                let nested = (child_path.as_slice(), child_label.as_path());
+                add_nested_repository(
+                    nested,
+                    git_dirs,
                     workspace_path,
-                    rules,
-                    watched,
-                );
-                // Its own excludes file, if its configuration names another,
-                // below its `info/exclude` (whose lines win).
-                let mut exclude = match config.excludes_file() {
-                    Some(own) if Some(own.as_path()) != excludes_file => {
-                        read_file(None, &own, true)?.unwrap_or_default()
-                    }
-                    _ => Vec::new(),
-                };
-                exclude.push(b'\n');
-                exclude.extend(
-                    read_file(None, &common_dir.join("info/exclude"), true)?.unwrap_or_default(),
-                );
-                let scope = classifier.add_scope(&child_path, b"", &exclude);
-                let paths = read_index(&git_dir.join("index"), None)?;
-                track(classifier, scope, &paths);
-                tracked.push(paths);
-                rules.scopes.push(IgnoreScope {
-                    root: RelativePath(child_path.clone()),
-                    prefix: RelativePath::default(),
-                    exclude,
-                    ignore_files: Vec::new(),
-                    tracked_ignored: Vec::new(),
-                    tracked_ignored_dirs: Vec::new(),
-                });
+                    user,
+                    classifier,
+                    &mut found,
+                )?;
                 child = classifier.child(&state, &dir_path, name, is_dir, facts).1;
             }
             pending.push((child_path, child, earlier_child, depth + 1));
         }
     }
+    Ok(())
+}
+
+/// The walked directory `dir_path` of the workspace (named `label`),
+/// opened beneath it and listed; `None` when it is gone, or was replaced
+/// by a link, since its parent was listed. The root's filesystem is
+/// checked whole by [`gather`]; below it (on the same filesystem: the
+/// walk crosses no mount) only a directory's own case-folding flag can
+/// differ, and refuses it.
+fn open_walked(
+    workspace: BorrowedFd<'_>,
+    dir_path: &[u8],
+    label: &Path,
+) -> Result<Option<(OwnedFd, Vec<Listed>)>, GatherError> {
+    let fd = match lazaret_hostfs::beneath::open_dir(workspace, dir_path, OFlags::RDONLY) {
+        Ok(fd) => fd,
+        Err(rustix::io::Errno::NOENT | rustix::io::Errno::LOOP | rustix::io::Errno::NOTDIR) => {
+            return Ok(None);
+        }
+        Err(e) => {
+            return Err(GatherError::Unreadable {
+                path: label.display().to_string(),
+                error: e.into(),
+            });
+        }
+    };
+    let entries =
+        lazaret_hostfs::beneath::list(fd.as_fd()).map_err(|error| GatherError::Unreadable {
+            path: label.display().to_string(),
+            error,
+        })?;
+    if let Some(kind) =
+        lazaret_hostfs::case::dir_folds_case(fd.as_fd()).filter(|_| !dir_path.is_empty())
+    {
+        return Err(GatherError::CaseInsensitive {
+            path: label.display().to_string(),
+            kind,
+        });
+    }
+    Ok(Some((fd, entries)))
+}
+
+/// Refuses to walk the directory `label`, `depth` levels below the
+/// workspace's root, when it lies deeper than the walk goes or its path is
+/// longer than the walk reads a directory by (its `.git` is looked for by
+/// its whole path).
+fn check_walkable(depth: usize, label: &Path) -> Result<(), GatherError> {
+    if depth > MAX_WALK_DEPTH {
+        return Err(GatherError::TooDeep {
+            path: label.display().to_string(),
+            max: MAX_WALK_DEPTH,
+        });
+    }
+    let len = label.as_os_str().len();
+    if len > MAX_WALK_PATH_LEN {
+        return Err(GatherError::PathTooLong {
+            path: label.display().to_string(),
+            len,
+            max: MAX_WALK_PATH_LEN,
+        });
+    }
+    Ok(())
+}
+
+/// Adds the repository nested at `path` of the workspace (named `label`),
+/// whose git directory and common directory are `git_dir` and
+/// `common_dir`: both as git directories, what its git reads and runs, and
+/// a scope of its own with its excludes and the paths its index tracks.
+fn add_nested_repository(
+    (path, label): (&[u8], &Path),
+    (git_dir, common_dir): (PathBuf, PathBuf),
+    workspace_path: &Path,
+    (user, excludes_file): (&UserConfig, Option<&Path>),
+    classifier: &mut Classifier,
+    found: &mut Found<'_>,
+) -> Result<(), GatherError> {
+    let known = found.rules.git_dirs.len();
+    add_git_dirs(&[&git_dir, &common_dir], workspace_path, found.rules);
+    for added in &found.rules.git_dirs[known..] {
+        classifier.add_git_dir(&added.0);
+    }
+    let config = user.read(&user.files(Some(&git_dir), Some(&common_dir)))?;
+    protect_what_git_runs(
+        &config,
+        label,
+        &common_dir,
+        workspace_path,
+        found.rules,
+        found.watched,
+    );
+    // Its own excludes file, if its configuration names another, below
+    // its `info/exclude` (whose lines win).
+    let mut exclude = match config.excludes_file() {
+        Some(own) if Some(own.as_path()) != excludes_file => {
+            read_file(None, &own, true)?.unwrap_or_default()
+        }
+        _ => Vec::new(),
+    };
+    exclude.push(b'\n');
+    exclude.extend(read_file(None, &common_dir.join("info/exclude"), true)?.unwrap_or_default());
+    let scope = classifier.add_scope(path, b"", &exclude);
+    let paths = read_index(&git_dir.join("index"), None)?;
+    track(classifier, scope, &paths);
+    found.tracked.push(paths);
+    found.rules.scopes.push(IgnoreScope {
+        root: RelativePath(path.to_vec()),
+        prefix: RelativePath::default(),
+        exclude,
+        ignore_files: Vec::new(),
+        tracked_ignored: Vec::new(),
+        tracked_ignored_dirs: Vec::new(),
+    });
     Ok(())
 }
 
@@ -1077,6 +1147,183 @@ fn read_file(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A scratch workspace outside any repository, and a home without git
+    /// configuration.
+    struct Scratch {
+        _dir: tempfile::TempDir,
+        home: PathBuf,
+        workspace: PathBuf,
+    }
+
+    impl Scratch {
+        fn new() -> Self {
+            let dir = tempfile::tempdir().unwrap();
+            let base = std::fs::canonicalize(dir.path()).unwrap();
+            let (home, workspace) = (base.join("home"), base.join("workspace"));
+            std::fs::create_dir_all(&home).unwrap();
+            std::fs::create_dir_all(&workspace).unwrap();
+            Scratch {
+                _dir: dir,
+                home,
+                workspace,
+            }
+        }
+
+        /// Writes `content` at `path` of the workspace, making its parents.
+        fn write(&self, path: impl AsRef<Path>, content: &str) {
+            let path = self.workspace.join(path);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, content).unwrap();
+        }
+
+        fn gather(&self) -> Result<Gathered, GatherError> {
+            let user = UserConfig {
+                home: Some(self.home.clone()),
+                no_system: true,
+                ..UserConfig::default()
+            };
+            let dir = std::fs::File::open(&self.workspace).unwrap();
+            gather(dir.as_fd(), &self.workspace, true, &user, None)
+        }
+
+        /// The directories whose `.gitignore` the walk read, sorted.
+        fn ignore_dirs(&self) -> Vec<Vec<u8>> {
+            let gathered = self.gather().unwrap();
+            assert!(gathered.repository.is_none());
+            let mut dirs: Vec<Vec<u8>> = gathered.rules.scopes[0]
+                .ignore_files
+                .iter()
+                .map(|f| f.dir.0.clone())
+                .collect();
+            dirs.sort();
+            dirs
+        }
+    }
+
+    #[test]
+    fn the_walk_reads_gitignore_files_under_any_name() {
+        use std::os::unix::ffi::OsStringExt;
+        let fx = Scratch::new();
+        fx.write(".gitignore", "*.log\n");
+        fx.write("données/.gitignore", "cache/\n");
+        fx.write("日本/深い/.gitignore", "tmp/\n");
+        // A name that is not UTF-8 at all.
+        let raw = std::ffi::OsString::from_vec(b"r\xffw".to_vec());
+        fx.write(Path::new(&raw).join(".gitignore"), "x\n");
+        assert_eq!(
+            fx.ignore_dirs(),
+            [
+                b"".to_vec(),
+                "données".as_bytes().to_vec(),
+                b"r\xffw".to_vec(),
+                "日本/深い".as_bytes().to_vec(),
+            ]
+        );
+        let gathered = fx.gather().unwrap();
+        let content = gathered.rules.scopes[0]
+            .ignore_files
+            .iter()
+            .find(|f| f.dir.0 == "données".as_bytes())
+            .map(|f| f.content.clone());
+        assert_eq!(content.as_deref(), Some(&b"cache/\n"[..]));
+    }
+
+    #[test]
+    fn the_walk_follows_no_symbolic_link() {
+        let fx = Scratch::new();
+        let outside = fx.home.join("outside");
+        std::fs::create_dir_all(&outside).unwrap();
+        std::fs::write(outside.join(".gitignore"), "secret\n").unwrap();
+        // A link to a directory outside the workspace is not walked into,
+        std::os::unix::fs::symlink(&outside, fx.workspace.join("link")).unwrap();
+        // nor one to a directory inside it walked twice,
+        fx.write("real/.gitignore", "a\n");
+        std::os::unix::fs::symlink("real", fx.workspace.join("alias")).unwrap();
+        // and a `.gitignore` that is a link is skipped, as git skips it.
+        fx.write("linked/keep", "");
+        std::os::unix::fs::symlink(
+            outside.join(".gitignore"),
+            fx.workspace.join("linked/.gitignore"),
+        )
+        .unwrap();
+        assert_eq!(fx.ignore_dirs(), [b"real".to_vec()]);
+    }
+
+    #[test]
+    fn the_walk_reads_every_level_of_a_deep_tree_but_not_what_is_ignored() {
+        let fx = Scratch::new();
+        let mut path = PathBuf::new();
+        let mut expected = Vec::new();
+        for level in 0..64 {
+            path.push(format!("d{level}"));
+            fx.write(path.join(".gitignore"), "never\n");
+            expected.push(path.as_os_str().as_bytes().to_vec());
+        }
+        // Below an ignored directory nothing is read.
+        fx.write("d0/never/.gitignore", "x\n");
+        fx.write("skipped/inner/.gitignore", "x\n");
+        fx.write(".gitignore", "/skipped/\n");
+        expected.push(Vec::new());
+        expected.sort();
+        assert_eq!(fx.ignore_dirs(), expected);
+    }
+
+    #[test]
+    fn a_walked_directory_is_bounded_by_depth_and_path_length() {
+        let at = |len: usize| PathBuf::from(format!("/{}", "n".repeat(len - 1)));
+        assert!(check_walkable(MAX_WALK_DEPTH, &at(MAX_WALK_PATH_LEN)).is_ok());
+        match check_walkable(MAX_WALK_DEPTH + 1, Path::new("/w/deep")) {
+            Err(GatherError::TooDeep { path, max }) => {
+                assert_eq!((path.as_str(), max), ("/w/deep", MAX_WALK_DEPTH));
+            }
+            other => panic!("expected TooDeep: {other:?}"),
+        }
+        let long = at(MAX_WALK_PATH_LEN + 1);
+        match check_walkable(1, &long) {
+            Err(GatherError::PathTooLong { path, len, max }) => {
+                assert_eq!(path, long.display().to_string());
+                assert_eq!((len, max), (MAX_WALK_PATH_LEN + 1, MAX_WALK_PATH_LEN));
+            }
+            other => panic!("expected PathTooLong: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_directories_above_a_workspace_run_from_the_repository_root() {
+        assert!(dirs_above(b"").is_empty());
+        assert_eq!(dirs_above(b"w"), [b"".to_vec()]);
+        assert_eq!(
+            dirs_above(b"a/b/w"),
+            [b"".to_vec(), b"a".to_vec(), b"a/b".to_vec()]
+        );
+        assert_eq!(
+            dirs_above("dé/\u{65e5}/w".as_bytes()),
+            [
+                b"".to_vec(),
+                "dé".as_bytes().to_vec(),
+                "dé/\u{65e5}".as_bytes().to_vec()
+            ]
+        );
+    }
+
+    #[test]
+    fn a_gone_directory_is_skipped_and_a_file_is_not_walked() {
+        let fx = Scratch::new();
+        fx.write("file", "");
+        let dir = std::fs::File::open(&fx.workspace).unwrap();
+        let label = fx.workspace.join("gone");
+        assert!(open_walked(dir.as_fd(), b"gone", &label).unwrap().is_none());
+        assert!(open_walked(dir.as_fd(), b"file", &label).unwrap().is_none());
+        std::os::unix::fs::symlink(".", fx.workspace.join("self")).unwrap();
+        assert!(open_walked(dir.as_fd(), b"self", &label).unwrap().is_none());
+        let (_, entries) = open_walked(dir.as_fd(), b"", &fx.workspace)
+            .unwrap()
+            .unwrap();
+        let mut names: Vec<&[u8]> = entries.iter().map(|e| e.name.as_slice()).collect();
+        names.sort();
+        assert_eq!(names, [&b"file"[..], b"self"]);
+    }
 
     #[test]
     fn resolutions_follow_links_as_the_kernel_does() {

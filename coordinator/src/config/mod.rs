@@ -42,7 +42,7 @@ pub use hostenv::HostEnvironment;
 pub use lazaret_hostfs::plan::{
     ConfinedError, ConfinedPathPlan, ObjectIdentity, Opened, RetainedDir,
 };
-pub use resolve::check_executable;
+pub use resolve::{ExecutableError, check_executable};
 pub use source::{ConfigSource, read as read_source};
 
 /// The directory, beneath both the Storage Root and the Runtime Root, that
@@ -109,6 +109,15 @@ pub enum ConfigError {
         field: String,
         /// What went wrong with the path.
         source: ConfinedError,
+    },
+    /// An auto-approval executable fails a check every host command's
+    /// executable passes; the source says which.
+    #[error("{field}")]
+    Executable {
+        /// The field path of the executable.
+        field: String,
+        /// The check it failed.
+        source: ExecutableError,
     },
     /// The selected profile does not exist.
     #[error("profile `{profile}` is not defined in {config}; defined profiles: {available}")]

@@ -325,8 +325,8 @@ pub enum ExecutableError {
     Unfit {
         /// Its canonical path.
         path: PathBuf,
-        /// The check it failed, as a sentence naming the path.
-        reason: String,
+        /// The check it failed.
+        reason: crate::config::ExecutableError,
     },
 }
 
@@ -560,7 +560,7 @@ mod tests {
         match launcher.recheck(&checked) {
             Err(ExecutableError::Unfit { path, reason }) => {
                 assert_eq!(path, rule);
-                assert!(reason.contains("chmod go-w"), "{reason}");
+                assert!(reason.to_string().contains("chmod go-w"), "{reason}");
             }
             other => panic!("{other:?}"),
         }
@@ -641,7 +641,7 @@ mod tests {
         match launcher.requested_executable(linked.to_str().unwrap()) {
             Err(ExecutableError::Unfit { path, reason }) => {
                 assert_eq!(path, linked);
-                assert!(reason.contains("hard links"), "{reason}");
+                assert!(reason.to_string().contains("hard links"), "{reason}");
             }
             other => panic!("{other:?}"),
         }
