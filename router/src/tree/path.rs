@@ -1,0 +1,34 @@
+//! The sandbox's names and the workspace paths made of them.
+//!
+//! Owns the byte-level handling of a name the sandbox sent and of the
+//! relative paths the tree joins from such names: joining, splitting at
+//! the last `/`, and the conversion to what a `*at` call takes. Trusts
+//! nothing in a name: every name here is sandbox-controlled, and what
+//! would be wrong in one (a `/`, a NUL, too many bytes) is left for the
+//! kernel's `*at` call on one side's directory to refuse.
+
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+
+use lazaret_routing::classify::join;
+
+/// `dir` joined with a relative path that may be empty.
+pub(super) fn join_rel(dir: &[u8], rel: &[u8]) -> Vec<u8> {
+    if rel.is_empty() {
+        dir.to_vec()
+    } else {
+        join(dir, rel)
+    }
+}
+
+pub(super) fn os(bytes: &[u8]) -> &OsStr {
+    OsStr::from_bytes(bytes)
+}
+
+/// The parent and last component of a non-empty path.
+pub(super) fn split(path: &[u8]) -> (&[u8], &[u8]) {
+    match path.iter().rposition(|b| *b == b'/') {
+        Some(i) => (&path[..i], &path[i + 1..]),
+        None => (&[], path),
+    }
+}
