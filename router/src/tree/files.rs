@@ -185,3 +185,116 @@ pub(super) fn open_flags(flags: i32) -> OFlags {
 fn writes(flags: OFlags) -> bool {
     flags.intersects(OFlags::WRONLY | OFlags::RDWR | OFlags::TRUNC | OFlags::APPEND)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::os::fd::AsFd;
+
+    use super::super::testing::scratch;
+    use super::*;
+
+    fn raw(flags: OFlags) -> i32 {
+        flags.bits() as i32
+    }
+
+    #[test]
+    fn open_flags_pass_on_nothing_that_changes_what_is_opened() {
+        let asked = OFlags::RDWR
+            | OFlags::APPEND
+            | OFlags::CREATE
+            | OFlags::DIRECTORY
+            | OFlags::PATH
+            | OFlags::NOATIME
+            | OFlags::TMPFILE
+            | OFlags::NOCTTY;
+        assert_eq!(open_flags(raw(asked)), OFlags::RDWR | OFlags::APPEND);
+        // Flags the kernel does not know are dropped too.
+        assert_eq!(open_flags(-1) & !(OFlags::RWMODE), {
+            OFlags::APPEND | OFlags::TRUNC | OFlags::EXCL | OFlags::SYNC | OFlags::DSYNC
+        });
+    }
+
+    #[test]
+    fn writes_counts_truncating_and_appending_as_writing() {
+        assert!(!writes(OFlags::RDONLY));
+        assert!(writes(OFlags::WRONLY));
+        assert!(writes(OFlags::RDWR));
+        assert!(writes(OFlags::RDONLY | OFlags::TRUNC));
+        assert!(writes(OFlags::RDONLY | OFlags::APPEND));
+    }
+
+    #[test]
+    fn a_file_handle_never_opened_or_released_names_nothing() {
+        let s = scratch();
+        let t = &s.tree;
+        let (_, _, handle) = t
+            .create(t.root(), b"f", 0o644, 0, raw(OFlags::RDWR))
+            .unwrap();
+        t.write(handle, 0, b"data").unwrap();
+        t.release(handle);
+        let mut buf = Vec::new();
+        for bad in [0, handle, handle + 1, u64::MAX] {
+            assert_eq!(t.read(bad, 0, 4, &mut buf).unwrap_err(), Errno::BADF);
+            assert_eq!(t.write(bad, 0, b"x").unwrap_err(), Errno::BADF);
+            assert_eq!(t.fsync(bad, true).unwrap_err(), Errno::BADF);
+            assert_eq!(t.fallocate(bad, 0, 1, 0).unwrap_err(), Errno::BADF);
+            assert_eq!(t.file(bad).unwrap_err(), Errno::BADF);
+        }
+        // Releasing again is harmless, and the file kept what was written.
+        t.release(handle);
+        assert_eq!(std::fs::read(s.host.join("f")).unwrap(), b"data");
+    }
+
+    #[test]
+    fn a_read_past_the_end_is_empty_and_one_at_the_largest_offset_fails() {
+        let s = scratch();
+        let t = &s.tree;
+        let (ino, _, handle) = t
+            .create(t.root(), b"f", 0o644, 0, raw(OFlags::WRONLY))
+            .unwrap();
+        assert_eq!(t.write(handle, 0, b"0123456789").unwrap(), 10);
+        t.release(handle);
+        let opened = t.open(ino, raw(OFlags::RDONLY)).unwrap();
+        assert_eq!(opened.size, 10);
+        let mut buf = b"stale".to_vec();
+        t.read(opened.handle, 8, 100, &mut buf).unwrap();
+        assert_eq!(buf, b"89");
+        t.read(opened.handle, 10, 100, &mut buf).unwrap();
+        assert!(buf.is_empty());
+        t.read(opened.handle, 1 << 40, 100, &mut buf).unwrap();
+        assert!(buf.is_empty());
+        // An offset the kernel cannot represent is refused, not wrapped.
+        assert!(t.read(opened.handle, u64::MAX, 100, &mut buf).is_err());
+        assert!(buf.is_empty());
+        // Reading through a descriptor opened read-only writes nothing.
+        assert_eq!(t.write(opened.handle, 0, b"x").unwrap_err(), Errno::BADF);
+        let fd = t.file(opened.handle).unwrap();
+        assert_eq!(rustix::fs::fstat(fd.as_fd()).unwrap().st_size, 10);
+    }
+
+    #[test]
+    fn a_write_at_an_offset_past_the_largest_file_writes_nothing() {
+        let s = scratch();
+        let t = &s.tree;
+        let (_, _, handle) = t
+            .create(t.root(), b"f", 0o644, 0, raw(OFlags::RDWR))
+            .unwrap();
+        assert!(t.write(handle, u64::MAX - 1, b"xy").is_err());
+        assert!(t.write(handle, 1 << 63, b"xy").is_err());
+        assert_eq!(std::fs::metadata(s.host.join("f")).unwrap().len(), 0);
+    }
+
+    #[test]
+    fn fallocate_refuses_a_mode_it_does_not_know() {
+        let s = scratch();
+        let t = &s.tree;
+        let (_, _, handle) = t
+            .create(t.root(), b"f", 0o644, 0, raw(OFlags::RDWR))
+            .unwrap();
+        assert_eq!(
+            t.fallocate(handle, 0, 4096, 1 << 30).unwrap_err(),
+            Errno::OPNOTSUPP
+        );
+        assert_eq!(std::fs::metadata(s.host.join("f")).unwrap().len(), 0);
+    }
+}

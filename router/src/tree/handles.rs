@@ -61,3 +61,50 @@ impl<T> Handles<T> {
         self.table().remove(&handle);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_handle_never_given_out_names_nothing() {
+        let handles = Handles::new();
+        let given = handles.insert("file");
+        for never in [0, given + 1, u64::MAX] {
+            assert_eq!(handles.get(never).unwrap_err(), Errno::BADF);
+            assert_eq!(handles.replace(never, "other").unwrap_err(), Errno::BADF);
+        }
+        // Replacing a number that names nothing does not make it name
+        // something.
+        assert_eq!(handles.get(0).unwrap_err(), Errno::BADF);
+        assert_eq!(*handles.get(given).unwrap(), "file");
+    }
+
+    #[test]
+    fn a_released_handle_names_nothing_and_is_never_given_again() {
+        let handles = Handles::new();
+        let first = handles.insert(1);
+        handles.remove(first);
+        assert_eq!(handles.get(first).unwrap_err(), Errno::BADF);
+        assert_eq!(handles.replace(first, 2).unwrap_err(), Errno::BADF);
+        // Released twice: still nothing, and nothing else disturbed.
+        let second = handles.insert(3);
+        handles.remove(first);
+        assert_ne!(second, first);
+        assert_eq!(*handles.get(second).unwrap(), 3);
+    }
+
+    #[test]
+    fn handles_start_at_one_and_a_replacement_keeps_its_number() {
+        let handles = Handles::new();
+        let a = handles.insert("a");
+        let b = handles.insert("b");
+        assert_eq!((a, b), (1, 2));
+        let held = handles.get(a).unwrap();
+        handles.replace(a, "c").unwrap();
+        assert_eq!(*handles.get(a).unwrap(), "c");
+        // What a reader took before the replacement stays what it was.
+        assert_eq!(*held, "a");
+        assert_eq!(*handles.get(b).unwrap(), "b");
+    }
+}

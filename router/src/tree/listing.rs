@@ -205,3 +205,57 @@ pub struct Listing {
     /// Whether a read from its start has used it.
     read: std::sync::atomic::AtomicBool,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::scratch;
+    use super::*;
+
+    #[test]
+    fn a_directory_handle_never_opened_or_released_names_nothing() {
+        let s = scratch();
+        let t = &s.tree;
+        let handle = t.opendir(t.root()).unwrap();
+        t.releasedir(handle);
+        for bad in [0, handle, handle + 1] {
+            assert_eq!(t.listing(bad).unwrap_err(), Errno::BADF);
+            assert_eq!(t.rewind(bad, t.root()).unwrap_err(), Errno::BADF);
+            let emitted = t.readdirplus(bad, t.root(), 0, |_, _, _, _| false);
+            assert_eq!(emitted.unwrap_err(), Errno::BADF);
+        }
+        t.releasedir(handle);
+    }
+
+    #[test]
+    fn a_read_from_past_the_last_entry_emits_nothing() {
+        let s = scratch();
+        let t = &s.tree;
+        for name in ["a", "b"] {
+            std::fs::write(s.host.join(name), name).unwrap();
+        }
+        let handle = t.opendir(t.root()).unwrap();
+        let mut seen = Vec::new();
+        t.readdirplus(handle, t.root(), 0, |_, next, name, _| {
+            seen.push((next, name.to_vec()));
+            false
+        })
+        .unwrap();
+        seen.sort();
+        assert_eq!(seen.len(), 2);
+        // Offsets 1 and 2 are `.` and `..`: entries start at 3.
+        assert_eq!(
+            seen.iter().map(|(next, _)| *next).collect::<Vec<_>>(),
+            vec![3, 4]
+        );
+        for from in [2, 3, usize::MAX] {
+            let mut more = 0;
+            t.readdirplus(handle, t.root(), from, |_, _, _, _| {
+                more += 1;
+                false
+            })
+            .unwrap();
+            assert_eq!(more, 0, "from {from}");
+        }
+        t.releasedir(handle);
+    }
+}

@@ -163,3 +163,69 @@ impl Tree {
         ROOT
     }
 }
+
+/// A tree over two scratch directories, for the modules' tests: no FUSE,
+/// no privileges.
+#[cfg(test)]
+mod testing {
+    use std::os::fd::OwnedFd;
+    use std::path::{Path, PathBuf};
+
+    use lazaret_proto::router::WorkspaceRules;
+    use lazaret_routing::classify::Classifier;
+    use rustix::fs::{Mode, OFlags};
+
+    use super::Tree;
+
+    /// The two sides, on disk, and the tree over them.
+    pub(super) struct Scratch {
+        _dir: tempfile::TempDir,
+        pub(super) host: PathBuf,
+        pub(super) isolated: PathBuf,
+        pub(super) tree: Tree,
+    }
+
+    /// A tree with rules that route everything to the host.
+    pub(super) fn scratch() -> Scratch {
+        let dir = tempfile::tempdir().unwrap();
+        let host = dir.path().join("host");
+        let isolated = dir.path().join("isolated");
+        std::fs::create_dir(&host).unwrap();
+        std::fs::create_dir(&isolated).unwrap();
+        let open = |p: &Path| -> OwnedFd {
+            rustix::fs::open(
+                p,
+                OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+                Mode::empty(),
+            )
+            .unwrap()
+        };
+        let rules = WorkspaceRules {
+            isolate_ignored: false,
+            global_excludes: Vec::new(),
+            scopes: Vec::new(),
+            read_only: Vec::new(),
+            read_only_prefixes: Vec::new(),
+            git_dirs: Vec::new(),
+            kept_isolated: Vec::new(),
+        };
+        let tree = Tree::new(open(&host), open(&isolated), Classifier::new(&rules)).unwrap();
+        Scratch {
+            _dir: dir,
+            host,
+            isolated,
+            tree,
+        }
+    }
+
+    /// The entries of a directory on disk, sorted.
+    pub(super) fn names(dir: &Path) -> Vec<Vec<u8>> {
+        use std::os::unix::ffi::OsStrExt;
+        let mut names: Vec<Vec<u8>> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().as_bytes().to_vec())
+            .collect();
+        names.sort();
+        names
+    }
+}

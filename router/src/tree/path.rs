@@ -32,3 +32,31 @@ pub(super) fn split(path: &[u8]) -> (&[u8], &[u8]) {
         None => (&[], path),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn split_takes_the_last_component_only() {
+        assert_eq!(split(b"name"), (&b""[..], &b"name"[..]));
+        assert_eq!(split(b"a/b/c"), (&b"a/b"[..], &b"c"[..]));
+        // A name that is `..` stays one component: nothing climbs.
+        assert_eq!(split(b"a/.."), (&b"a"[..], &b".."[..]));
+        // Bytes that are not UTF-8 split like any other.
+        assert_eq!(split(b"\xff/\xfe\x80"), (&b"\xff"[..], &b"\xfe\x80"[..]));
+    }
+
+    #[test]
+    fn join_rel_keeps_the_directory_for_an_empty_path() {
+        assert_eq!(join_rel(b"a/b", b""), b"a/b".to_vec());
+        assert_eq!(join_rel(b"a", b"c/d"), b"a/c/d".to_vec());
+        assert_eq!(join_rel(b"", b"c"), b"c".to_vec());
+    }
+
+    #[test]
+    fn os_passes_every_byte_unchanged() {
+        let name = b"caf\xe9\x00\xff";
+        assert_eq!(os(name).as_bytes(), name);
+    }
+}

@@ -226,3 +226,106 @@ impl<'a> HostListing<'a> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use rustix::fs::OFlags;
+
+    use super::super::testing::{names, scratch};
+    use super::*;
+
+    #[test]
+    fn a_new_entry_refuses_a_name_that_is_not_one_component() {
+        let s = scratch();
+        let t = &s.tree;
+        let (dir, _) = t.mkdir(t.root(), b"d", 0o755, 0).unwrap();
+        std::fs::write(s.host.join("d/f"), "host").unwrap();
+        let wr = OFlags::WRONLY.bits() as i32;
+        for bad in [&b""[..], b".", b"..", b"d/g", b"../escape", b"/abs", b"d/"] {
+            assert_eq!(t.mkdir(t.root(), bad, 0o755, 0).unwrap_err(), Errno::INVAL);
+            assert_eq!(
+                t.create(t.root(), bad, 0o644, 0, wr).unwrap_err(),
+                Errno::INVAL
+            );
+            assert_eq!(t.symlink(dir, bad, b"x").unwrap_err(), Errno::INVAL);
+            assert_eq!(t.mknod(dir, bad, 0o100644, 0).unwrap_err(), Errno::INVAL);
+            assert_eq!(
+                t.rename(dir, b"f", t.root(), bad, rustix::fs::RenameFlags::empty())
+                    .unwrap_err(),
+                Errno::INVAL
+            );
+        }
+        // Nothing was made or moved on either side.
+        assert_eq!(names(&s.host), vec![b"d".to_vec()]);
+        assert_eq!(names(&s.host.join("d")), vec![b"f".to_vec()]);
+        assert!(names(&s.isolated).is_empty());
+    }
+
+    #[test]
+    fn a_name_with_a_nul_byte_finds_and_makes_nothing() {
+        let s = scratch();
+        let t = &s.tree;
+        std::fs::write(s.host.join("a"), "host").unwrap();
+        assert_eq!(t.lookup(t.root(), b"a\0b").unwrap_err(), Errno::INVAL);
+        assert_eq!(
+            t.mkdir(t.root(), b"a\0b", 0o755, 0).unwrap_err(),
+            Errno::INVAL
+        );
+        assert_eq!(t.remove(t.root(), b"a\0", false).unwrap_err(), Errno::INVAL);
+        assert_eq!(names(&s.host), vec![b"a".to_vec()]);
+    }
+
+    #[test]
+    fn an_overlong_name_is_refused_by_the_kernel_and_makes_nothing() {
+        let s = scratch();
+        let t = &s.tree;
+        let long = vec![b'x'; 256];
+        let longest = vec![b'y'; 255];
+        assert_eq!(t.lookup(t.root(), &long).unwrap_err(), Errno::NAMETOOLONG);
+        assert_eq!(
+            t.mkdir(t.root(), &long, 0o755, 0).unwrap_err(),
+            Errno::NAMETOOLONG
+        );
+        assert!(names(&s.host).is_empty());
+        // The longest name a directory entry holds works.
+        let (ino, _) = t.mkdir(t.root(), &longest, 0o755, 0).unwrap();
+        assert_eq!(t.lookup(t.root(), &longest).unwrap().0, ino);
+        assert_eq!(names(&s.host), vec![longest]);
+    }
+
+    #[test]
+    fn a_name_that_is_not_utf8_keeps_its_bytes() {
+        let s = scratch();
+        let t = &s.tree;
+        let name = b"caf\xe9-\xff\xfe";
+        let (ino, _) = t.mkdir(t.root(), name, 0o755, 0).unwrap();
+        assert_eq!(names(&s.host), vec![name.to_vec()]);
+        assert_eq!(t.lookup(t.root(), name).unwrap().0, ino);
+        let handle = t.opendir(t.root()).unwrap();
+        let listed: Vec<Vec<u8>> = t
+            .listing(handle)
+            .unwrap()
+            .entries
+            .iter()
+            .map(|e| e.name.clone())
+            .collect();
+        assert_eq!(listed, vec![name.to_vec()]);
+        t.releasedir(handle);
+        t.remove(t.root(), name, true).unwrap();
+        assert!(names(&s.host).is_empty());
+    }
+
+    #[test]
+    fn an_inode_number_never_given_out_is_stale() {
+        let s = scratch();
+        let t = &s.tree;
+        for bad in [0, 2, u64::MAX] {
+            assert_eq!(t.lookup(bad, b"x").unwrap_err(), Errno::STALE);
+            assert_eq!(t.getattr(bad, None).unwrap_err(), Errno::STALE);
+            assert_eq!(t.opendir(bad).unwrap_err(), Errno::STALE);
+            assert_eq!(t.open(bad, 0).unwrap_err(), Errno::STALE);
+            assert_eq!(t.mkdir(bad, b"x", 0o755, 0).unwrap_err(), Errno::STALE);
+        }
+        assert!(names(&s.host).is_empty());
+    }
+}
