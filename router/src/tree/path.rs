@@ -3,9 +3,10 @@
 //! Owns the byte-level handling of a name the sandbox sent and of the
 //! relative paths the tree joins from such names: joining, splitting at
 //! the last `/`, and the conversion to what a `*at` call takes. Trusts
-//! nothing in a name: every name here is sandbox-controlled, and what
-//! would be wrong in one (a `/`, a NUL, too many bytes) is left for the
-//! kernel's `*at` call on one side's directory to refuse.
+//! nothing in a name: every name here is sandbox-controlled. A new
+//! entry's name must be one component (see `routing`); a NUL or more
+//! bytes than a directory entry holds is left for the kernel's `*at` call
+//! on one side's directory to refuse.
 
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
