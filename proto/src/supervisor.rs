@@ -15,6 +15,7 @@ use crate::channel::Limits;
 use crate::codec::WireRecord;
 use crate::common::HostPath;
 use crate::config::{VolumeAccess, VolumeKind};
+use crate::failure::Failure;
 use crate::ids::{ContainerId, DomainId, GenerationId, SessionId};
 use crate::network::NetworkReadinessAttestation;
 use crate::ownership::NamespaceIdentity;
@@ -239,13 +240,15 @@ pub enum SupervisorStep {
     Request,
 }
 
-/// A failure the supervisor reports before exiting.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// A failure the supervisor reports before exiting. It renders as the
+/// failure's sentence, for the user; it never holds secrets.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[error("{failure}")]
 pub struct SupervisorError {
     /// The step that failed.
     pub step: SupervisorStep,
-    /// What failed and why, for the user; never holds secrets.
-    pub detail: String,
+    /// What failed and why.
+    pub failure: Failure,
 }
 
 /// What the supervisor reports.
@@ -316,8 +319,8 @@ pub enum SupervisorReport {
     ExecFailed {
         /// The session.
         session_id: SessionId,
-        /// What failed, for the user.
-        detail: String,
+        /// What failed and why.
+        failure: Failure,
     },
     /// A session process ended.
     ExecExited {
