@@ -134,7 +134,7 @@ pub enum Link {
     /// Nothing more than its sentence.
     Text,
     /// Its sentence, about this host path: an errno beneath it is about it.
-    Path(HostPath),
+    About(HostPath),
     /// The rest of the account: a peer's own failure this link carries,
     /// already prefixed with this link's words, or a child program's.
     Ends(Failure),
@@ -184,7 +184,7 @@ impl Failure {
             }
             match classify(current) {
                 Link::Text => parts.push(current.to_string()),
-                Link::Path(at) => {
+                Link::About(at) => {
                     parts.push(current.to_string());
                     path = Some(at);
                 }
@@ -351,7 +351,7 @@ mod tests {
             source: std::io::Error::from_raw_os_error(28),
         });
         let failure = Failure::classified(&error, |link| match link.downcast_ref::<WriteError>() {
-            Some(write) => Link::Path(HostPath::from(write.path.as_str())),
+            Some(write) => Link::About(HostPath::from(write.path.as_str())),
             None => Link::Text,
         });
         assert_eq!(failure.to_string(), crate::error_chain(&error));

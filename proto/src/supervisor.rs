@@ -341,3 +341,27 @@ pub enum SupervisorReport {
 impl WireRecord for SupervisorReport {
     const NAME: &'static str = "SupervisorReport";
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::failure::{Errno, Failure};
+    use crate::test_support::round_trip;
+
+    #[test]
+    fn failures_round_trip_with_their_cause() {
+        let failure = Failure::os("cannot write /x", Errno(28), Some(HostPath::from("/x")));
+        round_trip(&SupervisorReport::Failed(SupervisorError {
+            step: SupervisorStep::Bundle,
+            failure: failure.clone(),
+        }));
+        round_trip(&SupervisorReport::ExecFailed {
+            session_id: SessionId(std::array::from_fn(|i| i as u8)),
+            failure,
+        });
+        round_trip(&SupervisorReport::NetworkObserved(Err(SupervisorError {
+            step: SupervisorStep::Network,
+            failure: Failure::check("no sidecar"),
+        })));
+    }
+}

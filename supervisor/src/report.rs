@@ -46,7 +46,7 @@ fn classify(link: &(dyn Error + 'static)) -> Link {
     if let Some(error) = link.downcast_ref::<MountError>() {
         return match error {
             MountError::Mount { target: path, .. } | MountError::Create { path, .. } => {
-                Link::Path(HostPath::from(path.as_str()))
+                Link::About(HostPath::from(path.as_str()))
             }
             _ => Link::Text,
         };
@@ -54,15 +54,15 @@ fn classify(link: &(dyn Error + 'static)) -> Link {
     if let Some(NamespaceError::Map { file, .. } | NamespaceError::Identify { file, .. }) =
         link.downcast_ref::<NamespaceError>()
     {
-        return Link::Path(HostPath::from(*file));
+        return Link::About(HostPath::from(*file));
     }
     if let Some(BundleError::Write { path, .. }) = link.downcast_ref::<BundleError>() {
-        return Link::Path(HostPath::from(path));
+        return Link::About(HostPath::from(path));
     }
     if let Some(error) = link.downcast_ref::<RunscError>() {
         return match error {
             RunscError::Spawn { runsc: path, .. } | RunscError::Log { root: path, .. } => {
-                Link::Path(HostPath::from(path.as_str()))
+                Link::About(HostPath::from(path.as_str()))
             }
             RunscError::Failed { operation, stderr } => Link::Ends(Failure {
                 context: format!("`runsc {operation}` failed"),
@@ -113,5 +113,87 @@ fn helper_link(error: &HelperError) -> Link {
             Link::Ends(Failure::os(error, source, Some(HostPath::from(binary))))
         }
         _ => Link::Text,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lazaret_proto::error_chain;
+    use lazaret_proto::failure::Errno;
+
+    #[test]
+    fn a_mount_error_keeps_its_errno_and_path() {
+        let error = MountError::Mount {
+            what: "the workspace".into(),
+            target: "/run/stage/workspace".into(),
+            source: std::io::Error::from_raw_os_error(13),
+        };
+        let reported = reported(SupervisorStep::Mounts, &error);
+        assert_eq!(reported.step, SupervisorStep::Mounts);
+        assert_eq!(
+            reported.failure.cause,
+            FailureCause::Os {
+                errno: Errno(13),
+                path: Some(HostPath::from("/run/stage/workspace")),
+            }
+        );
+        assert_eq!(reported.to_string(), error_chain(&error));
+    }
+
+    #[test]
+    fn a_bundle_write_keeps_the_file_beneath_the_step() {
+        let error = BundleError::Write {
+            path: "/run/g/bundle/config.json".into(),
+            source: std::io::Error::from_raw_os_error(28),
+        };
+        let failure = failure_of(&error);
+        assert_eq!(failure.errno(), Some(Errno(28)));
+        assert!(matches!(
+            failure.cause,
+            FailureCause::Os { path: Some(ref p), .. } if p.as_bytes() == b"/run/g/bundle/config.json"
+        ));
+        assert_eq!(failure.to_string(), error_chain(&error));
+    }
+
+    #[test]
+    fn runscs_failure_is_a_programs_with_its_output() {
+        let error = RunscError::Failed {
+            operation: "create".into(),
+            stderr: "creating container: permission denied".into(),
+        };
+        let failure = failure_of(&error);
+        assert_eq!(
+            failure.cause,
+            FailureCause::Program {
+                program: "runsc".into(),
+                output: ProgramOutput::tail("creating container: permission denied"),
+            }
+        );
+        assert_eq!(failure.to_string(), error_chain(&error));
+    }
+
+    #[test]
+    fn a_relayed_sidecar_failure_keeps_its_cause_and_reads_as_before() {
+        let sidecar = Failure::os(
+            "cannot write /proc/sys/net/ipv6/conf/lo/disable_ipv6",
+            Errno(30),
+            Some(HostPath::from("/proc/sys/net/ipv6/conf/lo/disable_ipv6")),
+        );
+        let error = NetworkError::Sidecar {
+            step: lazaret_proto::sidecar::SidecarStep::Ipv6,
+            failure: sidecar.clone(),
+        };
+        let reported = reported(SupervisorStep::Network, &error);
+        assert_eq!(reported.failure.cause, sidecar.cause);
+        assert_eq!(reported.to_string(), error_chain(&error));
+        assert!(reported.to_string().starts_with("Ipv6: cannot write "));
+    }
+
+    #[test]
+    fn a_check_is_its_sentence_alone() {
+        let error = failed(SupervisorStep::Request, "the sandbox is already started");
+        assert_eq!(error.failure.cause, FailureCause::Check);
+        assert_eq!(error.to_string(), "the sandbox is already started");
     }
 }
