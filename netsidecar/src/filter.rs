@@ -474,10 +474,20 @@ fn socket() -> Result<Socket, SidecarError> {
 /// A failure to `do` something with the filter, saying what to do when
 /// the kernel has no nf_tables.
 fn filter_failed(what: &str, failure: &Failure) -> SidecarError {
-    if failure.no_nf_tables() {
-        error(format!("{what}: {failure}; {NEEDS_NF_TABLES}"))
-    } else {
-        error(format!("{what}: {failure}"))
+    match failure {
+        _ if failure.no_nf_tables() => error(format!("{what}: {failure}; {NEEDS_NF_TABLES}")),
+        Failure::Refused {
+            what: refused,
+            errno,
+        } => SidecarError {
+            step: SidecarStep::Filter,
+            failure: lazaret_proto::failure::Failure::os(
+                format!("{what}: the kernel refused {refused}"),
+                errno,
+                None,
+            ),
+        },
+        _ => error(format!("{what}: {failure}")),
     }
 }
 
@@ -1094,9 +1104,9 @@ mod tests {
         // A second install finds the table there and changes nothing.
         let again = install(&filter).unwrap_err();
         assert!(
-            again.detail.contains("table inet lazaret"),
+            again.to_string().contains("table inet lazaret"),
             "{}",
-            again.detail
+            again.to_string()
         );
         assert_eq!(read_back().unwrap(), filter);
 
@@ -1138,18 +1148,19 @@ mod tests {
         ]);
         let refused = read_back().unwrap_err();
         assert!(
-            refused.detail.contains("malformed") || refused.detail.contains("unrecognised"),
+            refused.to_string().contains("malformed")
+                || refused.to_string().contains("unrecognised"),
             "{}",
-            refused.detail
+            refused.to_string()
         );
         nft(&["delete", "table", "inet", "lazaret"]);
         install(&filter).unwrap();
         nft(&["add", "table", "ip", "other"]);
         let refused = read_back().unwrap_err();
         assert!(
-            refused.detail.contains("another table"),
+            refused.to_string().contains("another table"),
             "{}",
-            refused.detail
+            refused.to_string()
         );
         nft(&["delete", "table", "ip", "other"]);
         nft(&["delete", "table", "inet", "lazaret"]);
@@ -1202,6 +1213,10 @@ mod tests {
             "{ type ipv4_addr; }",
         ]);
         let refused = read_back().unwrap_err();
-        assert!(refused.detail.contains("another set"), "{}", refused.detail);
+        assert!(
+            refused.to_string().contains("another set"),
+            "{}",
+            refused.to_string()
+        );
     }
 }

@@ -13,6 +13,7 @@
 use std::net::{IpAddr, Ipv4Addr};
 
 use futures_util::TryStreamExt;
+use lazaret_proto::failure::Failure;
 use lazaret_proto::network::{
     AddressFamily, ConnectivityLink, DerivedNetworkPolicy, IpPrefix, NamedEgress, PolicyAction,
     PrefixRule,
@@ -422,8 +423,14 @@ fn disable_ipv6(interfaces: &[&str]) -> Result<(), SidecarError> {
     }
     for name in interfaces {
         let path = format!("{IPV6_CONF}/{name}/disable_ipv6");
-        std::fs::write(&path, "1")
-            .map_err(|e| failed(SidecarStep::Ipv6, format!("cannot write {path}: {e}")))?;
+        std::fs::write(&path, "1").map_err(|e| SidecarError {
+            step: SidecarStep::Ipv6,
+            failure: Failure::os(
+                format!("cannot write {path}"),
+                &e,
+                Some(path.as_str().into()),
+            ),
+        })?;
     }
     Ok(())
 }
@@ -433,8 +440,14 @@ async fn ipv6_disabled(handle: &Handle, interfaces: &[&str]) -> Result<bool, Sid
     if std::path::Path::new(IPV6_CONF).exists() {
         for name in interfaces {
             let path = format!("{IPV6_CONF}/{name}/disable_ipv6");
-            let value = std::fs::read_to_string(&path)
-                .map_err(|e| failed(SidecarStep::Readback, format!("cannot read {path}: {e}")))?;
+            let value = std::fs::read_to_string(&path).map_err(|e| SidecarError {
+                step: SidecarStep::Readback,
+                failure: Failure::os(
+                    format!("cannot read {path}"),
+                    &e,
+                    Some(path.as_str().into()),
+                ),
+            })?;
             if value.trim() != "1" {
                 return Ok(false);
             }

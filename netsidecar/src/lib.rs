@@ -50,6 +50,7 @@ use lazaret_proto::channel::{Endpoint, Received};
 use lazaret_proto::codec::{self, WireRecord};
 use lazaret_proto::common::UnixTimeNs;
 use lazaret_proto::error_chain as chain;
+use lazaret_proto::failure::Failure;
 use lazaret_proto::memfd;
 use lazaret_proto::network::{
     DerivedNetworkPolicy, FilterRule, NetworkObservation, NetworkReadinessAttestation,
@@ -69,7 +70,19 @@ pub const HELPER_READY_TIMEOUT: Duration = Duration::from_secs(10);
 fn failed(step: SidecarStep, detail: impl std::fmt::Display) -> SidecarError {
     SidecarError {
         step,
-        detail: detail.to_string(),
+        failure: Failure::check(detail),
+    }
+}
+
+/// `error` and its chain as the failure of `step`, after `context`.
+fn failed_by(
+    step: SidecarStep,
+    context: &str,
+    error: &(dyn std::error::Error + 'static),
+) -> SidecarError {
+    SidecarError {
+        step,
+        failure: Failure::of(error).within(context),
     }
 }
 
@@ -99,7 +112,7 @@ pub fn run() -> ExitCode {
     let report = match serve(&channel) {
         Ok(report) => report,
         Err(error) => {
-            tracing::error!("{:?}: {}", error.step, error.detail);
+            tracing::error!("{:?}: {}", error.step, error.failure);
             SidecarReport::Failed(error)
         }
     };
@@ -120,7 +133,7 @@ fn serve(channel: &Channel) -> Result<SidecarReport, SidecarError> {
     check_privileges()?;
     let Received { message, fds } = channel
         .recv()
-        .map_err(|e| failed(SidecarStep::Request, chain(&e)))?;
+        .map_err(|e| failed_by(SidecarStep::Request, "", &e))?;
     match message {
         SidecarRequest::Attest(request) => {
             attest(request, &fds).map(|a| SidecarReport::Attested(Box::new(a)))
@@ -149,12 +162,7 @@ fn netlink_runtime() -> Result<tokio::runtime::Runtime, SidecarError> {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .map_err(|e| {
-            failed(
-                SidecarStep::Link,
-                format!("cannot start the netlink runtime: {e}"),
-            )
-        })
+        .map_err(|e| failed_by(SidecarStep::Link, "cannot start the netlink runtime", &e))
 }
 
 /// Reads the namespace back for a running policy, changing nothing.
@@ -206,7 +214,7 @@ fn attest(
     let policy = read_policy(fd(policy)?)?;
     let policy_digest = policy
         .digest()
-        .map_err(|e| failed(SidecarStep::Policy, chain(&e)))?;
+        .map_err(|e| failed_by(SidecarStep::Policy, "", &e))?;
     let link = &parameters.link;
     link.validate()
         .map_err(|e| failed(SidecarStep::Request, format!("link: {e}")))?;
@@ -256,13 +264,8 @@ fn attest(
 /// device is attached. End of file means it exited first.
 fn await_helper(ready: BorrowedFd<'_>) -> Result<(), SidecarError> {
     let step = SidecarStep::Link;
-    let readable =
-        lazaret_proto::channel::readable_within(ready, HELPER_READY_TIMEOUT).map_err(|e| {
-            failed(
-                step,
-                format!("cannot wait for the connectivity helper: {e}"),
-            )
-        })?;
+    let readable = lazaret_proto::channel::readable_within(ready, HELPER_READY_TIMEOUT)
+        .map_err(|e| failed_by(step, "cannot wait for the connectivity helper", &e))?;
     if !readable {
         return Err(failed(
             step,
@@ -279,9 +282,10 @@ fn await_helper(ready: BorrowedFd<'_>) -> Result<(), SidecarError> {
             step,
             "the connectivity helper exited before it attached",
         )),
-        Err(e) => Err(failed(
+        Err(e) => Err(failed_by(
             step,
-            format!("cannot read the connectivity helper's ready pipe: {e}"),
+            "cannot read the connectivity helper's ready pipe",
+            &e,
         )),
     }
 }
@@ -292,23 +296,29 @@ fn check_privileges() -> Result<(), SidecarError> {
         CapabilitySet::NET_ADMIN,
         "it must run with CAP_NET_ADMIN alone, as lazaret-supervisor starts it",
     )
-    .map_err(|e| failed(SidecarStep::Privileges, chain(&e)))
+    .map_err(|e| failed_by(SidecarStep::Privileges, "", &e))
 }
+
+/// This thread's network namespace.
+const OWN_NAMESPACE: &str = "/proc/thread-self/ns/net";
 
 /// Proves the descriptor is the network namespace this process runs in and
 /// the one the probe names.
 fn check_namespace(fd: BorrowedFd<'_>, expected: NamespaceIdentity) -> Result<(), SidecarError> {
     let handed = rustix::fs::fstat(fd).map_err(|e| {
-        failed(
+        failed_by(
             SidecarStep::Namespace,
-            format!("cannot stat the namespace descriptor: {e}"),
+            "cannot stat the namespace descriptor",
+            &e,
         )
     })?;
-    let own = rustix::fs::stat("/proc/thread-self/ns/net").map_err(|e| {
-        failed(
-            SidecarStep::Namespace,
-            format!("cannot stat its own namespace: {e}"),
-        )
+    let own = rustix::fs::stat(OWN_NAMESPACE).map_err(|e| SidecarError {
+        step: SidecarStep::Namespace,
+        failure: Failure::os(
+            "cannot stat its own namespace",
+            e,
+            Some(OWN_NAMESPACE.into()),
+        ),
     })?;
     let identity = |dev, ino| NamespaceIdentity {
         device: dev,
@@ -338,9 +348,9 @@ fn check_namespace(fd: BorrowedFd<'_>, expected: NamespaceIdentity) -> Result<()
 pub fn read_policy(fd: BorrowedFd<'_>) -> Result<DerivedNetworkPolicy, SidecarError> {
     let step = SidecarStep::Policy;
     let bytes = memfd::read_sealed(fd, DerivedNetworkPolicy::MAX_ENCODED_LEN)
-        .map_err(|e| failed(step, format!("the policy: {}", chain(&e))))?;
+        .map_err(|e| failed_by(step, "the policy", &e))?;
     let policy: DerivedNetworkPolicy =
-        codec::decode(&bytes).map_err(|e| failed(step, chain(&e)))?;
+        codec::decode(&bytes).map_err(|e| failed_by(step, "", &e))?;
     policy
         .validate()
         .map_err(|e| failed(step, format!("the policy is not installable: {e}")))?;

@@ -21,11 +21,11 @@ fn it_refuses_any_privileges_but_net_admin() {
     let Received { message, .. } = ours.recv().expect("a report");
     match message {
         SidecarReport::Failed(error) => {
-            assert_eq!(error.step, SidecarStep::Privileges, "{}", error.detail);
+            assert_eq!(error.step, SidecarStep::Privileges, "{}", error.failure);
             assert!(
-                error.detail.contains("CAP_NET_ADMIN alone"),
+                error.failure.to_string().contains("CAP_NET_ADMIN alone"),
                 "{}",
-                error.detail
+                error.failure
             );
         }
         other => panic!("the sidecar acted without its privileges: {other:?}"),

@@ -16,6 +16,7 @@ pub mod codec;
 pub mod common;
 pub mod config;
 pub mod control;
+pub mod failure;
 pub mod ids;
 pub mod layout;
 pub mod logging;

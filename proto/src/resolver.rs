@@ -162,12 +162,12 @@ pub enum ResolverStep {
 
 /// Why the resolver does not serve.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
-#[error("{step:?}: {detail}")]
+#[error("{step:?}: {failure}")]
 pub struct ResolverError {
     /// The step.
     pub step: ResolverStep,
-    /// What failed, for the user.
-    pub detail: String,
+    /// What failed and why.
+    pub failure: crate::failure::Failure,
 }
 
 /// The resolver's one report.

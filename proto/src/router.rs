@@ -262,13 +262,15 @@ pub enum RouterStep {
     Connection,
 }
 
-/// A failure the router reports before exiting.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// A failure the router reports before exiting; it renders as the
+/// failure's sentence.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[error("{failure}")]
 pub struct RouterError {
     /// The step that failed.
     pub step: RouterStep,
-    /// What failed and why, for the user.
-    pub detail: String,
+    /// What failed and why.
+    pub failure: crate::failure::Failure,
 }
 
 /// What the router serves, as it reports once it is ready.
@@ -396,7 +398,7 @@ mod tests {
         round_trip(&RouterReport::Ready(summary));
         round_trip(&RouterReport::Failed(RouterError {
             step: RouterStep::Rules,
-            detail: "no".into(),
+            failure: crate::failure::Failure::check("no"),
         }));
     }
 

@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::channel::FdIndex;
 use crate::codec::WireRecord;
+use crate::failure::Failure;
 use crate::ids::NetworkSidecarId;
 use crate::network::{
     ConnectivityLink, NamedEgress, NetworkReachabilityProbe, NetworkReadinessAttestation,
@@ -111,13 +112,15 @@ pub enum SidecarStep {
     Filter,
 }
 
-/// A failure the sidecar reports before exiting.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// A failure the sidecar reports before exiting; it renders as the
+/// failure's sentence.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[error("{failure}")]
 pub struct SidecarError {
     /// The step that failed.
     pub step: SidecarStep,
-    /// What failed and why, for the user.
-    pub detail: String,
+    /// What failed and why.
+    pub failure: Failure,
 }
 
 /// The sidecar's one answer.
@@ -174,7 +177,7 @@ mod tests {
         assert_rejects_bad_envelopes(&report);
         round_trip(&SidecarReport::Failed(SidecarError {
             step: SidecarStep::Routes,
-            detail: "no".into(),
+            failure: Failure::check("no"),
         }));
     }
 }

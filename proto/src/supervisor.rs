@@ -15,6 +15,7 @@ use crate::channel::Limits;
 use crate::codec::WireRecord;
 use crate::common::HostPath;
 use crate::config::{VolumeAccess, VolumeKind};
+use crate::failure::Failure;
 use crate::ids::{ContainerId, DomainId, GenerationId, SessionId};
 use crate::network::NetworkReadinessAttestation;
 use crate::ownership::NamespaceIdentity;
@@ -239,13 +240,15 @@ pub enum SupervisorStep {
     Request,
 }
 
-/// A failure the supervisor reports before exiting.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// A failure the supervisor reports before exiting. It renders as the
+/// failure's sentence, for the user; it never holds secrets.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[error("{failure}")]
 pub struct SupervisorError {
     /// The step that failed.
     pub step: SupervisorStep,
-    /// What failed and why, for the user; never holds secrets.
-    pub detail: String,
+    /// What failed and why.
+    pub failure: Failure,
 }
 
 /// What the supervisor reports.
@@ -316,8 +319,8 @@ pub enum SupervisorReport {
     ExecFailed {
         /// The session.
         session_id: SessionId,
-        /// What failed, for the user.
-        detail: String,
+        /// What failed and why.
+        failure: Failure,
     },
     /// A session process ended.
     ExecExited {
@@ -337,4 +340,28 @@ pub enum SupervisorReport {
 
 impl WireRecord for SupervisorReport {
     const NAME: &'static str = "SupervisorReport";
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::failure::{Errno, Failure};
+    use crate::test_support::round_trip;
+
+    #[test]
+    fn failures_round_trip_with_their_cause() {
+        let failure = Failure::os("cannot write /x", Errno(28), Some(HostPath::from("/x")));
+        round_trip(&SupervisorReport::Failed(SupervisorError {
+            step: SupervisorStep::Bundle,
+            failure: failure.clone(),
+        }));
+        round_trip(&SupervisorReport::ExecFailed {
+            session_id: SessionId(std::array::from_fn(|i| i as u8)),
+            failure,
+        });
+        round_trip(&SupervisorReport::NetworkObserved(Err(SupervisorError {
+            step: SupervisorStep::Network,
+            failure: Failure::check("no sidecar"),
+        })));
+    }
 }

@@ -47,6 +47,7 @@ use hickory_proto::op::{Message, ResponseCode};
 use lazaret_netsidecar::NamedSet;
 use lazaret_proto::channel::{Endpoint, Received};
 use lazaret_proto::error_chain as chain;
+use lazaret_proto::failure::Failure;
 use lazaret_proto::network::{DerivedNetworkPolicy, NamedEgress};
 use lazaret_proto::resolver::{
     CAPABILITIES, ResolverError, ResolverProbe, ResolverReadiness, ResolverReport, ResolverRequest,
@@ -72,7 +73,19 @@ const LOGGED_REFUSALS: usize = 200;
 fn failed(step: ResolverStep, detail: impl std::fmt::Display) -> ResolverError {
     ResolverError {
         step,
-        detail: detail.to_string(),
+        failure: Failure::check(detail),
+    }
+}
+
+/// `error` and its chain as the failure of `step`, after `context`.
+fn failed_by(
+    step: ResolverStep,
+    context: &str,
+    error: &(dyn std::error::Error + 'static),
+) -> ResolverError {
+    ResolverError {
+        step,
+        failure: Failure::of(error).within(context),
     }
 }
 
@@ -147,10 +160,10 @@ fn start(channel: &Channel) -> Result<Server, ResolverError> {
         "start it through lazaret-supervisor, which grants exactly CAP_NET_ADMIN and \
          CAP_NET_BIND_SERVICE",
     )
-    .map_err(|e| failed(ResolverStep::Privileges, chain(&e)))?;
+    .map_err(|e| failed_by(ResolverStep::Privileges, "", &e))?;
     let Received { message, fds } = channel
         .recv()
-        .map_err(|e| failed(ResolverStep::Request, chain(&e)))?;
+        .map_err(|e| failed_by(ResolverStep::Request, "", &e))?;
     let ResolverRequest::Serve(ServeRequest {
         names,
         upstream,
@@ -159,18 +172,24 @@ fn start(channel: &Channel) -> Result<Server, ResolverError> {
     let policy_fd = policy
         .get(&fds)
         .ok_or_else(|| failed(ResolverStep::Request, "the policy descriptor is missing"))?;
-    let policy = lazaret_netsidecar::read_policy(policy_fd)
-        .map_err(|e| failed(ResolverStep::Request, e.detail))?;
+    let policy = lazaret_netsidecar::read_policy(policy_fd).map_err(|e| ResolverError {
+        step: ResolverStep::Request,
+        failure: e.failure,
+    })?;
     let listen = StdUdpSocket::bind(NamedEgress::LISTEN).map_err(|e| {
-        failed(
+        failed_by(
             ResolverStep::Sockets,
-            format!("cannot listen on {}: {e}", NamedEgress::LISTEN),
+            &format!("cannot listen on {}", NamedEgress::LISTEN),
+            &e,
         )
     })?;
     listen
         .set_nonblocking(true)
-        .map_err(|e| failed(ResolverStep::Sockets, e))?;
-    let set = NamedSet::open().map_err(|e| failed(ResolverStep::Sockets, e.detail))?;
+        .map_err(|e| failed_by(ResolverStep::Sockets, "", &e))?;
+    let set = NamedSet::open().map_err(|e| ResolverError {
+        step: ResolverStep::Sockets,
+        failure: e.failure,
+    })?;
     // Binding port 53 is done; marking sockets and filling the set need
     // CAP_NET_ADMIN alone. No thread exists yet, so this holds for all.
     rustix::thread::set_capabilities(
@@ -182,9 +201,10 @@ fn start(channel: &Channel) -> Result<Server, ResolverError> {
         },
     )
     .map_err(|e| {
-        failed(
+        failed_by(
             ResolverStep::Privileges,
-            format!("cannot drop CAP_NET_BIND_SERVICE: {e}"),
+            "cannot drop CAP_NET_BIND_SERVICE",
+            &e,
         )
     })?;
     Ok(Server {
@@ -206,7 +226,7 @@ impl Server {
         let listen = self
             .listen
             .try_clone()
-            .map_err(|e| failed(ResolverStep::Sockets, e))?;
+            .map_err(|e| failed_by(ResolverStep::Sockets, "", &e))?;
         let serving = tokio::spawn(self.parts.clone().serve(listen));
         let forwarded = &self.parts.forwarded;
         let probe = |name: String| async move {
@@ -230,7 +250,7 @@ impl Server {
                 .parts
                 .names
                 .digest()
-                .map_err(|e| failed(ResolverStep::Probe, chain(&e)))?,
+                .map_err(|e| failed_by(ResolverStep::Probe, "", &e))?,
             listen: NamedEgress::LISTEN,
             allowed_probe: allowed_probe.transpose()?,
             refused_probe: refused_probe?,
@@ -368,7 +388,7 @@ impl Parts {
                         answer::reply(query, code, records)
                     }
                     Err(e) => {
-                        tracing::error!("{}: {}", name_of(query), e.detail);
+                        tracing::error!("{}: {}", name_of(query), e.failure);
                         answer::reply(query, ResponseCode::ServFail, vec![])
                     }
                 }

@@ -21,11 +21,11 @@ fn it_refuses_any_privileges_but_its_own() {
     let Received { message, .. } = ours.recv().expect("a report");
     match message {
         ResolverReport::Failed(error) => {
-            assert_eq!(error.step, ResolverStep::Privileges, "{}", error.detail);
+            assert_eq!(error.step, ResolverStep::Privileges, "{}", error.failure);
             assert!(
-                error.detail.contains("CAP_NET_BIND_SERVICE"),
+                error.failure.to_string().contains("CAP_NET_BIND_SERVICE"),
                 "{}",
-                error.detail
+                error.failure
             );
         }
         other => panic!("the resolver acted without its privileges: {other:?}"),

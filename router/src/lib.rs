@@ -40,6 +40,7 @@ use std::process::ExitCode;
 use lazaret_proto::channel::{Endpoint, Received};
 use lazaret_proto::codec;
 use lazaret_proto::error_chain as chain;
+use lazaret_proto::failure::Failure;
 use lazaret_proto::memfd;
 use lazaret_proto::router::{
     MAX_RULES_LEN, ROUTER_CAPABILITIES, RouterError, RouterReport, RouterRequest, RouterStep,
@@ -55,7 +56,19 @@ const THREADS: usize = 2;
 fn failed(step: RouterStep, detail: impl std::fmt::Display) -> RouterError {
     RouterError {
         step,
-        detail: detail.to_string(),
+        failure: Failure::check(detail),
+    }
+}
+
+/// `error` and its chain as the failure of `step`, after `context`.
+fn failed_by(
+    step: RouterStep,
+    context: &str,
+    error: &(dyn std::error::Error + 'static),
+) -> RouterError {
+    RouterError {
+        step,
+        failure: Failure::of(error).within(context),
     }
 }
 
@@ -91,7 +104,7 @@ pub fn run() -> ExitCode {
             session
         }
         Err(error) => {
-            tracing::error!("{:?}: {}", error.step, error.detail);
+            tracing::error!("{:?}: {}", error.step, error.failure);
             let _ = channel.send(&RouterReport::Failed(error), &[]);
             return ExitCode::FAILURE;
         }
@@ -115,14 +128,14 @@ fn start(channel: &Channel) -> Result<(fuser::Session<fuse::Router>, RoutingSumm
         "it must run with CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH and CAP_FOWNER alone, as \
          lazaret-supervisor starts it",
     )
-    .map_err(|e| failed(RouterStep::Privileges, chain(&e)))?;
+    .map_err(|e| failed_by(RouterStep::Privileges, "", &e))?;
     // Modes are masked by the tree; the process's own mask must not add to it.
     rustix::process::umask(rustix::fs::Mode::empty());
     raise_open_file_limit();
 
     let Received { message, fds } = channel
         .recv()
-        .map_err(|e| failed(RouterStep::Request, chain(&e)))?;
+        .map_err(|e| failed_by(RouterStep::Request, "", &e))?;
     let RouterRequest::Serve(ServeRequest {
         fuse,
         host,
@@ -143,18 +156,17 @@ fn start(channel: &Channel) -> Result<(fuser::Session<fuse::Router>, RoutingSumm
     let rules = read_rules(&rules)?;
     let summary = RoutingSummary::of(&rules);
     let tree = tree::Tree::new(host, isolated, Classifier::new(&rules)).map_err(|e| {
-        failed(
+        failed_by(
             RouterStep::Request,
-            format!("the host workspace and isolated descriptors must be directories: {e}"),
+            "the host workspace and isolated descriptors must be directories",
+            &e,
         )
     })?;
     let ids = ids::Ids::of_this_process().map_err(|e| {
-        failed(
+        failed_by(
             RouterStep::Privileges,
-            format!(
-                "cannot tell which owners and groups the namespace maps: {}",
-                chain(&e)
-            ),
+            "cannot tell which owners and groups the namespace maps",
+            &e,
         )
     })?;
     let mut config = fuser::Config::default();
@@ -173,9 +185,9 @@ fn start(channel: &Channel) -> Result<(fuser::Session<fuse::Router>, RoutingSumm
 /// Decodes and checks the sealed rules.
 fn read_rules(fd: &OwnedFd) -> Result<WorkspaceRules, RouterError> {
     let bytes = memfd::read_sealed(std::os::fd::AsFd::as_fd(fd), MAX_RULES_LEN)
-        .map_err(|e| failed(RouterStep::Rules, chain(&e)))?;
+        .map_err(|e| failed_by(RouterStep::Rules, "", &e))?;
     let rules: WorkspaceRules =
-        codec::decode(&bytes).map_err(|e| failed(RouterStep::Rules, chain(&e)))?;
+        codec::decode(&bytes).map_err(|e| failed_by(RouterStep::Rules, "", &e))?;
     if let Some(path) = rules.invalid_path() {
         return Err(failed(
             RouterStep::Rules,

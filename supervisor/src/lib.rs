@@ -50,6 +50,7 @@ mod helper;
 mod mounts;
 mod namespaces;
 mod network;
+mod report;
 mod runsc;
 mod sys;
 mod syscall;
@@ -65,10 +66,12 @@ use std::sync::Arc;
 
 use lazaret_proto::channel::{ChannelError, Endpoint, Received};
 use lazaret_proto::error_chain as chain;
+use lazaret_proto::failure::Failure;
 use lazaret_proto::supervisor::{
     ExecRequest, ExecStdio, FdIndex, FdList, PLAN_LIMITS, SandboxPlan, SupervisorError,
     SupervisorReport, SupervisorRequest, SupervisorStep,
 };
+use report::{failed, reported};
 use rustix::fs::{Mode, OFlags};
 use rustix::process::{Pid, PidfdFlags, Signal, pidfd_open};
 
@@ -90,13 +93,6 @@ pub fn run() -> ExitCode {
         return ExitCode::from(2);
     }
     enter_namespaces()
-}
-
-fn failed(step: SupervisorStep, detail: impl std::fmt::Display) -> SupervisorError {
-    SupervisorError {
-        step,
-        detail: detail.to_string(),
-    }
 }
 
 /// Dies with the parent; false when the parent is already gone.
@@ -122,7 +118,7 @@ fn enter_namespaces() -> ExitCode {
     let uid = rustix::process::getuid().as_raw();
     let gid = rustix::process::getgid().as_raw();
     if let Err(e) = namespaces::enter(uid, gid) {
-        let error = failed(SupervisorStep::Namespaces, chain(&e));
+        let error = reported(SupervisorStep::Namespaces, &e);
         let _ = channel.send(&SupervisorReport::Failed(error), &[]);
         return ExitCode::FAILURE;
     }
@@ -217,15 +213,14 @@ fn fail(channel: &Channel, error: SupervisorError) -> ExitCode {
 /// pidfd (the holder) and descriptors of the user and network namespaces.
 /// Returns the network namespace's, for the sidecar.
 fn report_namespaces(channel: &Channel) -> Result<OwnedFd, SupervisorError> {
-    mounts::private_proc(&syscall::Host).map_err(|e| failed(SupervisorStep::Mounts, chain(&e)))?;
+    mounts::private_proc(&syscall::Host).map_err(|e| reported(SupervisorStep::Mounts, &e))?;
     let own_pidfd = pidfd_open(rustix::process::getpid(), PidfdFlags::empty()).map_err(|e| {
         failed(
             SupervisorStep::Identities,
             format!("pidfd of the supervisor: {e}"),
         )
     })?;
-    let open =
-        |file| namespaces::open(file).map_err(|e| failed(SupervisorStep::Namespaces, chain(&e)));
+    let open = |file| namespaces::open(file).map_err(|e| reported(SupervisorStep::Namespaces, &e));
     let (user_fd, user_namespace) = open("/proc/self/ns/user")?;
     let (net_fd, network_namespace) = open("/proc/self/ns/net")?;
     let report = SupervisorReport::NamespacesReady {
@@ -297,7 +292,7 @@ fn prepare_and_run(
         loop {
             let Received { message, fds } = channel
                 .recv()
-                .map_err(|e| failed(SupervisorStep::Request, chain(&e)))?;
+                .map_err(|e| reported(SupervisorStep::Request, &e))?;
             match message {
                 SupervisorRequest::Start(plan) if preparing.is_none() => {
                     let router = router.take().unwrap_or_else(workspace::start_router);
@@ -315,7 +310,10 @@ fn prepare_and_run(
                     let owned = |index: FdIndex, what: &str| {
                         fd_at(&fds, index)?
                             .try_clone_to_owned()
-                            .map_err(|e| failed(SupervisorStep::Request, format!("{what}: {e}")))
+                            .map_err(|e| SupervisorError {
+                                step: SupervisorStep::Request,
+                                failure: Failure::os(what, &e, None),
+                            })
                     };
                     let policy = owned(policy, "the policy memfd")?;
                     let helper_ready = owned(helper_ready, "the helper's ready pipe")?;
@@ -406,7 +404,7 @@ fn attest(
             send(channel, SupervisorStep::Network, &report, &[pidfd.as_fd()]).is_ok()
         }
         Err(e) => {
-            report_failure(channel, failed(SupervisorStep::Network, chain(&e)));
+            report_failure(channel, reported(SupervisorStep::Network, &e));
             false
         }
     }
@@ -415,7 +413,7 @@ fn attest(
 /// Logs and reports the failure of a step that runs beside the request
 /// loop; the coordinator then stops this supervisor.
 fn report_failure(channel: &Channel, error: SupervisorError) {
-    tracing::error!("{:?} failed: {}", error.step, error.detail);
+    tracing::error!("{:?} failed: {}", error.step, error.failure);
     let _ = channel.send(&SupervisorReport::Failed(error), &[]);
 }
 
@@ -437,8 +435,7 @@ fn prepare(
     // The coordinator's descriptors name host mounts; reopen each mount
     // source as the same object inside the Domain mount namespace.
     let rebased = |index: FdIndex, what: &str| {
-        mounts::rebase(fd_at(fds, index)?, what)
-            .map_err(|e| failed(SupervisorStep::Mounts, chain(&e)))
+        mounts::rebase(fd_at(fds, index)?, what).map_err(|e| reported(SupervisorStep::Mounts, &e))
     };
     let rootfs = rebased(plan.rootfs, "the image's root filesystem")?;
     let workspace = rebased(plan.workspace, "the workspace")?;
@@ -482,7 +479,7 @@ fn prepare(
             .collect(),
     };
     let environment = bundle::read_environment(fd_at(fds, plan.environment)?)
-        .map_err(|e| failed(SupervisorStep::Bundle, chain(&e)))?;
+        .map_err(|e| reported(SupervisorStep::Bundle, &e))?;
     let runtime_dir = Path::new(plan.runtime_dir.as_os_str());
     let runsc = PathBuf::from(plan.runsc.as_os_str());
 
@@ -496,10 +493,10 @@ fn prepare(
                 isolated.as_fd(),
                 fd_at(fds, plan.workspace_rules)?,
             )
-            .map_err(|e| failed(SupervisorStep::Workspace, chain(&e)))
+            .map_err(|e| reported(SupervisorStep::Workspace, &e))
         });
         let staged = mounts::stage(&syscall::Host, runtime_dir, &sources, &plan.resolvers)
-            .map_err(|e| failed(SupervisorStep::Mounts, chain(&e)));
+            .map_err(|e| reported(SupervisorStep::Mounts, &e));
         let served = serving.join().unwrap_or_else(|_| {
             Err(failed(
                 SupervisorStep::Workspace,
@@ -511,7 +508,7 @@ fn prepare(
     let staged = staged?;
     let routed = served?
         .attach(&staged.workspace)
-        .map_err(|e| failed(SupervisorStep::Workspace, chain(&e)))?;
+        .map_err(|e| reported(SupervisorStep::Workspace, &e))?;
     let report = SupervisorReport::WorkspaceRouted {
         router: FdIndex(0),
         summary: routed.summary,
@@ -524,7 +521,7 @@ fn prepare(
     )?;
     drop(routed);
     bundle::write(&staged, "lazaret", &environment)
-        .map_err(|e| failed(SupervisorStep::Bundle, chain(&e)))?;
+        .map_err(|e| reported(SupervisorStep::Bundle, &e))?;
     Ok(Prepared {
         staged,
         runsc,
@@ -565,7 +562,7 @@ fn run_sandbox(
     running
         .runsc()
         .run_detached(&staged.bundle)
-        .map_err(|e| failed(SupervisorStep::Runtime, chain(&e)))?;
+        .map_err(|e| reported(SupervisorStep::Runtime, &e))?;
     let elapsed_ms = u64::try_from(began.elapsed().as_millis()).unwrap_or(u64::MAX);
     tracing::info!(
         elapsed_ms,
@@ -574,17 +571,19 @@ fn run_sandbox(
     );
 
     let (sandbox, gofer) =
-        runsc_processes().map_err(|e| failed(SupervisorStep::Identities, chain(&e)))?;
+        runsc_processes().map_err(|e| reported(SupervisorStep::Identities, &e))?;
     let mailbox = rustix::fs::open(
         &staged.mailbox,
         OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
         Mode::empty(),
     )
-    .map_err(|e| {
-        failed(
-            SupervisorStep::Mounts,
-            format!("cannot open the mailbox: {e}"),
-        )
+    .map_err(|e| SupervisorError {
+        step: SupervisorStep::Mounts,
+        failure: Failure::os(
+            "cannot open the mailbox",
+            e,
+            Some(staged.mailbox.as_path().into()),
+        ),
     })?;
     let mut fds = FdList::new();
     let sandbox_index = fds.push(sandbox.as_fd());
@@ -608,11 +607,9 @@ fn send(
     report: &SupervisorReport,
     fds: &[BorrowedFd<'_>],
 ) -> Result<(), SupervisorError> {
-    channel.send(report, fds).map_err(|e| {
-        failed(
-            step,
-            format!("cannot report to the coordinator: {}", chain(&e)),
-        )
+    channel.send(report, fds).map_err(|e| SupervisorError {
+        step,
+        failure: report::failure_of(&e).within("cannot report to the coordinator"),
     })
 }
 
@@ -711,9 +708,14 @@ fn serve(
                         });
                     }
                     Err(e) => {
-                        let detail = chain(&e);
-                        let _ =
-                            channel.send(&SupervisorReport::ExecFailed { session_id, detail }, &[]);
+                        let failure = report::failure_of(&e);
+                        let _ = channel.send(
+                            &SupervisorReport::ExecFailed {
+                                session_id,
+                                failure,
+                            },
+                            &[],
+                        );
                     }
                 }
             }
@@ -743,7 +745,7 @@ fn serve(
                 std::thread::spawn(move || {
                     let observed = network::observe(parameters, namespace.as_fd())
                         .map(Box::new)
-                        .map_err(|e| failed(SupervisorStep::Network, chain(&e)));
+                        .map_err(|e| reported(SupervisorStep::Network, &e));
                     let _ = channel.send(&SupervisorReport::NetworkObserved(observed), &[]);
                 });
             }
@@ -880,7 +882,7 @@ mod tests {
             panic!("not a failure")
         };
         assert_eq!(error.step, SupervisorStep::Request);
-        assert_eq!(error.detail, "the sandbox is already started");
+        assert_eq!(error.to_string(), "the sandbox is already started");
         peer.send(&SupervisorRequest::Stop, &[]).unwrap();
         assert_eq!(next(&peer).message, SupervisorReport::Stopped);
         assert_eq!(code(handle.join().unwrap()), code(ExitCode::SUCCESS));
@@ -896,7 +898,7 @@ mod tests {
             next(&peer).message,
             SupervisorReport::ExecFailed {
                 session_id: SESSION,
-                detail: "descriptor 0 is missing".into(),
+                failure: Failure::check("descriptor 0 is missing"),
             }
         );
         assert!(sys.calls().is_empty());
@@ -914,9 +916,10 @@ mod tests {
         let request = SupervisorRequest::Exec(exec_request(0));
         peer.send(&request, &[input.as_fd(), input.as_fd(), output.as_fd()])
             .unwrap();
-        let SupervisorReport::ExecFailed { detail, .. } = next(&peer).message else {
+        let SupervisorReport::ExecFailed { failure, .. } = next(&peer).message else {
             panic!("not ExecFailed")
         };
+        let detail = failure.to_string();
         assert!(detail.starts_with("the sandbox environment: "), "{detail}");
         assert!(sys.calls().is_empty());
         drop(peer);
@@ -1013,10 +1016,10 @@ mod tests {
         assert_eq!(error.step, SupervisorStep::Network);
         assert!(
             error
-                .detail
+                .to_string()
                 .starts_with("lazaret-netsidecar is not installed beside "),
             "{}",
-            error.detail
+            error.to_string()
         );
         drop(peer);
         handle.join().unwrap();
@@ -1050,7 +1053,7 @@ mod tests {
         };
         assert_eq!(error.step, SupervisorStep::Request);
         assert_eq!(
-            error.detail,
+            error.to_string(),
             "the sandbox cannot run before its plan is staged"
         );
     }
@@ -1064,10 +1067,10 @@ mod tests {
         assert_eq!(error.step, SupervisorStep::Request);
         assert!(
             error
-                .detail
+                .to_string()
                 .starts_with("unexpected request before the sandbox runs: Exec("),
             "{}",
-            error.detail
+            error.to_string()
         );
     }
 
@@ -1095,7 +1098,7 @@ mod tests {
             panic!("accepted")
         };
         assert_eq!(error.step, SupervisorStep::Request);
-        assert_eq!(error.detail, "descriptor 0 is missing");
+        assert_eq!(error.to_string(), "descriptor 0 is missing");
     }
 
     #[test]
@@ -1108,7 +1111,7 @@ mod tests {
         );
         let error = fd_at(&fds, FdIndex(1)).unwrap_err();
         assert_eq!(
-            (error.step, error.detail.as_str()),
+            (error.step, error.to_string().as_str()),
             (SupervisorStep::Request, "descriptor 1 is missing")
         );
     }

@@ -34,12 +34,12 @@ pub enum NetworkError {
     #[error(transparent)]
     Helper(#[from] HelperError),
     /// The sidecar reported its own failure.
-    #[error("{step:?}: {detail}")]
+    #[error("{step:?}: {failure}")]
     Sidecar {
         /// The sidecar's step that failed.
         step: SidecarStep,
         /// What it said.
-        detail: String,
+        failure: lazaret_proto::failure::Failure,
     },
     /// The sidecar answered another request than the one it was given.
     #[error("the sidecar {did} instead of {asked}")]
@@ -58,7 +58,7 @@ impl From<lazaret_proto::sidecar::SidecarError> for NetworkError {
     fn from(error: lazaret_proto::sidecar::SidecarError) -> Self {
         Self::Sidecar {
             step: error.step,
-            detail: error.detail,
+            failure: error.failure,
         }
     }
 }

@@ -57,12 +57,12 @@ pub enum WorkspaceError {
     #[error(transparent)]
     Helper(#[from] HelperError),
     /// The router reported its own failure.
-    #[error("the router failed ({step:?}): {detail}")]
+    #[error("the router failed ({step:?}): {failure}")]
     Router {
         /// The router's step that failed.
         step: lazaret_proto::router::RouterStep,
         /// What it said.
-        detail: String,
+        failure: lazaret_proto::failure::Failure,
     },
     /// The served mount could not be attached where `/workspace` is staged.
     #[error("cannot attach the routed workspace at {}: {errno}", target.display())]
@@ -161,7 +161,7 @@ pub fn serve(
             RouterReport::Ready(summary) => Ok(Routed { pidfd, summary }),
             RouterReport::Failed(error) => Err(WorkspaceError::Router {
                 step: error.step,
-                detail: error.detail,
+                failure: error.failure,
             }),
         }
     });

@@ -434,7 +434,8 @@ fn recheck(
                 NetworkRecheck::Differs { at, drift }
             }
         }
-        Err(SupervisorError { detail, .. }) => {
+        Err(error) => {
+            let detail = error.to_string();
             if let Some(names) = network.names.as_mut() {
                 names.admitted.clear();
                 names.admitted_total = 0;

@@ -81,7 +81,7 @@ impl Supervisor {
                 ..
             }) = self.channel.recv()
             {
-                tracing::warn!("the supervisor could not stop cleanly: {}", error.detail);
+                tracing::warn!("the supervisor could not stop cleanly: {error}");
             }
         }
         if !wait_exit(self.held.pidfd.as_fd(), Duration::from_secs(5)).unwrap_or(false) {
@@ -318,7 +318,7 @@ pub(super) fn await_report(
             },
             format!(
                 "the Runtime Supervisor failed ({:?}): {}",
-                error.step, error.detail
+                error.step, error.failure
             ),
         )),
         SupervisorReport::Stopped => Err(failure(step, "the supervisor stopped unasked")),
@@ -481,7 +481,7 @@ mod tests {
         let (ours, theirs) = pair();
         let error = SupervisorError {
             step: SupervisorStep::Mounts,
-            detail: "cannot mount the workspace".into(),
+            failure: lazaret_proto::failure::Failure::check("cannot mount the workspace"),
         };
         theirs.send(&SupervisorReport::Failed(error), &[]).unwrap();
         let failure = await_report(&ours, StartupStep::Sandbox).unwrap_err();
@@ -590,7 +590,7 @@ mod tests {
             .send(
                 &SupervisorReport::NetworkObserved(Err(SupervisorError {
                     step: SupervisorStep::Network,
-                    detail: "x".into(),
+                    failure: lazaret_proto::failure::Failure::check("x"),
                 })),
                 &[],
             )

@@ -185,9 +185,10 @@ impl Hub {
                     HubEvent::Failed("no pidfd for runsc exec".into()),
                 ),
             },
-            SupervisorReport::ExecFailed { session_id, detail } => {
-                (session_id, HubEvent::Failed(detail))
-            }
+            SupervisorReport::ExecFailed {
+                session_id,
+                failure,
+            } => (session_id, HubEvent::Failed(failure.to_string())),
             SupervisorReport::ExecExited {
                 session_id,
                 exit_code,
