@@ -1056,7 +1056,7 @@ mod tests {
         let session_id = SessionId([1; 16]);
         let failed = SupervisorReport::ExecFailed {
             session_id,
-            detail: "no such command".into(),
+            failure: lazaret_proto::failure::Failure::check("no such command"),
         };
         assert!(f.hub.dispatch(report(failed, Vec::new())).is_none());
         assert!(matches!(
