@@ -3,8 +3,9 @@
 //! Owns the byte-level handling of a name the sandbox sent and of the
 //! relative paths the tree joins from such names: joining, splitting at
 //! the last `/`, and the conversion to what a `*at` call takes. Trusts
-//! nothing in a name: every name here is sandbox-controlled. A new
-//! entry's name must be one component (see `routing`); a NUL or more
+//! nothing in a name: every name here is sandbox-controlled. A name the
+//! tree looks up, removes, renames or makes must be one component
+//! ([`one_component`]); a NUL or more
 //! bytes than a directory entry holds is left for the kernel's `*at` call
 //! on one side's directory to refuse.
 
@@ -12,6 +13,17 @@ use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 
 use lazaret_routing::classify::join;
+
+/// Refuses a name that is not exactly one component: empty, `.`, `..`,
+/// or holding a `/`. The kernel never sends such a name; one that arrives
+/// anyway is never resolved, so nothing it names is reached through
+/// another directory or a link on the way.
+pub(super) fn one_component(name: &[u8]) -> rustix::io::Result<()> {
+    if name.is_empty() || name.contains(&b'/') || name == b"." || name == b".." {
+        return Err(rustix::io::Errno::INVAL);
+    }
+    Ok(())
+}
 
 /// `dir` joined with a relative path that may be empty.
 pub(super) fn join_rel(dir: &[u8], rel: &[u8]) -> Vec<u8> {

@@ -46,6 +46,7 @@ impl Tree {
         dir: &DirState,
         name: &[u8],
     ) -> Result<Option<Found>> {
+        super::path::one_component(name)?;
         let mut sides = Sides::new(self, dir_path, dir)?;
         self.find_in(&mut sides, dir_path, dir, name)
     }
@@ -117,9 +118,7 @@ impl Tree {
         name: &[u8],
         is_dir: bool,
     ) -> Result<Plan> {
-        if name.is_empty() || name.contains(&b'/') || name == b"." || name == b".." {
-            return Err(Errno::INVAL);
-        }
+        super::path::one_component(name)?;
         if dir.is_read_only() {
             return Err(PROTECTED);
         }
@@ -259,6 +258,34 @@ mod tests {
         assert_eq!(names(&s.host), vec![b"d".to_vec()]);
         assert_eq!(names(&s.host.join("d")), vec![b"f".to_vec()]);
         assert!(names(&s.isolated).is_empty());
+    }
+
+    #[test]
+    fn a_name_that_is_not_one_component_is_never_resolved() {
+        let s = scratch();
+        let t = &s.tree;
+        std::fs::create_dir(s.host.join("d")).unwrap();
+        std::fs::write(s.host.join("d/f"), "host").unwrap();
+        for bad in [&b""[..], b".", b"..", b"d/f", b"../escape", b"/abs", b"d/"] {
+            assert_eq!(t.lookup(t.root(), bad).unwrap_err(), Errno::INVAL);
+            assert_eq!(t.remove(t.root(), bad, false).unwrap_err(), Errno::INVAL);
+            assert_eq!(t.remove(t.root(), bad, true).unwrap_err(), Errno::INVAL);
+            assert_eq!(
+                t.rename(
+                    t.root(),
+                    bad,
+                    t.root(),
+                    b"g",
+                    rustix::fs::RenameFlags::empty()
+                )
+                .unwrap_err(),
+                Errno::INVAL
+            );
+        }
+        // Nothing moved or went; the file is still reached by its own name.
+        assert_eq!(names(&s.host.join("d")), vec![b"f".to_vec()]);
+        let (d, _) = t.lookup(t.root(), b"d").unwrap();
+        assert!(t.lookup(d, b"f").is_ok());
     }
 
     #[test]
