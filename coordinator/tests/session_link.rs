@@ -314,3 +314,40 @@ fn frames_arrive_while_the_peer_does_not_read_ours() {
         tokio::join!(server, client);
     });
 }
+
+#[test]
+fn what_a_peer_said_before_it_went_away_is_read_before_its_absence() {
+    let generation = credentials(1);
+    let client = client_of(&generation);
+    run(async {
+        let (a, b) = tokio::net::UnixStream::pair().unwrap();
+        let server = async {
+            let mut link = accept(generation.server_config(), b).await.unwrap();
+            // Why the session ends, then gone, reading none of the input.
+            link.send(&output(b"the Domain went down")).await.unwrap();
+            drop(link);
+        };
+        let client = async {
+            let mut link = ClientLink::connect(a, client.client_config())
+                .await
+                .unwrap();
+            // Far more input than the socket holds, so a write meets the
+            // closed connection before anything is read.
+            for _ in 0..512 {
+                link.queue(&input(&[b'x'; 8192])).unwrap();
+            }
+            let mut said = None;
+            for _ in 0..1024 {
+                if let Some(message) = link.next_frame::<SessionTerminalMessage>().unwrap() {
+                    said = Some(message);
+                    break;
+                }
+                if let Err(error) = link.exchange(false).await {
+                    panic!("the connection failed before its last frame was read: {error:?}");
+                }
+            }
+            assert_eq!(said, Some(output(b"the Domain went down")));
+        };
+        tokio::join!(server, client);
+    });
+}

@@ -216,7 +216,14 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Link<S> {
             Poll::Pending
         })
         .await;
-        self.refusal_instead_of(exchanged).await
+        let unread = self.incoming.len();
+        match self.refusal_instead_of(exchanged).await {
+            // The peer closed while we wrote, after sending what we had not
+            // read yet (why the session ended, say): that is read first,
+            // and the next exchange meets the closed connection.
+            Err(LinkError::Io(_)) if self.incoming.len() > unread => Ok(Exchanged::Read),
+            other => other,
+        }
     }
 
     /// Says goodbye: what is queued, then a TLS close_notify.
