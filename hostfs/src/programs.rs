@@ -347,14 +347,7 @@ mod tests {
 
     /// Why `path` is not trusted, as the user reads it.
     fn refusal(path: &Path) -> String {
-        let error = trusted(path).unwrap_err();
-        let mut text = error.to_string();
-        let mut source = std::error::Error::source(&error);
-        while let Some(cause) = source {
-            text.push_str(&format!(": {cause}"));
-            source = cause.source();
-        }
-        text
+        lazaret_proto::error_chain(&trusted(path).unwrap_err())
     }
 
     fn chmod(path: &Path, mode: u32) {
