@@ -148,6 +148,46 @@ def module_of(path, src):
     return "::".join(parts)
 
 
+def resolve(src, parts):
+    """The deepest module file among the prefixes of `parts` (`a::b::Item`
+    is module `a::b` when a/b.rs exists, else `a`); "" is the crate root."""
+    for k in range(len(parts), 0, -1):
+        p = "/".join(parts[:k])
+        if (src / f"{p}.rs").exists() or (src / p / "mod.rs").exists():
+            return "::".join(parts[:k])
+    return ""
+
+
+def imports(src, module, code):
+    """The modules `module` names through `crate::` and `super::` paths,
+    each resolved as Rust does: `crate` from the root, each `super` one
+    level up from `module`."""
+    own = module.split("::") if module else []
+    for m in re.finditer(r"\b(crate|(?:super::)*super)((?:::[a-z_][a-z0-9_]*)+)", code):
+        names = m.group(2).split("::")[1:]
+        if m.group(1) == "crate":
+            base = []
+        else:
+            ups = m.group(1).count("super")
+            if ups > len(own):
+                continue
+            base = own[: len(own) - ups]
+        yield resolve(src, base + names)
+
+
+def siblings(module, target):
+    """The edge `module -> target` lifted to the two siblings beneath their
+    closest common ancestor; None when one holds the other."""
+    a = module.split("::") if module else []
+    b = target.split("::") if target else []
+    k = 0
+    while k < len(a) and k < len(b) and a[k] == b[k]:
+        k += 1
+    if k == len(a) or k == len(b):
+        return None
+    return "::".join(a[: k + 1]), "::".join(b[: k + 1])
+
+
 def circles(modules):
     """Strongly connected groups of two or more modules (Tarjan)."""
     index, low, stack, on, out, counter = {}, {}, [], set(), [], [0]
@@ -203,16 +243,11 @@ def main():
             module = module_of(path, src)
             if module is None:
                 continue
-            uses = set()
-            for m in re.finditer(r"\b(?:crate|super)::([a-z_][a-z0-9_]*)(?:::([a-z_][a-z0-9_]*))?", code):
-                uses.add(m.group(1))
-            # The module's top-level siblings it names (a first-level graph).
-            top = module.split("::")[0] if module else ""
             graph.setdefault(module, set())
-            for name in uses:
-                target = f"{top}::{name}" if top and (src / top / f"{name}.rs").exists() else name
-                if target != module and (src / f"{target.replace('::', '/')}.rs").exists() or (src / target.replace("::", "/") / "mod.rs").exists():
-                    graph[module].add(target)
+            for target in imports(src, module, code):
+                edge = siblings(module, target)
+                if edge:
+                    graph.setdefault(edge[0], set()).add(edge[1])
         share[crate] = total
         all_circles += [(crate, group) for group in circles(graph)]
 

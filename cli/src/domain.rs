@@ -153,12 +153,12 @@ pub fn up(globals: &Globals, profile: &str, mode: Mode, accept: bool) -> Result<
         StartupEvent::Failed {
             step,
             kind,
-            message,
+            failure: account,
         } => {
             let message = match kind {
-                FailureKind::InvalidConfiguration => message,
+                FailureKind::InvalidConfiguration => account.to_string(),
                 FailureKind::Failed => format!(
-                    "up failed at {}: {message}; nothing of the generation is left running \
+                    "up failed at {}: {account}; nothing of the generation is left running \
                      (log: {})",
                     step.as_str(),
                     paths.log_file().display()
@@ -262,7 +262,9 @@ pub fn down(globals: &Globals, profile: &str, json: bool) -> Result<(), Failure>
                 warn_of_changes(&workspace_changes);
                 return Ok(());
             }
-            Ok(ControlResponse::Failed { message }) => return Err(failure(message)),
+            Ok(ControlResponse::Failed { failure: account }) => {
+                return Err(failure(account.to_string()));
+            }
             Ok(other) => {
                 return Err(failure(format!(
                     "unexpected answer from the coordinator: {other:?}"

@@ -469,8 +469,8 @@ impl NetworkView {
                     at_unix: at.as_secs(),
                     drift: drift.iter().map(ToString::to_string).collect(),
                 },
-                NetworkRecheck::Failed(detail) => RecheckView::Failed {
-                    detail: detail.clone(),
+                NetworkRecheck::Failed(failure) => RecheckView::Failed {
+                    detail: failure.to_string(),
                 },
             },
             observed_routes: a.observation.observed_routes.len(),
@@ -543,8 +543,8 @@ fn recheck_problem(recheck: &NetworkRecheck) -> Option<String> {
                 .collect::<Vec<_>>()
                 .join("; ")
         )),
-        NetworkRecheck::Failed(detail) => Some(format!(
-            "the sandbox's network could not be read back: {detail}"
+        NetworkRecheck::Failed(failure) => Some(format!(
+            "the sandbox's network could not be read back: {failure}"
         )),
     }
 }

@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 use crate::codec::WireRecord;
 use crate::common::{HostPath, UnixTimeNs};
 use crate::config::ConfigurationRecord;
+use crate::failure::Failure;
 use crate::ids::{
     ConfigurationFingerprint, ContainerId, DomainId, GenerationId, ManifestDigest, SessionId,
 };
@@ -87,8 +88,9 @@ pub enum StartupEvent {
         step: StartupStep,
         /// Whose the failure is.
         kind: FailureKind,
-        /// What failed and what to do, for the user.
-        message: String,
+        /// What failed (the coordinator's account, then the errno, path or
+        /// program output beneath), and what to do.
+        failure: Failure,
     },
 }
 
@@ -210,8 +212,8 @@ pub enum ControlResponse {
     },
     /// The request failed.
     Failed {
-        /// What failed, for the user.
-        message: String,
+        /// What failed and why.
+        failure: Failure,
     },
 }
 
@@ -431,8 +433,8 @@ pub enum NetworkRecheck {
         /// How.
         drift: Vec<crate::network::NetworkDrift>,
     },
-    /// It could not be read back.
-    Failed(String),
+    /// It could not be read back: the Runtime Supervisor's account.
+    Failed(Failure),
 }
 
 /// One attached client session, as `lazaret status` lists it.

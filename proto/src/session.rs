@@ -9,6 +9,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::codec::WireRecord;
+use crate::failure::Failure;
 use crate::ids::SessionId;
 
 /// What the CLI asks for.
@@ -49,9 +50,38 @@ pub enum SessionOpened {
         session_id: SessionId,
     },
     /// The session could not start.
-    Refused {
-        /// Why, for the user.
-        reason: String,
+    Refused(SessionRefusal),
+}
+
+/// Why a session could not start; the CLI renders the sentence.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub enum SessionRefusal {
+    /// The Domain serves its most sessions at once.
+    #[error("the Domain serves {max} sessions at once, its most; end one first")]
+    Full {
+        /// The bound.
+        max: u32,
+    },
+    /// The Domain is going down.
+    #[error("the Domain is going down")]
+    GoingDown,
+    /// The coordinator could not open the session's terminal.
+    #[error("cannot open the session's terminal: {0}")]
+    Terminal(Failure),
+    /// The coordinator could not make the session's escalation mailbox.
+    #[error("cannot make the session's escalation mailbox: {0}")]
+    Mailbox(Failure),
+    /// The Runtime Supervisor could not start the session's process.
+    #[error("{0}")]
+    Exec(Failure),
+    /// The sandbox did not start the process within the bound.
+    #[error(
+        "the sandbox did not start the session's process within {seconds} s: the sandbox or \
+         the Workspace Router does not answer (`lazaret status` names a stopped one)"
+    )]
+    NotStarted {
+        /// The bound, in seconds.
+        seconds: u64,
     },
 }
 

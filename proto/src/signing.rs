@@ -11,9 +11,12 @@
 use ring::signature::{ED25519, Ed25519KeyPair, KeyPair, UnparsedPublicKey};
 
 use crate::codec::{self, DecodeError, EncodeError};
+use crate::common::{ProtocolVersion, UnixTimeNs};
+use crate::ids::CredentialId;
 use crate::mailbox::{MailboxRecord, SignedProtocolRecord, signed_message};
 use crate::trust::{
-    ProtocolCredentialRole, ProtocolPublicKey, ProtocolSignature, ProtocolSigningKey,
+    GenerationIdentity, ProtocolCredential, ProtocolCredentialRole, ProtocolPublicKey,
+    ProtocolSignature, ProtocolSigningKey,
 };
 
 /// Why a record could not be signed.
@@ -61,6 +64,25 @@ pub fn generate() -> (ProtocolSigningKey, ProtocolPublicKey) {
     let seed = ProtocolSigningKey(random_bytes());
     let public = public_key(&seed);
     (seed, public)
+}
+
+/// A fresh protocol signing credential of a generation for `role`: a new
+/// Ed25519 key, held in memory (and, for a session's `AgentSandbox`
+/// credential, in that session's mailbox).
+pub fn credential(
+    identity: &GenerationIdentity,
+    role: ProtocolCredentialRole,
+) -> ProtocolCredential {
+    let (signing_key, public_key) = generate();
+    ProtocolCredential {
+        protocol_version: ProtocolVersion::V1,
+        credential_id: CredentialId(random_bytes()),
+        generation_identity: identity.clone(),
+        role,
+        public_key,
+        signing_key,
+        issued_at: UnixTimeNs::now(),
+    }
 }
 
 fn key_pair(key: &ProtocolSigningKey) -> Ed25519KeyPair {

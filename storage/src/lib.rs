@@ -3,6 +3,7 @@
 //! preparation (references, fetching with skopeo, OCI layouts, unpacking),
 //! and each Domain's Domain Store.
 //!
+//! - [`anchor`]: where a Domain's State Anchors live in its storage;
 //! - [`catalog`]: the user's prepared lowers, shared by every Domain;
 //! - [`image`]: turning a profile's `image` into an unpacked root filesystem;
 //! - [`store`]: one Domain's durable record of its generations and
@@ -18,6 +19,7 @@
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
+pub mod anchor;
 pub mod catalog;
 pub mod fault;
 pub mod image;

@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use lazaret_proto::ids::SessionId;
-use lazaret_proto::session::{OpenSession, SessionOpened};
+use lazaret_proto::session::{OpenSession, SessionOpened, SessionRefusal};
 use lazaret_proto::terminal::SessionExitOutcome;
 
 use self::relay::{Ended, EndedHere, RelayError, Signals};
@@ -127,8 +127,8 @@ enum AttachError {
     #[error("the session connection failed")]
     Open(#[source] LinkError),
     /// The coordinator refused the session.
-    #[error("the session was refused: {reason}")]
-    Refused { reason: String },
+    #[error("the session was refused: {0}")]
+    Refused(SessionRefusal),
     /// The signal handlers could not be registered.
     #[error(transparent)]
     Signals(std::io::Error),
@@ -411,14 +411,14 @@ async fn open_session(link: &mut ClientLink, open: &OpenSession) -> Result<Sessi
         .map_err(AttachError::Open)?;
     match opened {
         SessionOpened::Opened { session_id } => Ok(session_id),
-        SessionOpened::Refused { reason } => Err(AttachError::Refused { reason }),
+        SessionOpened::Refused(refusal) => Err(AttachError::Refused(refusal)),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::relay::{EndedHere, RelayError};
-    use super::{AttachError, Failure, LinkError};
+    use super::{AttachError, Failure, LinkError, SessionRefusal};
 
     fn shown(error: AttachError) -> (String, u8) {
         let Failure { message, status } = Failure::from(error);
@@ -489,10 +489,7 @@ mod tests {
         );
         assert_eq!(status, 1);
         assert_eq!(
-            shown(AttachError::Refused {
-                reason: "the Domain is going down".into()
-            })
-            .0,
+            shown(AttachError::Refused(SessionRefusal::GoingDown)).0,
             "the session was refused: the Domain is going down"
         );
     }

@@ -101,7 +101,7 @@ impl Escalation {
     ) -> std::io::Result<session::SessionEscalation> {
         let identity = self.identity().clone();
         let credential =
-            crate::session::protocol_credential(&identity, ProtocolCredentialRole::AgentSandbox);
+            lazaret_proto::signing::credential(&identity, ProtocolCredentialRole::AgentSandbox);
         let binding = SessionBinding {
             generation_identity: identity.clone(),
             cli_id: CliId(session_id.0),
@@ -110,7 +110,7 @@ impl Escalation {
         };
         let capability = SessionRequestCapability {
             protocol_version: ProtocolVersion::V1,
-            capability_id: CapabilityId(crate::session::random_bytes()),
+            capability_id: CapabilityId(lazaret_proto::signing::random_bytes()),
             session_binding: binding,
             expires_at: UnixTimeNs::now().after(CAPABILITY_LIFETIME),
         };

@@ -119,7 +119,7 @@ mod tests {
         );
         let failed = there.unwrap_err();
         assert_eq!(failed.step, StartupStep::Network);
-        assert_eq!(failed.message, "no slirp4netns");
+        assert_eq!(failed.account.to_string(), "no slirp4netns");
         assert_eq!(reporter.phases_in_progress(), 0);
     }
 
@@ -136,10 +136,11 @@ mod tests {
         assert_eq!(failed.step, StartupStep::Workspace);
         assert!(
             failed
-                .message
+                .account
+                .to_string()
                 .contains("taking the workspace's git rules failed unexpectedly"),
             "{}",
-            failed.message
+            failed.account.to_string()
         );
     }
 }

@@ -46,7 +46,7 @@ pub use super::context::IgnoreChangesMode;
 
 use super::beside::side_by_side;
 use super::context::Context;
-use super::failure::{Failure, at, failure, invalid};
+use super::failure::{Failure, at, failure, invalid, invalid_at};
 use super::live::{EscalationParts, Live, Owned};
 use super::prepare::{Planned, anchor_intents, prepare_storage, send_plan};
 use super::publish::{Published, publications, publish};
@@ -547,14 +547,12 @@ fn preflight(
     resolved: &ResolvedDomainConfiguration,
 ) -> Result<(PlannedNetwork, lazaret_storage::image::ImageSource), Failure> {
     let auth = resolved.authorities();
-    let host = crate::network::HostNetwork::read()
-        .map_err(|e| failure(StartupStep::Network, chain(&e)))?;
+    let host = crate::network::HostNetwork::read().map_err(|e| at(StartupStep::Network)(&e))?;
     let planned = PlannedNetwork::new(resolved.network(), &host)
-        .map_err(|e| invalid(StartupStep::Network, chain(&e)))?;
+        .map_err(|e| invalid_at(StartupStep::Network)(&e))?;
     let source = parse_reference(&resolved.record().image)
-        .map_err(|e| invalid(StartupStep::Image, chain(&e)))?;
-    programs_outside_the_sandbox(auth)
-        .map_err(|e| invalid(StartupStep::Configuration, chain(&e)))?;
+        .map_err(|e| invalid_at(StartupStep::Image)(&e))?;
+    programs_outside_the_sandbox(auth).map_err(|e| invalid_at(StartupStep::Configuration)(&e))?;
     Ok((planned, source))
 }
 
@@ -820,14 +818,11 @@ fn go_live(
 
 /// A network failure the connectivity helper's exit explains says so, with
 /// what the helper wrote: the sidecar sees only that it never attached.
-fn helper_failed(mut failure: Failure, helper: Option<&ConnectivityHelper>) -> Failure {
+fn helper_failed(failure: Failure, helper: Option<&ConnectivityHelper>) -> Failure {
     if failure.step == StartupStep::Network
         && let Some(why) = helper.and_then(ConnectivityHelper::explain)
     {
-        failure.message = format!(
-            "the connectivity helper could not attach: {why} ({})",
-            failure.message
-        );
+        return failure.within(format!("the connectivity helper could not attach: {why}"));
     }
     failure
 }
@@ -893,9 +888,12 @@ mod tests {
             assert_eq!(failed.step, StartupStep::Configuration);
             assert_eq!(failed.kind, FailureKind::InvalidConfiguration);
             assert!(
-                failed.message.starts_with("invalid configuration: "),
+                failed
+                    .account
+                    .to_string()
+                    .starts_with("invalid configuration: "),
                 "{}",
-                failed.message
+                failed.account.to_string()
             );
         }
 
@@ -925,14 +923,14 @@ mod tests {
             assert!(started.elapsed() < Duration::from_secs(10));
             assert_eq!(failed.step, StartupStep::Ownership);
             assert!(
-                failed.message.contains("without serving it"),
+                failed.account.to_string().contains("without serving it"),
                 "{}",
-                failed.message
+                failed.account.to_string()
             );
             assert!(
-                failed.message.contains("lazaret down p"),
+                failed.account.to_string().contains("lazaret down p"),
                 "{}",
-                failed.message
+                failed.account.to_string()
             );
         }
 
@@ -952,7 +950,7 @@ mod tests {
                     Endpoint::<ControlResponse, ControlRequest>::accept(listener.as_fd()).unwrap();
                 let asked = peer.recv().unwrap().message;
                 let answer = ControlResponse::Failed {
-                    message: "busy".into(),
+                    failure: lazaret_proto::failure::Failure::check("busy"),
                 };
                 peer.send(&answer, &[]).unwrap();
                 asked
@@ -964,9 +962,12 @@ mod tests {
             assert_eq!(owner.join().unwrap(), ControlRequest::Status);
             assert_eq!(failed.step, StartupStep::Ownership);
             assert!(
-                failed.message.contains("the running coordinator answered"),
+                failed
+                    .account
+                    .to_string()
+                    .contains("the running coordinator answered"),
                 "{}",
-                failed.message
+                failed.account.to_string()
             );
         }
 

@@ -33,7 +33,7 @@ use lazaret_proto::sidecar::AttestParameters;
 use lazaret_proto::store::ParticipantState;
 
 use super::context::Context;
-use super::failure::{Failure, at, failure};
+use super::failure::{Failure, at, failure, reported};
 use super::record::{Became, Intent, Recorder};
 use super::report::Reporter;
 use super::supervisor::{Attested, Namespaces, Supervisor};
@@ -145,9 +145,14 @@ pub(super) fn attach(
         enforcement_namespace: namespaces.network_namespace,
     };
     let link = ConnectivityLink::slirp4netns();
-    let memfd = policy_memfd(&policy).map_err(|e| failure(STEP, lazaret_proto::error_chain(&e)))?;
+    let memfd = policy_memfd(&policy).map_err(|e| at(STEP)(&e))?;
     let (ready_read, ready_write) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
-        .map_err(|e| failure(STEP, format!("cannot make a pipe: {e}")))?;
+        .map_err(|e| {
+            reported(
+                STEP,
+                lazaret_proto::failure::Failure::os("cannot make a pipe", e, None),
+            )
+        })?;
     supervisor.request_attestation(
         AttestParameters {
             probe: NetworkReachabilityProbe {
@@ -173,15 +178,7 @@ pub(super) fn attach(
         cx.generation_dir.fd(),
         ready_write,
     )
-    .map_err(|e| {
-        failure(
-            STEP,
-            format!(
-                "the connectivity helper could not attach: {}",
-                lazaret_proto::error_chain(&e)
-            ),
-        )
-    })?;
+    .map_err(|e| at(STEP)(&e).within("the connectivity helper could not attach"))?;
     let running = helper.insert(started);
     // The supervisor and its pid 1 are recorded in the same field.
     let runs = |process: &crate::process::HeldProcess| {

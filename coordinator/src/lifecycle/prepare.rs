@@ -27,7 +27,7 @@ use super::live::Owned;
 use super::record::{Became, Intent};
 use super::supervisor::{PlanInputs, Supervisor};
 use crate::config::{ResolvedDomainConfiguration, RetainedDir};
-use crate::state::{UPPER_DIR, WORK_DIR, anchor_dir};
+use lazaret_storage::anchor::{UPPER_DIR, WORK_DIR, anchor_dir};
 
 /// What the sandbox is made of on the host: the leased image, the State
 /// Anchor directories and the workspace's routing.
@@ -315,7 +315,7 @@ mod tests {
 
     use super::{anchor_intents, environment_memfd};
     use crate::lifecycle::testing::Scratch;
-    use crate::state::{UPPER_DIR, WORK_DIR, anchor_dir};
+    use lazaret_storage::anchor::{UPPER_DIR, WORK_DIR, anchor_dir};
     use lazaret_storage::store::Slot;
 
     #[test]

@@ -190,7 +190,7 @@ mod tests {
             .unwrap();
         let published = match publish(&resolved, &starting, records) {
             Ok(published) => published,
-            Err(failure) => panic!("{}", failure.message),
+            Err(failure) => panic!("{}", failure.account.to_string()),
         };
         assert!(is_socket(&runtime.join(CONTROL_SOCKET)));
         assert!(is_socket(&runtime.join(SESSION_SOCKET)));

@@ -132,12 +132,12 @@ impl Reporter {
 
     /// Reports `failure` to the CLI and logs it: the coordinator's end.
     pub(super) fn fail(&self, failure: Failure) -> ExitCode {
-        tracing::error!("{} failed: {}", failure.step.as_str(), failure.message);
+        tracing::error!("{} failed: {}", failure.step.as_str(), failure.account);
         self.finish_phase();
         self.send(StartupEvent::Failed {
             step: failure.step,
             kind: failure.kind,
-            message: failure.message,
+            failure: failure.account,
         });
         ExitCode::FAILURE
     }
@@ -228,11 +228,11 @@ mod tests {
             StartupEvent::Failed {
                 step,
                 kind,
-                message,
+                failure,
             } => {
                 assert_eq!(step, StartupStep::Configuration);
                 assert_eq!(kind, FailureKind::InvalidConfiguration);
-                assert_eq!(message, "no such profile");
+                assert_eq!(failure.to_string(), "no such profile");
             }
             other => panic!("expected the failure, got {other:?}"),
         }

@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use lazaret_proto::channel::{ChannelError, Endpoint, Received};
 use lazaret_proto::control::{ControlRequest, ControlResponse, NetworkRecheck, NetworkStatus};
+use lazaret_proto::failure::Failure;
 use lazaret_proto::network::ConnectivityLink;
 use lazaret_proto::sidecar::ObserveParameters;
 use lazaret_proto::store::{Generation, GenerationState};
@@ -190,7 +191,7 @@ pub(super) fn serve(
         Err(e) => {
             tracing::error!("releasing generation {id}: {}", chain(e));
             ControlResponse::Failed {
-                message: format!("generation {id} did not release cleanly: {}", chain(e)),
+                failure: Failure::of(e).within(format!("generation {id} did not release cleanly")),
             }
         }
     };
@@ -350,10 +351,10 @@ impl Watched {
                 },
                 () = sleep_until(recheck_due) => {
                     recheck_due = None;
-                    let recheck = NetworkRecheck::Failed(format!(
+                    let recheck = NetworkRecheck::Failed(Failure::check(format!(
                         "the namespace was not read back within {} s",
                         RECHECK_TIMEOUT.as_secs()
-                    ));
+                    )));
                     answer(&mut waiting, live, resolved, generation, &hub, &recheck);
                 }
                 Some((request, peer)) = asked.recv() => match request {
@@ -435,13 +436,13 @@ fn recheck(
             }
         }
         Err(error) => {
-            let detail = error.to_string();
             if let Some(names) = network.names.as_mut() {
                 names.admitted.clear();
                 names.admitted_total = 0;
             }
-            tracing::error!("the enforcement namespace could not be read back: {detail}");
-            NetworkRecheck::Failed(detail.to_string())
+            let failure = error.failure;
+            tracing::error!("the enforcement namespace could not be read back: {failure}");
+            NetworkRecheck::Failed(failure)
         }
     }
 }
@@ -581,7 +582,7 @@ mod tests {
                 .expect("the sender lives");
             if request == ControlRequest::Status {
                 let answer = ControlResponse::Failed {
-                    message: "answered".into(),
+                    failure: lazaret_proto::failure::Failure::check("answered"),
                 };
                 peer.send(&answer, &[]).await.unwrap();
             }
@@ -592,7 +593,7 @@ mod tests {
         assert_eq!(
             status.recv().unwrap().message,
             ControlResponse::Failed {
-                message: "answered".into()
+                failure: lazaret_proto::failure::Failure::check("answered")
             }
         );
     }

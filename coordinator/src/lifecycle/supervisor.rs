@@ -27,7 +27,7 @@ use lazaret_proto::supervisor::{
 };
 use lazaret_storage::catalog::PreparedLower;
 
-use super::failure::{Failure, at, failure};
+use super::failure::{Failure, at, failure, reported};
 use crate::config::{ResolvedDomainConfiguration, RetainedDir};
 use crate::process::{HeldProcess, kill_and_wait, pidfd_of_child, readable, wait_exit};
 
@@ -61,10 +61,10 @@ impl Supervisor {
             .stdin(Stdio::from(theirs.into_fd()))
             .stdout(Stdio::null())
             .spawn()
-            .map_err(|e| failure(step, format!("cannot start {}: {e}", program.display())))?;
+            .map_err(|e| at(step)(&e).within(format!("cannot start {}", program.display())))?;
         let held = pidfd_of_child(&child)
             .and_then(HeldProcess::from_pidfd)
-            .map_err(|e| failure(step, format!("cannot hold the supervisor: {e}")))?;
+            .map_err(|e| at(step)(&e).within("cannot hold the supervisor"))?;
         Ok(Supervisor {
             child,
             held,
@@ -310,16 +310,15 @@ pub(super) fn await_report(
     match received.message {
         // The step the supervisor names, where it is one of start-up's
         // own: the sidecar attests while the plan is staged.
-        SupervisorReport::Failed(error) => Err(failure(
+        SupervisorReport::Failed(error) => Err(reported(
             match error.step {
                 lazaret_proto::supervisor::SupervisorStep::Network => StartupStep::Network,
                 lazaret_proto::supervisor::SupervisorStep::Workspace => StartupStep::Workspace,
                 _ => step,
             },
-            format!(
-                "the Runtime Supervisor failed ({:?}): {}",
-                error.step, error.failure
-            ),
+            error
+                .failure
+                .within(format!("the Runtime Supervisor failed ({:?})", error.step)),
         )),
         SupervisorReport::Stopped => Err(failure(step, "the supervisor stopped unasked")),
         _ => Ok(received),
@@ -486,11 +485,18 @@ mod tests {
         theirs.send(&SupervisorReport::Failed(error), &[]).unwrap();
         let failure = await_report(&ours, StartupStep::Sandbox).unwrap_err();
         assert_eq!(failure.step, StartupStep::Sandbox);
-        assert!(failure.message.contains("Mounts"), "{}", failure.message);
         assert!(
-            failure.message.contains("cannot mount the workspace"),
+            failure.account.to_string().contains("Mounts"),
             "{}",
-            failure.message
+            failure.account.to_string()
+        );
+        assert!(
+            failure
+                .account
+                .to_string()
+                .contains("cannot mount the workspace"),
+            "{}",
+            failure.account.to_string()
         );
     }
 
@@ -501,7 +507,11 @@ mod tests {
         let started = std::time::Instant::now();
         let failure = await_report(&ours, StartupStep::Network).unwrap_err();
         assert_eq!(failure.step, StartupStep::Network);
-        assert!(failure.message.contains("exited"), "{}", failure.message);
+        assert!(
+            failure.account.to_string().contains("exited"),
+            "{}",
+            failure.account.to_string()
+        );
         assert!(started.elapsed() < std::time::Duration::from_secs(5));
     }
 
@@ -510,7 +520,11 @@ mod tests {
         let (ours, theirs) = pair();
         theirs.send(&SupervisorReport::Stopped, &[]).unwrap();
         let failure = await_report(&ours, StartupStep::Workspace).unwrap_err();
-        assert!(failure.message.contains("unasked"), "{}", failure.message);
+        assert!(
+            failure.account.to_string().contains("unasked"),
+            "{}",
+            failure.account.to_string()
+        );
     }
 
     #[test]
@@ -544,10 +558,11 @@ mod tests {
         let refused = report(identity(&user), identity(&user)).unwrap_err();
         assert!(
             refused
-                .message
+                .account
+                .to_string()
                 .contains("network namespace descriptor is not"),
             "{}",
-            refused.message
+            refused.account.to_string()
         );
     }
 
@@ -564,7 +579,11 @@ mod tests {
         };
         theirs.send(&report, &[user.as_fd()]).unwrap();
         let failure = await_namespaces(&ours).unwrap_err();
-        assert!(failure.message.contains("sent no"), "{}", failure.message);
+        assert!(
+            failure.account.to_string().contains("sent no"),
+            "{}",
+            failure.account.to_string()
+        );
 
         let (ours, theirs) = pair();
         let report = SupervisorReport::SandboxRunning {
@@ -577,9 +596,9 @@ mod tests {
         theirs.send(&report, &[]).unwrap();
         let failure = await_sandbox(&ours).unwrap_err();
         assert!(
-            failure.message.contains("no sandbox pidfd"),
+            failure.account.to_string().contains("no sandbox pidfd"),
             "{}",
-            failure.message
+            failure.account.to_string()
         );
     }
 
@@ -597,9 +616,9 @@ mod tests {
             .unwrap();
         let failure = await_sandbox(&ours).unwrap_err();
         assert!(
-            failure.message.contains("unexpected"),
+            failure.account.to_string().contains("unexpected"),
             "{}",
-            failure.message
+            failure.account.to_string()
         );
     }
 
@@ -692,7 +711,7 @@ mod tests {
         })
         .unwrap_err();
         assert_eq!(failure.step, StartupStep::Workspace);
-        assert_eq!(failure.message, "other rules");
+        assert_eq!(failure.account.to_string(), "other rules");
         drop(theirs);
     }
 
@@ -704,9 +723,9 @@ mod tests {
         let failure = await_routed_and_attested(&ours, |report| Ok(report.message)).unwrap_err();
         assert_eq!(failure.step, StartupStep::Workspace);
         assert!(
-            failure.message.contains("unexpected"),
+            failure.account.to_string().contains("unexpected"),
             "{}",
-            failure.message
+            failure.account.to_string()
         );
     }
 }

@@ -92,9 +92,11 @@ impl Uppers {
         self.persistent
             .iter()
             .filter_map(|(path, anchor)| {
-                let upper =
-                    lazaret_hostfs::beneath::open_dir_read(anchor.as_fd(), crate::state::UPPER_DIR)
-                        .ok()?;
+                let upper = lazaret_hostfs::beneath::open_dir_read(
+                    anchor.as_fd(),
+                    lazaret_storage::anchor::UPPER_DIR,
+                )
+                .ok()?;
                 let (bytes, complete) =
                     lazaret_hostfs::tree::disk_usage_until(upper.as_fd(), Some(deadline)).ok()?;
                 Some(PersistentUsage {

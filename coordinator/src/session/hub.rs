@@ -21,8 +21,9 @@ use std::time::Duration;
 use lazaret_proto::channel::Received;
 use lazaret_proto::common::UnixTimeNs;
 use lazaret_proto::control::SessionSummary;
+use lazaret_proto::failure::Failure;
 use lazaret_proto::ids::{CliId, ContainerId, GenerationId, RequestId, SessionId};
-use lazaret_proto::session::{OpenSession, SessionOpened};
+use lazaret_proto::session::{OpenSession, SessionOpened, SessionRefusal};
 use lazaret_proto::store::{Session, SessionTerminal, SessionTerminalState};
 use lazaret_proto::supervisor::{
     ExecRequest, ExecSignal, ExecStdio, FdList, SupervisorReport, SupervisorRequest,
@@ -35,11 +36,11 @@ use lazaret_storage::store::DomainStore;
 use rustix::process::{Signal, pidfd_send_signal};
 use tokio::sync::{mpsc, watch};
 
-use super::conn::Link;
-pub use super::conn::SessionError;
+pub use super::error::SessionError;
+use super::error::WRITE_TIMEOUT;
+use super::link::ServerLink as Link;
 use super::stdio::{ProcessEnds, SessionIo, resize};
 use super::stream::FdStream;
-use super::tls::FrameBuffer;
 use crate::aio::{AsyncChannel, Exit, Stream, exited};
 use crate::escalation::Escalation;
 use crate::escalation::mailbox::GuestClaim;
@@ -88,8 +89,8 @@ const READS_PER_WAKEUP: usize = 4;
 enum HubEvent {
     /// Its process started; here is the pidfd of its `runsc exec`.
     Started(OwnedFd),
-    /// Its process could not start.
-    Failed(String),
+    /// Its process could not start: the supervisor's account.
+    Failed(Failure),
     /// Its process exited.
     Exited { code: u8, signaled: bool },
 }
@@ -182,13 +183,13 @@ impl Hub {
                 Some(pidfd) => (session_id, HubEvent::Started(pidfd)),
                 None => (
                     session_id,
-                    HubEvent::Failed("no pidfd for runsc exec".into()),
+                    HubEvent::Failed(Failure::check("no pidfd for runsc exec")),
                 ),
             },
             SupervisorReport::ExecFailed {
                 session_id,
                 failure,
-            } => (session_id, HubEvent::Failed(failure.to_string())),
+            } => (session_id, HubEvent::Failed(failure)),
             SupervisorReport::ExecExited {
                 session_id,
                 exit_code,
@@ -263,7 +264,10 @@ impl Hub {
         tasks.spawn(tracing::Instrument::instrument(
             async move {
                 if let Err(e) = hub.serve(socket, permit, session_id).await {
-                    tracing::warn!("session refused or failed: {}", crate::lifecycle::chain(&e));
+                    tracing::warn!(
+                        "session refused or failed: {}",
+                        lazaret_proto::error_chain(&e)
+                    );
                 }
             },
             span,
@@ -281,7 +285,7 @@ impl Hub {
             ChannelError::PeerUidMismatch { found, .. } => {
                 SessionError::Peer(format!("uid {found} is not this Domain's owner"))
             }
-            e => SessionError::Peer(crate::lifecycle::chain(&e)),
+            e => SessionError::Peer(lazaret_proto::error_chain(&e)),
         })?;
         // The CLI, watched so that a session whose client died never looks
         // alive, even while its input is held back.
@@ -289,7 +293,8 @@ impl Hub {
             .and_then(|pidfd| Exit::watch(pidfd.as_fd()))
             .ok();
         let (mut link, open) = tokio::time::timeout(HANDSHAKE_TIMEOUT, async {
-            let mut link = Link::new(self.acceptor.accept(FdStream::new(socket)).await?);
+            let stream = self.acceptor.accept(FdStream::new(socket)).await?;
+            let mut link = Link::new(stream).with_write_bound(WRITE_TIMEOUT);
             let open = link.recv::<OpenSession>().await?;
             Ok::<_, SessionError>((link, open))
         })
@@ -316,10 +321,10 @@ impl Hub {
             full
         };
         if full {
-            let reason = format!(
-                "the Domain serves {MAX_SESSIONS} sessions at once, its most; end one first"
-            );
-            return link.send(&SessionOpened::Refused { reason }).await;
+            let refusal = SessionRefusal::Full {
+                max: MAX_SESSIONS as u32,
+            };
+            return Ok(link.send(&SessionOpened::Refused(refusal)).await?);
         }
         let mut down = self.down.subscribe();
         let mut session = Running {
@@ -346,12 +351,12 @@ impl Hub {
                         };
                         link.send(&SessionTerminalMessage::Exit(exit)).await
                     } else {
-                        let reason = "the Domain is going down".to_owned();
-                        link.send(&SessionOpened::Refused { reason }).await
+                        let refusal = SessionRefusal::GoingDown;
+                        link.send(&SessionOpened::Refused(refusal)).await
                     }
                 };
                 let _ = tokio::time::timeout(FAREWELL_TIMEOUT, farewell).await;
-                session.record(SessionTerminalState::Closed, true, None);
+                session.record(SessionTerminalState::Closed, None);
                 tracing::info!("session ended: the Domain went down");
                 Ok(())
             }
@@ -364,19 +369,34 @@ impl Hub {
     /// Records a session whose task is gone as closed now, keeping the time
     /// it opened.
     fn record_closed(&self, session_id: SessionId, opened_at: UnixTimeNs) {
+        self.record(
+            session_id,
+            opened_at,
+            SessionTerminal {
+                generation_id: self.generation,
+                session_id,
+                state: SessionTerminalState::Closed,
+                pty: None,
+                guest_process: None,
+            },
+        );
+    }
+
+    /// Records session `session_id`, opened at `opened_at`, in `terminal`'s
+    /// state; closed now when that state is one a session ends in. Best
+    /// effort: a store that fails is logged by the store, and the session
+    /// goes on.
+    fn record(&self, session_id: SessionId, opened_at: UnixTimeNs, terminal: SessionTerminal) {
+        let closed = matches!(
+            terminal.state,
+            SessionTerminalState::Closed | SessionTerminalState::Exited
+        );
         let session = Session {
             generation_id: self.generation,
             session_id,
             cli_id: CliId(session_id.0),
             opened_at,
-            closed_at: Some(UnixTimeNs::now()),
-        };
-        let terminal = SessionTerminal {
-            generation_id: self.generation,
-            session_id,
-            state: SessionTerminalState::Closed,
-            pty: None,
-            guest_process: None,
+            closed_at: closed.then(UnixTimeNs::now),
         };
         let _ = self.store.put_session_state(&session, &terminal);
     }
@@ -396,15 +416,7 @@ struct Running<'a> {
 }
 
 impl Running<'_> {
-    fn record(&self, state: SessionTerminalState, closed: bool, pty: Option<PtyIdentity>) {
-        let now = UnixTimeNs::now();
-        let session = Session {
-            generation_id: self.hub.generation,
-            session_id: self.session_id,
-            cli_id: CliId(self.session_id.0),
-            opened_at: self.opened_at,
-            closed_at: closed.then_some(now),
-        };
+    fn record(&self, state: SessionTerminalState, pty: Option<PtyIdentity>) {
         let terminal = SessionTerminal {
             generation_id: self.hub.generation,
             session_id: self.session_id,
@@ -412,7 +424,7 @@ impl Running<'_> {
             pty,
             guest_process: self.guest.clone(),
         };
-        let _ = self.hub.store.put_session_state(&session, &terminal);
+        self.hub.record(self.session_id, self.opened_at, terminal);
     }
 
     /// Records the identity the session's leader claims inside the
@@ -424,17 +436,17 @@ impl Running<'_> {
             leader_start_time: guest.start_time,
             process_group_id: guest.process_group,
         });
-        self.record(SessionTerminalState::Running, false, io.pty_identity());
+        self.record(SessionTerminalState::Running, io.pty_identity());
         if let Some(route) = self.hub.routes().get_mut(&self.session_id) {
             route.summary.guest = self.guest.clone();
         }
     }
 
     /// Tells the client its session will not open, and records it closed.
-    async fn refuse(&self, link: &mut Link, reason: String) -> Result<(), SessionError> {
-        let sent = link.send(&SessionOpened::Refused { reason }).await;
-        self.record(SessionTerminalState::Closed, true, None);
-        sent
+    async fn refuse(&self, link: &mut Link, refusal: SessionRefusal) -> Result<(), SessionError> {
+        let sent = link.send(&SessionOpened::Refused(refusal)).await;
+        self.record(SessionTerminalState::Closed, None);
+        Ok(sent?)
     }
 
     /// Sends a signal to the session's process inside the sandbox, through
@@ -459,12 +471,12 @@ impl Running<'_> {
         open: &OpenSession,
         passed: Vec<OwnedFd>,
     ) -> Result<(), SessionError> {
-        self.record(SessionTerminalState::Intent, false, None);
+        self.record(SessionTerminalState::Intent, None);
         let io = match SessionIo::open(open, passed) {
             Ok(io) => io,
             Err(e) => {
-                let reason = format!("cannot open the session's terminal: {e}");
-                return self.refuse(link, reason).await;
+                let refusal = SessionRefusal::Terminal(Failure::of(&e));
+                return self.refuse(link, refusal).await;
             }
         };
         // The session's mailbox exists before its process does.
@@ -475,8 +487,8 @@ impl Running<'_> {
         {
             Ok(escalation) => escalation,
             Err(e) => {
-                let reason = format!("cannot make the session's escalation mailbox: {e}");
-                return self.refuse(link, reason).await;
+                let refusal = SessionRefusal::Mailbox(Failure::of(&e));
+                return self.refuse(link, refusal).await;
             }
         };
         let served = self.run_with(link, open, io, &mut escalation).await;
@@ -497,10 +509,10 @@ impl Running<'_> {
         drop(passed);
         let process = match self.await_start().await {
             Ok(Start::Started(pidfd)) => pidfd,
-            Ok(Start::Refused(reason)) => return self.refuse(link, reason).await,
+            Ok(Start::Refused(refusal)) => return self.refuse(link, refusal).await,
             Err(gone) => {
                 tracing::info!("session ended before its process started: {gone}");
-                self.record(SessionTerminalState::Closed, true, None);
+                self.record(SessionTerminalState::Closed, None);
                 return Ok(());
             }
         };
@@ -512,7 +524,7 @@ impl Running<'_> {
         let served = match opened {
             Ok(()) => {
                 self.opened = true;
-                self.record(SessionTerminalState::Running, false, io.pty_identity());
+                self.record(SessionTerminalState::Running, io.pty_identity());
                 tracing::info!(
                     terminal = open.terminal,
                     direct = open.direct_stdio,
@@ -520,7 +532,7 @@ impl Running<'_> {
                 );
                 self.pump(link, &mut io, escalation).await
             }
-            Err(error) => Err(error),
+            Err(error) => Err(error.into()),
         };
         self.end(link, served, process).await
     }
@@ -562,7 +574,7 @@ impl Running<'_> {
             .supervisor
             .send(&request, fds.as_slice())
             .await
-            .map_err(|e| SessionError::Supervisor(crate::lifecycle::chain(&e)))
+            .map_err(|e| SessionError::Supervisor(lazaret_proto::error_chain(&e)))
     }
 
     /// Waits, within [`START_TIMEOUT`], for the hub to say the session's
@@ -577,9 +589,11 @@ impl Running<'_> {
                 tokio::select! {
                     event = inbox.recv() => match event {
                         Some(HubEvent::Started(pidfd)) => return Ok(Start::Started(pidfd)),
-                        Some(HubEvent::Failed(reason)) => return Ok(Start::Refused(reason)),
+                        Some(HubEvent::Failed(failure)) => {
+                            return Ok(Start::Refused(SessionRefusal::Exec(failure)));
+                        }
                         Some(HubEvent::Exited { .. }) => {}
-                        None => return Ok(Start::Refused("the Domain is going down".to_owned())),
+                        None => return Ok(Start::Refused(SessionRefusal::GoingDown)),
                     },
                     () = exited(client) => return Err(SessionError::Closed),
                 }
@@ -587,12 +601,9 @@ impl Running<'_> {
         })
         .await;
         started.unwrap_or_else(|_| {
-            Ok(Start::Refused(format!(
-                "the sandbox did not start the session's process within {} s: the sandbox \
-                 or the Workspace Router does not answer (`lazaret status` names a stopped \
-                 one)",
-                START_TIMEOUT.as_secs()
-            )))
+            Ok(Start::Refused(SessionRefusal::NotStarted {
+                seconds: START_TIMEOUT.as_secs(),
+            }))
         })
     }
 
@@ -616,7 +627,7 @@ impl Running<'_> {
                     }
                 );
                 let _ = link.send(&SessionTerminalMessage::Exit(exit)).await;
-                self.record(SessionTerminalState::Exited, true, None);
+                self.record(SessionTerminalState::Exited, None);
                 Ok(())
             }
             Err(error) => {
@@ -636,7 +647,7 @@ impl Running<'_> {
                     let _ = pidfd_send_signal(&process, Signal::KILL);
                 }
                 tracing::info!("session ended: {error}; its process was killed");
-                self.record(SessionTerminalState::Closed, true, None);
+                self.record(SessionTerminalState::Closed, None);
                 match error {
                     SessionError::Closed => Ok(()),
                     other => Err(other),
@@ -655,7 +666,6 @@ impl Running<'_> {
     ) -> Result<SessionExit, SessionError> {
         let session_id = self.session_id;
         let mut state = Pumping::default();
-        let mut read_buf = vec![0u8; MAX_TERMINAL_CHUNK];
         let mut out_buf = vec![0u8; MAX_TERMINAL_CHUNK];
         let mut output_open = io.output.is_some();
         let exit = loop {
@@ -685,13 +695,9 @@ impl Running<'_> {
                         link.send(&message).await?;
                     }
                 }
-                read = link.read(&mut read_buf), if state.input.bytes.len() < INPUT_BOUND => {
-                    let n = read?;
-                    if n == 0 {
-                        return Err(SessionError::Closed);
-                    }
-                    self.on_client_bytes(&read_buf[..n], &mut state, io, escalation)
-                        .await?;
+                read = link.fill(), if state.input.bytes.len() < INPUT_BOUND => {
+                    read?;
+                    self.on_client_frames(link, &mut state, io, escalation).await?;
                 }
                 written = write_some(input_target, &state.input.bytes), if input_target.is_some() => {
                     state.input.written(written, io);
@@ -751,17 +757,16 @@ impl Running<'_> {
         }
     }
 
-    /// Takes the frames in `bytes` the client sent, each of which must
+    /// Takes the frames the client sent that the link holds, each of which must
     /// name this session, and acts on each.
-    async fn on_client_bytes(
+    async fn on_client_frames(
         &self,
-        bytes: &[u8],
+        link: &mut Link,
         state: &mut Pumping,
         io: &mut SessionIo,
         escalation: &mut SessionEscalation,
     ) -> Result<(), SessionError> {
-        state.frames.push(bytes);
-        while let Some(event) = state.frames.next_frame()? {
+        while let Some(event) = link.next_frame::<SessionTerminalEvent>()? {
             if event.session_id() != self.session_id {
                 return Err(SessionError::Peer("an event named another session".into()));
             }
@@ -820,7 +825,7 @@ enum Start {
     /// It started: its `runsc exec` pidfd.
     Started(OwnedFd),
     /// It could not start: why, to tell the client.
-    Refused(String),
+    Refused(SessionRefusal),
 }
 
 /// Input held for the process.
@@ -857,8 +862,6 @@ impl Input {
 struct Pumping {
     /// Input held for the process.
     input: Input,
-    /// The client's frames, as they come.
-    frames: FrameBuffer<SessionTerminalEvent>,
     /// While the client shows an escalation prompt, the process's output
     /// stays unread (it waits in the terminal, then the process waits):
     /// nothing can land on the prompt, and the client, which reads on,
@@ -928,7 +931,7 @@ async fn relay(
             _ => break,
         }
     }
-    link.flush().await
+    Ok(link.flush().await?)
 }
 
 #[cfg(test)]
@@ -1061,7 +1064,7 @@ mod tests {
         assert!(f.hub.dispatch(report(failed, Vec::new())).is_none());
         assert!(matches!(
             inbox.try_recv(),
-            Ok(HubEvent::Failed(detail)) if detail == "no such command"
+            Ok(HubEvent::Failed(failure)) if failure.to_string() == "no such command"
         ));
         let exited = SupervisorReport::ExecExited {
             session_id,

@@ -1,8 +1,10 @@
 //! One TLS link of the Session Coordinator, on tokio: a `tokio-rustls`
 //! stream over the session socket ([`FdStream`]), carrying the
-//! length-prefixed postcard frames of [`super::tls`] both ways, and the
-//! client's connection ([`ClientLink::connect`]) that `lazaret attach`
-//! makes with a generation's [`ClientCredential`](super::tls::ClientCredential).
+//! length-prefixed postcard frames of [`super::tls`] both ways. Both ends
+//! use it: the client's connection ([`ClientLink::connect`]) that
+//! `lazaret attach` makes with a generation's
+//! [`ClientCredential`](super::tls::ClientCredential), and the hub's end of
+//! each session it serves ([`ServerLink`]).
 //!
 //! Owns the buffering of frames: what was read and not yet taken, what was
 //! queued and not yet written, so that one task can wait for the peer's
@@ -53,6 +55,9 @@ pub enum LinkError {
     /// The peer did not answer in time.
     #[error("the other end did not answer within {} s", .0.as_secs())]
     TimedOut(Duration),
+    /// The peer did not read what was written for the link's write bound.
+    #[error("the other end did not read for {} s", .0.as_secs())]
+    Stalled(Duration),
 }
 
 impl From<io::Error> for LinkError {
@@ -94,6 +99,8 @@ pub struct Link<S> {
     outgoing: Vec<u8>,
     /// Bytes handed to TLS and not yet flushed to the socket.
     unflushed: bool,
+    /// How long one [`Link::flush`] may wait for the peer to read.
+    write_bound: Option<Duration>,
     scratch: Box<[u8]>,
 }
 
@@ -109,6 +116,16 @@ impl<S> std::fmt::Debug for Link<S> {
 
 /// The client's end: `lazaret attach`.
 pub type ClientLink = Link<tokio_rustls::client::TlsStream<FdStream>>;
+
+/// The coordinator's end of one served session.
+pub type ServerLink = Link<tokio_rustls::server::TlsStream<FdStream>>;
+
+impl ServerLink {
+    /// The descriptors the client attached so far.
+    pub fn take_fds(&mut self) -> Vec<OwnedFd> {
+        self.stream.get_mut().0.take_fds()
+    }
+}
 
 impl ClientLink {
     /// Completes the TLS handshake on `socket` as a client of `config`,
@@ -148,7 +165,18 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Link<S> {
             incoming: Vec::new(),
             outgoing: Vec::new(),
             unflushed: false,
+            write_bound: None,
             scratch: vec![0; READ_CHUNK].into_boxed_slice(),
+        }
+    }
+
+    /// The link, each [`Link::flush`] (and [`Link::send`]) failing with
+    /// [`LinkError::Stalled`] once the peer has not read for `bound`: a
+    /// peer that stops reading cannot hold its writer.
+    pub fn with_write_bound(self, bound: Duration) -> Self {
+        Self {
+            write_bound: Some(bound),
+            ..self
         }
     }
 
@@ -180,10 +208,24 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Link<S> {
         self.flush().await
     }
 
-    /// Writes everything queued to the socket.
+    /// Writes everything queued to the socket, within the write bound.
     pub async fn flush(&mut self) -> Result<(), LinkError> {
-        let sent = poll_fn(|cx| self.poll_send(cx)).await;
+        let bound = self.write_bound;
+        let sending = poll_fn(|cx| self.poll_send(cx));
+        let sent = match bound {
+            Some(bound) => tokio::time::timeout(bound, sending)
+                .await
+                .unwrap_or(Err(LinkError::Stalled(bound))),
+            None => sending.await,
+        };
         self.refusal_instead_of(sent).await
+    }
+
+    /// Reads what the connection has into the frame buffer; take the
+    /// frames with [`Link::next_frame`]. Cancel-safe. `Err(Closed)` at end
+    /// of stream.
+    pub async fn fill(&mut self) -> Result<(), LinkError> {
+        poll_fn(|cx| self.poll_fill(cx)).await
     }
 
     /// Reads until one frame of `T` is complete.
@@ -192,7 +234,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Link<S> {
             if let Some(record) = self.next_frame()? {
                 return Ok(record);
             }
-            poll_fn(|cx| self.poll_fill(cx)).await?;
+            self.fill().await?;
         }
     }
 
@@ -303,5 +345,113 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Link<S> {
         })
         .await;
         Err(alert.ok().flatten().unwrap_or(LinkError::Io(error)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The link's frames over an in-memory stream: what a peer that sends
+    //! in pieces, breaks off or stops reading does to it.
+
+    use std::time::Duration;
+
+    use lazaret_proto::ids::SessionId;
+    use lazaret_proto::session::{SessionOpened, SessionRefusal};
+    use lazaret_proto::terminal::{SessionTerminalMessage, TerminalOutput};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
+
+    use super::{Link, LinkError};
+    use crate::session::tls::write_frame;
+
+    const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+
+    fn frame(record: &SessionOpened) -> Vec<u8> {
+        let mut bytes = Vec::new();
+        write_frame(&mut bytes, record).unwrap();
+        bytes
+    }
+
+    fn refused() -> SessionOpened {
+        SessionOpened::Refused(SessionRefusal::GoingDown)
+    }
+
+    /// The coordinator's link and the client's end.
+    fn link(buffer: usize) -> (Link<DuplexStream>, DuplexStream) {
+        let (ours, theirs) = tokio::io::duplex(buffer);
+        (Link::new(ours).with_write_bound(WRITE_TIMEOUT), theirs)
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_frame_sent_in_pieces_is_taken_whole() {
+        let (mut link, mut client) = link(4096);
+        let bytes = frame(&refused());
+        let (first, rest) = bytes.split_at(3);
+        let (first, rest) = (first.to_vec(), rest.to_vec());
+        let sending = tokio::spawn(async move {
+            client.write_all(&first).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            client.write_all(&rest).await.unwrap();
+            client
+        });
+        let record: SessionOpened = link.recv().await.unwrap();
+        assert_eq!(record, refused());
+        drop(sending.await.unwrap());
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_client_that_goes_in_the_middle_of_a_frame_is_gone() {
+        let (mut link, mut client) = link(4096);
+        let bytes = frame(&refused());
+        client.write_all(&bytes[..bytes.len() - 1]).await.unwrap();
+        drop(client);
+        let gone = link.recv::<SessionOpened>().await.unwrap_err();
+        assert!(matches!(gone, LinkError::Closed), "{gone:?}");
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_garbled_frame_is_refused() {
+        let (mut link, mut client) = link(4096);
+        let mut bytes = frame(&refused());
+        bytes[4] = 0xff;
+        client.write_all(&bytes).await.unwrap();
+        let refused = link.recv::<SessionOpened>().await.unwrap_err();
+        assert!(matches!(refused, LinkError::Frame(_)), "{refused:?}");
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn what_is_queued_goes_in_one_flush_in_order() {
+        let (mut link, mut client) = link(1 << 16);
+        let output = |byte: u8| {
+            SessionTerminalMessage::Output(TerminalOutput {
+                session_id: SessionId([1; 16]),
+                bytes: vec![byte; 8],
+            })
+        };
+        link.queue(&output(1)).unwrap();
+        link.queue(&output(2)).unwrap();
+        let mut expected = Vec::new();
+        write_frame(&mut expected, &output(1)).unwrap();
+        write_frame(&mut expected, &output(2)).unwrap();
+        link.flush().await.unwrap();
+        let mut got = vec![0u8; expected.len()];
+        client.read_exact(&mut got).await.unwrap();
+        assert_eq!(got, expected);
+    }
+
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn a_client_that_stops_reading_stalls_its_session_within_the_write_bound() {
+        let (mut link, _client) = link(64);
+        let output = SessionTerminalMessage::Output(TerminalOutput {
+            session_id: SessionId([1; 16]),
+            bytes: vec![0; 4096],
+        });
+        let started = tokio::time::Instant::now();
+        let stalled = link.send(&output).await.unwrap_err();
+        assert!(
+            matches!(stalled, LinkError::Stalled(WRITE_TIMEOUT)),
+            "{stalled:?}"
+        );
+        assert!(started.elapsed() >= WRITE_TIMEOUT);
+        assert!(started.elapsed() < WRITE_TIMEOUT * 2);
     }
 }

@@ -9,15 +9,13 @@
 //! sessions. It trusts a peer only after the TLS handshake proved it holds
 //! a credential of the current generation.
 
-mod conn;
+mod error;
 pub mod hub;
 pub mod link;
 mod stdio;
 pub mod stream;
 pub mod tls;
 
-use lazaret_proto::common::{ProtocolVersion, UnixTimeNs};
-use lazaret_proto::ids::CredentialId;
 use lazaret_proto::trust::{GenerationIdentity, ProtocolCredential, ProtocolCredentialRole};
 
 /// The directory, beneath the Domain's runtime directory, holding the
@@ -52,26 +50,7 @@ pub fn random_bytes<const N: usize>() -> [u8; N] {
 /// The Session Coordinator's protocol signing credential of a generation:
 /// a fresh Ed25519 key, held in memory only.
 pub fn coordinator_protocol_credential(identity: &GenerationIdentity) -> ProtocolCredential {
-    protocol_credential(identity, ProtocolCredentialRole::SessionCoordinator)
-}
-
-/// A fresh protocol signing credential of a generation for `role`: a new
-/// Ed25519 key, held in memory (and, for a session's `AgentSandbox`
-/// credential, in that session's mailbox).
-pub fn protocol_credential(
-    identity: &GenerationIdentity,
-    role: ProtocolCredentialRole,
-) -> ProtocolCredential {
-    let (signing_key, public_key) = lazaret_proto::signing::generate();
-    ProtocolCredential {
-        protocol_version: ProtocolVersion::V1,
-        credential_id: CredentialId(random_bytes()),
-        generation_identity: identity.clone(),
-        role,
-        public_key,
-        signing_key,
-        issued_at: UnixTimeNs::now(),
-    }
+    lazaret_proto::signing::credential(identity, ProtocolCredentialRole::SessionCoordinator)
 }
 
 #[cfg(test)]

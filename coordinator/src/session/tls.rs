@@ -24,7 +24,6 @@
 
 use std::fmt;
 use std::io::{self, Read, Write};
-use std::marker::PhantomData;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -887,68 +886,6 @@ pub fn take_frame<T: WireRecord>(bytes: &mut Vec<u8>) -> Result<Option<T>, Frame
     Ok(Some(record))
 }
 
-/// Frames of `T` assembled from bytes as they arrive, for a loop that reads
-/// whatever a non-blocking socket has and cannot wait for a whole frame.
-///
-/// After each [`FrameBuffer::push`], call [`FrameBuffer::next_frame`] until
-/// it returns `None`; at end of stream, [`FrameBuffer::finish`] says
-/// whether a frame was cut off. An oversize length is refused as soon as
-/// its prefix is complete, so the buffer holds at most one frame plus the
-/// last chunk pushed.
-pub struct FrameBuffer<T> {
-    bytes: Vec<u8>,
-    record: PhantomData<fn() -> T>,
-}
-
-impl<T> fmt::Debug for FrameBuffer<T> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("FrameBuffer")
-            .field("pending", &self.bytes.len())
-            .finish()
-    }
-}
-
-impl<T: WireRecord> Default for FrameBuffer<T> {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl<T: WireRecord> FrameBuffer<T> {
-    /// An empty buffer.
-    pub fn new() -> Self {
-        Self {
-            bytes: Vec::new(),
-            record: PhantomData,
-        }
-    }
-
-    /// Appends bytes read from the stream.
-    pub fn push(&mut self, bytes: &[u8]) {
-        self.bytes.extend_from_slice(bytes);
-    }
-
-    /// Takes the next complete frame, or `None` when more bytes are needed.
-    /// An error leaves the buffer unusable: close the connection.
-    pub fn next_frame(&mut self) -> Result<Option<T>, FrameError> {
-        take_frame(&mut self.bytes)
-    }
-
-    /// Bytes received that are not yet part of a returned frame.
-    pub fn pending(&self) -> usize {
-        self.bytes.len()
-    }
-
-    /// Checks, at end of stream, that no frame was cut off.
-    pub fn finish(&self) -> Result<(), FrameError> {
-        if self.bytes.is_empty() {
-            Ok(())
-        } else {
-            Err(FrameError::Truncated { record: T::NAME })
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1035,11 +972,9 @@ mod tests {
                 matches!(result, Err(FrameError::Oversize { len, max: m, .. }) if len == announced as usize && m == max),
                 "{result:?}"
             );
-            let mut buffer = FrameBuffer::<SessionTerminalEvent>::new();
             bytes.push(0);
-            buffer.push(&bytes);
             assert!(matches!(
-                buffer.next_frame(),
+                take_frame::<SessionTerminalEvent>(&mut bytes),
                 Err(FrameError::Oversize { .. })
             ));
         }
@@ -1062,26 +997,29 @@ mod tests {
             matches!(result, Err(FrameError::Decode { .. })),
             "{result:?}"
         );
-        let mut buffer = FrameBuffer::<SessionTerminalEvent>::new();
-        buffer.push(&bytes);
         assert!(matches!(
-            buffer.next_frame(),
+            take_frame::<SessionTerminalEvent>(&mut bytes.clone()),
             Err(FrameError::Decode { .. })
         ));
     }
 
     #[test]
-    fn frame_buffer_reports_a_cut_off_frame() {
+    fn a_cut_off_frame_is_kept_until_its_last_byte() {
         let bytes = frames(&[input(b"xyz".to_vec())]);
-        let mut buffer = FrameBuffer::<SessionTerminalEvent>::new();
-        buffer.finish().unwrap();
-        buffer.push(&bytes[..bytes.len() - 1]);
-        assert!(buffer.next_frame().unwrap().is_none());
-        assert!(matches!(buffer.finish(), Err(FrameError::Truncated { .. })));
-        buffer.push(&bytes[bytes.len() - 1..]);
-        assert!(buffer.next_frame().unwrap().is_some());
-        assert_eq!(buffer.pending(), 0);
-        buffer.finish().unwrap();
+        let mut buffer = bytes[..bytes.len() - 1].to_vec();
+        assert!(
+            take_frame::<SessionTerminalEvent>(&mut buffer)
+                .unwrap()
+                .is_none()
+        );
+        assert_eq!(buffer.len(), bytes.len() - 1);
+        buffer.push(bytes[bytes.len() - 1]);
+        assert!(
+            take_frame::<SessionTerminalEvent>(&mut buffer)
+                .unwrap()
+                .is_some()
+        );
+        assert!(buffer.is_empty());
     }
 
     #[test]
@@ -1091,7 +1029,7 @@ mod tests {
 
     proptest! {
         #[test]
-        fn frame_buffer_yields_frames_across_any_chunking(
+        fn frames_are_taken_whole_across_any_chunking(
             payloads in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..300), 0..8),
             cuts in proptest::collection::vec(0usize..4000, 0..40),
         ) {
@@ -1101,15 +1039,15 @@ mod tests {
             cuts.push(0);
             cuts.push(bytes.len());
             cuts.sort_unstable();
-            let mut buffer = FrameBuffer::<SessionTerminalEvent>::new();
+            let mut buffer = Vec::new();
             let mut got = Vec::new();
             for pair in cuts.windows(2) {
-                buffer.push(&bytes[pair[0]..pair[1]]);
-                while let Some(record) = buffer.next_frame().unwrap() {
+                buffer.extend_from_slice(&bytes[pair[0]..pair[1]]);
+                while let Some(record) = take_frame::<SessionTerminalEvent>(&mut buffer).unwrap() {
                     got.push(record);
                 }
             }
-            buffer.finish().unwrap();
+            prop_assert!(buffer.is_empty());
             prop_assert_eq!(got, records);
         }
     }

@@ -27,6 +27,7 @@ use serde::Serialize;
 
 use lazaret_hostfs::plan::{ConfinedError, RetainedDir, ensure_root};
 use lazaret_hostfs::{beneath, tree};
+use lazaret_storage::anchor::{ANCHORS_DIR, UPPER_DIR, WORK_DIR, anchor_name, sandbox_path_of};
 use lazaret_storage::catalog::{CatalogError, StorageCatalog};
 use lazaret_storage::store::{DomainStore, StoreError};
 
@@ -34,13 +35,6 @@ use crate::config::{ConfigError, DOMAINS_DIR, HostEnvironment};
 use crate::lifecycle::DomainPaths;
 use crate::lifecycle::recovery::{RecoveryError, finish_stale};
 use crate::lifecycle::workspace::ISOLATED_DIR;
-
-/// The State Anchors' directory in a Domain's storage.
-pub const ANCHORS_DIR: &str = "anchors";
-/// The upper of one anchor.
-pub const UPPER_DIR: &str = "upper";
-/// The overlay work directory of one anchor.
-pub const WORK_DIR: &str = "work";
 
 /// Why a state operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -287,24 +281,6 @@ fn usage(dir: BorrowedFd<'_>, name: &str) -> u64 {
         .ok()
         .and_then(|fd| tree::disk_usage(fd.as_fd()).ok())
         .unwrap_or(0)
-}
-
-/// The persistent dir a name in `anchors/` stands for: exactly
-/// [`anchor_name`]'s form of an absolute path.
-fn sandbox_path_of(name: &[u8]) -> Option<String> {
-    let bytes = lazaret_proto::ids::parse_hex_bytes(std::str::from_utf8(name).ok()?)?;
-    String::from_utf8(bytes).ok().filter(|p| p.starts_with('/'))
-}
-
-/// The name in `anchors/` of persistent dir `path`.
-pub fn anchor_name(path: &str) -> String {
-    lazaret_proto::ids::to_hex(path.as_bytes())
-}
-
-/// The State Anchor directory of persistent dir `path`, beneath the
-/// Domain's storage directory: `anchors/<name>`.
-pub fn anchor_dir(path: &str) -> PathBuf {
-    Path::new(ANCHORS_DIR).join(anchor_name(path))
 }
 
 /// One State Anchor in `anchors/`.
