@@ -6,6 +6,8 @@
 //! usage). It trusts the user's arguments only after
 //! clap and the configuration loader have checked them.
 
+#![forbid(unsafe_code)]
+
 // The Host Coordinator's library, by the names the CLI has always used
 // (its `state` records are `lazaret_coordinator::state`: `state` here is
 // the CLI's own commands).

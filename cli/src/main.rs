@@ -1,5 +1,7 @@
 //! `lazaret`: the host CLI. Everything lives in the library.
 
+#![forbid(unsafe_code)]
+
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
