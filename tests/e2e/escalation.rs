@@ -606,8 +606,11 @@ fn forgeries() -> Result {
             cp "$f" "$to/.$file.part" && mv "$to/.$file.part" "$to/$file"
             sleep 0.4
         done
-        ln -s /etc/passwd $mine/requests/11111111111111111111111111111111.request
-        mkfifo $mine/requests/22222222222222222222222222222222.request
+        # The host refuses and removes these as soon as they appear; the
+        # sandbox's own call may then fail (gVisor looks a new entry up
+        # after making it), so the host's log is what is checked, not that.
+        ln -s /etc/passwd $mine/requests/11111111111111111111111111111111.request || true
+        mkfifo $mine/requests/22222222222222222222222222222222.request || true
         echo $LAZARET_SESSION > /workspace/planted
         sleep 3
         echo planted
