@@ -32,7 +32,7 @@ use tokio_rustls::TlsAcceptor;
 
 use lazaret_proto::error_chain as chain;
 
-use crate::activity::{Activity, Watched};
+use crate::activity::{Activity, InFlight, Watched};
 use crate::ca::{Authority as CertificateAuthority, Resolver};
 use crate::hosts::{Hosts, normalize};
 use crate::rewrite::{RewriteError, rewrite};
@@ -67,10 +67,12 @@ pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// sends headers byte by byte, forever, holds its connection no longer.
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// How long a connection may move no byte, with no request waiting for
-/// its host, before it is closed. Longer than the pauses of a streamed
-/// model response (which sends keep-alive events), shorter than an
-/// abandoned connection should live.
+/// How long a connection may stay idle before it is closed: no byte
+/// moved while no request waits for its host, or no request begun or
+/// ended while none is in flight. The second bounds, for HTTP/2 as for
+/// HTTP/1.1, a client that sends a request's head without end. Longer
+/// than the pauses of a streamed model response (which sends keep-alive
+/// events), shorter than an abandoned connection should live.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// How long connecting to the host (TCP and TLS) may take.
@@ -123,6 +125,10 @@ impl Default for Limits {
         }
     }
 }
+
+/// How long a connection closed for idleness has to say so (HTTP/2's
+/// GOAWAY) and finish what it was writing.
+const CLOSE_GRACE: Duration = Duration::from_secs(2);
 
 /// The smallest read buffer hyper's HTTP/1.1 server accepts.
 const MIN_HTTP1_BUFFER: usize = 8192;
@@ -333,7 +339,8 @@ impl Proxy {
         let connection = shared.http.serve_connection(TokioIo::new(tls), service);
         tokio::pin!(connection);
         let idle = shared.limits.idle;
-        let mut deadline = activity.last() + idle;
+        let recheck = idle.min(Duration::from_secs(1));
+        let mut deadline = activity.next_check(idle, recheck);
         loop {
             tokio::select! {
                 served = connection.as_mut() => {
@@ -341,13 +348,14 @@ impl Proxy {
                 }
                 () = tokio::time::sleep_until(deadline) => {
                     if activity.is_idle(idle) {
-                        tracing::debug!("closed a connection idle for {idle:?}");
+                        tracing::debug!("closing a connection idle for {idle:?}");
+                        // HTTP/2 says GOAWAY, so the client retries what it
+                        // sent meanwhile elsewhere.
+                        connection.as_mut().graceful_shutdown();
+                        let _ = tokio::time::timeout(CLOSE_GRACE, connection.as_mut()).await;
                         return Ok(());
                     }
-                    // Bytes moved since, or a request waits for its host
-                    // (bounded by its own timeout): look again later.
-                    let again = tokio::time::Instant::now() + idle.min(Duration::from_secs(1));
-                    deadline = (activity.last() + idle).max(again);
+                    deadline = activity.next_check(idle, recheck);
                 }
             }
         }
@@ -360,13 +368,16 @@ impl Proxy {
         activity: &Arc<Activity>,
         request: Request<Incoming>,
     ) -> Response<ProxyBody> {
-        match self.forward(host, activity, request).await {
+        let in_flight = activity.request();
+        let mut response = match self.forward(host, activity, request).await {
             Ok(response) => response,
             Err(error) => {
                 tracing::info!(host, "request refused: {}", chain(&error));
                 error.response()
             }
-        }
+        };
+        response.body_mut().in_flight = Some(in_flight);
+        response
     }
 
     /// Checks `request`, rewrites its headers and sends it to `host`.
@@ -568,6 +579,8 @@ impl RequestError {
 /// (holding the request's slot until it ends), or the proxy's message.
 pub(crate) struct ProxyBody {
     kind: Kind,
+    /// The request, counted in flight until its response's body ends.
+    in_flight: Option<InFlight>,
 }
 
 enum Kind {
@@ -582,12 +595,14 @@ impl ProxyBody {
     fn upstream(body: Incoming, slot: OwnedSemaphorePermit) -> Self {
         Self {
             kind: Kind::Upstream { body, _slot: slot },
+            in_flight: None,
         }
     }
 
     fn message(text: Bytes) -> Self {
         Self {
             kind: Kind::Message(Some(text)),
+            in_flight: None,
         }
     }
 }

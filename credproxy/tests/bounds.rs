@@ -297,3 +297,67 @@ async fn an_upstream_that_does_not_answer_in_time_is_a_504() {
     assert_eq!(response.status(), 504);
     good.gate.add_permits(1);
 }
+
+#[tokio::test]
+async fn a_client_that_says_nothing_after_the_handshake_is_closed() {
+    let idle = Duration::from_millis(500);
+    let limits = Limits {
+        idle,
+        ..Limits::default()
+    };
+    let (running, _good) = setup(limits).await;
+    for alpn in [b"h2".as_slice(), b"http/1.1"] {
+        let mut stream = tls(&running, API, &[alpn]).await.unwrap();
+        let took = until_closed(&mut stream).await;
+        assert!(took >= idle / 2, "{took:?}");
+    }
+}
+
+/// An HTTP/2 frame.
+fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let length = u32::try_from(payload.len()).unwrap().to_be_bytes();
+    let mut frame = vec![length[1], length[2], length[3], kind, flags];
+    frame.extend_from_slice(&stream.to_be_bytes());
+    frame.extend_from_slice(payload);
+    frame
+}
+
+#[tokio::test]
+async fn an_http2_head_sent_forever_is_cut_off() {
+    const HEADERS: u8 = 1;
+    const SETTINGS: u8 = 4;
+    const CONTINUATION: u8 = 9;
+    const END_STREAM: u8 = 1;
+    let idle = Duration::from_millis(500);
+    let limits = Limits {
+        idle,
+        ..Limits::default()
+    };
+    let (running, good) = setup(limits).await;
+    let mut stream = tls(&running, API, &[b"h2"]).await.unwrap();
+    let mut start = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    start.extend(frame(SETTINGS, 0, 0, &[]));
+    // :method GET, :scheme https, :path /, :authority API; no END_HEADERS.
+    let mut head = vec![0x82, 0x87, 0x84, 0x41, u8::try_from(API.len()).unwrap()];
+    head.extend_from_slice(API.as_bytes());
+    start.extend(frame(HEADERS, END_STREAM, 1, &head));
+    stream.write_all(&start).await.unwrap();
+    let began = Instant::now();
+    let (mut reader, mut writer) = tokio::io::split(stream);
+    let trickle = async {
+        loop {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            // One more header field, never the end of the head.
+            let field = frame(CONTINUATION, 0, 1, b"\x00\x03x-a\x01b");
+            if writer.write_all(&field).await.is_err() || began.elapsed() > BOUND {
+                return;
+            }
+        }
+    };
+    let closed = until_closed(&mut reader);
+    tokio::select! {
+        took = closed => assert!(took < idle * 8, "{took:?}"),
+        () = trickle => panic!("the proxy kept reading the head"),
+    }
+    assert!(good.seen().is_empty());
+}
