@@ -19,7 +19,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use http::header::{CONNECTION, CONTENT_TYPE, HOST, TE, TRANSFER_ENCODING, UPGRADE};
-use http::uri::{Authority, Scheme};
+use http::uri::Authority;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, Uri};
 use hyper::body::{Body, Bytes, Frame, Incoming, SizeHint};
 use hyper::service::service_fn;
@@ -36,7 +36,7 @@ use crate::activity::{Activity, InFlight, Watched};
 use crate::ca::{Authority as CertificateAuthority, Resolver};
 use crate::hosts::{Hosts, normalize};
 use crate::rewrite::{RewriteError, rewrite};
-use crate::upstream::{Connect, Upstream, UpstreamError};
+use crate::upstream::{Connect, Upstream, UpstreamBody, UpstreamError};
 
 /// Sandbox connections served at once. An agent keeps a few connections
 /// per host in its pool; this leaves room for several agents while
@@ -404,33 +404,13 @@ impl Proxy {
             host: host.to_owned(),
             source,
         })?;
-        let waiting = activity.waiting();
-        let sender = shared.upstream.sender(host).await?;
-        let path = parts
-            .uri
-            .path_and_query()
-            .map_or("/", |p| p.as_str())
-            .to_owned();
         let downstream_version = parts.version;
-        if sender.is_http2() {
-            parts.headers.remove(HOST);
-            parts.uri = Uri::builder()
-                .scheme(Scheme::HTTPS)
-                .authority(authority.clone())
-                .path_and_query(path)
-                .build()
-                .map_err(|_| RequestError::Target)?;
-            parts.version = http::Version::HTTP_2;
-        } else {
-            let value =
-                HeaderValue::from_str(authority.as_str()).map_err(|_| RequestError::Target)?;
-            parts.headers.insert(HOST, value);
-            parts.uri = path.parse().map_err(|_| RequestError::Target)?;
-            parts.version = http::Version::HTTP_11;
-        }
-        let response = sender
+        let waiting = activity.waiting();
+        let response = shared
+            .upstream
             .send(
                 host,
+                &authority,
                 Request::from_parts(parts, body),
                 shared.limits.upstream_response,
             )
@@ -535,8 +515,6 @@ enum RequestError {
     BadHost,
     #[error("this connection is for {host}, not for {authority}; connect to {authority} itself")]
     Misdirected { host: String, authority: String },
-    #[error("the request's target cannot be sent on")]
-    Target,
     #[error("cannot put the credential for {host} into the request")]
     Rewrite {
         host: String,
@@ -552,7 +530,7 @@ impl RequestError {
         match self {
             Self::Busy { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Self::Connect => StatusCode::METHOD_NOT_ALLOWED,
-            Self::NoHost | Self::BadHost | Self::Target => StatusCode::BAD_REQUEST,
+            Self::NoHost | Self::BadHost => StatusCode::BAD_REQUEST,
             Self::Misdirected { .. } => StatusCode::MISDIRECTED_REQUEST,
             Self::Rewrite { .. } => StatusCode::INTERNAL_SERVER_ERROR,
             Self::Upstream(
@@ -585,14 +563,14 @@ pub(crate) struct ProxyBody {
 
 enum Kind {
     Upstream {
-        body: Incoming,
+        body: UpstreamBody,
         _slot: OwnedSemaphorePermit,
     },
     Message(Option<Bytes>),
 }
 
 impl ProxyBody {
-    fn upstream(body: Incoming, slot: OwnedSemaphorePermit) -> Self {
+    fn upstream(body: UpstreamBody, slot: OwnedSemaphorePermit) -> Self {
         Self {
             kind: Kind::Upstream { body, _slot: slot },
             in_flight: None,

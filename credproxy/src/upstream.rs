@@ -2,9 +2,9 @@
 //! caller's connector, TLS verified against the caller's roots, then
 //! HTTP/2 or HTTP/1.1 as the host's ALPN answer says.
 //!
-//! Owns the upstream TLS configuration and the pool of HTTP/2 connections
-//! (one per host, shared by concurrent requests; an HTTP/1.1 connection
-//! serves one request). Trusts a host only once its certificate chains to
+//! Owns the upstream TLS configuration and the pool of connections: one
+//! HTTP/2 connection per host, shared by concurrent requests, and a few
+//! idle HTTP/1.1 ones per host, each back once its response has ended. Trusts a host only once its certificate chains to
 //! the caller's roots for its name: a certificate that fails is an error
 //! naming the host and the reason, never a fallback to no verification.
 //! Trusts the connector to reach the host it is asked for.
@@ -14,11 +14,14 @@ use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
-use hyper::body::Incoming;
+use http::header::HOST;
+use http::uri::{Authority, Scheme};
+use http::{HeaderValue, Request, Response, Uri, Version};
+use hyper::body::{Body, Bytes, Frame, Incoming, SizeHint};
 use hyper::client::conn::{http1, http2};
-use hyper::{Request, Response};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use rustls::pki_types::ServerName;
 use rustls::{ClientConfig, RootCertStore};
@@ -117,6 +120,13 @@ pub enum UpstreamError {
         #[source]
         source: hyper::Error,
     },
+    /// The request's target cannot be put in the form the host's HTTP
+    /// version takes.
+    #[error("the request's target cannot be sent to {host}")]
+    Target {
+        /// The host.
+        host: String,
+    },
     /// The request failed on the connection.
     #[error("the request to {host} failed")]
     Request {
@@ -157,45 +167,90 @@ pub fn native_roots() -> Result<RootCertStore, UpstreamError> {
     Ok(roots)
 }
 
+/// Idle HTTP/1.1 connections kept per host for the next request; more
+/// are closed. Each serves one request at a time, so this is the
+/// concurrency that reuses connections; past it, connections are new.
+pub const MAX_IDLE_HTTP1: usize = 8;
+
 /// A connection ready for one request.
-pub(crate) enum Sender {
+enum Sender {
     /// HTTP/1.1: origin-form target, `Host` header.
     Http1(http1::SendRequest<Incoming>),
     /// HTTP/2: absolute target, `:authority`.
     Http2(http2::SendRequest<Incoming>),
 }
 
+/// What sending on one connection came to.
+enum Attempt {
+    /// The host's response.
+    Answered(Response<Incoming>),
+    /// The connection had closed before the request went out: it may go
+    /// on another.
+    Unsent(Request<Incoming>, hyper::Error),
+}
+
 impl Sender {
-    /// Whether requests go out as HTTP/2.
-    pub(crate) fn is_http2(&self) -> bool {
-        matches!(self, Self::Http2(_))
+    /// `request` in the form this connection's HTTP version takes: an
+    /// absolute target for HTTP/2, `Host` and an origin-form target for
+    /// HTTP/1.1.
+    fn shape(
+        &self,
+        host: &str,
+        authority: &Authority,
+        request: Request<Incoming>,
+    ) -> Result<Request<Incoming>, UpstreamError> {
+        let target = || UpstreamError::Target {
+            host: host.to_owned(),
+        };
+        let (mut parts, body) = request.into_parts();
+        let path = parts
+            .uri
+            .path_and_query()
+            .map_or("/", |p| p.as_str())
+            .to_owned();
+        match self {
+            Self::Http2(_) => {
+                parts.headers.remove(HOST);
+                parts.uri = Uri::builder()
+                    .scheme(Scheme::HTTPS)
+                    .authority(authority.clone())
+                    .path_and_query(path)
+                    .build()
+                    .map_err(|_| target())?;
+                parts.version = Version::HTTP_2;
+            }
+            Self::Http1(_) => {
+                let value = HeaderValue::from_str(authority.as_str()).map_err(|_| target())?;
+                parts.headers.insert(HOST, value);
+                parts.uri = path.parse().map_err(|_| target())?;
+                parts.version = Version::HTTP_11;
+            }
+        }
+        Ok(Request::from_parts(parts, body))
     }
 
     /// Sends `request`; its response's head, within `timeout`.
-    pub(crate) async fn send(
-        self,
+    async fn send(
+        &mut self,
         host: &str,
         request: Request<Incoming>,
         timeout: Duration,
-    ) -> Result<Response<Incoming>, UpstreamError> {
+    ) -> Result<Attempt, UpstreamError> {
         let response = async {
             match self {
-                Self::Http1(mut send) => {
-                    send.ready().await?;
-                    send.send_request(request).await
-                }
-                Self::Http2(mut send) => {
-                    send.ready().await?;
-                    send.send_request(request).await
-                }
+                Self::Http1(send) => send.try_send_request(request).await,
+                Self::Http2(send) => send.try_send_request(request).await,
             }
         };
         match tokio::time::timeout(timeout, response).await {
-            Ok(Ok(response)) => Ok(response),
-            Ok(Err(source)) => Err(UpstreamError::Request {
-                host: host.to_owned(),
-                source,
-            }),
+            Ok(Ok(response)) => Ok(Attempt::Answered(response)),
+            Ok(Err(mut failed)) => match failed.take_message() {
+                Some(request) => Ok(Attempt::Unsent(request, failed.into_error())),
+                None => Err(UpstreamError::Request {
+                    host: host.to_owned(),
+                    source: failed.into_error(),
+                }),
+            },
             Err(_) => Err(UpstreamError::ResponseTimeout {
                 host: host.to_owned(),
                 timeout,
@@ -204,13 +259,100 @@ impl Sender {
     }
 }
 
-/// How the proxy reaches hosts, and the HTTP/2 connections it keeps.
+/// The connections kept for later requests.
+#[derive(Default)]
+struct Pool {
+    /// One per host, shared by its requests.
+    http2: HashMap<String, http2::SendRequest<Incoming>>,
+    /// Up to [`MAX_IDLE_HTTP1`] idle ones per host.
+    http1: HashMap<String, Vec<http1::SendRequest<Incoming>>>,
+}
+
+impl Pool {
+    /// A live pooled connection to `host`, if there is one.
+    fn take(&mut self, host: &str) -> Option<Sender> {
+        if let Some(send) = self.http2.get(host) {
+            if !send.is_closed() {
+                return Some(Sender::Http2(send.clone()));
+            }
+            self.http2.remove(host);
+        }
+        let idle = self.http1.get_mut(host)?;
+        while let Some(send) = idle.pop() {
+            if !send.is_closed() {
+                return Some(Sender::Http1(send));
+            }
+        }
+        None
+    }
+
+    /// Keeps `send` for a later request to `host`, unless enough are kept.
+    fn give_back(&mut self, host: &str, send: http1::SendRequest<Incoming>) {
+        let idle = self.http1.entry(host.to_owned()).or_default();
+        idle.retain(|send| !send.is_closed());
+        if idle.len() < MAX_IDLE_HTTP1 && !send.is_closed() {
+            idle.push(send);
+        }
+    }
+}
+
+/// Shared with the response bodies that give their connection back.
+type SharedPool = Arc<Mutex<Pool>>;
+
+fn lock(pool: &Mutex<Pool>) -> std::sync::MutexGuard<'_, Pool> {
+    pool.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// A host's response body, streamed as it comes; an HTTP/1.1 connection
+/// goes back to the pool once the body has ended.
+pub(crate) struct UpstreamBody {
+    body: Incoming,
+    ended: bool,
+    back: Option<(SharedPool, String, http1::SendRequest<Incoming>)>,
+}
+
+impl Body for UpstreamBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let polled = Pin::new(&mut self.body).poll_frame(cx);
+        if let Poll::Ready(None) = polled {
+            self.ended = true;
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
+impl Drop for UpstreamBody {
+    fn drop(&mut self) {
+        // A body dropped before its end leaves its connection mid-message.
+        if self.ended || self.body.is_end_stream() {
+            if let Some((pool, host, send)) = self.back.take() {
+                lock(&pool).give_back(&host, send);
+            }
+        }
+    }
+}
+
+/// How the proxy reaches hosts, and the connections it keeps.
 pub(crate) struct Upstream {
     connector: Arc<dyn Connect>,
     tls: TlsConnector,
     port: u16,
     connect_timeout: Duration,
-    pooled: Mutex<HashMap<String, http2::SendRequest<Incoming>>>,
+    pool: SharedPool,
 }
 
 impl Upstream {
@@ -233,23 +375,68 @@ impl Upstream {
             tls: TlsConnector::from(Arc::new(config)),
             port,
             connect_timeout,
-            pooled: Mutex::new(HashMap::new()),
+            pool: SharedPool::default(),
         })
     }
 
-    /// A connection to `host` for one request: its pooled HTTP/2
-    /// connection if it has a live one, else a new connection.
-    pub(crate) async fn sender(&self, host: &str) -> Result<Sender, UpstreamError> {
-        {
-            let mut pooled = self.pooled.lock().unwrap_or_else(PoisonError::into_inner);
-            match pooled.get(host) {
-                Some(send) if !send.is_closed() => return Ok(Sender::Http2(send.clone())),
-                Some(_) => {
-                    pooled.remove(host);
+    /// Sends `request` (headers final, target origin-form) to `host` as
+    /// `authority`, on a pooled connection or else a new one; the
+    /// response's head within `timeout`. A request that a pooled
+    /// connection could not send (it had closed) goes on a new one.
+    pub(crate) async fn send(
+        &self,
+        host: &str,
+        authority: &Authority,
+        request: Request<Incoming>,
+        timeout: Duration,
+    ) -> Result<Response<UpstreamBody>, UpstreamError> {
+        let pooled = lock(&self.pool).take(host);
+        let request = match pooled {
+            Some(mut sender) => {
+                let request = sender.shape(host, authority, request)?;
+                match sender.send(host, request, timeout).await? {
+                    Attempt::Answered(response) => return Ok(self.pooled(host, sender, response)),
+                    Attempt::Unsent(request, e) => {
+                        tracing::debug!(host, "a pooled connection could not send: {e}");
+                        request
+                    }
                 }
-                None => {}
             }
+            None => request,
+        };
+        let mut sender = self.connect_bounded(host).await?;
+        let request = sender.shape(host, authority, request)?;
+        match sender.send(host, request, timeout).await? {
+            Attempt::Answered(response) => Ok(self.pooled(host, sender, response)),
+            Attempt::Unsent(_, source) => Err(UpstreamError::Request {
+                host: host.to_owned(),
+                source,
+            }),
         }
+    }
+
+    /// `response`, its HTTP/1.1 connection to be pooled once its body has
+    /// ended.
+    fn pooled(
+        &self,
+        host: &str,
+        sender: Sender,
+        response: Response<Incoming>,
+    ) -> Response<UpstreamBody> {
+        let back = match sender {
+            Sender::Http1(send) => Some((self.pool.clone(), host.to_owned(), send)),
+            Sender::Http2(_) => None,
+        };
+        response.map(|body| UpstreamBody {
+            body,
+            ended: false,
+            back,
+        })
+    }
+
+    /// A new connection to `host` within the connect bound; an HTTP/2 one
+    /// is pooled at once.
+    async fn connect_bounded(&self, host: &str) -> Result<Sender, UpstreamError> {
         let sender = tokio::time::timeout(self.connect_timeout, self.connect(host))
             .await
             .map_err(|_| UpstreamError::ConnectTimeout {
@@ -258,10 +445,7 @@ impl Upstream {
                 timeout: self.connect_timeout,
             })??;
         if let Sender::Http2(send) = &sender {
-            self.pooled
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .insert(host.to_owned(), send.clone());
+            lock(&self.pool).http2.insert(host.to_owned(), send.clone());
         }
         Ok(sender)
     }

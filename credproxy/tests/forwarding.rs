@@ -180,3 +180,21 @@ async fn connect_is_refused() {
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert!(good.seen().is_empty());
 }
+
+#[tokio::test]
+async fn http1_upstream_connections_are_reused_and_a_closed_one_is_replaced() {
+    let (running, good, _bad) = setup(&[b"http/1.1"]).await;
+    let (mut client, _task) = Client::connect(&running, API, false).await;
+    for path in ["/echo", "/echo", "/close", "/echo", "/echo"] {
+        let request = client.request(API, path, &[("x-api-key", PLACEHOLDER)], "");
+        let response = client.send(request).await.unwrap();
+        assert_eq!(response.status(), 200, "{path}");
+        assert!(!response.headers().contains_key("connection"));
+        text(response).await;
+    }
+    let seen = good.seen();
+    assert_eq!(seen.len(), 5);
+    assert!(seen.iter().all(|s| s.headers["x-api-key"] == REAL));
+    let connections = good.connections.load(std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(connections, 2, "one before /close, one after");
+}

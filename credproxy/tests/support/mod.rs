@@ -109,6 +109,8 @@ pub struct Upstream {
     pub gate: Arc<Semaphore>,
     /// Requests to `/hold` that arrived.
     pub held: Arc<AtomicUsize>,
+    /// Connections accepted.
+    pub connections: Arc<AtomicUsize>,
 }
 
 impl Upstream {
@@ -185,6 +187,11 @@ async fn answer(
             let _permit = tokio::time::timeout(BOUND, gate.acquire()).await;
             Response::new(http_body_util::Either::Left(Full::from("held")))
         }
+        // Closes the connection after answering.
+        "/close" => Response::builder()
+            .header("connection", "close")
+            .body(http_body_util::Either::Left(Full::from("closing")))
+            .unwrap(),
         _ => Response::builder()
             .header("x-echo-len", body.len().to_string())
             .body(http_body_util::Either::Left(Full::new(body)))
@@ -201,10 +208,13 @@ pub async fn upstream(ca: &TestCa, names: &[&str], alpn: &[&[u8]]) -> Upstream {
     let seen = Arc::new(Mutex::new(Vec::new()));
     let gate = Arc::new(Semaphore::new(0));
     let held = Arc::new(AtomicUsize::new(0));
+    let connections = Arc::new(AtomicUsize::new(0));
     let state = (seen.clone(), gate.clone(), held.clone());
+    let accepted = connections.clone();
     tokio::spawn(async move {
         loop {
             let (stream, _) = listener.accept().await.unwrap();
+            accepted.fetch_add(1, Ordering::SeqCst);
             let acceptor = acceptor.clone();
             let state = state.clone();
             tokio::spawn(async move {
@@ -226,6 +236,7 @@ pub async fn upstream(ca: &TestCa, names: &[&str], alpn: &[&[u8]]) -> Upstream {
         seen,
         gate,
         held,
+        connections,
     }
 }
 
