@@ -15,7 +15,24 @@
 //! - [`upstream`]: connections to the real hosts, verified against the
 //!   roots the caller gives.
 //!
-//! [`hosts`] holds what is served and the real values. The sandbox side
+//! [`hosts`] holds what is served and the real values.
+//!
+//! The role uses it in this order:
+//! ```text
+//! let authority = Arc::new(Authority::generate()?);   // CA key in memory
+//! authority.certificate_pem();                         // into the sandbox's trust
+//! let mut hosts = Hosts::new();
+//! hosts.add("api.anthropic.com", placeholder, value)?;
+//! let proxy = Proxy::new(authority, Config {
+//!     hosts,
+//!     roots: native_roots()?,
+//!     connector,                                       // resolve, connect marked
+//!     upstream_port: proxy::UPSTREAM_PORT,
+//!     limits: Limits::default(),
+//! })?;
+//! proxy.serve(&listener).await;                        // or serve_connection each
+//! ```
+//! The sandbox side
 //! is hostile throughout; an upstream is trusted only after its
 //! certificate is verified. This crate is the role's library; the role's
 //! channel, configuration and binary are its caller's.

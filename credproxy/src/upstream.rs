@@ -4,9 +4,10 @@
 //!
 //! Owns the upstream TLS configuration and the pool of connections: one
 //! HTTP/2 connection per host, shared by concurrent requests, and a few
-//! idle HTTP/1.1 ones per host, each back once its response has ended. Trusts a host only once its certificate chains to
-//! the caller's roots for its name: a certificate that fails is an error
-//! naming the host and the reason, never a fallback to no verification.
+//! idle HTTP/1.1 ones per host, each back once its response has ended.
+//! Trusts a host only once its certificate chains to the caller's roots
+//! for its name: a certificate that fails is an error naming the host and
+//! the reason, never a fallback to no verification.
 //! Trusts the connector to reach the host it is asked for.
 
 use std::collections::HashMap;

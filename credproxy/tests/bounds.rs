@@ -92,7 +92,13 @@ async fn http2_streams_per_connection_are_bounded() {
             async move { send.send_request(request).await },
         ));
     }
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    for _ in 0..200 {
+        if good.held.load(Ordering::SeqCst) >= 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(
         good.held.load(Ordering::SeqCst),
         2,
