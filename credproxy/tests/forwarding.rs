@@ -123,31 +123,41 @@ async fn a_request_for_another_host_than_the_handshakes_is_misdirected() {
 
 #[tokio::test]
 async fn a_streamed_response_arrives_before_the_upstream_finishes() {
-    let (running, good, _bad) = setup(&[b"h2", b"http/1.1"]).await;
-    for http2 in [false, true] {
-        let (mut client, _task) = Client::connect(&running, API, http2).await;
-        let request = client.request(API, "/sse", &[("x-api-key", PLACEHOLDER)], "");
-        let response = client.send(request).await.unwrap();
-        assert_eq!(response.status(), 200);
-        assert_eq!(response.headers()["content-type"], "text/event-stream");
-        let mut body = response.into_body();
-        let first = tokio::time::timeout(BOUND, body.frame())
-            .await
-            .expect("the first event arrives while the upstream waits")
-            .unwrap()
-            .unwrap()
-            .into_data()
-            .unwrap();
-        assert_eq!(first, "data: one\n\n");
-        // The upstream sends its second event only now.
-        good.gate.add_permits(1);
-        let rest = tokio::time::timeout(BOUND, body.collect())
-            .await
-            .unwrap()
-            .unwrap()
-            .to_bytes();
-        assert_eq!(rest, "data: two\n\n");
+    let both: &[&[u8]] = &[b"h2", b"http/1.1"];
+    let http1: &[&[u8]] = &[b"http/1.1"];
+    for upstream_alpn in [both, http1] {
+        let (running, good, _bad) = setup(upstream_alpn).await;
+        for http2 in [false, true] {
+            stream_through(&running, &good, http2).await;
+        }
     }
+}
+
+/// Asks for `/sse`: its first event arrives while the upstream holds the
+/// second back.
+async fn stream_through(running: &Running, good: &Upstream, http2: bool) {
+    let (mut client, _task) = Client::connect(running, API, http2).await;
+    let request = client.request(API, "/sse", &[("x-api-key", PLACEHOLDER)], "");
+    let response = client.send(request).await.unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.headers()["content-type"], "text/event-stream");
+    let mut body = response.into_body();
+    let first = tokio::time::timeout(BOUND, body.frame())
+        .await
+        .expect("the first event arrives while the upstream waits")
+        .unwrap()
+        .unwrap()
+        .into_data()
+        .unwrap();
+    assert_eq!(first, "data: one\n\n");
+    // The upstream sends its second event only now.
+    good.gate.add_permits(1);
+    let rest = tokio::time::timeout(BOUND, body.collect())
+        .await
+        .unwrap()
+        .unwrap()
+        .to_bytes();
+    assert_eq!(rest, "data: two\n\n");
 }
 
 #[tokio::test]
