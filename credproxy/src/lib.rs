@@ -1,0 +1,54 @@
+//! Lazaret's Credential Proxy: the sandbox holds a placeholder for each
+//! credential; the proxy, outside the sandbox, terminates the sandbox's
+//! TLS to a credential host with a certificate from a per-generation CA,
+//! puts the real value in place of the placeholder in the request's
+//! header values, and forwards the request to the real host over TLS it
+//! verifies.
+//!
+//! The modules, in the order a request meets them:
+//! - [`ca`]: the CA (its key in memory only) and the handshake's choice
+//!   of certificate, refusing names not served;
+//! - [`proxy`]: one sandbox connection, its bounds ([`proxy::Limits`]),
+//!   and each request's checks, forwarding and streamed response;
+//! - [`rewrite`]: the placeholders replaced in header values, nowhere
+//!   else;
+//! - [`upstream`]: connections to the real hosts, verified against the
+//!   roots the caller gives.
+//!
+//! [`hosts`] holds what is served and the real values.
+//!
+//! The role uses it in this order:
+//! ```text
+//! let authority = Arc::new(Authority::generate()?);   // CA key in memory
+//! authority.certificate_pem();                         // into the sandbox's trust
+//! let mut hosts = Hosts::new();
+//! hosts.add("api.anthropic.com", placeholder, value)?;
+//! let proxy = Proxy::new(authority, Config {
+//!     hosts,
+//!     roots: native_roots()?,
+//!     connector,                                       // resolve, connect marked
+//!     upstream_port: proxy::UPSTREAM_PORT,
+//!     limits: Limits::default(),
+//! })?;
+//! proxy.serve(&listener).await;                        // or serve_connection each
+//! ```
+//! The sandbox side
+//! is hostile throughout; an upstream is trusted only after its
+//! certificate is verified. This crate is the role's library; the role's
+//! channel, configuration and binary are its caller's.
+
+#![deny(missing_docs)]
+#![forbid(unsafe_code)]
+
+mod activity;
+pub mod ca;
+pub mod hosts;
+pub mod proxy;
+pub mod rewrite;
+pub mod upstream;
+
+pub use ca::{Authority, CaError, Resolver};
+pub use hosts::{Credential, Hosts, HostsError};
+pub use proxy::{Config, ConnectionError, Limits, Proxy, ProxyError};
+pub use rewrite::{RewriteError, rewrite};
+pub use upstream::{Connect, Connecting, UpstreamError, native_roots};
