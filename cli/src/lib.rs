@@ -344,6 +344,8 @@ struct ConfigReport {
     allow_hosts: Vec<String>,
     /// Who answers DNS: `lazaret` or `host` (always `host` for v1).
     dns: &'static str,
+    /// The credentials, sorted by variable; never a value.
+    credentials: Vec<CredentialReport>,
     platform_deny: Vec<String>,
     network_policy_digest: String,
     escalation: EscalationReport,
@@ -359,6 +361,16 @@ struct VolumeReport {
     kind: &'static str,
     access: &'static str,
     create: bool,
+}
+
+#[derive(serde::Serialize)]
+struct CredentialReport {
+    /// The sandbox variable, which holds a placeholder.
+    env: String,
+    /// `env:HOST_NAME`.
+    value: String,
+    /// The hosts that get the real value.
+    hosts: Vec<String>,
 }
 
 #[derive(serde::Serialize)]
@@ -424,6 +436,16 @@ impl ConfigReport {
                 .map(ToString::to_string)
                 .collect(),
             dns: lazaret_proto::config::dns_mode_spelling(resolved.network().dns),
+            credentials: resolved
+                .fingerprint_record()
+                .credentials()
+                .iter()
+                .map(|c| CredentialReport {
+                    env: c.sandbox_name.clone(),
+                    value: format!("env:{}", c.host_name),
+                    hosts: c.hosts.iter().map(ToString::to_string).collect(),
+                })
+                .collect(),
             platform_deny: planned
                 .platform_deny
                 .iter()
@@ -492,6 +514,17 @@ impl ConfigReport {
                 }
                 .into(),
             );
+            for c in &self.credentials {
+                row(
+                    "credential",
+                    format!(
+                        "{} = {} (placeholder in the sandbox; the value goes to {})",
+                        c.env,
+                        c.value,
+                        c.hosts.join(", ")
+                    ),
+                );
+            }
         }
         row("platform deny", list(&self.platform_deny));
         row(
@@ -686,6 +719,34 @@ mod tests {
         assert_eq!(json["allow_hosts"][1], "registry.npmjs.org");
         assert_eq!(json["dns"], "lazaret");
         assert_eq!(json["warnings"], serde_json::json!([]));
+    }
+
+    #[test]
+    fn check_shows_credentials_and_never_a_value() {
+        let r = report(&format!(
+            "{V2}allow_hosts = [\"api.anthropic.com\"]\n\
+             [[profiles.p.credentials]]\n\
+             env = \"ANTHROPIC_API_KEY\"\n\
+             value = \"env:HOME\"\n\
+             hosts = [\"api.anthropic.com\"]\n"
+        ));
+        let text = r.text();
+        assert!(
+            text.contains(
+                "\n  credential       ANTHROPIC_API_KEY = env:HOME (placeholder in the \
+                 sandbox; the value goes to api.anthropic.com)\n"
+            ),
+            "{text}"
+        );
+        let json = serde_json::to_value(&r).unwrap();
+        assert_eq!(
+            json["credentials"],
+            serde_json::json!([{
+                "env": "ANTHROPIC_API_KEY",
+                "value": "env:HOME",
+                "hosts": ["api.anthropic.com"],
+            }])
+        );
     }
 
     #[test]

@@ -24,8 +24,9 @@ pub const SCHEMA_ID: &str = "lazaret-trusted-host-config-v1";
 
 mod v2;
 pub use v2::{
-    ConfigSchema, ConfigurationFingerprintRecordV2, ConfigurationRecord, NamePolicyV2, ProfileV2,
-    SCHEMA_ID_V2, SchemaIdV2, TrustedHostConfigurationV2, dns_mode_spelling,
+    ConfigSchema, ConfigurationFingerprintRecordV2, ConfigurationRecord, CredentialEntry,
+    CredentialV2, NamePolicyV2, ProfileV2, SCHEMA_ID_V2, SchemaIdV2, TrustedHostConfigurationV2,
+    dns_mode_spelling,
 };
 
 /// The largest configuration source Lazaret reads, in bytes.

@@ -68,7 +68,7 @@ fn schemas_read() -> String {
 }
 
 /// The keys only a v2 profile has.
-const V2_PROFILE_KEYS: [&str; 2] = ["allow_hosts", "dns"];
+const V2_PROFILE_KEYS: [&str; 3] = ["allow_hosts", "dns", "credentials"];
 
 /// Decodes `bytes` and validates the structure of every profile.
 pub fn decode(
@@ -146,6 +146,7 @@ pub fn decode(
         effective_prefixes(&at, profile, &global_allow, &global_deny)?;
         if let Some(policy) = names.as_ref().and_then(|n| n.get(name)) {
             check_names(&at, policy)?;
+            check_credentials(&at, profile, policy)?;
         }
     }
     Ok(DecodedConfiguration {
@@ -209,6 +210,55 @@ fn check_names(at: &str, policy: &NamePolicyV2) -> Result<(), ConfigError> {
                 name(i),
                 format!("`{host}` repeats {}; list each host name once", name(j)),
             ));
+        }
+    }
+    Ok(())
+}
+
+/// Checks a profile's credentials: each variable once, and not also in
+/// `env` (the sandbox would see the value); each host allowed by the
+/// profile's `allow_hosts` (the proxy serves only names the sandbox may
+/// reach), listed once.
+fn check_credentials(
+    at: &str,
+    profile: &ProfileV1,
+    policy: &NamePolicyV2,
+) -> Result<(), ConfigError> {
+    for (i, credential) in policy.credentials.iter().enumerate() {
+        let here = format!("{at}.credentials[{i}]");
+        let env = &credential.env;
+        if profile.env.contains_key(env) {
+            return Err(field(
+                format!("{here}.env"),
+                format!(
+                    "`{env}` is also in {at}.env, which would give the sandbox the real value; \
+                     remove it from env"
+                ),
+            ));
+        }
+        if let Some(j) = policy.credentials[..i].iter().position(|c| &c.env == env) {
+            return Err(field(
+                format!("{here}.env"),
+                format!("`{env}` repeats {at}.credentials[{j}].env; list each variable once"),
+            ));
+        }
+        for (k, host) in credential.hosts.iter().enumerate() {
+            let at_host = format!("{here}.hosts[{k}]");
+            if let Some(j) = credential.hosts[..k].iter().position(|h| h == host) {
+                return Err(field(
+                    at_host,
+                    format!("`{host}` repeats {here}.hosts[{j}]; list each host once"),
+                ));
+            }
+            if !lazaret_proto::names::allowed(&policy.allow_hosts, host.as_str()) {
+                return Err(field(
+                    at_host,
+                    format!(
+                        "`{host}` is not allowed by {at}.allow_hosts; add it there, since the \
+                         sandbox must reach a host to send it the credential"
+                    ),
+                ));
+            }
         }
     }
     Ok(())

@@ -152,6 +152,18 @@ impl fmt::Debug for SecretValue {
     }
 }
 
+/// One credential of the selected profile, resolved: the sandbox variable
+/// that holds a placeholder, the real value, and the hosts that get it.
+#[derive(Debug)]
+pub struct ResolvedCredential {
+    /// The sandbox variable.
+    pub env: EnvName,
+    /// The real value, from the host variable the entry names.
+    pub value: SecretValue,
+    /// The exact host names (port 443) whose requests get the value.
+    pub hosts: Vec<HostPattern>,
+}
+
 /// The selected profile's effective egress policy: IPv4 prefixes and host
 /// names, each sorted and deduplicated, and who answers DNS.
 #[derive(Debug)]
@@ -228,6 +240,7 @@ pub struct ResolvedDomainConfiguration {
     record: ConfigurationRecord,
     network: EffectiveNetworkPolicy,
     environment: Vec<(EnvName, SecretValue)>,
+    credentials: Vec<ResolvedCredential>,
     authorities: ConfinedAuthorities,
     layout: SandboxLayoutV1,
 }
@@ -274,6 +287,12 @@ impl ResolvedDomainConfiguration {
     /// The sandbox environment: names and resolved values.
     pub fn environment(&self) -> &[(EnvName, SecretValue)] {
         &self.environment
+    }
+
+    /// The profile's credentials with their real values, in declared
+    /// order; none when the load did not read host values.
+    pub fn credentials(&self) -> &[ResolvedCredential] {
+        &self.credentials
     }
 
     /// The retained descriptors.
@@ -399,6 +418,7 @@ impl DecodedConfiguration {
             ConfigSchema::V1 => NamePolicyV2 {
                 allow_hosts: Vec::new(),
                 dns: DnsMode::Host,
+                credentials: Vec::new(),
             },
             ConfigSchema::V2 => self.names.get(profile).cloned().unwrap_or_default(),
         }

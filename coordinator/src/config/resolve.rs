@@ -15,9 +15,9 @@ use std::path::{Path, PathBuf};
 
 use lazaret_proto::config::{
     AutoApprovalRuleV1, ConfigSchema, ConfigurationFingerprintRecordV1,
-    ConfigurationFingerprintRecordV2, ConfigurationRecord, EnvName, EnvironmentReference,
-    HostAnchor, ProfileName, ProfileV1, ResolvedAutoApprovalRule, ResolvedVolume,
-    TrustedHostConfigurationV1, VolumeKind, VolumeV1, domain_id,
+    ConfigurationFingerprintRecordV2, ConfigurationRecord, CredentialEntry, CredentialV2, EnvName,
+    EnvironmentReference, HostAnchor, ProfileName, ProfileV1, ResolvedAutoApprovalRule,
+    ResolvedVolume, TrustedHostConfigurationV1, VolumeKind, VolumeV1, domain_id,
 };
 use lazaret_proto::ids::DomainId;
 use lazaret_proto::layout::SandboxLayoutV1;
@@ -29,7 +29,8 @@ use super::hostenv::HostEnvironment;
 use super::source::ConfigSource;
 use super::{
     ConfigError, ConfinedAuthorities, DecodedConfiguration, EffectiveNetworkPolicy,
-    ResolvedDomainConfiguration, ResolvedExecutable, ResolvedVolumeSource, SecretValue, field,
+    ResolvedCredential, ResolvedDomainConfiguration, ResolvedExecutable, ResolvedVolumeSource,
+    SecretValue, field,
 };
 use lazaret_hostfs::beneath::proc_self_fd;
 use lazaret_hostfs::plan::{
@@ -150,9 +151,12 @@ pub fn resolve(
 
     // Only now: the host values that `env:` references name.
     // (With `EnvValues::Skip`, none is read and the environment is empty.)
-    let environment = match env_values {
-        super::EnvValues::Read => read_environment(&here, profile, host)?,
-        super::EnvValues::Skip => Vec::new(),
+    let (environment, credentials) = match env_values {
+        super::EnvValues::Read => (
+            read_environment(&here, profile, host)?,
+            read_credentials(&here, &decoded.name_policy(profile_name).credentials, host)?,
+        ),
+        super::EnvValues::Skip => (Vec::new(), Vec::new()),
     };
 
     let (record, network) = record_and_policy(
@@ -175,6 +179,7 @@ pub fn resolve(
         record,
         network,
         environment,
+        credentials,
         authorities: ConfinedAuthorities {
             config_file: source.plan,
             config_fd: source.fd,
@@ -541,6 +546,29 @@ fn read_environment(
     Ok(environment)
 }
 
+/// The credentials of profile `here` with their real values: each entry's
+/// `env:` reference must name a host variable that is set, UTF-8 and free
+/// of NUL, as an `env` entry's must.
+fn read_credentials(
+    here: &str,
+    credentials: &[CredentialV2],
+    host: &HostEnvironment,
+) -> Result<Vec<ResolvedCredential>, ConfigError> {
+    credentials
+        .iter()
+        .enumerate()
+        .map(|(i, credential)| {
+            let at = format!("{here}.credentials[{i}].value");
+            let value = host_value(&at, host, credential.value.host_name().as_str())?;
+            Ok(ResolvedCredential {
+                env: credential.env.clone(),
+                value: SecretValue::new(value),
+                hosts: credential.hosts.clone(),
+            })
+        })
+        .collect()
+}
+
 /// The value of host variable `host_name`, for the reference at
 /// `env_field`.
 fn host_value(
@@ -602,6 +630,7 @@ fn record_and_policy(
             base,
             allow_hosts: hosts.clone(),
             dns: names.dns,
+            credentials: credential_entries(&names.credentials),
         }),
     };
     let network = EffectiveNetworkPolicy {
@@ -611,6 +640,26 @@ fn record_and_policy(
         dns: names.dns,
     };
     Ok((record, network))
+}
+
+/// The credential entries as the fingerprint covers them, sorted by
+/// variable: never their values.
+fn credential_entries(credentials: &[CredentialV2]) -> Vec<CredentialEntry> {
+    let mut entries: Vec<CredentialEntry> = credentials
+        .iter()
+        .map(|c| {
+            let mut hosts = c.hosts.clone();
+            hosts.sort();
+            hosts.dedup();
+            CredentialEntry {
+                sandbox_name: c.env.as_str().to_owned(),
+                host_name: c.value.host_name().as_str().to_owned(),
+                hosts,
+            }
+        })
+        .collect();
+    entries.sort();
+    entries
 }
 
 fn fingerprint_record(

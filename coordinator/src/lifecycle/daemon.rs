@@ -547,6 +547,19 @@ fn preflight(
     resolved: &ResolvedDomainConfiguration,
 ) -> Result<(PlannedNetwork, lazaret_storage::image::ImageSource), Failure> {
     let auth = resolved.authorities();
+    if let Some(credential) = resolved.fingerprint_record().credentials().first() {
+        return Err(invalid(
+            StartupStep::Configuration,
+            format!(
+                "profiles.{}.credentials: `{}` asks for the Credential Proxy, which this build \
+                 does not run yet, and without it the sandbox would hold the real value; \
+                 start without credentials entries (or pass the variable with `env`, \
+                 knowing the sandbox then sees it)",
+                resolved.profile(),
+                credential.sandbox_name
+            ),
+        ));
+    }
     let host = crate::network::HostNetwork::read().map_err(|e| at(StartupStep::Network)(&e))?;
     let planned = PlannedNetwork::new(resolved.network(), &host)
         .map_err(|e| invalid_at(StartupStep::Network)(&e))?;
@@ -867,13 +880,36 @@ mod tests {
 
         use super::super::{
             Args, IgnoreChangesMode, Ownership, begin, load, new_generation, open_stores, own,
-            recover_stale,
+            preflight, recover_stale,
         };
         use crate::lifecycle::CONTROL_SOCKET;
         use crate::lifecycle::record::Recorder;
         use crate::lifecycle::testing::{Scratch, generation};
         use crate::network::{HostNetwork, PlannedNetwork};
         use lazaret_storage::store::Slot;
+
+        #[test]
+        fn credentials_are_refused_before_anything_starts_naming_the_first() {
+            let scratch = Scratch::new();
+            let resolved = scratch.load_document(
+                "schema = \"lazaret-trusted-host-config-v2\"\n\
+                 [profiles.p]\nimage = \"oci:/images/base:1\"\n\
+                 allow_hosts = [\"api.anthropic.com\"]\n\
+                 [[profiles.p.credentials]]\nenv = \"KEY\"\nvalue = \"env:LZ_TOKEN\"\n\
+                 hosts = [\"api.anthropic.com\"]\n",
+            );
+            let Err(failed) = preflight(&resolved) else {
+                panic!("a profile with credentials was let start");
+            };
+            assert_eq!(failed.step, StartupStep::Configuration);
+            assert_eq!(failed.kind, FailureKind::InvalidConfiguration);
+            let shown = failed.account.to_string();
+            assert!(
+                shown.starts_with("profiles.p.credentials: `KEY` asks for the Credential Proxy"),
+                "{shown}"
+            );
+            assert!(!shown.contains("secret"), "{shown}");
+        }
 
         #[test]
         fn a_profile_name_that_does_not_parse_is_an_invalid_configuration() {
@@ -1094,6 +1130,7 @@ mod tests {
                 .map(|h| HostPattern::parse(h).unwrap())
                 .collect(),
             dns,
+            credentials: Vec::new(),
         })
     }
 

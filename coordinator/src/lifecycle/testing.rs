@@ -73,10 +73,15 @@ impl Scratch {
     /// Writes a configuration of one profile `p`, with `extra` in its
     /// table, and loads it as `up` does.
     pub(crate) fn load(&self, extra: &str) -> ResolvedDomainConfiguration {
-        let text = format!(
+        self.load_document(&format!(
             "schema = \"lazaret-trusted-host-config-v1\"\n\
              [profiles.p]\nimage = \"oci:/images/base:1\"\n{extra}\n"
-        );
+        ))
+    }
+
+    /// Writes `text` as the configuration and loads its profile `p` as
+    /// `up` does.
+    pub(crate) fn load_document(&self, text: &str) -> ResolvedDomainConfiguration {
         let _ = std::fs::remove_file(&self.config);
         let mut file = std::fs::OpenOptions::new()
             .write(true)

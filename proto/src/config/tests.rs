@@ -286,6 +286,7 @@ fn sample_record_v2() -> ConfigurationFingerprintRecordV2 {
         base: sample_record(),
         allow_hosts: vec![host("*.pkgs.example.org"), host("api.anthropic.com")],
         dns: DnsMode::Lazaret,
+        credentials: Vec::new(),
     }
 }
 
@@ -338,6 +339,7 @@ fn fingerprint_v2_matches_a_hand_framed_preimage() {
         base: sample_record(),
         allow_hosts: Vec::new(),
         dns: DnsMode::Host,
+        credentials: Vec::new(),
     };
     let mut e = b"lazaret-configuration-fingerprint-v2\0".to_vec();
     e.extend_from_slice(fields);
@@ -351,6 +353,52 @@ fn fingerprint_v2_matches_a_hand_framed_preimage() {
 }
 
 #[test]
+fn credentials_are_framed_after_the_dns_byte_and_their_values_never() {
+    let p = sample_record_v2().canonical_bytes().unwrap();
+    let mut record = sample_record_v2();
+    record.credentials = vec![
+        CredentialEntry {
+            sandbox_name: "TOKEN".into(),
+            host_name: "HOST_TOKEN".into(),
+            hosts: vec![host("api.anthropic.com"), host("a.example.org")],
+        },
+        CredentialEntry {
+            sandbox_name: "B".into(),
+            host_name: "C".into(),
+            hosts: vec![host("api.anthropic.com")],
+        },
+    ];
+    // Sorted by complete item encoding: `B`'s item is the shorter prefix.
+    let item = |sandbox: &[u8], host_name: &[u8], hosts: &[&[u8]]| {
+        let mut i = b(sandbox);
+        i.extend(b(host_name));
+        let mut names: Vec<Vec<u8>> = hosts.iter().map(|h| b(h)).collect();
+        names.sort();
+        i.extend(u32::try_from(names.len()).unwrap().to_be_bytes());
+        for n in names {
+            i.extend(b(&n));
+        }
+        i
+    };
+    let mut c = p.clone();
+    c.push(b'C');
+    c.extend(2u32.to_be_bytes());
+    c.extend(b(&item(b"B", b"C", &[b"api.anthropic.com"])));
+    c.extend(b(&item(
+        b"TOKEN",
+        b"HOST_TOKEN",
+        &[b"api.anthropic.com", b"a.example.org"],
+    )));
+    assert_eq!(record.canonical_bytes().unwrap(), c);
+    assert_ne!(record.fingerprint(), sample_record_v2().fingerprint());
+    // The order of entries and of hosts does not count.
+    let mut reordered = record.clone();
+    reordered.credentials.reverse();
+    reordered.credentials[1].hosts.reverse();
+    assert_eq!(reordered.canonical_bytes().unwrap(), c);
+}
+
+#[test]
 fn a_v2_fingerprint_never_equals_the_v1_one_of_the_same_fields() {
     // Even with nothing v2 adds (no names, the host's resolver, as v1
     // behaves), the separators differ.
@@ -359,6 +407,7 @@ fn a_v2_fingerprint_never_equals_the_v1_one_of_the_same_fields() {
         base: base.clone(),
         allow_hosts: Vec::new(),
         dns: DnsMode::Host,
+        credentials: Vec::new(),
     };
     assert_ne!(base.fingerprint(), v2.fingerprint());
     let v1_bytes = base.canonical_bytes().unwrap();

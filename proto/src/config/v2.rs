@@ -1,7 +1,8 @@
 //! The trusted-host configuration v2: v1 and, per profile, the host names
-//! the sandbox may reach (`allow_hosts`) and who answers its DNS queries
-//! (`dns`); and `ConfigurationFingerprintV2`, the digest of a resolved v2
-//! profile.
+//! the sandbox may reach (`allow_hosts`), who answers its DNS queries
+//! (`dns`) and the credentials the host adds to its requests
+//! (`credentials`); and `ConfigurationFingerprintV2`, the digest of a
+//! resolved v2 profile.
 //!
 //! Owns the v2 document shape and record only. Every v1 field keeps its v1
 //! type, grammar and meaning: a v2 profile splits into the [`ProfileV1`]
@@ -161,6 +162,24 @@ pub struct ProfileV2 {
         serialize_with = "dns_mode_text"
     )]
     pub dns: DnsMode,
+    /// Credentials the sandbox holds only as placeholders.
+    #[serde(default)]
+    pub credentials: Vec<CredentialV2>,
+}
+
+/// One `[[profiles.NAME.credentials]]` entry: a sandbox variable that holds
+/// a placeholder, where the real value comes from, and the HTTPS hosts
+/// whose requests get the real value in place of the placeholder.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CredentialV2 {
+    /// The sandbox variable that holds the placeholder.
+    pub env: EnvName,
+    /// The host variable holding the real value: `env:NAME`.
+    pub value: EnvReferenceDecl,
+    /// The hosts (port 443) whose requests get the real value: exact names.
+    #[serde(deserialize_with = "credential_hosts")]
+    pub hosts: Vec<HostPattern>,
 }
 
 impl ProfileV2 {
@@ -177,6 +196,7 @@ impl ProfileV2 {
             escalation,
             allow_hosts,
             dns,
+            credentials,
         } = self;
         let v1 = ProfileV1 {
             image,
@@ -188,17 +208,27 @@ impl ProfileV2 {
             volumes,
             escalation,
         };
-        (v1, NamePolicyV2 { allow_hosts, dns })
+        (
+            v1,
+            NamePolicyV2 {
+                allow_hosts,
+                dns,
+                credentials,
+            },
+        )
     }
 }
 
-/// What a v2 profile adds to v1's: names, and who resolves them.
+/// What a v2 profile adds to v1's: names, who resolves them, and the
+/// credentials added to requests to some of them.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct NamePolicyV2 {
     /// The `allow_hosts` entries, in declared order.
     pub allow_hosts: Vec<HostPattern>,
     /// The `dns` mode.
     pub dns: DnsMode,
+    /// The `credentials` entries, in declared order.
+    pub credentials: Vec<CredentialV2>,
 }
 
 /// The spelling of a DNS mode in a document.
@@ -249,9 +279,30 @@ fn host_patterns<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<HostP
     Ok(entries.into_iter().map(|e| e.0).collect())
 }
 
+/// A credential's `hosts`: at least one, each an exact name (a credential
+/// goes to the hosts named, never to every name under a domain).
+fn credential_hosts<'de, D: Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Vec<HostPattern>, D::Error> {
+    let hosts = host_patterns(deserializer)?;
+    if hosts.is_empty() {
+        return Err(de::Error::custom(
+            "is empty; name the HTTPS hosts that get the real value, e.g. \
+             `[\"api.example.org\"]`",
+        ));
+    }
+    if let Some(wildcard) = hosts.iter().find(|h| h.is_wildcard()) {
+        return Err(de::Error::custom(format!(
+            "`{}` is a wildcard; a credential goes only to the exact host names listed",
+            quoted(wildcard.as_str())
+        )));
+    }
+    Ok(hosts)
+}
+
 /// Everything of a resolved selected v2 profile that the configuration
-/// fingerprint covers: every v1 field, the allowed host names and the DNS
-/// mode.
+/// fingerprint covers: every v1 field, the allowed host names, the DNS
+/// mode and the credential entries (never their values).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ConfigurationFingerprintRecordV2 {
     /// Every field the v1 record has, resolved as v1 resolves it.
@@ -260,24 +311,62 @@ pub struct ConfigurationFingerprintRecordV2 {
     pub allow_hosts: Vec<HostPattern>,
     /// Who answers the sandbox's DNS queries.
     pub dns: DnsMode,
+    /// The credential entries: the variable, the reference to the real
+    /// value and the hosts, sorted by variable.
+    pub credentials: Vec<CredentialEntry>,
+}
+
+/// A credential entry as the fingerprint covers it: what it is called,
+/// where its value comes from and where it goes; never the value.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct CredentialEntry {
+    /// The sandbox variable.
+    pub sandbox_name: String,
+    /// The host variable the value is read from.
+    pub host_name: String,
+    /// The hosts that get the value, sorted and deduplicated.
+    pub hosts: Vec<HostPattern>,
 }
 
 impl ConfigurationFingerprintRecordV2 {
     /// The canonical preimage of `ConfigurationFingerprintV2`: its own
     /// separator, every v1 field framed as v1 frames it, the sorted list
-    /// of `bytes(name)` items, and one DNS-mode byte.
+    /// of `bytes(name)` items, and one DNS-mode byte; then, only when the
+    /// profile has credentials (so that a profile without keeps its
+    /// digest), the byte `C` and the sorted list of credential items, each
+    /// `bytes(sandbox_name) bytes(host_name)` and the sorted list of its
+    /// `bytes(host)` items.
     pub fn canonical_bytes(&self) -> Result<Vec<u8>, FramingError> {
-        let hosts = self
-            .allow_hosts
-            .iter()
-            .map(|h| encoded(|i| i.bytes(h.as_str().as_bytes()).map(drop)))
-            .collect::<Result<_, _>>()?;
+        let names = |hosts: &[HostPattern]| {
+            hosts
+                .iter()
+                .map(|h| encoded(|i| i.bytes(h.as_str().as_bytes()).map(drop)))
+                .collect::<Result<Vec<_>, _>>()
+        };
         let mut preimage = Preimage::separator(b"lazaret-configuration-fingerprint-v2\0");
         self.base.append_fields(&mut preimage)?;
-        preimage.list_sorted(hosts)?.raw(&[match self.dns {
-            DnsMode::Lazaret => 0,
-            DnsMode::Host => 1,
-        }]);
+        preimage
+            .list_sorted(names(&self.allow_hosts)?)?
+            .raw(&[match self.dns {
+                DnsMode::Lazaret => 0,
+                DnsMode::Host => 1,
+            }]);
+        if !self.credentials.is_empty() {
+            let credentials = self
+                .credentials
+                .iter()
+                .map(|c| {
+                    let hosts = names(&c.hosts)?;
+                    encoded(|i| {
+                        i.bytes(c.sandbox_name.as_bytes())?
+                            .bytes(c.host_name.as_bytes())?
+                            .list_sorted(hosts)
+                            .map(drop)
+                    })
+                })
+                .collect::<Result<_, _>>()?;
+            preimage.raw(b"C").list_sorted(credentials)?;
+        }
         Ok(preimage.0)
     }
 
@@ -321,6 +410,14 @@ impl ConfigurationRecord {
         match self {
             ConfigurationRecord::V1(_) => &[],
             ConfigurationRecord::V2(record) => &record.allow_hosts,
+        }
+    }
+
+    /// The credential entries, sorted by variable; none for v1.
+    pub fn credentials(&self) -> &[CredentialEntry] {
+        match self {
+            ConfigurationRecord::V1(_) => &[],
+            ConfigurationRecord::V2(record) => &record.credentials,
         }
     }
 
