@@ -15,7 +15,8 @@
 //! - [`upstream`]: connections to the real hosts, verified against the
 //!   roots the caller gives.
 //!
-//! [`hosts`] holds what is served and the real values.
+//! [`hosts`] holds what is served and the real values; [`placeholder`]
+//! makes what the sandbox holds in their place.
 //!
 //! The role uses it in this order:
 //! ```text
@@ -43,12 +44,14 @@
 mod activity;
 pub mod ca;
 pub mod hosts;
+pub mod placeholder;
 pub mod proxy;
 pub mod rewrite;
 pub mod upstream;
 
 pub use ca::{Authority, CaError, Resolver};
 pub use hosts::{Credential, Hosts, HostsError};
+pub use placeholder::Placeholder;
 pub use proxy::{Config, ConnectionError, Limits, Proxy, ProxyError};
 pub use rewrite::{RewriteError, rewrite};
 pub use upstream::{Connect, Connecting, UpstreamError, native_roots};
