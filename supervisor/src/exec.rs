@@ -219,6 +219,34 @@ pub enum ExecError {
 /// How long one `runsc kill` may take.
 const KILL_BOUND: std::time::Duration = std::time::Duration::from_secs(5);
 
+/// How long a signal waits for `runsc exec` to write the process's pid:
+/// the process runs (and `ps` inside shows it) a moment before the file
+/// holds its pid, and a client killed in that moment must still take its
+/// process with it.
+const PID_FILE_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// The sandbox-internal pid `runsc exec` wrote to `file`, waiting up to
+/// [`PID_FILE_WAIT`] for the file to hold one.
+fn internal_pid(file: &std::path::Path) -> Result<u32, ExecError> {
+    let deadline = std::time::Instant::now() + PID_FILE_WAIT;
+    loop {
+        let read = std::fs::read_to_string(file);
+        if let Ok(Ok(pid)) = read.as_deref().map(|text| text.trim().parse::<u32>()) {
+            return Ok(pid);
+        }
+        if std::time::Instant::now() >= deadline {
+            return Err(ExecError::UnknownProcess(match read {
+                Err(e) => e,
+                Ok(text) => std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    format!("{} holds no pid: {:?}", file.display(), text.trim()),
+                ),
+            }));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
 /// Sends `signal` to a session's process inside the sandbox with
 /// `runsc kill --pid` (a window's change, to every process, with
 /// `runsc kill --all`), within [`KILL_BOUND`].
@@ -231,12 +259,11 @@ pub fn signal(
     let mut command = if signal == ExecSignal::WindowChanged {
         runtime.command(["kill", "--all", runtime.container_id, signal.name()])
     } else {
-        let file = internal_pid_file(runtime, session_id);
-        let pid = std::fs::read_to_string(&file).map_err(ExecError::UnknownProcess)?;
+        let pid = internal_pid(&internal_pid_file(runtime, session_id))?.to_string();
         runtime.command([
             "kill",
             "--pid",
-            pid.trim(),
+            pid.as_str(),
             runtime.container_id,
             signal.name(),
         ])
@@ -608,6 +635,29 @@ mod tests {
         assert_eq!(
             sys.spawned()[0][6..],
             ["kill", "--pid", "42", "lazaret-c1", "INT"]
+        );
+    }
+
+    #[test]
+    fn a_signal_waits_for_the_pid_runsc_exec_is_still_writing() {
+        let root = tempfile::tempdir().unwrap();
+        let runtime = runsc(root.path());
+        let file = internal_pid_file(&runtime, SESSION);
+        // Created empty first, as a writer that has not written yet leaves it.
+        std::fs::write(&file, "").unwrap();
+        let writer = {
+            let file = file.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(std::time::Duration::from_millis(200));
+                std::fs::write(file, "7\n").unwrap();
+            })
+        };
+        let sys = Recording::default();
+        signal(&sys, &runtime, SESSION, ExecSignal::Kill).unwrap();
+        writer.join().unwrap();
+        assert_eq!(
+            sys.spawned()[0][6..],
+            ["kill", "--pid", "7", "lazaret-c1", "KILL"]
         );
     }
 
