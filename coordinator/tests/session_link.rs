@@ -100,6 +100,14 @@ fn input(bytes: &[u8]) -> SessionTerminalEvent {
     })
 }
 
+/// Queues 4 MiB of input on `link`: far more than the socket holds, so
+/// the link must wait for the peer to read.
+fn queue_more_than_the_socket_holds(link: &mut ClientLink) {
+    for _ in 0..512 {
+        link.queue(&input(&[b'x'; 8192])).unwrap();
+    }
+}
+
 fn output(bytes: &[u8]) -> SessionTerminalMessage {
     SessionTerminalMessage::Output(TerminalOutput {
         session_id: SESSION,
@@ -295,10 +303,7 @@ fn frames_arrive_while_the_peer_does_not_read_ours() {
             let mut link = ClientLink::connect(a, client.client_config())
                 .await
                 .unwrap();
-            // Far more than the socket holds.
-            for _ in 0..512 {
-                link.queue(&input(&[b'x'; 8192])).unwrap();
-            }
+            queue_more_than_the_socket_holds(&mut link);
             loop {
                 if let Some(message) = link.next_frame::<SessionTerminalMessage>().unwrap() {
                     assert_eq!(message, output(b"while you write"));
@@ -331,11 +336,8 @@ fn what_a_peer_said_before_it_went_away_is_read_before_its_absence() {
             let mut link = ClientLink::connect(a, client.client_config())
                 .await
                 .unwrap();
-            // Far more input than the socket holds, so a write meets the
-            // closed connection before anything is read.
-            for _ in 0..512 {
-                link.queue(&input(&[b'x'; 8192])).unwrap();
-            }
+            // So a write meets the closed connection before anything is read.
+            queue_more_than_the_socket_holds(&mut link);
             let mut said = None;
             for _ in 0..1024 {
                 if let Some(message) = link.next_frame::<SessionTerminalMessage>().unwrap() {

@@ -85,6 +85,19 @@ fn replace(value: &[u8], credentials: &[Credential]) -> Option<Vec<u8>> {
     Some(out)
 }
 
+/// A header map of `pairs`, for the crate's tests.
+#[cfg(test)]
+pub(crate) fn header_map(pairs: &[(&str, &[u8])]) -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    for (name, value) in pairs {
+        headers.append(
+            HeaderName::from_bytes(name.as_bytes()).unwrap(),
+            HeaderValue::from_bytes(value).unwrap(),
+        );
+    }
+    headers
+}
+
 #[cfg(test)]
 mod tests {
     use proptest::prelude::*;
@@ -102,14 +115,7 @@ mod tests {
     }
 
     fn map(pairs: &[(&str, &[u8])]) -> HeaderMap {
-        let mut headers = HeaderMap::new();
-        for (name, value) in pairs {
-            headers.append(
-                HeaderName::from_bytes(name.as_bytes()).unwrap(),
-                HeaderValue::from_bytes(value).unwrap(),
-            );
-        }
-        headers
+        header_map(pairs)
     }
 
     #[test]

@@ -235,13 +235,18 @@ fn internal_pid(file: &std::path::Path) -> Result<u32, ExecError> {
             return Ok(pid);
         }
         if std::time::Instant::now() >= deadline {
-            return Err(ExecError::UnknownProcess(match read {
-                Err(e) => e,
-                Ok(text) => std::io::Error::new(
+            let (kind, why) = match read {
+                Err(e) => (e.kind(), e.to_string()),
+                Ok(text) => (
                     std::io::ErrorKind::InvalidData,
-                    format!("{} holds no pid: {:?}", file.display(), text.trim()),
+                    format!("holds no pid: {:?}", text.trim()),
                 ),
-            }));
+            };
+            let waited = PID_FILE_WAIT.as_secs();
+            return Err(ExecError::UnknownProcess(std::io::Error::new(
+                kind,
+                format!("{} after {waited} s: {why}", file.display()),
+            )));
         }
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
