@@ -185,6 +185,18 @@ pub struct NamesView {
     pub admitted: Vec<AdmittedView>,
     /// How many addresses are admitted.
     pub admitted_total: u64,
+    /// The Credential Proxy, for a profile with credentials.
+    pub credential_proxy: Option<ProxyView>,
+}
+
+/// The Credential Proxy, the hosts it serves and whether it still runs.
+#[derive(Serialize)]
+pub struct ProxyView {
+    pub listen: String,
+    pub hosts: Vec<String>,
+    pub pid: u32,
+    pub start_time_ticks: u64,
+    pub running: bool,
 }
 
 /// Lazaret's resolver and whether it still runs.
@@ -291,6 +303,10 @@ fn stopped_problem(stopped: &lazaret_proto::control::StoppedProcess) -> String {
         ),
         P::ConnectivityHelper => ("slirp4netns", "the sandbox's network does not answer"),
         P::Resolver => ("Lazaret's resolver", "names do not resolve in the sandbox"),
+        P::CredentialProxy => (
+            "the Credential Proxy",
+            "requests to the credential hosts do not answer",
+        ),
     };
     let pid = stopped.identity.host_pid;
     format!(
@@ -347,7 +363,7 @@ impl StatusView {
         // its policy is named.
         let mut problems: Vec<String> = routing.problem(&status.profile).into_iter().collect();
         problems.extend(recheck_problem(&status.network.recheck));
-        problems.extend(resolver_problem(&status.network, &status.profile));
+        problems.extend(resolver_problems(&status.network, &status.profile));
         problems.extend(status.stopped.iter().map(stopped_problem));
         let state = if problems.is_empty() {
             format!("{:?}", status.state).to_lowercase()
@@ -513,21 +529,40 @@ impl NetworkView {
                     })
                     .collect(),
                 admitted_total: n.admitted_total,
+                credential_proxy: n.proxy.as_ref().map(|p| ProxyView {
+                    listen: p.readiness.listen.to_string(),
+                    hosts: p.readiness.hosts.clone(),
+                    pid: p.process.host_pid,
+                    start_time_ticks: p.process.start_time_ticks,
+                    running: p.running,
+                }),
             }),
         }
     }
 }
 
-/// What is wrong, if anything, with Lazaret's resolver.
-fn resolver_problem(network: &NetworkStatus, profile: &str) -> Option<String> {
-    let names = network.names.as_ref()?;
-    (!names.resolver_running).then(|| {
+/// What is wrong, if anything, with Lazaret's resolver or the Credential
+/// Proxy.
+fn resolver_problems(network: &NetworkStatus, profile: &str) -> Vec<String> {
+    let Some(names) = network.names.as_ref() else {
+        return Vec::new();
+    };
+    let resolver = (!names.resolver_running).then(|| {
         format!(
             "Lazaret's resolver (pid {}) exited: names do not resolve in the sandbox; run \
              `lazaret down {profile}` and `lazaret up {profile}`",
             names.resolver.host_pid
         )
-    })
+    });
+    let proxy = names.proxy.as_ref().filter(|p| !p.running).map(|p| {
+        format!(
+            "the Credential Proxy (pid {}) exited: requests to {} are refused; run \
+             `lazaret down {profile}` and `lazaret up {profile}`",
+            p.process.host_pid,
+            p.readiness.hosts.join(", ")
+        )
+    });
+    resolver.into_iter().chain(proxy).collect()
 }
 
 /// What is wrong, if anything, with the network read back for a status.
@@ -797,6 +832,21 @@ impl NamesView {
             ),
         );
         rows.row("  admitted", self.admitted_text());
+        if let Some(proxy) = &self.credential_proxy {
+            let state = if proxy.running {
+                format!("pid {}", proxy.pid)
+            } else {
+                "GONE: the proxy exited, requests to these hosts are refused".into()
+            };
+            rows.row(
+                "  credentials",
+                format!(
+                    "Credential Proxy on {} ({state}) for {}: the sandbox holds placeholders",
+                    proxy.listen,
+                    proxy.hosts.join(", ")
+                ),
+            );
+        }
     }
 
     /// Each admitted address with its name (escaped: the name is the
@@ -943,6 +993,7 @@ mod tests {
                 expires_in_s: 30,
             }],
             admitted_total: 1,
+            credential_proxy: None,
         }
     }
 
@@ -1048,6 +1099,43 @@ mod tests {
         );
         s.network.recheck = RecheckView::NotChecked;
         assert_eq!(row(&s.text(), "  re-verified"), "not yet");
+    }
+
+    #[test]
+    fn credentials_show_the_proxy_and_say_when_it_is_gone() {
+        let mut s = status();
+        let mut n = names(true, "lazaret");
+        n.credential_proxy = Some(ProxyView {
+            listen: "127.0.0.54:443".into(),
+            hosts: vec!["api.example.org".into()],
+            pid: 17,
+            start_time_ticks: 1,
+            running: true,
+        });
+        s.network.names = Some(n);
+        assert_eq!(
+            row(&s.text(), "  credentials"),
+            "Credential Proxy on 127.0.0.54:443 (pid 17) for api.example.org: the sandbox \
+             holds placeholders"
+        );
+        if let Some(proxy) = s
+            .network
+            .names
+            .as_mut()
+            .and_then(|n| n.credential_proxy.as_mut())
+        {
+            proxy.running = false;
+        }
+        assert!(
+            row(&s.text(), "  credentials").contains("GONE: the proxy exited"),
+            "{}",
+            s.text()
+        );
+        let json = serde_json::to_value(&s).unwrap();
+        assert_eq!(
+            json["network"]["names"]["credential_proxy"]["hosts"][0],
+            "api.example.org"
+        );
     }
 
     #[test]

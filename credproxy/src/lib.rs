@@ -15,8 +15,9 @@
 //! - [`upstream`]: connections to the real hosts, verified against the
 //!   roots the caller gives.
 //!
-//! [`hosts`] holds what is served and the real values; [`placeholder`]
-//! makes what the sandbox holds in their place.
+//! [`hosts`] holds what is served and the real values;
+//! [`Placeholder`] (in `lazaret_proto`, since the Host Coordinator makes
+//! them) is what the sandbox holds in their place.
 //!
 //! The role uses it in this order:
 //! ```text
@@ -26,7 +27,7 @@
 //! hosts.add("api.anthropic.com", placeholder, value)?;
 //! let proxy = Proxy::new(authority, Config {
 //!     hosts,
-//!     roots: native_roots()?,
+//!     roots: roots(&ders)?,                            // the host's trust store
 //!     connector,                                       // resolve, connect marked
 //!     upstream_port: proxy::UPSTREAM_PORT,
 //!     limits: Limits::default(),
@@ -44,14 +45,14 @@
 mod activity;
 pub mod ca;
 pub mod hosts;
-pub mod placeholder;
 pub mod proxy;
 pub mod rewrite;
+pub mod role;
 pub mod upstream;
 
 pub use ca::{Authority, CaError, Resolver};
 pub use hosts::{Credential, Hosts, HostsError};
-pub use placeholder::Placeholder;
+pub use lazaret_proto::placeholder::Placeholder;
 pub use proxy::{Config, ConnectionError, Limits, Proxy, ProxyError};
 pub use rewrite::{RewriteError, rewrite};
-pub use upstream::{Connect, Connecting, UpstreamError, native_roots};
+pub use upstream::{Connect, Connecting, UpstreamError, roots};

@@ -138,7 +138,7 @@ pub struct Config {
     /// The hosts served and their credentials.
     pub hosts: Hosts,
     /// The roots hosts' certificates are verified against: in production
-    /// [`crate::upstream::native_roots`].
+    /// [`crate::upstream::roots`] of the host's trust store.
     pub roots: RootCertStore,
     /// How to reach a host.
     pub connector: Arc<dyn Connect>,

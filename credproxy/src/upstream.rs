@@ -53,11 +53,11 @@ where
 pub enum UpstreamError {
     /// The host's trust store yielded no usable certificate.
     #[error(
-        "found no trusted root certificate on the host ({errors} errors reading the store); \
+        "found no usable trusted root certificate on the host ({errors} unusable); \
          set SSL_CERT_FILE to a CA bundle"
     )]
     NoRoots {
-        /// How many errors the search met.
+        /// How many certificates could not be used.
         errors: usize,
     },
     /// The TLS client configuration could not be built.
@@ -147,23 +147,22 @@ pub enum UpstreamError {
     },
 }
 
-/// The host's trust store as rustls-native-certs finds it (which honours
-/// `SSL_CERT_FILE` and `SSL_CERT_DIR`): the roots real hosts are verified
-/// against in production.
-pub fn native_roots() -> Result<RootCertStore, UpstreamError> {
-    let found = rustls_native_certs::load_native_certs();
-    for error in &found.errors {
-        tracing::warn!("while reading the host's trust store: {error}");
-    }
+/// The roots real hosts are verified against: `ders`, the DER
+/// certificates the Host Coordinator found in the invoking user's trust
+/// store (rustls-native-certs, which honours `SSL_CERT_FILE` and
+/// `SSL_CERT_DIR`). Certificates rustls cannot use are skipped; none at
+/// all is an error.
+pub fn roots(ders: &[Vec<u8>]) -> Result<RootCertStore, UpstreamError> {
     let mut roots = RootCertStore::empty();
-    let (added, ignored) = roots.add_parsable_certificates(found.certs);
+    let (added, ignored) = roots.add_parsable_certificates(
+        ders.iter()
+            .map(|der| rustls::pki_types::CertificateDer::from(der.as_slice())),
+    );
     if ignored > 0 {
         tracing::warn!("ignored {ignored} certificates of the host's trust store");
     }
     if added == 0 {
-        return Err(UpstreamError::NoRoots {
-            errors: found.errors.len(),
-        });
+        return Err(UpstreamError::NoRoots { errors: ignored });
     }
     Ok(roots)
 }

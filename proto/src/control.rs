@@ -287,6 +287,8 @@ pub enum GenerationProcess {
     ConnectivityHelper,
     /// Lazaret's resolver.
     Resolver,
+    /// The Credential Proxy.
+    CredentialProxy,
 }
 
 /// A generation's process that is stopped (SIGSTOP, a tracer): it runs no
@@ -413,6 +415,19 @@ pub struct NamesStatus {
     pub admitted: Vec<crate::network::AdmittedAddress>,
     /// How many addresses its set holds.
     pub admitted_total: u64,
+    /// The Credential Proxy, for a profile with credentials.
+    pub proxy: Option<ProxyStatus>,
+}
+
+/// The Credential Proxy, as `status` shows it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProxyStatus {
+    /// The process.
+    pub process: PidfsProcessIdentityV1,
+    /// Whether it still runs.
+    pub running: bool,
+    /// What it reported: where it listens and which hosts it serves.
+    pub readiness: crate::credproxy::ProxyReadiness,
 }
 
 /// The policy re-verified: the enforcement namespace read back (routes,

@@ -137,6 +137,15 @@ pub struct ResolverOwnership {
     pub process: PersistedHostProcessOwnership,
 }
 
+/// The Credential Proxy of a generation whose profile has credentials.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CredentialProxyOwnership {
+    /// The hosts it serves, sorted.
+    pub hosts: Vec<String>,
+    /// The proxy process.
+    pub process: PersistedHostProcessOwnership,
+}
+
 /// The generation's helper processes.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HelperOwnership {
@@ -198,6 +207,8 @@ pub enum ParticipantRole {
     Publication,
     /// Lazaret's resolver.
     Resolver,
+    /// The Credential Proxy.
+    CredentialProxy,
 }
 
 /// What one Participant owns; the variant is the kind of resource.
@@ -219,6 +230,8 @@ pub enum ParticipantOwnership {
     Publication(PublicationOwnership),
     /// Lazaret's resolver.
     Resolver(ResolverOwnership),
+    /// The Credential Proxy.
+    CredentialProxy(CredentialProxyOwnership),
 }
 
 impl ParticipantOwnership {
@@ -233,6 +246,7 @@ impl ParticipantOwnership {
             Self::Sandbox(_) => ParticipantRole::Sandbox,
             Self::Publication(_) => ParticipantRole::Publication,
             Self::Resolver(_) => ParticipantRole::Resolver,
+            Self::CredentialProxy(_) => ParticipantRole::CredentialProxy,
         }
     }
 }

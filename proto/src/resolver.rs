@@ -29,6 +29,13 @@ pub struct ServeRequest {
     /// [`DerivedNetworkPolicy`](crate::network::DerivedNetworkPolicy), whose
     /// denials no admitted address may fall in.
     pub policy: FdIndex,
+    /// The Credential Proxy's hosts: answered to the sandbox with the
+    /// proxy's address ([`crate::credproxy::LISTEN`]) once their real
+    /// addresses are admitted, and looked up for the proxy on `lookups`.
+    pub proxied: Vec<String>,
+    /// The resolver's end of the proxy's lookup socket pair, when there
+    /// is a proxy.
+    pub lookups: Option<FdIndex>,
 }
 
 /// The supervisor's request to its resolver.

@@ -195,6 +195,9 @@ pub enum SupervisorRequest {
         /// sidecar installs the filter while the helper attaches, and
         /// configures the helper's device once it reads `1` there.
         helper_ready: FdIndex,
+        /// For a profile with credentials, the Credential Proxy to start
+        /// once names are served.
+        proxy: Option<ProxyPlan>,
     },
     /// Run the sandbox: the Host Coordinator accepted the attestation.
     RunSandbox,
@@ -251,6 +254,27 @@ pub struct SupervisorError {
     pub failure: Failure,
 }
 
+/// The Credential Proxy a profile with credentials asks for.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProxyPlan {
+    /// The sealed memfd of
+    /// [`ProxyCredentials`](crate::credproxy::ProxyCredentials), passed to
+    /// the proxy unread.
+    pub credentials: FdIndex,
+    /// The hosts it serves, sorted: Lazaret's resolver answers them with
+    /// the proxy's address.
+    pub hosts: Vec<String>,
+}
+
+/// The Credential Proxy, serving: its pidfd travels in the packet.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProxyServed {
+    /// The pidfd of the proxy.
+    pub pidfd: FdIndex,
+    /// What it reported.
+    pub readiness: crate::credproxy::ProxyReadiness,
+}
+
 /// What the supervisor reports.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum SupervisorReport {
@@ -288,6 +312,8 @@ pub enum SupervisorReport {
         resolver: FdIndex,
         /// What the resolver's readiness probes saw.
         readiness: crate::resolver::ResolverReadiness,
+        /// The Credential Proxy, for a profile with credentials.
+        proxy: Option<ProxyServed>,
     },
     /// The sandbox runs; the packet carries the pidfds of its host
     /// processes.

@@ -216,6 +216,26 @@ pub fn cap_ttls(records: &mut [Record], left: Duration) {
     }
 }
 
+/// The records the sandbox gets for a proxied host: one A record of the
+/// name it asked, at `address` (the Credential Proxy), with the shortest
+/// TTL of `records`; `records` as they are when they hold no address (the
+/// name does not exist, or has no A record).
+pub fn proxied(query: &Message, records: Vec<Record>, address: Ipv4Addr) -> Vec<Record> {
+    let ttl = records
+        .iter()
+        .filter(|r| matches!(r.data(), RData::A(_)))
+        .map(Record::ttl)
+        .min();
+    match (ttl, query.queries().first()) {
+        (Some(ttl), Some(question)) => vec![Record::from_rdata(
+            question.name().clone(),
+            ttl,
+            RData::A(address.into()),
+        )],
+        _ => records,
+    }
+}
+
 /// Upstream's answer to a relayed query, given back under the sandbox's id.
 pub fn relayed(query: &Message, mut answer: Message) -> Vec<u8> {
     answer.set_id(query.id());
@@ -256,6 +276,26 @@ mod tests {
 
     use super::*;
     use lazaret_proto::names::HostPattern;
+
+    #[test]
+    fn a_proxied_host_is_answered_with_the_proxy_alone() {
+        let query = Message::from_vec(&client_query("api.example.org", 7).unwrap()).unwrap();
+        let name = Name::from_ascii("api.example.org.").unwrap();
+        let edge = Name::from_ascii("edge.cdn.example.").unwrap();
+        let records = vec![
+            Record::from_rdata(name.clone(), 300, RData::CNAME(CNAME(edge.clone()))),
+            Record::from_rdata(edge.clone(), 60, RData::A(A::new(198, 18, 2, 10))),
+            Record::from_rdata(edge, 90, RData::A(A::new(198, 18, 2, 11))),
+        ];
+        let proxy = Ipv4Addr::new(127, 0, 0, 54);
+        let answered = proxied(&query, records, proxy);
+        assert_eq!(answered.len(), 1);
+        assert_eq!(answered[0].name(), &name);
+        assert_eq!(answered[0].ttl(), 60);
+        assert_eq!(answered[0].data(), &RData::A(A(proxy)));
+        // No address: nothing to point at the proxy.
+        assert!(proxied(&query, vec![], proxy).is_empty());
+    }
 
     fn names(dns: DnsMode) -> NamedEgress {
         NamedEgress::new(

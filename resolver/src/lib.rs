@@ -22,6 +22,11 @@
 //!    nothing). At most [`MAX_IN_FLIGHT`] queries wait for upstream;
 //! 5. probes itself (one disallowed name, refused without going upstream;
 //!    one allowed name, answered) and reports [`ResolverReadiness`];
+//!    A profile with credentials names the Credential Proxy's hosts
+//!    (`proxied`): the sandbox's A query for one is resolved and admitted as
+//!    above, then answered with the proxy's address alone; the proxy's own
+//!    [`Lookup`]s, on the socket pair the supervisor hands over, get the
+//!    real (admitted) addresses;
 //! 6. serves until the Domain pid namespace ends: it is a child of the
 //!    namespace's pid 1, so the kernel ends it with the supervisor. (Its
 //!    channel closes as soon as the supervisor has its report.)
@@ -46,6 +51,7 @@ use std::time::Duration;
 use hickory_proto::op::{Message, ResponseCode};
 use lazaret_netsidecar::NamedSet;
 use lazaret_proto::channel::{Endpoint, Received};
+use lazaret_proto::credproxy::{Looked, Lookup};
 use lazaret_proto::error_chain as chain;
 use lazaret_proto::failure::Failure;
 use lazaret_proto::network::{DerivedNetworkPolicy, NamedEgress};
@@ -149,6 +155,8 @@ pub fn run() -> ExitCode {
 /// query's task shares.
 struct Server {
     listen: StdUdpSocket,
+    /// The Credential Proxy's lookups, when there is a proxy.
+    lookups: Option<std::os::unix::net::UnixDatagram>,
     parts: Parts,
 }
 
@@ -168,7 +176,22 @@ fn start(channel: &Channel) -> Result<Server, ResolverError> {
         names,
         upstream,
         policy,
+        proxied,
+        lookups,
     }) = message;
+    let lookups = lookups
+        .map(|index| {
+            let fd = index.get(&fds).ok_or_else(|| {
+                failed(
+                    ResolverStep::Request,
+                    "the proxy's lookup socket is missing",
+                )
+            })?;
+            fd.try_clone_to_owned()
+                .map(std::os::unix::net::UnixDatagram::from)
+                .map_err(|e| failed_by(ResolverStep::Request, "the proxy's lookup socket", &e))
+        })
+        .transpose()?;
     let policy_fd = policy
         .get(&fds)
         .ok_or_else(|| failed(ResolverStep::Request, "the policy descriptor is missing"))?;
@@ -209,8 +232,10 @@ fn start(channel: &Channel) -> Result<Server, ResolverError> {
     })?;
     Ok(Server {
         listen,
+        lookups,
         parts: Parts {
             names: Arc::new(names),
+            proxied: Arc::new(proxied.into_iter().collect()),
             policy: Arc::new(policy),
             upstream: SocketAddrV4::new(upstream, 53),
             set: Arc::new(Mutex::new(Admissions::new(set))),
@@ -258,6 +283,9 @@ impl Server {
     }
 
     async fn serve_forever(self) {
+        if let Some(lookups) = self.lookups {
+            tokio::spawn(self.parts.clone().serve_lookups(lookups));
+        }
         self.parts.serve(self.listen).await;
     }
 }
@@ -266,6 +294,8 @@ impl Server {
 #[derive(Clone)]
 struct Parts {
     names: Arc<NamedEgress>,
+    /// The Credential Proxy's hosts.
+    proxied: Arc<BTreeSet<String>>,
     policy: Arc<DerivedNetworkPolicy>,
     upstream: SocketAddrV4,
     set: Arc<Mutex<Admissions<NamedSet>>>,
@@ -313,7 +343,7 @@ impl Parts {
                     let parts = self.clone();
                     let listen = Arc::clone(&listen);
                     tokio::spawn(async move {
-                        let bytes = parts.resolve(decision).await;
+                        let bytes = parts.resolve(decision, Asker::Sandbox).await;
                         let _ = listen.send_to(&bytes, client).await;
                         drop(permit);
                     });
@@ -324,9 +354,69 @@ impl Parts {
         }
     }
 
+    /// Answers the Credential Proxy's lookups, one at a time (it looks a
+    /// host up only to open a connection, and keeps it), until the proxy
+    /// closes its end. A host that is not proxied is refused.
+    async fn serve_lookups(self, socket: std::os::unix::net::UnixDatagram) {
+        let socket = match socket
+            .set_nonblocking(true)
+            .and_then(|()| tokio::net::UnixDatagram::from_std(socket))
+        {
+            Ok(socket) => socket,
+            Err(e) => {
+                tracing::error!("cannot serve the Credential Proxy's lookups: {e}");
+                return;
+            }
+        };
+        let mut buffer = vec![0u8; 1024];
+        loop {
+            let len = match socket.recv(&mut buffer).await {
+                Ok(0) | Err(_) => return,
+                Ok(len) => len,
+            };
+            let Ok(Lookup { id, name }) = lazaret_proto::codec::decode::<Lookup>(&buffer[..len])
+            else {
+                tracing::warn!("the Credential Proxy sent a lookup that does not decode");
+                continue;
+            };
+            let (response_code, addresses) = self.look_up(&name).await;
+            let looked = Looked {
+                id,
+                response_code,
+                addresses,
+            };
+            if let Ok(bytes) = lazaret_proto::codec::encode(&looked) {
+                let _ = socket.send(&bytes).await;
+            }
+        }
+    }
+
+    /// The admitted addresses of the proxied host `name`, as the proxy
+    /// connects to them: resolved and admitted as the sandbox's query is.
+    async fn look_up(&self, name: &str) -> (u8, Vec<Ipv4Addr>) {
+        let refused = (lazaret_proto::resolver::REFUSED, Vec::new());
+        if !self.proxied.contains(name) {
+            return refused;
+        }
+        let id = random_id();
+        let Some(query) = answer::client_query(name, id).and_then(|q| Message::from_vec(&q).ok())
+        else {
+            return refused;
+        };
+        let answered = self.resolve(Decision::Resolve(query), Asker::Proxy).await;
+        answer::client_answer(&answered, id).unwrap_or((2, Vec::new()))
+    }
+
+    /// Whether `query` asks for a proxied host.
+    fn is_proxied(&self, query: &Message) -> bool {
+        let name = name_of(query).to_ascii_lowercase();
+        self.proxied
+            .contains(name.strip_suffix('.').unwrap_or(&name))
+    }
+
     /// Asks upstream, admits what an allowed name resolves to, and returns
-    /// the sandbox's answer.
-    async fn resolve(&self, decision: Decision) -> Vec<u8> {
+    /// the answer for `asker`.
+    async fn resolve(&self, decision: Decision, asker: Asker) -> Vec<u8> {
         let (Decision::Resolve(query) | Decision::Relay(query)) = &decision else {
             return Vec::new();
         };
@@ -385,6 +475,13 @@ impl Parts {
                         if let Some(shortest) = left.iter().min() {
                             answer::cap_ttls(&mut records, *shortest);
                         }
+                        if asker == Asker::Sandbox && self.is_proxied(query) {
+                            records = answer::proxied(
+                                query,
+                                records,
+                                *lazaret_proto::credproxy::LISTEN.ip(),
+                            );
+                        }
                         answer::reply(query, code, records)
                     }
                     Err(e) => {
@@ -428,6 +525,14 @@ impl Parts {
             seconds: UPSTREAM_TIMEOUT.as_secs(),
         })
     }
+}
+
+/// Who a resolved answer is for: the sandbox gets the Credential Proxy's
+/// address for a proxied host, the proxy the host's own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Asker {
+    Sandbox,
+    Proxy,
 }
 
 /// Why the upstream resolver gave no answer to a forwarded query.

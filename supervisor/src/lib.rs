@@ -68,8 +68,8 @@ use lazaret_proto::channel::{ChannelError, Endpoint, Received};
 use lazaret_proto::error_chain as chain;
 use lazaret_proto::failure::Failure;
 use lazaret_proto::supervisor::{
-    ExecRequest, ExecStdio, FdIndex, FdList, PLAN_LIMITS, SandboxPlan, SupervisorError,
-    SupervisorReport, SupervisorRequest, SupervisorStep,
+    ExecRequest, ExecStdio, FdIndex, FdList, PLAN_LIMITS, ProxyServed, SandboxPlan,
+    SupervisorError, SupervisorReport, SupervisorRequest, SupervisorStep,
 };
 use report::{failed, reported};
 use rustix::fs::{Mode, OFlags};
@@ -287,8 +287,8 @@ fn prepare_and_run(
     let mut router = Some(workspace::start_router());
     std::thread::scope(|scope| {
         let mut preparing: Option<std::thread::ScopedJoinHandle<'_, Option<Prepared>>> = None;
-        let mut attesting: Option<std::thread::ScopedJoinHandle<'_, bool>> = None;
-        let mut attested = false;
+        let mut attesting: Option<std::thread::ScopedJoinHandle<'_, Option<Attested>>> = None;
+        let mut attested: Option<Attested> = None;
         loop {
             let Received { message, fds } = channel
                 .recv()
@@ -306,6 +306,7 @@ fn prepare_and_run(
                     parameters,
                     policy,
                     helper_ready,
+                    proxy,
                 } => {
                     let owned = |index: FdIndex, what: &str| {
                         fd_at(&fds, index)?
@@ -317,9 +318,15 @@ fn prepare_and_run(
                     };
                     let policy = owned(policy, "the policy memfd")?;
                     let helper_ready = owned(helper_ready, "the helper's ready pipe")?;
+                    let proxy = proxy
+                        .map(|plan| {
+                            owned(plan.credentials, "the credentials memfd")
+                                .map(|credentials| (credentials, plan.hosts))
+                        })
+                        .transpose()?;
                     // One attestation at a time, in the order asked.
                     if let Some(earlier) = attesting.take() {
-                        attested |= earlier.join().unwrap_or(false);
+                        attested = earlier.join().ok().flatten().or(attested);
                     }
                     let started = sidecar.take().unwrap_or_else(network::start_sidecar);
                     attesting = Some(scope.spawn(move || {
@@ -329,12 +336,13 @@ fn prepare_and_run(
                             network,
                             [&policy, &helper_ready],
                             parameters,
+                            proxy,
                         )
                     }));
                 }
                 SupervisorRequest::RunSandbox => {
                     if let Some(last) = attesting.take() {
-                        attested |= last.join().unwrap_or(false);
+                        attested = last.join().ok().flatten().or(attested);
                     }
                     let prepared = preparing.take().and_then(|t| t.join().ok().flatten());
                     let Some(prepared) = prepared else {
@@ -343,13 +351,13 @@ fn prepare_and_run(
                             "the sandbox cannot run before its plan is staged",
                         ));
                     };
-                    if !attested {
+                    let Some(attested) = attested else {
                         return Err(failed(
                             SupervisorStep::Request,
                             "the sandbox cannot run before its network is attested",
                         ));
-                    }
-                    return run_sandbox(channel, prepared, network).map(Some);
+                    };
+                    return run_sandbox(channel, prepared, network, attested).map(Some);
                 }
                 SupervisorRequest::Stop => return Ok(None),
                 other => {
@@ -363,18 +371,29 @@ fn prepare_and_run(
     })
 }
 
-/// Has the Network Sidecar install and attest the policy, and reports
-/// what it attested or why it could not (the coordinator then stops this
-/// supervisor); whether it attested.
+/// What an attested network leaves for running the sandbox.
+#[derive(Debug)]
+struct Attested {
+    /// The Credential Proxy's CA certificate (PEM), for the sandbox's
+    /// trust, when the profile has credentials.
+    proxy_ca: Option<String>,
+}
+
+/// Has the Network Sidecar install and attest the policy, then Lazaret's
+/// resolver serve its names and, with credentials, the Credential Proxy
+/// serve them; reports what it attested or why it could not (the
+/// coordinator then stops this supervisor). `None` when it did not attest.
 fn attest(
     channel: &Channel,
     sidecar: Result<network::Sidecar, helper::HelperError>,
     network: &OwnedFd,
     [policy, helper_ready]: [&OwnedFd; 2],
     parameters: lazaret_proto::sidecar::AttestParameters,
-) -> bool {
+    proxy: Option<(OwnedFd, Vec<String>)>,
+) -> Option<Attested> {
     let names = parameters.names.clone();
     let resolver = names.as_ref().map(|_| network::start_resolver());
+    let started_proxy = proxy.as_ref().map(|_| network::start_proxy());
     let attested = sidecar
         .map_err(network::NetworkError::from)
         .and_then(|sidecar| {
@@ -384,28 +403,63 @@ fn attest(
                 [network, policy, helper_ready].map(AsFd::as_fd),
             )
         });
-    // A policy with names: Lazaret's resolver, once the filter holds its set.
+    // A policy with names: Lazaret's resolver, once the filter holds its
+    // set; then the Credential Proxy, whose lookups it answers.
     let served = attested.and_then(|attestation| match (names, resolver) {
-        (Some(names), Some(resolver)) => network::serve_names(resolver?, names, policy.as_fd())
-            .map(|resolver| (attestation, Some(resolver))),
+        (Some(names), Some(resolver)) => {
+            let sockets = proxy
+                .as_ref()
+                .map(|_| network::ProxySockets::new())
+                .transpose()?;
+            let proxied = proxy
+                .as_ref()
+                .map(|(_, hosts)| hosts.clone())
+                .unwrap_or_default();
+            let lookups = sockets.as_ref().map(|s| s.resolver_end.as_fd());
+            let resolver =
+                network::serve_names(resolver?, names, policy.as_fd(), proxied, lookups)?;
+            let served = match (proxy, started_proxy, sockets) {
+                (Some((credentials, _)), Some(started), Some(sockets)) => {
+                    Some(network::serve_credentials(
+                        started?,
+                        credentials.as_fd(),
+                        sockets.listener.as_fd(),
+                        sockets.proxy_end.as_fd(),
+                    )?)
+                }
+                _ => None,
+            };
+            Ok((attestation, Some((resolver, served))))
+        }
         _ => Ok((attestation, None)),
     });
-    match served {
+    let sent = match served {
         Ok((attestation, None)) => {
             let report = SupervisorReport::NetworkAttested(Box::new(attestation));
-            send(channel, SupervisorStep::Network, &report, &[]).is_ok()
+            send(channel, SupervisorStep::Network, &report, &[]).map(|()| None)
         }
-        Ok((attestation, Some((pidfd, readiness)))) => {
+        Ok((attestation, Some(((resolver, readiness), proxy)))) => {
+            let mut fds = FdList::new();
+            let resolver_index = fds.push(resolver.as_fd());
+            let proxy_ca = proxy.as_ref().map(|(_, r)| r.ca_certificate.clone());
             let report = SupervisorReport::NamesServed {
                 attestation: Box::new(attestation),
-                resolver: FdIndex(0),
+                resolver: resolver_index,
                 readiness,
+                proxy: proxy.as_ref().map(|(pidfd, readiness)| ProxyServed {
+                    pidfd: fds.push(pidfd.as_fd()),
+                    readiness: readiness.clone(),
+                }),
             };
-            send(channel, SupervisorStep::Network, &report, &[pidfd.as_fd()]).is_ok()
+            send(channel, SupervisorStep::Network, &report, fds.as_slice()).map(|()| proxy_ca)
         }
-        Err(e) => {
-            report_failure(channel, reported(SupervisorStep::Network, &e));
-            false
+        Err(e) => Err(reported(SupervisorStep::Network, &e)),
+    };
+    match sent {
+        Ok(proxy_ca) => Some(Attested { proxy_ca }),
+        Err(error) => {
+            report_failure(channel, error);
+            None
         }
     }
 }
@@ -529,17 +583,36 @@ fn prepare(
     })
 }
 
-/// Runs the sandbox and reports its processes and mailbox.
+/// Completes the control area, runs the sandbox and reports its processes
+/// and mailbox.
 fn run_sandbox(
     channel: &Channel,
     prepared: Prepared,
     network: &Arc<OwnedFd>,
+    attested: Attested,
 ) -> Result<Running, SupervisorError> {
     let Prepared {
         staged,
         runsc,
         container_id,
     } = prepared;
+    // With credentials, the sandbox trusts what it trusted, and the
+    // Credential Proxy's CA after it.
+    let trust = attested
+        .proxy_ca
+        .map(|ca| {
+            mounts::image_trust(&staged.rootfs).map(|mut bundle| {
+                if !bundle.is_empty() && !bundle.ends_with(b"\n") {
+                    bundle.push(b'\n');
+                }
+                bundle.extend_from_slice(ca.as_bytes());
+                bundle
+            })
+        })
+        .transpose()
+        .map_err(|e| reported(SupervisorStep::Mounts, &e))?;
+    mounts::seal_control(&syscall::Host, &staged.control, trust.as_deref())
+        .map_err(|e| reported(SupervisorStep::Mounts, &e))?;
     let platform = runsc::Platform::of(&runsc);
     if platform == runsc::Platform::Ptrace {
         tracing::warn!(
@@ -1093,6 +1166,7 @@ mod tests {
             parameters,
             policy: FdIndex(0),
             helper_ready: FdIndex(1),
+            proxy: None,
         }]);
         let Err(error) = result else {
             panic!("accepted")

@@ -608,8 +608,9 @@ fn stage_volumes(
 }
 
 /// Writes the control area (`resolv.conf` naming `resolvers`, and the
-/// sandbox's programs), mounts the Escalation Mailbox, and makes the
-/// control area read-only. Returns where the control area is.
+/// sandbox's programs) and mounts the Escalation Mailbox. Returns where
+/// the control area is; [`seal_control`] completes it and makes it
+/// read-only before the sandbox runs.
 fn stage_control(
     sys: &dyn Syscall,
     scratch: &Path,
@@ -642,15 +643,84 @@ fn stage_control(
         MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC,
         &format!("mode=0700,{MAILBOX_SIZE}"),
     )?;
-    // The control area, read-only in the Domain mount namespace too.
-    sys.mount_bind(&control, &control)
+    Ok(control)
+}
+
+/// Completes the control area with `trust`, the sandbox's CA bundle when
+/// the profile has credentials ([`lazaret_proto::credproxy::TRUST_FILE`]),
+/// and makes it read-only, in the Domain mount namespace too.
+pub fn seal_control(
+    sys: &dyn Syscall,
+    control: &Path,
+    trust: Option<&[u8]>,
+) -> Result<(), MountError> {
+    if let Some(trust) = trust {
+        let path = control.join(lazaret_proto::credproxy::TRUST_FILE);
+        write_file(sys, &path, trust, 0o444)?;
+    }
+    sys.mount_bind(control, control)
         .map_err(|e| MountError::Mount {
             what: "the control area".into(),
             target: control.display().to_string(),
             source: e.into(),
         })?;
-    read_only(sys, &control, "the control area")?;
-    Ok(control)
+    read_only(sys, control, "the control area")
+}
+
+/// Where images keep their CA bundle: Debian and Ubuntu, Fedora and
+/// RHEL, Alpine.
+const IMAGE_TRUST: [&str; 3] = [
+    "etc/ssl/certs/ca-certificates.crt",
+    "etc/pki/tls/certs/ca-bundle.crt",
+    "etc/ssl/cert.pem",
+];
+
+/// The largest CA bundle taken from an image.
+const MAX_IMAGE_TRUST: u64 = 4 * 1024 * 1024;
+
+/// The CA bundle the staged root filesystem `rootfs` offers its programs,
+/// resolved as the sandbox would (its links stay inside it), or nothing
+/// when it has none: the first of [`IMAGE_TRUST`] that is a regular file
+/// of at most [`MAX_IMAGE_TRUST`] bytes.
+pub fn image_trust(rootfs: &Path) -> Result<Vec<u8>, MountError> {
+    use std::io::Read;
+    let failed = |path: &str, e: io::Error| MountError::Create {
+        path: format!("{}/{path}", rootfs.display()),
+        source: e,
+    };
+    let root = rustix::fs::open(
+        rootfs,
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| failed("", e.into()))?;
+    for path in IMAGE_TRUST {
+        let file = match rustix::fs::openat2(
+            &root,
+            path,
+            OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC,
+            Mode::empty(),
+            ResolveFlags::IN_ROOT | ResolveFlags::NO_MAGICLINKS,
+        ) {
+            Ok(file) => std::fs::File::from(file),
+            Err(rustix::io::Errno::NOENT | rustix::io::Errno::NOTDIR) => continue,
+            Err(e) => return Err(failed(path, e.into())),
+        };
+        let metadata = file.metadata().map_err(|e| failed(path, e))?;
+        if !metadata.is_file() || metadata.len() > MAX_IMAGE_TRUST {
+            tracing::warn!(
+                "the image's {path} is not a regular file of at most {MAX_IMAGE_TRUST} bytes: \
+                 not taken into the sandbox's trust"
+            );
+            continue;
+        }
+        let mut bytes = Vec::new();
+        file.take(MAX_IMAGE_TRUST)
+            .read_to_end(&mut bytes)
+            .map_err(|e| failed(path, e))?;
+        return Ok(bytes);
+    }
+    Ok(Vec::new())
 }
 
 #[cfg(test)]
@@ -898,6 +968,12 @@ mod tests {
         let staged = fixture.stage(&sys, &fixture.sources(&[], &[])).unwrap();
         let control = fixture.scratch().join("control");
         assert_eq!(staged.control, control);
+        let trust = lazaret_proto::credproxy::TRUST_FILE;
+        seal_control(&sys, &control, Some(b"-----BEGIN CERTIFICATE-----\n")).unwrap();
+        assert_eq!(
+            std::fs::read(control.join(trust)).unwrap(),
+            b"-----BEGIN CERTIFICATE-----\n"
+        );
         let resolv = control.join("resolv.conf");
         assert_eq!(
             std::fs::read_to_string(&resolv).unwrap(),
@@ -905,6 +981,7 @@ mod tests {
         );
         let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode(&resolv), 0o444);
+        assert_eq!(mode(&control.join(trust)), 0o444);
         for (name, bytes) in [
             ("lazaret-init", SANDBOX_INIT),
             ("lazaret-escalate", ESCALATION_CLIENT),
@@ -933,6 +1010,31 @@ mod tests {
         // The mailbox is mounted before the control area is made read-only.
         let mailbox = position(&calls, mount_at(&fixture.scratch().join("mailbox")));
         assert!(mailbox < n - 3);
+    }
+
+    #[test]
+    fn the_image_trust_is_the_first_bundle_resolved_inside_the_root() {
+        let root = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::write(outside.path().join("secret"), "host file").unwrap();
+        assert_eq!(image_trust(root.path()).unwrap(), b"");
+        // A link out of the root resolves inside it: to nothing.
+        let certs = root.path().join("etc/ssl/certs");
+        std::fs::create_dir_all(&certs).unwrap();
+        std::os::unix::fs::symlink(
+            outside.path().join("secret"),
+            certs.join("ca-certificates.crt"),
+        )
+        .unwrap();
+        assert_eq!(image_trust(root.path()).unwrap(), b"");
+        // Not a regular file: skipped, the next taken.
+        std::fs::remove_file(certs.join("ca-certificates.crt")).unwrap();
+        std::fs::create_dir(certs.join("ca-certificates.crt")).unwrap();
+        std::fs::write(root.path().join("etc/ssl/cert.pem"), "alpine").unwrap();
+        assert_eq!(image_trust(root.path()).unwrap(), b"alpine");
+        std::fs::remove_dir(certs.join("ca-certificates.crt")).unwrap();
+        std::fs::write(certs.join("ca-certificates.crt"), "debian").unwrap();
+        assert_eq!(image_trust(root.path()).unwrap(), b"debian");
     }
 
     #[test]

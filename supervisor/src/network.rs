@@ -14,6 +14,7 @@ use std::os::fd::{BorrowedFd, OwnedFd};
 use std::time::Duration;
 
 use lazaret_proto::channel::FdIndex;
+use lazaret_proto::credproxy::{ProxyReadiness, ProxyReport, ProxyRequest, ProxyServeRequest};
 use lazaret_proto::network::{
     ConnectivityLink, NamedEgress, NetworkReadinessAttestation, Observed,
 };
@@ -52,6 +53,18 @@ pub enum NetworkError {
     /// Lazaret's resolver reported its own failure.
     #[error("Lazaret's resolver: {0}")]
     Resolver(lazaret_proto::resolver::ResolverError),
+    /// The Credential Proxy reported its own failure.
+    #[error("the Credential Proxy: {0}")]
+    Proxy(lazaret_proto::credproxy::ProxyError),
+    /// The Credential Proxy's sockets could not be made.
+    #[error("cannot make the Credential Proxy's {what}")]
+    ProxySocket {
+        /// Which socket.
+        what: &'static str,
+        /// What the kernel said.
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 impl From<lazaret_proto::sidecar::SidecarError> for NetworkError {
@@ -131,21 +144,27 @@ pub fn start_resolver() -> Result<Resolver, HelperError> {
 }
 
 /// Has `resolver` serve `names` for `policy` (the sealed memfd the sidecar
-/// had), once the sidecar's filter holds the set it fills; returns its
-/// pidfd and readiness. It is left running, for the Domain pid 1's reaper;
-/// it ends with the Domain pid namespace.
+/// had), once the sidecar's filter holds the set it fills, answering the
+/// `proxied` hosts with the Credential Proxy's address and its lookups on
+/// `lookups`; returns its pidfd and readiness. It is left running, for the
+/// Domain pid 1's reaper; it ends with the Domain pid namespace.
 pub fn serve_names(
     resolver: Resolver,
     names: NamedEgress,
     policy: BorrowedFd<'_>,
+    proxied: Vec<String>,
+    lookups: Option<BorrowedFd<'_>>,
 ) -> Result<(OwnedFd, ResolverReadiness), NetworkError> {
     let request = ResolverRequest::Serve(ServeRequest {
         names,
         upstream: ConnectivityLink::SLIRP4NETNS_RESOLVER,
         policy: FdIndex(0),
+        proxied,
+        lookups: lookups.map(|_| FdIndex(1)),
     });
+    let fds: Vec<BorrowedFd<'_>> = std::iter::once(policy).chain(lookups).collect();
     let result = resolver
-        .send(&request, &[policy])
+        .send(&request, &fds)
         .and_then(|()| resolver.report(RESOLVER_READY_TIMEOUT))
         .map_err(NetworkError::from)
         .and_then(|report| match report {
@@ -154,6 +173,89 @@ pub fn serve_names(
         })
         .and_then(|readiness| Ok((resolver.pidfd()?, readiness)));
     resolver.keep_if_ok(result)
+}
+
+/// How long the Credential Proxy may take to read its credentials, make
+/// its CA and report.
+const PROXY_READY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The Credential Proxy, started.
+pub type CredentialProxy = Helper<ProxyRequest, ProxyReport>;
+
+/// Starts the Credential Proxy in the network namespace this process runs
+/// in, with no capability at all.
+pub fn start_proxy() -> Result<CredentialProxy, HelperError> {
+    CredentialProxy::start(
+        "lazaret-credproxy",
+        "the Credential Proxy",
+        CapabilitySet::empty(),
+        false,
+    )
+}
+
+/// The Credential Proxy's two sockets, made by this process: its listener
+/// at [`lazaret_proto::credproxy::LISTEN`] (port 443 needs a privilege the
+/// proxy does not have) and the lookup socket pair it shares with
+/// Lazaret's resolver.
+#[derive(Debug)]
+pub struct ProxySockets {
+    /// The listening socket.
+    pub listener: OwnedFd,
+    /// The proxy's end of the lookup pair.
+    pub proxy_end: OwnedFd,
+    /// The resolver's end.
+    pub resolver_end: OwnedFd,
+}
+
+impl ProxySockets {
+    /// Binds the listener and makes the pair.
+    pub fn new() -> Result<Self, NetworkError> {
+        let listener =
+            std::net::TcpListener::bind(lazaret_proto::credproxy::LISTEN).map_err(|source| {
+                NetworkError::ProxySocket {
+                    what: "listening socket",
+                    source,
+                }
+            })?;
+        let (proxy_end, resolver_end) =
+            std::os::unix::net::UnixDatagram::pair().map_err(|source| {
+                NetworkError::ProxySocket {
+                    what: "lookup socket pair",
+                    source,
+                }
+            })?;
+        Ok(Self {
+            listener: listener.into(),
+            proxy_end: proxy_end.into(),
+            resolver_end: resolver_end.into(),
+        })
+    }
+}
+
+/// Has `proxy` serve with the `credentials` memfd (unread here) on
+/// `listener`, looking hosts up on `lookups`; returns its pidfd and
+/// readiness. It is left running like the resolver.
+pub fn serve_credentials(
+    proxy: CredentialProxy,
+    credentials: BorrowedFd<'_>,
+    listener: BorrowedFd<'_>,
+    lookups: BorrowedFd<'_>,
+) -> Result<(OwnedFd, ProxyReadiness), NetworkError> {
+    let request = ProxyRequest::Serve(ProxyServeRequest {
+        listener: FdIndex(0),
+        credentials: FdIndex(1),
+        lookups: FdIndex(2),
+    });
+    let result = proxy
+        .send(&request, &[listener, credentials, lookups])
+        .and_then(|()| proxy.report(PROXY_READY_TIMEOUT))
+        .map_err(NetworkError::from)
+        .and_then(|report| match report {
+            ProxyReport::Serving(readiness) => Ok(readiness),
+            ProxyReport::Failed(error) => Err(NetworkError::Proxy(error)),
+        })
+        .and_then(|readiness| Ok((proxy.pidfd()?, readiness)));
+    proxy.keep_if_ok(result)
 }
 
 /// How long a read-back may take.

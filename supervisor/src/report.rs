@@ -85,7 +85,13 @@ fn classify(link: &(dyn Error + 'static)) -> Link {
                     .clone()
                     .within(format!("Lazaret's resolver: {:?}", error.step)),
             ),
-            NetworkError::Mismatched { .. } => Link::Text,
+            NetworkError::Proxy(error) => Link::Ends(
+                error
+                    .failure
+                    .clone()
+                    .within(format!("the Credential Proxy: {:?}", error.step)),
+            ),
+            NetworkError::Mismatched { .. } | NetworkError::ProxySocket { .. } => Link::Text,
         };
     }
     if let Some(error) = link.downcast_ref::<WorkspaceError>() {

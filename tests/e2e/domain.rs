@@ -839,13 +839,13 @@ fn journal() -> Result {
         token.as_str(),
     ];
     let wrapper: Vec<&std::ffi::OsStr> = words.iter().map(std::ffi::OsStr::new).collect();
-    let out = host.lazaret_under(&wrapper, &ws, &["up", "p"]);
+    let out = host.lazaret_under(&wrapper, &ws, &["up", "p"], &[]);
     assert!(out.status.success(), "{}", text(&out));
     let status = host.status(&ws, "p").ok_or("not running")?;
     let domain = status["domain_id"].as_str().unwrap().to_owned();
     let attached = host.lazaret(&ws, &["attach", "p", "--", "true"]);
     assert!(attached.status.success(), "{}", text(&attached));
-    let logs = host.lazaret_under(&wrapper, &ws, &["logs", "p"]);
+    let logs = host.lazaret_under(&wrapper, &ws, &["logs", "p"], &[]);
     let out = host.lazaret(&ws, &["down", "p"]);
     assert!(out.status.success(), "{}", text(&out));
     let entries = reader.join().map_err(|_| "the journal reader failed")?;

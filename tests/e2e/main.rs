@@ -5,6 +5,7 @@
 
 mod attach;
 mod cli;
+mod credentials;
 mod domain;
 mod escalation;
 mod faults;
@@ -21,6 +22,7 @@ fn main() {
     let args = Arguments::from_args();
     let mut trials: Vec<Trial> = cli::trials();
     trials.extend(domain::trials());
+    trials.extend(credentials::trials());
     trials.extend(attach::trials());
     trials.extend(escalation::trials());
     trials.extend(faults::trials());

@@ -72,7 +72,7 @@ fn config() -> String {
 
 /// `unshare` giving `lazaret` a private mount namespace prepared by
 /// `script` (run as root with `$0` = `arg`) before it executes the rest.
-fn private_mounts<'a>(script: &'a str, arg: &'a OsStr) -> Vec<&'a OsStr> {
+pub(crate) fn private_mounts<'a>(script: &'a str, arg: &'a OsStr) -> Vec<&'a OsStr> {
     [
         "/usr/bin/unshare",
         "--mount",
@@ -487,7 +487,7 @@ fn helper_cannot_start() -> Result {
         OsStr::new("sh"),
     );
     let ws = host.workspace.clone();
-    let out = host.lazaret_under(&wrapper, &ws, &["up", "p"]);
+    let out = host.lazaret_under(&wrapper, &ws, &["up", "p"], &[]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     if out.status.success()
         || !stderr.contains("connectivity helper could not attach")
@@ -575,6 +575,15 @@ fn dns_server<'n>(
     net: &'n TestNet,
     log: &Path,
 ) -> std::result::Result<lazaret_tests::net::Server<'n>, Box<dyn std::error::Error>> {
+    dns_server_for(net, log, &ZONE)
+}
+
+/// The test's DNS server, authoritative for `zone` (name, address).
+pub(crate) fn dns_server_for<'n>(
+    net: &'n TestNet,
+    log: &Path,
+    zone: &[(&str, &str)],
+) -> std::result::Result<lazaret_tests::net::Server<'n>, Box<dyn std::error::Error>> {
     let mut args = vec![
         "dnsmasq".to_owned(),
         "--keep-in-foreground".into(),
@@ -591,7 +600,7 @@ fn dns_server<'n>(
         format!("--log-facility={}", log.display()),
     ];
     args.extend(
-        ZONE.iter()
+        zone.iter()
             .map(|(name, address)| format!("--address=/{name}/{address}")),
     );
     // dnsmasq says nothing when it serves: the server is announced, then
@@ -628,6 +637,11 @@ fn lookup(host: &UserHost, name: &str) -> (Output, Vec<String>) {
 /// resolvers of its own /etc/resolv.conf: in a private mount namespace that
 /// file names the test's server, so no query leaves the machine.
 fn up_under_test_dns(host: &UserHost) -> Result {
+    up_under_test_dns_with(host, &[])
+}
+
+/// [`up_under_test_dns`] with `env` in `lazaret up`'s environment.
+pub(crate) fn up_under_test_dns_with(host: &UserHost, env: &[(&str, &str)]) -> Result {
     let probe_copy = host.workspace.join("netprobe");
     std::fs::copy(netprobe(), &probe_copy)?;
     std::fs::set_permissions(&probe_copy, std::fs::Permissions::from_mode(0o755))?;
@@ -639,7 +653,7 @@ fn up_under_test_dns(host: &UserHost) -> Result {
         resolv.as_os_str(),
     );
     let ws = host.workspace.clone();
-    let out = host.lazaret_under(&wrapper, &ws, &["up", "p"]);
+    let out = host.lazaret_under(&wrapper, &ws, &["up", "p"], env);
     if out.status.success() {
         Ok(())
     } else {

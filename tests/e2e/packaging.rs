@@ -38,7 +38,7 @@ pub fn trials() -> Vec<Trial> {
 
 /// The agent image CI builds (`LAZARET_AGENT_IMAGE=oci:DIR:claude`, made
 /// with packaging/images/build-agent-image.sh and readable by every user).
-fn agent_image_ref() -> Option<String> {
+pub(crate) fn agent_image_ref() -> Option<String> {
     let image = std::env::var("LAZARET_AGENT_IMAGE").ok();
     if std::env::var_os("CI").is_some() {
         assert!(

@@ -514,10 +514,17 @@ impl UserHost {
     /// `lazaret ARGS` as the test user, started through `wrapper` (a
     /// program and its arguments, run as root, that ends by executing the
     /// rest of its command line), e.g. to give it a private mount namespace.
-    pub fn lazaret_under(&self, wrapper: &[&std::ffi::OsStr], cwd: &Path, args: &[&str]) -> Output {
+    /// `env` is added to its environment.
+    pub fn lazaret_under(
+        &self,
+        wrapper: &[&std::ffi::OsStr],
+        cwd: &Path,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Output {
         self.remember_up(cwd, args);
         let mut inner = self.command(&bin("lazaret"), cwd);
-        inner.args(args);
+        inner.args(args).envs(env.iter().copied());
         let (program, rest) = wrapper.split_first().expect("a wrapper program");
         let mut outer = Command::new(program);
         outer

@@ -29,6 +29,8 @@ pub(super) struct Context<'a> {
     pub(super) reporter: &'a Reporter,
     pub(super) recorder: &'a Recorder,
     pub(super) resolved: &'a ResolvedDomainConfiguration,
+    /// The profile's credentials and this generation's placeholders.
+    pub(super) credentials: &'a super::credentials::Credentials<'a>,
     pub(super) generation: &'a Generation,
     /// The generation's runtime directory, `gen-N`.
     pub(super) generation_dir: &'a RetainedDir,

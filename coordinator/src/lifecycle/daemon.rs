@@ -508,10 +508,13 @@ fn bring_up(
     // pid 1 and slirp4netns, once those run: until then it dies with this
     // process (its parent-death signal), and so does its pid 1 with it.
     starting.supervisor = Some(Supervisor::spawn(&supervisor_path)?);
+    // Fresh placeholders for this generation's credentials.
+    let credentials = super::credentials::Credentials::new(resolved);
     let cx = Context {
         reporter,
         recorder: &recorder,
         resolved,
+        credentials: &credentials,
         generation,
         generation_dir: &generation_dir,
         ignore_changes,
@@ -547,19 +550,6 @@ fn preflight(
     resolved: &ResolvedDomainConfiguration,
 ) -> Result<(PlannedNetwork, lazaret_storage::image::ImageSource), Failure> {
     let auth = resolved.authorities();
-    if let Some(credential) = resolved.fingerprint_record().credentials().first() {
-        return Err(invalid(
-            StartupStep::Configuration,
-            format!(
-                "profiles.{}.credentials: `{}` asks for the Credential Proxy, which this build \
-                 does not run yet, and without it the sandbox would hold the real value; \
-                 start without credentials entries (or pass the variable with `env`, \
-                 knowing the sandbox then sees it)",
-                resolved.profile(),
-                credential.sandbox_name
-            ),
-        ));
-    }
     let host = crate::network::HostNetwork::read().map_err(|e| at(StartupStep::Network)(&e))?;
     let planned = PlannedNetwork::new(resolved.network(), &host)
         .map_err(|e| invalid_at(StartupStep::Network)(&e))?;
@@ -765,7 +755,7 @@ fn go_live(
             super::workspace::routed(resolved, storage.workspace, routing, report)
         })
         .map_err(|failure| helper_failed(failure, helper))?;
-    let (network, resolver, network_records) =
+    let (network, servers, network_records) =
         super::network::verify(reporter, recorder, requested, attestation)?;
     let published = published?;
 
@@ -821,7 +811,8 @@ fn go_live(
         runtime_root: running.runtime_root,
         helper,
         network,
-        resolver,
+        resolver: servers.resolver,
+        proxy: servers.proxy,
         router: routed.router,
         workspace: routed.status,
         workspace_watch: routed.watch,
@@ -887,29 +878,6 @@ mod tests {
         use crate::lifecycle::testing::{Scratch, generation};
         use crate::network::{HostNetwork, PlannedNetwork};
         use lazaret_storage::store::Slot;
-
-        #[test]
-        fn credentials_are_refused_before_anything_starts_naming_the_first() {
-            let scratch = Scratch::new();
-            let resolved = scratch.load_document(
-                "schema = \"lazaret-trusted-host-config-v2\"\n\
-                 [profiles.p]\nimage = \"oci:/images/base:1\"\n\
-                 allow_hosts = [\"api.anthropic.com\"]\n\
-                 [[profiles.p.credentials]]\nenv = \"KEY\"\nvalue = \"env:LZ_TOKEN\"\n\
-                 hosts = [\"api.anthropic.com\"]\n",
-            );
-            let Err(failed) = preflight(&resolved) else {
-                panic!("a profile with credentials was let start");
-            };
-            assert_eq!(failed.step, StartupStep::Configuration);
-            assert_eq!(failed.kind, FailureKind::InvalidConfiguration);
-            let shown = failed.account.to_string();
-            assert!(
-                shown.starts_with("profiles.p.credentials: `KEY` asks for the Credential Proxy"),
-                "{shown}"
-            );
-            assert!(!shown.contains("secret"), "{shown}");
-        }
 
         #[test]
         fn a_profile_name_that_does_not_parse_is_an_invalid_configuration() {

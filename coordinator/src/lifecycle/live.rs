@@ -67,6 +67,8 @@ pub(super) struct Live {
     pub(super) network: NetworkStatus,
     /// Lazaret's resolver, when the policy has names.
     pub(super) resolver: Option<HeldProcess>,
+    /// The Credential Proxy, for a profile with credentials.
+    pub(super) proxy: Option<HeldProcess>,
     pub(super) router: HeldProcess,
     pub(super) workspace: WorkspaceStatus,
     /// What the directories holding scripts git runs held at `up`, for
@@ -122,6 +124,7 @@ impl Live {
             (P::WorkspaceRouter, Some(&self.router)),
             (P::ConnectivityHelper, Some(&self.helper.held)),
             (P::Resolver, self.resolver.as_ref()),
+            (P::CredentialProxy, self.proxy.as_ref()),
         ];
         processes
             .into_iter()

@@ -19,6 +19,7 @@
 mod beside;
 pub mod client;
 mod context;
+mod credentials;
 pub mod daemon;
 mod failure;
 pub mod journal;

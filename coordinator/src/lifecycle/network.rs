@@ -14,7 +14,10 @@
 
 use std::os::fd::AsFd;
 
-use lazaret_proto::control::{NamesStatus, NetworkRecheck, NetworkStatus, StartupStep};
+use lazaret_proto::control::{
+    NamesStatus, NetworkRecheck, NetworkStatus, ProxyStatus, StartupStep,
+};
+use lazaret_proto::credproxy::ProxyReadiness;
 use lazaret_proto::names::DnsMode;
 use lazaret_proto::resolver::ResolverReadiness;
 use lazaret_storage::store::Slot;
@@ -26,7 +29,8 @@ use lazaret_proto::network::{
     NetworkReadinessIdentitySchemaId,
 };
 use lazaret_proto::ownership::{
-    HelperOwnership, NetworkOwnership, ParticipantOwnership, ResolverOwnership,
+    CredentialProxyOwnership, HelperOwnership, NetworkOwnership, ParticipantOwnership,
+    ResolverOwnership,
 };
 use lazaret_proto::process::{PersistedHostProcessOwnership, PidfsProcessIdentityV1};
 use lazaret_proto::sidecar::AttestParameters;
@@ -54,6 +58,8 @@ pub(super) struct Requested {
     link: ConnectivityLink,
     helper: PidfsProcessIdentityV1,
     names: Option<NamedEgress>,
+    /// The Credential Proxy's hosts, sorted; empty without credentials.
+    proxied: Vec<String>,
 }
 
 /// The connectivity helper's record, with the sidecar that attests the
@@ -146,6 +152,11 @@ pub(super) fn attach(
     };
     let link = ConnectivityLink::slirp4netns();
     let memfd = policy_memfd(&policy).map_err(|e| at(STEP)(&e))?;
+    let proxied = cx.credentials.hosts();
+    let credentials = (!cx.credentials.is_empty())
+        .then(|| cx.credentials.proxy_memfd())
+        .transpose()
+        .map_err(|e| at(STEP)(&e).within("cannot hand the credentials to the Credential Proxy"))?;
     let (ready_read, ready_write) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
         .map_err(|e| {
             reported(
@@ -166,8 +177,9 @@ pub(super) fn attach(
         },
         memfd.as_fd(),
         ready_read.as_fd(),
+        credentials.as_ref().map(|fd| (fd.as_fd(), proxied.clone())),
     )?;
-    drop(ready_read);
+    drop((ready_read, credentials));
 
     cx.reporter
         .progress(STEP, "attaching slirp4netns to the enforcement namespace");
@@ -211,14 +223,25 @@ pub(super) fn attach(
         link,
         helper: running.held.identity,
         names,
+        proxied,
     })
+}
+
+/// The processes that serve the sandbox's names, once verified.
+pub(super) struct NameServers {
+    /// Lazaret's resolver, for a policy with names.
+    pub(super) resolver: Option<HeldProcess>,
+    /// The Credential Proxy, for a profile with credentials.
+    pub(super) proxy: Option<HeldProcess>,
 }
 
 /// Verifies the Network Sidecar's attestation against the identity this
 /// coordinator expects and the policy itself, and, for a policy with
-/// names, Lazaret's resolver's readiness against the names: the network
-/// participant became attested, and the resolver (recorded as intended
-/// here) running, for the caller to record before the sandbox starts.
+/// names, Lazaret's resolver's readiness against the names, and for a
+/// profile with credentials the Credential Proxy's against its hosts: the
+/// network participant became attested, and the resolver and proxy
+/// (recorded as intended here) running, for the caller to record before
+/// the sandbox starts.
 pub(super) fn verify(
     reporter: &Reporter,
     recorder: &Recorder,
@@ -226,8 +249,9 @@ pub(super) fn verify(
     Attested {
         attestation,
         resolver,
+        proxy,
     }: Attested,
-) -> Result<(NetworkStatus, Option<HeldProcess>, Vec<Became>), Failure> {
+) -> Result<(NetworkStatus, NameServers, Vec<Became>), Failure> {
     let Requested {
         policy,
         platform_deny,
@@ -237,6 +261,7 @@ pub(super) fn verify(
         link,
         helper,
         names,
+        proxied,
     } = requested;
     attestation
         .verify(&expected, &policy, names.as_ref(), &link)
@@ -247,8 +272,14 @@ pub(super) fn verify(
             )
         })?;
     let mut records = Vec::new();
-    let (names, resolver) = match (names, resolver) {
-        (None, None) => (None, None),
+    let (names, servers) = match (names, resolver) {
+        (None, None) => (
+            None,
+            NameServers {
+                resolver: None,
+                proxy: None,
+            },
+        ),
         (Some(names), Some((pidfd, readiness))) => {
             readiness
                 .verify(&names)
@@ -271,6 +302,12 @@ pub(super) fn verify(
             )?;
             records.push(intent.becoming(ParticipantState::Active, record(held.committed())));
             reporter.progress(STEP, resolver_summary(&names, &readiness));
+            let (proxy_status, proxy) = verify_proxy(reporter, recorder, &proxied, proxy)?
+                .map(|(status, became, held)| {
+                    records.push(became);
+                    (Some(status), Some(held))
+                })
+                .unwrap_or_default();
             let status = NamesStatus {
                 names,
                 resolver: held.identity,
@@ -278,8 +315,15 @@ pub(super) fn verify(
                 readiness,
                 admitted: Vec::new(),
                 admitted_total: 0,
+                proxy: proxy_status,
             };
-            (Some(status), Some(held))
+            (
+                Some(status),
+                NameServers {
+                    resolver: Some(held),
+                    proxy,
+                },
+            )
         }
         (Some(_), None) => {
             return Err(failure(
@@ -310,7 +354,69 @@ pub(super) fn verify(
         recheck: NetworkRecheck::NotChecked,
         names,
     };
-    Ok((status, resolver, records))
+    Ok((status, servers, records))
+}
+
+/// Verifies the Credential Proxy's readiness against `proxied` (its
+/// hosts) and records it as intended; its status, its record becoming
+/// active, and its process. `None` when the profile has no credentials.
+fn verify_proxy(
+    reporter: &Reporter,
+    recorder: &Recorder,
+    proxied: &[String],
+    proxy: Option<(std::os::fd::OwnedFd, ProxyReadiness)>,
+) -> Result<Option<(ProxyStatus, Became, HeldProcess)>, Failure> {
+    let (pidfd, readiness) = match (proxied.is_empty(), proxy) {
+        (true, None) => return Ok(None),
+        (false, Some(proxy)) => proxy,
+        (true, Some(_)) => {
+            return Err(failure(
+                STEP,
+                "a Credential Proxy was started for a profile without credentials",
+            ));
+        }
+        (false, None) => {
+            return Err(failure(
+                STEP,
+                "the profile has credentials but no Credential Proxy serves them",
+            ));
+        }
+    };
+    readiness
+        .verify(proxied)
+        .map_err(|e| failure(STEP, format!("the Credential Proxy is refused: {e}")))?;
+    let held = HeldProcess::from_pidfd(pidfd).map_err(|e| at(STEP)(&e))?;
+    let record = |process| {
+        ParticipantOwnership::CredentialProxy(CredentialProxyOwnership {
+            hosts: proxied.to_vec(),
+            process,
+        })
+    };
+    let [intent] = recorder.record(
+        STEP,
+        Vec::new(),
+        [(
+            Slot::CREDENTIAL_PROXY,
+            record(PersistedHostProcessOwnership::Unassigned),
+        )],
+        None,
+    )?;
+    let became = intent.becoming(ParticipantState::Active, record(held.committed()));
+    reporter.progress(
+        STEP,
+        format!(
+            "the Credential Proxy serves {} on {}: the sandbox holds placeholders, the real \
+             values go only to those hosts",
+            proxied.join(", "),
+            readiness.listen
+        ),
+    );
+    let status = ProxyStatus {
+        process: held.identity,
+        running: true,
+        readiness,
+    };
+    Ok(Some((status, became, held)))
 }
 
 /// One line saying what the resolver's probes showed.

@@ -236,6 +236,7 @@ pub(super) fn send_plan(
     let Context {
         recorder,
         resolved,
+        credentials,
         generation,
         generation_dir,
         ..
@@ -263,7 +264,7 @@ pub(super) fn send_plan(
     )?;
     // One sealed memfd of the resolved environment serves the sandbox and
     // every session process.
-    let environment = environment_memfd(resolved).map_err(|e| {
+    let environment = environment_memfd(resolved, &credentials.environment()).map_err(|e| {
         failure(
             StartupStep::Sandbox,
             format!("cannot pass the sandbox environment: {e}"),
@@ -294,13 +295,23 @@ pub(super) fn send_plan(
 }
 
 /// The resolved sandbox environment in a sealed memfd: `NAME=value\0`
-/// entries. The values exist only in this process's memory and the memfd.
-fn environment_memfd(resolved: &ResolvedDomainConfiguration) -> std::io::Result<OwnedFd> {
+/// entries, the profile's `env` then `credentials` (each a placeholder,
+/// and the trust bundle's variables). The values exist only in this
+/// process's memory and the memfd.
+fn environment_memfd(
+    resolved: &ResolvedDomainConfiguration,
+    credentials: &[(String, String)],
+) -> std::io::Result<OwnedFd> {
+    let env = resolved
+        .environment()
+        .iter()
+        .map(|(name, value)| (name.as_str(), value.expose()));
+    let credentials = credentials.iter().map(|(n, v)| (n.as_str(), v.as_str()));
     lazaret_proto::memfd::sealed("lazaret-environment", |file| {
-        for (name, value) in resolved.environment() {
-            std::io::Write::write_all(file, name.as_str().as_bytes())?;
+        for (name, value) in env.chain(credentials) {
+            std::io::Write::write_all(file, name.as_bytes())?;
             std::io::Write::write_all(file, b"=")?;
-            std::io::Write::write_all(file, value.expose().as_bytes())?;
+            std::io::Write::write_all(file, value.as_bytes())?;
             std::io::Write::write_all(file, b"\0")?;
         }
         Ok(())
@@ -350,11 +361,12 @@ mod tests {
     fn the_sandbox_environment_is_sealed_as_name_value_entries() {
         let scratch = Scratch::new();
         let resolved = scratch.load("env = { TOKEN = \"env:LZ_TOKEN\" }");
-        let memfd = environment_memfd(&resolved).unwrap();
+        let memfd =
+            environment_memfd(&resolved, &[("KEY".into(), "sk-placeholder".into())]).unwrap();
         let file = std::fs::File::from(memfd);
         let mut bytes = vec![0u8; 64];
         let n = file.read_at(&mut bytes, 0).unwrap();
-        assert_eq!(&bytes[..n], b"TOKEN=secret\0");
+        assert_eq!(&bytes[..n], b"TOKEN=secret\0KEY=sk-placeholder\0");
         // Sealed: nothing can be added.
         assert!(file.write_at(b"X=y\0", n as u64).is_err());
     }

@@ -211,6 +211,10 @@ pub fn release_generation(
                 // Domain pid namespace; one that outlived it is stopped.
                 killed += usize::from(stop_recorded("resolver", n, &resolver.process)?);
             }
+            ParticipantOwnership::CredentialProxy(proxy) => {
+                // So does the Credential Proxy.
+                killed += usize::from(stop_recorded("credential proxy", n, &proxy.process)?);
+            }
         }
         store.put_participant(slot, &next)?;
     }
@@ -276,7 +280,7 @@ fn creation_rank(ownership: &ParticipantOwnership) -> u8 {
         ParticipantOwnership::StateAnchor(_) => 1,
         ParticipantOwnership::GitRouting(_) => 2,
         ParticipantOwnership::Network(_) => 3,
-        ParticipantOwnership::Resolver(_) => 3,
+        ParticipantOwnership::Resolver(_) | ParticipantOwnership::CredentialProxy(_) => 3,
         ParticipantOwnership::Helper(_) => 4,
         ParticipantOwnership::Sandbox(_) => 5,
         ParticipantOwnership::Publication(_) => 6,

@@ -228,6 +228,7 @@ struct Watched {
     slirp4netns: Exit,
     router: Exit,
     resolver: Option<Exit>,
+    proxy: Option<Exit>,
     terminate: tokio::signal::unix::Signal,
 }
 
@@ -271,6 +272,11 @@ impl Watched {
                 .resolver
                 .as_ref()
                 .map(|resolver| Exit::watch(resolver.pidfd.as_fd()))
+                .transpose()?,
+            proxy: live
+                .proxy
+                .as_ref()
+                .map(|proxy| Exit::watch(proxy.pidfd.as_fd()))
                 .transpose()?,
             terminate: tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?,
         })
@@ -317,6 +323,21 @@ impl Watched {
                         "Lazaret's resolver exited unexpectedly: names no longer resolve in \
                          the sandbox, and addresses already admitted expire; run `lazaret down \
                          {profile}` and `lazaret up {profile}` to start a new one",
+                        profile = resolved.profile().as_str()
+                    );
+                }
+                () = exited(self.proxy.as_ref()), if proxy_running(live) => {
+                    // Credentials fail closed: nothing listens for the
+                    // credential hosts any more, so the sandbox's requests
+                    // to them are refused. The generation stays; status
+                    // says what happened.
+                    if let Some(proxy) = live.network.names.as_mut().and_then(|n| n.proxy.as_mut()) {
+                        proxy.running = false;
+                    }
+                    tracing::error!(
+                        "the Credential Proxy exited unexpectedly: requests to the credential \
+                         hosts are refused; run `lazaret down {profile}` and `lazaret up \
+                         {profile}` to start a new one",
                         profile = resolved.profile().as_str()
                     );
                 }
@@ -390,6 +411,15 @@ fn resolver_running(live: &Live) -> bool {
         .names
         .as_ref()
         .is_some_and(|n| n.resolver_running)
+}
+
+/// Whether the generation's Credential Proxy is still taken to run.
+fn proxy_running(live: &Live) -> bool {
+    live.network
+        .names
+        .as_ref()
+        .and_then(|n| n.proxy.as_ref())
+        .is_some_and(|p| p.running)
 }
 
 /// Completes at `due`, or never when there is nothing due.

@@ -22,8 +22,8 @@ use lazaret_proto::ownership::NamespaceIdentity;
 use lazaret_proto::sidecar::AttestParameters;
 use lazaret_proto::store::Generation;
 use lazaret_proto::supervisor::{
-    AnchorMount, FdIndex, FdList, PLAN_LIMITS, SandboxPlan, SupervisorReport, SupervisorRequest,
-    VolumeMount,
+    AnchorMount, FdIndex, FdList, PLAN_LIMITS, ProxyPlan, SandboxPlan, SupervisorReport,
+    SupervisorRequest, VolumeMount,
 };
 use lazaret_storage::catalog::PreparedLower;
 
@@ -199,14 +199,23 @@ impl Supervisor {
         parameters: AttestParameters,
         policy: BorrowedFd<'_>,
         helper_ready: BorrowedFd<'_>,
+        proxy: Option<(BorrowedFd<'_>, Vec<String>)>,
     ) -> Result<(), Failure> {
         let request = SupervisorRequest::AttestNetwork {
             parameters,
             policy: FdIndex(0),
             helper_ready: FdIndex(1),
+            proxy: proxy.as_ref().map(|(_, hosts)| ProxyPlan {
+                credentials: FdIndex(2),
+                hosts: hosts.clone(),
+            }),
         };
+        let fds: Vec<BorrowedFd<'_>> = [policy, helper_ready]
+            .into_iter()
+            .chain(proxy.map(|(credentials, _)| credentials))
+            .collect();
         self.channel
-            .send(&request, &[policy, helper_ready])
+            .send(&request, &fds)
             .map_err(|e| at(StartupStep::Network)(&e))
     }
 
@@ -234,6 +243,9 @@ impl Supervisor {
 pub(super) struct Attested {
     pub(super) attestation: NetworkReadinessAttestation,
     pub(super) resolver: Option<(OwnedFd, lazaret_proto::resolver::ResolverReadiness)>,
+    /// For a profile with credentials, the Credential Proxy (its pidfd)
+    /// and what it reported.
+    pub(super) proxy: Option<(OwnedFd, lazaret_proto::credproxy::ProxyReadiness)>,
 }
 
 /// The router's report (`WorkspaceRouted`), handed to `routed` as soon as
@@ -267,19 +279,32 @@ fn await_routed_and_attested<R>(
                 attested = Some(Attested {
                     attestation: *attestation,
                     resolver: None,
+                    proxy: None,
                 });
             }
             SupervisorReport::NamesServed {
                 attestation,
                 resolver,
                 readiness,
+                proxy,
             } if attested.is_none() => {
+                let mut fds: Vec<Option<OwnedFd>> = received.fds.into_iter().map(Some).collect();
+                let proxy = proxy
+                    .map(|served| {
+                        served
+                            .pidfd
+                            .take(&mut fds)
+                            .map(|pidfd| (pidfd, served.readiness))
+                            .ok_or_else(|| failure(step, "the supervisor sent no proxy pidfd"))
+                    })
+                    .transpose()?;
                 let pidfd = resolver
-                    .pick(received.fds)
+                    .take(&mut fds)
                     .ok_or_else(|| failure(step, "the supervisor sent no resolver pidfd"))?;
                 attested = Some(Attested {
                     attestation: *attestation,
                     resolver: Some((pidfd, readiness)),
+                    proxy,
                 });
             }
             other => return Err(unexpected(step, &other)),

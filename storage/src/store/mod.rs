@@ -127,6 +127,8 @@ impl Slot {
     pub const GIT_ROUTING: Slot = Slot(8);
     /// Lazaret's resolver, for a policy with names.
     pub const RESOLVER: Slot = Slot(9);
+    /// The Credential Proxy, for a profile with credentials.
+    pub const CREDENTIAL_PROXY: Slot = Slot(10);
 
     /// The State Anchor of persistent dir `index`.
     pub fn state_anchor(index: usize) -> Slot {
@@ -146,6 +148,7 @@ impl Slot {
             Self::CONNECTIVITY_HELPER => "connectivity-helper".into(),
             Self::GIT_ROUTING => "git-routing".into(),
             Self::RESOLVER => "resolver".into(),
+            Self::CREDENTIAL_PROXY => "credential-proxy".into(),
             Slot(n) if n >= 100 => format!("state-anchor-{}", n - 100),
             Slot(n) => format!("slot-{n}"),
         }

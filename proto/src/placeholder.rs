@@ -60,7 +60,7 @@ impl Placeholder {
         while text.len() < prefix.len() + random {
             // Rejection sampling keeps every character equally likely:
             // 248 = 4 * 62 is the largest multiple of 62 a byte holds.
-            for byte in lazaret_proto::signing::random_bytes::<64>() {
+            for byte in crate::signing::random_bytes::<64>() {
                 if byte < 248 && text.len() < prefix.len() + random {
                     text.push(char::from(ALPHABET[usize::from(byte % 62)]));
                 }

@@ -1,0 +1,7 @@
+//! `lazaret-credproxy`: see the library's `role` module.
+
+#![forbid(unsafe_code)]
+
+fn main() -> std::process::ExitCode {
+    lazaret_credproxy::role::run()
+}
