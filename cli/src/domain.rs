@@ -34,18 +34,20 @@ fn locate(globals: &Globals, profile: &str) -> Result<(PathBuf, DomainPaths), Fa
     Ok((workspace, paths))
 }
 
-/// The host variables the profile's `env:` references name, which the
-/// coordinator is given; none when the configuration does not load (the
-/// coordinator loads it again and reports why).
+/// The host variables the profile's `env:` references and credentials
+/// name, which the coordinator is given; none when the configuration does
+/// not load (the coordinator loads it again and reports why).
 fn referenced_variables(globals: &Globals, profile: &str) -> Vec<String> {
     globals
         .load_with(profile, crate::config::EnvValues::Skip)
         .map(|resolved| {
+            let credentials = resolved.fingerprint_record().credentials();
             resolved
                 .record()
                 .environment_references
                 .iter()
                 .map(|r| r.host_name.clone())
+                .chain(credentials.iter().map(|c| c.host_name.clone()))
                 .collect()
         })
         .unwrap_or_default()

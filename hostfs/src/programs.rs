@@ -56,6 +56,10 @@ pub const COORDINATOR_ENVIRONMENT: &[&str] = &[
     "GIT_CONFIG_GLOBAL",
     "GIT_CONFIG_SYSTEM",
     "GIT_CONFIG_NOSYSTEM",
+    // Where the invoking user's trust store is, for the Credential Proxy
+    // to verify the real credential hosts against.
+    "SSL_CERT_FILE",
+    "SSL_CERT_DIR",
 ];
 
 /// The prefix of Lazaret's own settings, passed to the coordinator.

@@ -279,8 +279,6 @@ fn claude_code() -> Result {
         "schema = \"lazaret-trusted-host-config-v2\"\n\
          [profiles.p]\nimage = \"{image}\"\npersistent_dirs = []\n\
          allow_hosts = [\"{ANTHROPIC}\"]\n\
-         env = {{ DISABLE_TELEMETRY = \"1\", CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC = \"1\", \
-         DISABLE_AUTOUPDATER = \"1\" }}\n\
          [[profiles.p.credentials]]\nenv = \"ANTHROPIC_API_KEY\"\nvalue = \"env:LZ_E2E_KEY\"\n\
          hosts = [\"{ANTHROPIC}\"]\n"
     );
@@ -301,7 +299,8 @@ fn claude_code() -> Result {
             "--",
             "sh",
             "-c",
-            "cd /workspace && timeout 120 claude -p 'Write the file, please.' \
+            "cd /workspace && DISABLE_TELEMETRY=1 CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1 \
+             DISABLE_AUTOUPDATER=1 timeout 120 claude -p 'Write the file, please.' \
              --allowedTools Bash --output-format text </dev/null",
         ],
     );
