@@ -43,6 +43,9 @@ struct AgentProfile {
     key: &'static str,
     /// Where it keeps its own state inside the sandbox (beneath `/root`).
     state_dir: &'static str,
+    /// The host its API key is for: the Credential Proxy puts the real
+    /// key in requests to it (one of `api_hosts`).
+    key_host: &'static str,
     /// The hosts of its API, and what each is for.
     api_hosts: &'static [(&'static str, &'static str)],
     /// For a v1 file, which cannot name hosts: the published IPv4 ranges
@@ -82,6 +85,7 @@ impl Agent {
                 title: "Claude Code",
                 package: "@anthropic-ai/claude-code",
                 key: "ANTHROPIC_API_KEY",
+                key_host: "api.anthropic.com",
                 state_dir: "/root/.claude",
                 api_hosts: &[("api.anthropic.com", "Claude Code's API")],
                 v1_prefixes: &[(
@@ -93,6 +97,7 @@ impl Agent {
                 title: "Codex CLI",
                 package: "@openai/codex",
                 key: "OPENAI_API_KEY",
+                key_host: "api.openai.com",
                 state_dir: "/root/.codex",
                 api_hosts: &[("api.openai.com", "the Codex CLI's API")],
                 v1_prefixes: &[],
@@ -101,6 +106,7 @@ impl Agent {
                 title: "Gemini CLI",
                 package: "@google/gemini-cli",
                 key: "GEMINI_API_KEY",
+                key_host: "generativelanguage.googleapis.com",
                 state_dir: "/root/.gemini",
                 api_hosts: &[("generativelanguage.googleapis.com", "the Gemini API")],
                 v1_prefixes: &[],
@@ -109,6 +115,7 @@ impl Agent {
                 title: "opencode",
                 package: "opencode-ai",
                 key: "ANTHROPIC_API_KEY",
+                key_host: "api.anthropic.com",
                 state_dir: "/root/.local/share/opencode",
                 api_hosts: &[
                     (
@@ -181,10 +188,7 @@ pub fn profile_text(agent: Agent, name: &str, image: &str, schema: ConfigSchema)
          # storage on the host (<storage>/profiles/{name}/state).\n\
          volumes = [\n  \
            {{ host = \"{{profile_dir}}/state\", container = \"{state}\", kind = \"directory\", access = \"read-write\", create = true }},\n\
-         ]\n\
-         # The API key by reference: `export {key}=...` before `lazaret up {name}`.\n\
-         # Its value is never written to disk or logged.\n\
-         env = {{ {key} = \"env:{key}\" }}\n",
+         ]\n",
         title = p.title,
         package = p.package,
         table = toml_string(name),
@@ -192,7 +196,6 @@ pub fn profile_text(agent: Agent, name: &str, image: &str, schema: ConfigSchema)
         image = toml_string(image),
         agent = agent.name(),
         state = p.state_dir,
-        key = p.key,
     );
     let hosts = p.api_hosts.iter().chain(WORK_HOSTS);
     match schema {
@@ -212,8 +215,29 @@ pub fn profile_text(agent: Agent, name: &str, image: &str, schema: ConfigSchema)
                  # IPv4 prefixes the sandbox may reach beside the names (RFC 1918 never).\n\
                  allow_egress = []\n",
             );
+            // Array tables come last: every key after one is its own.
+            text.push_str(&format!(
+                "# The API key, by reference: `export {key}=...` before `lazaret up {name}`.\n\
+                 # The sandbox holds a placeholder in {key}; Lazaret's Credential Proxy\n\
+                 # puts the real key in the requests to {host}, and nowhere else.\n\
+                 # The value is never written to disk or logged.\n\
+                 [[profiles.{table}.credentials]]\n\
+                 env = \"{key}\"\n\
+                 value = \"env:{key}\"\n\
+                 hosts = [\"{host}\"]\n",
+                key = p.key,
+                host = p.key_host,
+                table = toml_string(name),
+            ));
         }
         ConfigSchema::V1 => {
+            text.push_str(&format!(
+                "# The API key by reference: `export {key}=...` before `lazaret up {name}`.\n\
+                 # Its value is never written to disk or logged, but the sandbox sees it\n\
+                 # (a v2 file can keep it out, as a credential).\n\
+                 env = {{ {key} = \"env:{key}\" }}\n",
+                key = p.key,
+            ));
             text.push_str(&format!(
                 "# Where the sandbox may connect: IPv4 prefixes, everything else is\n\
                  # unreachable (RFC 1918 always is). This file is v1, which allows\n\
@@ -448,11 +472,21 @@ mod tests {
                     lazaret_proto::config::ImageReference::parse("oci:/images/agents:x").unwrap()
                 );
                 let key = agent.profile().key;
-                assert!(text.contains(&format!("env = {{ {key} = \"env:{key}\" }}")));
                 let hosts = decoded.name_policy(name).allow_hosts;
+                let credentials = decoded.name_policy(name).credentials;
                 match schema {
-                    ConfigSchema::V1 => assert!(hosts.is_empty()),
-                    ConfigSchema::V2 => assert!(!hosts.is_empty(), "{text}"),
+                    ConfigSchema::V1 => {
+                        assert!(hosts.is_empty());
+                        assert!(text.contains(&format!("env = {{ {key} = \"env:{key}\" }}")));
+                    }
+                    ConfigSchema::V2 => {
+                        assert!(!hosts.is_empty(), "{text}");
+                        // The key is a credential, never in the sandbox.
+                        assert!(!text.contains("env = {"), "{text}");
+                        assert_eq!(credentials.len(), 1, "{text}");
+                        assert_eq!(credentials[0].env.as_str(), key);
+                        assert_eq!(credentials[0].hosts[0].as_str(), agent.profile().key_host);
+                    }
                 }
                 assert!(checked(&text, agent, agent.name(), "oci:/images/agents:x").is_ok());
             }

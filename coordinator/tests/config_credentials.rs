@@ -164,6 +164,26 @@ fn a_variable_also_in_env_is_refused_since_the_sandbox_would_see_the_value() {
 }
 
 #[test]
+fn a_trust_variable_in_env_is_refused_since_credentials_set_it() {
+    refused(
+        &doc(&format!(
+            "env = {{ NODE_EXTRA_CA_CERTS = \"env:HOST_CA\" }}\n{}",
+            entry("\"KEY\"", "\"env:HOST_KEY\"", "[\"api.anthropic.com\"]")
+        )),
+        "profiles.p.env.NODE_EXTRA_CA_CERTS",
+        &[
+            "sets NODE_EXTRA_CA_CERTS itself",
+            "/run/lazaret/ca-certificates.pem",
+        ],
+    );
+    // Without credentials, the profile may set it.
+    assert!(
+        decode_configuration(doc("env = { NODE_EXTRA_CA_CERTS = \"env:HOST_CA\" }").as_bytes())
+            .is_ok()
+    );
+}
+
+#[test]
 fn in_a_v1_document_credentials_are_unknown_with_a_hint() {
     let text = format!(
         "schema = \"lazaret-trusted-host-config-v1\"\n[profiles.p]\nimage = \"oci:/i:1\"\n{}",

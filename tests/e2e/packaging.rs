@@ -145,8 +145,8 @@ fn other_agents() -> Result {
 }
 
 /// A profile from `config init --agent claude` on the image CI built: the
-/// agent, git and node run; the API key arrives by reference and is
-/// nowhere on disk; a package installed with the image's own npm into
+/// agent, git and node run; the API key arrives by reference as a
+/// credential (the sandbox holds a placeholder) and is nowhere on disk; a package installed with the image's own npm into
 /// /root survives `down` and `up`.
 fn agent_image() -> Result {
     let image = agent_image_ref().expect("gated on the image");
@@ -172,8 +172,9 @@ fn agent_image() -> Result {
     assert!(version.contains("Claude Code"), "{version}");
     assert!(attach(&["git", "--version"]).starts_with("git version"));
     assert!(attach(&["node", "--version"]).starts_with('v'));
+    // The key is a credential: the sandbox holds a placeholder of its shape.
     let inside = attach(&["sh", "-c", "printf %s \"$ANTHROPIC_API_KEY\""]);
-    assert_eq!(inside, key);
+    assert!(inside.starts_with("sk-ant-") && inside != key, "{inside}");
 
     // Attached with no command, on a terminal, the image's login shell
     // starts the agent.
@@ -255,7 +256,13 @@ fn init_agent() -> Result {
     let mode = std::fs::metadata(s.config_path())?.permissions().mode() & 0o777;
     assert_eq!(mode, 0o600);
     let first = std::fs::read_to_string(s.config_path())?;
-    assert!(first.contains("env = { ANTHROPIC_API_KEY = \"env:ANTHROPIC_API_KEY\" }"));
+    assert!(
+        first.contains(
+            "[[profiles.\"claude\".credentials]]\nenv = \"ANTHROPIC_API_KEY\"\n\
+             value = \"env:ANTHROPIC_API_KEY\"\nhosts = [\"api.anthropic.com\"]\n"
+        ),
+        "{first}"
+    );
     assert!(
         first.contains("schema = \"lazaret-trusted-host-config-v2\""),
         "{first}"

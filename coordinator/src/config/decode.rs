@@ -224,6 +224,23 @@ fn check_credentials(
     profile: &ProfileV1,
     policy: &NamePolicyV2,
 ) -> Result<(), ConfigError> {
+    // With credentials, the sandbox's trust variables name the bundle that
+    // trusts the Credential Proxy; the profile cannot set them too.
+    if !policy.credentials.is_empty()
+        && let Some(name) = profile
+            .env
+            .keys()
+            .find(|n| lazaret_proto::credproxy::TRUST_VARIABLES.contains(&n.as_str()))
+    {
+        return Err(field(
+            format!("{at}.env.{name}"),
+            format!(
+                "a profile with credentials sets {name} itself, to {} (the image's CA \
+                 bundle and the Credential Proxy's CA); remove it from env",
+                lazaret_proto::credproxy::TRUST_PATH
+            ),
+        ));
+    }
     for (i, credential) in policy.credentials.iter().enumerate() {
         let here = format!("{at}.credentials[{i}]");
         let env = &credential.env;
