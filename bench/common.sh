@@ -58,3 +58,73 @@ bench_host() {
     } > "$scratch/home/.config/lazaret/config.toml"
     chmod 600 "$scratch/home/.config/lazaret/config.toml"
 }
+
+# test_net_setup SCRIPT LETTER: for a benchmark run as root that runs
+# Lazaret as the unprivileged BENCH_USER (default: the sudo user, else
+# nobody) beside a test network namespace. Refuses to run otherwise.
+# Builds the release binaries unless LAZARET_BIN_DIR names them, and copies
+# them to $scratch/bin ($lazaret is the CLI there). Makes the namespace
+# $ns, named as the tests' TestNet names its own (`lzt-<pid>-<n>`,
+# `lztr<pid % 10000>…`, LETTER ending the link names), so a test run's
+# stale clean-up keeps it while the script runs and removes it if the
+# script is killed: $root_link holds 198.18.0.1/24 on the root side, its
+# peer $test_link 198.18.0.10/24 inside. Sets user, uid, gid, as_user
+# (runs a command as the user, with the scratch HOME and runtime dir) and
+# an exit trap that takes profile `bench` down, stops each pid in
+# $servers, and removes the network and $scratch.
+test_net_setup() {
+    local script=$1 letter=$2 tag
+    user=${BENCH_USER:-${SUDO_USER:-nobody}}
+    if [ "$(id -u)" != 0 ]; then
+        echo "$script must run as root: it creates a test network namespace" >&2
+        exit 2
+    fi
+    uid=$(id -u "$user")
+    gid=$(id -g "$user")
+    if [ "$uid" = 0 ]; then
+        echo "BENCH_USER must be an unprivileged user, not $user" >&2
+        exit 2
+    fi
+    if [ -z "${LAZARET_BIN_DIR:-}" ]; then
+        cargo build --release --locked --workspace --bins -q
+        LAZARET_BIN_DIR=$(pwd)/target/release
+    fi
+    tag=$(printf '%04d' $(($$ % 10000)))
+    ns=lzt-$$-bench
+    root_link=lztr${tag}$letter
+    test_link=lzth${tag}$letter
+    servers=()
+    scratch=$(mktemp -d /tmp/lazaret-bench.XXXXXX)
+    chmod 755 "$scratch"
+    trap test_net_cleanup EXIT
+    mkdir -p "$scratch/bin"
+    find "$LAZARET_BIN_DIR" -maxdepth 1 -type f -name 'lazaret*' -perm -u+x ! -name '*.d' \
+        -exec install -m 0755 {} "$scratch/bin/" \;
+    lazaret=$scratch/bin/lazaret
+    [ -x "$lazaret" ] || { echo "no lazaret binary in $LAZARET_BIN_DIR" >&2; exit 1; }
+    ip netns add "$ns"
+    ip link add "$root_link" type veth peer name "$test_link"
+    ip link set "$test_link" netns "$ns"
+    ip addr add 198.18.0.1/24 dev "$root_link"
+    ip link set "$root_link" up
+    ip -n "$ns" addr add 198.18.0.10/24 dev "$test_link"
+    ip -n "$ns" link set "$test_link" up
+    ip -n "$ns" link set lo up
+}
+as_user() {
+    setpriv --reuid="$uid" --regid="$gid" --clear-groups -- \
+        env -i HOME="$scratch/home" XDG_RUNTIME_DIR="$scratch/run" PATH=/usr/sbin:/usr/bin:/sbin:/bin "$@"
+}
+test_net_cleanup() {
+    local pid
+    if [ -x "$scratch/bin/lazaret" ]; then
+        (cd "$scratch/project" && as_user "$scratch/bin/lazaret" down bench >/dev/null 2>&1) || true
+    fi
+    for pid in "${servers[@]}"; do
+        kill "$pid" 2>/dev/null || true
+        wait "$pid" 2>/dev/null || true
+    done
+    ip link del "$root_link" 2>/dev/null || true
+    ip netns del "$ns" 2>/dev/null || true
+    rm -rf "$scratch"
+}

@@ -27,72 +27,14 @@ source bench/common.sh
 rounds=${1:-7}
 mib=${2:-256}
 connects=200
-user=${BENCH_USER:-${SUDO_USER:-nobody}}
 
-if [ "$(id -u)" != 0 ]; then
-    echo "bench/network.sh must run as root: it creates a test network namespace" >&2
-    exit 2
-fi
-uid=$(id -u "$user")
-gid=$(id -g "$user")
-if [ "$uid" = 0 ]; then
-    echo "BENCH_USER must be an unprivileged user, not $user" >&2
-    exit 2
-fi
-
-if [ -z "${LAZARET_BIN_DIR:-}" ]; then
-    cargo build --release --locked --workspace --bins -q
-    LAZARET_BIN_DIR=$(pwd)/target/release
-fi
-
-# The test network, named as TestNet names its own (`lzt-<pid>-<n>`,
-# `lztr<pid % 10000>…`), so a test run's stale clean-up keeps it while this
-# script runs and removes it if this script is killed.
-tag=$(printf '%04d' $(($$ % 10000)))
-ns=lzt-$$-bench
-root_link=lztr${tag}b
-test_link=lzth${tag}b
-server=
-scratch=$(mktemp -d /tmp/lazaret-bench.XXXXXX)
-chmod 755 "$scratch"
-as_user() {
-    setpriv --reuid="$uid" --regid="$gid" --clear-groups -- \
-        env -i HOME="$scratch/home" XDG_RUNTIME_DIR="$scratch/run" PATH=/usr/sbin:/usr/bin:/sbin:/bin "$@"
-}
-cleanup() {
-    if [ -x "$scratch/bin/lazaret" ]; then
-        (cd "$scratch/project" && as_user "$scratch/bin/lazaret" down bench >/dev/null 2>&1) || true
-    fi
-    for pid in $server ${dns_server:-}; do
-        kill "$pid" 2>/dev/null || true
-        wait "$pid" 2>/dev/null || true
-    done
-    ip link del "$root_link" 2>/dev/null || true
-    ip netns del "$ns" 2>/dev/null || true
-    rm -rf "$scratch"
-}
-trap cleanup EXIT
-
-# Lazaret's binaries where the user can reach them (role binaries are found
-# beside `lazaret`), and the probe, built on its own as a static executable
-# so it runs in the busybox image.
-mkdir -p "$scratch/bin"
-find "$LAZARET_BIN_DIR" -maxdepth 1 -type f -name 'lazaret*' -perm -u+x ! -name '*.d' \
-    -exec install -m 0755 {} "$scratch/bin/" \;
-lazaret=$scratch/bin/lazaret
-[ -x "$lazaret" ] || { echo "no lazaret binary in $LAZARET_BIN_DIR" >&2; exit 1; }
+test_net_setup bench/network.sh b
+# The probe, built on its own as a static executable so it runs in the
+# busybox image.
 rustc --edition 2024 -O -C target-feature=+crt-static tests/netprobe/main.rs -o "$scratch/netprobe"
 
-ip netns add "$ns"
-ip link add "$root_link" type veth peer name "$test_link"
-ip link set "$test_link" netns "$ns"
-ip addr add 198.18.0.1/24 dev "$root_link"
-ip link set "$root_link" up
-ip -n "$ns" addr add 198.18.0.10/24 dev "$test_link"
-ip -n "$ns" link set "$test_link" up
-ip -n "$ns" link set lo up
 ip netns exec "$ns" "$scratch/netprobe" serve 198.18.0.10:5001 >"$scratch/serve.out" 2>&1 &
-server=$!
+servers+=($!)
 for _ in $(seq 50); do
     grep -qx ready "$scratch/serve.out" && break
     sleep 0.1
@@ -122,7 +64,7 @@ up_under_test_dns() {
 }
 ip netns exec "$ns" "$scratch/netprobe" dns 198.18.0.10:53 bench.test.invalid=198.19.0.10 \
     >"$scratch/dns.out" 2>&1 &
-dns_server=$!
+servers+=($!)
 if ! up_under_test_dns >"$scratch/up.log" 2>&1; then
     echo "lazaret up failed:" >&2
     cat "$scratch/up.log" >&2

@@ -172,6 +172,18 @@ pub fn roots(ders: &[Vec<u8>]) -> Result<RootCertStore, UpstreamError> {
 /// concurrency that reuses connections; past it, connections are new.
 pub const MAX_IDLE_HTTP1: usize = 8;
 
+/// The largest HTTP/2 frame the proxy accepts from a host: large, so a
+/// response body crosses the proxy in few frames (each one a wake-up and
+/// a copy), however small the frames the sandbox's client asks for.
+const UPSTREAM_FRAME: u32 = 1 << 20;
+
+/// How much of one response an HTTP/2 host may send ahead of the
+/// sandbox's reading, and of all responses on the connection: enough for
+/// the round trips of a fast stream. The connection's window bounds what
+/// the proxy holds for one host, however many streams the sandbox opens.
+const UPSTREAM_STREAM_WINDOW: u32 = 8 << 20;
+const UPSTREAM_CONNECTION_WINDOW: u32 = 16 << 20;
+
 /// A connection ready for one request.
 enum Sender {
     /// HTTP/1.1: origin-form target, `Host` header.
@@ -481,6 +493,9 @@ impl Upstream {
         if http2 {
             let (send, connection) = http2::Builder::new(TokioExecutor::new())
                 .timer(TokioTimer::new())
+                .max_frame_size(UPSTREAM_FRAME)
+                .initial_stream_window_size(UPSTREAM_STREAM_WINDOW)
+                .initial_connection_window_size(UPSTREAM_CONNECTION_WINDOW)
                 .handshake(io)
                 .await
                 .map_err(handshake)?;

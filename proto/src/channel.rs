@@ -495,6 +495,31 @@ impl<S: WireRecord, R: WireRecord> Endpoint<S, R> {
         })
     }
 
+    /// What a helper role the Runtime Supervisor starts does first in
+    /// `main`, while single-threaded: closes every descriptor it inherited
+    /// above standard error, refuses arguments (it is not run by hand),
+    /// starts logging to standard error (the Domain log) and takes its
+    /// channel from standard input. On failure, the exit code to return:
+    /// 1 when the descriptors could not be closed, else 2.
+    pub fn start_role(role: &'static str) -> Result<Self, std::process::ExitCode> {
+        if let Err(e) = crate::sys::close_inherited_descriptors() {
+            eprintln!("{role}: cannot close inherited descriptors: {e}");
+            return Err(std::process::ExitCode::FAILURE);
+        }
+        if std::env::args_os().len() > 1 {
+            eprintln!(
+                "{role}: started with unexpected arguments; it is started by \
+                 lazaret-supervisor, not by hand"
+            );
+            return Err(std::process::ExitCode::from(2));
+        }
+        crate::logging::init();
+        Self::take_role_stdin(role, "lazaret-supervisor").map_err(|e| {
+            eprintln!("{}", crate::error_chain(&e));
+            std::process::ExitCode::from(2)
+        })
+    }
+
     fn new(fd: OwnedFd) -> Self {
         Self {
             fd,

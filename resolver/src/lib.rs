@@ -97,26 +97,9 @@ fn failed_by(
 
 /// Runs the resolver until it is killed.
 pub fn run() -> ExitCode {
-    // Nothing inherited beyond the standard streams (the channel is
-    // standard input) stays open in a role.
-    if let Err(e) = lazaret_proto::sys::close_inherited_descriptors() {
-        eprintln!("lazaret-resolver: cannot close inherited descriptors: {e}");
-        return ExitCode::FAILURE;
-    }
-    if std::env::args_os().len() > 1 {
-        eprintln!(
-            "lazaret-resolver: started with unexpected arguments; it is started by \
-             lazaret-supervisor, not by hand"
-        );
-        return ExitCode::from(2);
-    }
-    lazaret_proto::logging::init();
-    let channel = match Channel::take_role_stdin("lazaret-resolver", "lazaret-supervisor") {
+    let channel = match Channel::start_role("lazaret-resolver") {
         Ok(channel) => channel,
-        Err(e) => {
-            tracing::error!("{}", chain(&e));
-            return ExitCode::from(2);
-        }
+        Err(code) => return code,
     };
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()

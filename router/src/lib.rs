@@ -74,26 +74,9 @@ fn failed_by(
 
 /// Runs the router.
 pub fn run() -> ExitCode {
-    // Nothing inherited beyond the standard streams (the channel is
-    // standard input) stays open in a role.
-    if let Err(e) = lazaret_proto::sys::close_inherited_descriptors() {
-        eprintln!("lazaret-router: cannot close inherited descriptors: {e}");
-        return ExitCode::FAILURE;
-    }
-    if std::env::args_os().len() > 1 {
-        eprintln!(
-            "lazaret-router: started with arguments; it is started by lazaret-supervisor, \
-             not by hand"
-        );
-        return ExitCode::from(2);
-    }
-    lazaret_proto::logging::init();
-    let channel = match Channel::take_role_stdin("lazaret-router", "lazaret-supervisor") {
+    let channel = match Channel::start_role("lazaret-router") {
         Ok(channel) => channel,
-        Err(e) => {
-            tracing::error!("{}", chain(&e));
-            return ExitCode::from(2);
-        }
+        Err(code) => return code,
     };
     let session = match start(&channel) {
         Ok((session, summary)) => {

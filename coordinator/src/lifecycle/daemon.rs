@@ -871,7 +871,7 @@ mod tests {
 
         use super::super::{
             Args, IgnoreChangesMode, Ownership, begin, load, new_generation, open_stores, own,
-            preflight, recover_stale,
+            recover_stale,
         };
         use crate::lifecycle::CONTROL_SOCKET;
         use crate::lifecycle::record::Recorder;

@@ -313,33 +313,10 @@ impl Watched {
                     }
                 }
                 () = exited(self.resolver.as_ref()), if resolver_running(live) => {
-                    // Names fail closed: nothing answers the sandbox's
-                    // queries, and no address is admitted any more. The
-                    // generation stays; status says what happened.
-                    if let Some(names) = live.network.names.as_mut() {
-                        names.resolver_running = false;
-                    }
-                    tracing::error!(
-                        "Lazaret's resolver exited unexpectedly: names no longer resolve in \
-                         the sandbox, and addresses already admitted expire; run `lazaret down \
-                         {profile}` and `lazaret up {profile}` to start a new one",
-                        profile = resolved.profile().as_str()
-                    );
+                    resolver_exited(live, resolved.profile().as_str());
                 }
                 () = exited(self.proxy.as_ref()), if proxy_running(live) => {
-                    // Credentials fail closed: nothing listens for the
-                    // credential hosts any more, so the sandbox's requests
-                    // to them are refused. The generation stays; status
-                    // says what happened.
-                    if let Some(proxy) = live.network.names.as_mut().and_then(|n| n.proxy.as_mut()) {
-                        proxy.running = false;
-                    }
-                    tracing::error!(
-                        "the Credential Proxy exited unexpectedly: requests to the credential \
-                         hosts are refused; run `lazaret down {profile}` and `lazaret up \
-                         {profile}` to start a new one",
-                        profile = resolved.profile().as_str()
-                    );
+                    proxy_exited(live, resolved.profile().as_str());
                 }
                 _ = self.terminate.recv() => return Ending::Terminated,
                 report = supervisor.recv() => match report {
@@ -420,6 +397,33 @@ fn proxy_running(live: &Live) -> bool {
         .as_ref()
         .and_then(|n| n.proxy.as_ref())
         .is_some_and(|p| p.running)
+}
+
+/// Names fail closed when the resolver exits: nothing answers the
+/// sandbox's queries, and no address is admitted any more. The generation
+/// stays; status says what happened.
+fn resolver_exited(live: &mut Live, profile: &str) {
+    if let Some(names) = live.network.names.as_mut() {
+        names.resolver_running = false;
+    }
+    tracing::error!(
+        "Lazaret's resolver exited unexpectedly: names no longer resolve in the sandbox, and \
+         addresses already admitted expire; run `lazaret down {profile}` and `lazaret up \
+         {profile}` to start a new one"
+    );
+}
+
+/// Credentials fail closed when the Credential Proxy exits: nothing
+/// listens for the credential hosts any more, so the sandbox's requests to
+/// them are refused. The generation stays; status says what happened.
+fn proxy_exited(live: &mut Live, profile: &str) {
+    if let Some(proxy) = live.network.names.as_mut().and_then(|n| n.proxy.as_mut()) {
+        proxy.running = false;
+    }
+    tracing::error!(
+        "the Credential Proxy exited unexpectedly: requests to the credential hosts are \
+         refused; run `lazaret down {profile}` and `lazaret up {profile}` to start a new one"
+    );
 }
 
 /// Completes at `due`, or never when there is nothing due.
