@@ -184,6 +184,19 @@ fn a_trust_variable_in_env_is_refused_since_credentials_set_it() {
 }
 
 #[test]
+fn an_env_entry_reading_a_credentials_value_is_refused() {
+    // Under another name in the sandbox, the real value would be inside.
+    refused(
+        &doc(&format!(
+            "env = {{ OTHER = \"env:HOST_KEY\" }}\n{}",
+            entry("\"KEY\"", "\"env:HOST_KEY\"", "[\"api.anthropic.com\"]")
+        )),
+        "profiles.p.env.OTHER",
+        &["reads env:HOST_KEY", "profiles.p.credentials[0]"],
+    );
+}
+
+#[test]
 fn in_a_v1_document_credentials_are_unknown_with_a_hint() {
     let text = format!(
         "schema = \"lazaret-trusted-host-config-v1\"\n[profiles.p]\nimage = \"oci:/i:1\"\n{}",

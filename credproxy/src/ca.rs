@@ -15,7 +15,8 @@ use std::time::{Duration, SystemTime};
 
 use rcgen::{
     BasicConstraints, CertificateParams, CertifiedIssuer, DistinguishedName, DnType,
-    ExtendedKeyUsagePurpose, IsCa, KeyPair, KeyUsagePurpose, SanType,
+    ExtendedKeyUsagePurpose, GeneralSubtree, IsCa, KeyPair, KeyUsagePurpose, NameConstraints,
+    SanType,
 };
 use rustls::crypto::ring::sign::any_ecdsa_type;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
@@ -93,13 +94,22 @@ fn generate_key(what: &'static str) -> Result<KeyPair, CaError> {
 
 impl Authority {
     /// Makes a CA with a fresh ECDSA P-256 key, which may sign only leaf
-    /// certificates.
+    /// certificates, and only for `names` (and names below them): its
+    /// name constraints say so, so a client that trusts it trusts it for
+    /// those hosts alone, whatever it signs.
     ///
     /// Its validity stays at rcgen's wide default, as the Session
     /// Coordinator's CA's does: the CA is bounded by the generation (its
     /// key dies with the proxy process), not by the clock.
-    pub fn generate() -> Result<Self, CaError> {
+    pub fn generate<'n>(names: impl IntoIterator<Item = &'n str>) -> Result<Self, CaError> {
         let mut params = CertificateParams::default();
+        params.name_constraints = Some(NameConstraints {
+            permitted_subtrees: names
+                .into_iter()
+                .map(|name| GeneralSubtree::DnsName(name.to_owned()))
+                .collect(),
+            excluded_subtrees: Vec::new(),
+        });
         let mut name = DistinguishedName::new();
         name.push(DnType::CommonName, "lazaret credential proxy CA");
         params.distinguished_name = name;
@@ -228,7 +238,8 @@ mod tests {
 
     #[test]
     fn a_leaf_is_issued_once_per_name_and_is_short_lived() {
-        let authority = Authority::generate().unwrap();
+        let authority =
+            Authority::generate(["api.example.invalid", "other.example.invalid"]).unwrap();
         let a = authority.issue("api.example.invalid").unwrap();
         let again = authority.issue("api.example.invalid").unwrap();
         assert!(Arc::ptr_eq(&a, &again));
@@ -243,8 +254,35 @@ mod tests {
     }
 
     #[test]
+    fn the_ca_is_trusted_only_for_its_names() {
+        use rustls::client::danger::ServerCertVerifier;
+        use rustls::pki_types::{ServerName, UnixTime};
+        let authority = Authority::generate(["api.example.invalid"]).unwrap();
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(authority.certificate_der()).unwrap();
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let verifier =
+            rustls::client::WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider)
+                .build()
+                .unwrap();
+        let verify = |name: &'static str| {
+            let leaf = authority.issue(name).unwrap();
+            verifier.verify_server_cert(
+                &leaf.cert[0],
+                &[],
+                &ServerName::try_from(name).unwrap(),
+                &[],
+                UnixTime::now(),
+            )
+        };
+        assert!(verify("api.example.invalid").is_ok());
+        // Even a leaf the CA signed for another name does not verify.
+        assert!(verify("other.example.invalid").is_err());
+    }
+
+    #[test]
     fn a_name_that_is_not_a_dns_name_is_refused() {
-        let authority = Authority::generate().unwrap();
+        let authority = Authority::generate(["api.example.invalid"]).unwrap();
         assert!(matches!(
             authority.issue("bücher.invalid"),
             Err(CaError::Name { .. })

@@ -21,14 +21,14 @@
 //!
 //! The role uses it in this order:
 //! ```text
-//! let authority = Arc::new(Authority::generate()?);   // CA key in memory
+//! let authority = Arc::new(Authority::generate(["api.anthropic.com"])?); // key in memory
 //! authority.certificate_pem();                         // into the sandbox's trust
 //! let mut hosts = Hosts::new();
 //! hosts.add("api.anthropic.com", placeholder, value)?;
 //! let proxy = Proxy::new(authority, Config {
 //!     hosts,
 //!     roots: roots(&ders)?,                            // the host's trust store
-//!     connector,                                       // resolve, connect marked
+//!     connector,                                       // resolve, connect
 //!     upstream_port: proxy::UPSTREAM_PORT,
 //!     limits: Limits::default(),
 //! })?;

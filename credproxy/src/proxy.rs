@@ -372,7 +372,9 @@ impl Proxy {
         let mut response = match self.forward(host, activity, request).await {
             Ok(response) => response,
             Err(error) => {
-                tracing::info!(host, "request refused: {}", chain(&error));
+                // Debug only: the sandbox decides how many requests are
+                // refused, and must not spend the Domain log's budget.
+                tracing::debug!(host, "request refused: {}", chain(&error));
                 error.response()
             }
         };
@@ -461,6 +463,11 @@ fn authority_of(host: &str, uri: &Uri, headers: &HeaderMap) -> Result<Authority,
         (None, Some(h)) => h,
         (None, None) => return Err(RequestError::NoHost),
     };
+    // A user-info part (`evil@host`) is not the host's business, and a
+    // front end might route on it: the authority goes upstream as sent.
+    if authority.as_str().contains('@') {
+        return Err(RequestError::UserInfo);
+    }
     let named = normalize(authority.host());
     let port = authority.port_u16();
     if named.as_deref() != Some(host) || port.is_some_and(|p| p != UPSTREAM_PORT) {
@@ -513,6 +520,8 @@ enum RequestError {
     NoHost,
     #[error("the request's Host and :authority disagree or are not host names")]
     BadHost,
+    #[error("the request's authority carries a user name; name the host alone")]
+    UserInfo,
     #[error("this connection is for {host}, not for {authority}; connect to {authority} itself")]
     Misdirected { host: String, authority: String },
     #[error("cannot put the credential for {host} into the request")]
@@ -530,7 +539,7 @@ impl RequestError {
         match self {
             Self::Busy { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Self::Connect => StatusCode::METHOD_NOT_ALLOWED,
-            Self::NoHost | Self::BadHost => StatusCode::BAD_REQUEST,
+            Self::NoHost | Self::BadHost | Self::UserInfo => StatusCode::BAD_REQUEST,
             Self::Misdirected { .. } => StatusCode::MISDIRECTED_REQUEST,
             Self::Rewrite { .. } => StatusCode::INTERNAL_SERVER_ERROR,
             Self::Upstream(
@@ -681,6 +690,16 @@ mod tests {
                 "https://other.example.invalid/",
                 None,
                 StatusCode::MISDIRECTED_REQUEST,
+            ),
+            (
+                "/",
+                Some("evil.example@api.example.invalid"),
+                StatusCode::BAD_REQUEST,
+            ),
+            (
+                "https://evil.example@api.example.invalid/",
+                None,
+                StatusCode::BAD_REQUEST,
             ),
         ] {
             let uri: Uri = uri.parse().unwrap();

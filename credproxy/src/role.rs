@@ -45,6 +45,11 @@ type Channel = Endpoint<ProxyReport, ProxyRequest>;
 /// twice, and a margin).
 const LOOKUP_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// How long one of a host's addresses has to accept a connection before
+/// the next is tried: a silent first address leaves the others time
+/// within the whole connection's bound.
+const ADDRESS_TIMEOUT: Duration = Duration::from_secs(3);
+
 fn failed(step: ProxyStep, detail: impl std::fmt::Display) -> ProxyError {
     ProxyError {
         step,
@@ -147,7 +152,9 @@ fn start(channel: &Channel) -> Result<(Proxy, TcpListener, ProxyReadiness), Prox
     }
     let roots = crate::upstream::roots(&credentials.roots)
         .map_err(|e| failed_by(ProxyStep::Tls, "", &e))?;
-    let authority = Arc::new(Authority::generate().map_err(|e| failed_by(ProxyStep::Tls, "", &e))?);
+    let authority = Arc::new(
+        Authority::generate(hosts.names()).map_err(|e| failed_by(ProxyStep::Tls, "", &e))?,
+    );
     let socket = |fd: OwnedFd, what: &str| -> Result<_, ProxyError> {
         let on_socket = |e: &io::Error| failed_by(ProxyStep::Sockets, what, e);
         Ok(fd)
@@ -254,9 +261,17 @@ impl Connect for Connector {
         Box::pin(async move {
             let mut last = None;
             for address in lookups.look_up(&host).await? {
-                match TcpStream::connect((address, port)).await {
-                    Ok(stream) => return Ok(stream),
-                    Err(e) => last = Some(e),
+                match tokio::time::timeout(ADDRESS_TIMEOUT, TcpStream::connect((address, port)))
+                    .await
+                {
+                    Ok(Ok(stream)) => return Ok(stream),
+                    Ok(Err(e)) => last = Some(e),
+                    Err(_) => {
+                        last = Some(io::Error::new(
+                            io::ErrorKind::TimedOut,
+                            format!("{address}:{port} did not answer within {ADDRESS_TIMEOUT:?}"),
+                        ));
+                    }
                 }
             }
             Err(last.unwrap_or_else(|| io::Error::other(format!("{host} has no address"))))

@@ -140,9 +140,12 @@ impl ProxyReadiness {
         if self.hosts != hosts {
             return Err(ProxyMismatch::Hosts(self.hosts.clone()));
         }
-        if !self
-            .ca_certificate
-            .starts_with("-----BEGIN CERTIFICATE-----")
+        // One PEM block, a certificate, and nothing else: it is written
+        // into the sandbox's trust bundle as it is.
+        let pem = self.ca_certificate.trim_end();
+        if !pem.starts_with("-----BEGIN CERTIFICATE-----")
+            || !pem.ends_with("-----END CERTIFICATE-----")
+            || pem.matches("-----").count() != 4
         {
             return Err(ProxyMismatch::Certificate);
         }
@@ -275,7 +278,7 @@ mod tests {
         let good = ProxyReadiness {
             listen: LISTEN,
             hosts: credentials.hosts(),
-            ca_certificate: "-----BEGIN CERTIFICATE-----\n...".into(),
+            ca_certificate: "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n".into(),
         };
         assert!(good.verify(&credentials.hosts()).is_ok());
         let mut other = good.clone();
@@ -290,11 +293,14 @@ mod tests {
             elsewhere.verify(&credentials.hosts()),
             Err(ProxyMismatch::Listen(_))
         ));
-        let mut no_ca = good;
-        no_ca.ca_certificate.clear();
-        assert!(matches!(
-            no_ca.verify(&credentials.hosts()),
-            Err(ProxyMismatch::Certificate)
-        ));
+        let two = format!("{0}{0}", good.ca_certificate);
+        for bad in ["", "-----BEGIN CERTIFICATE-----\n...", two.as_str()] {
+            let mut not_one = good.clone();
+            not_one.ca_certificate = bad.into();
+            assert!(matches!(
+                not_one.verify(&credentials.hosts()),
+                Err(ProxyMismatch::Certificate)
+            ));
+        }
     }
 }

@@ -338,8 +338,11 @@ impl Parts {
     }
 
     /// Answers the Credential Proxy's lookups, one at a time (it looks a
-    /// host up only to open a connection, and keeps it), until the proxy
-    /// closes its end. A host that is not proxied is refused.
+    /// host up only to open a connection, and keeps it), for as long as
+    /// the resolver runs: a datagram pair says nothing when the proxy's
+    /// end closes, and both end with the Domain pid namespace. An empty
+    /// datagram or a failed read ends it. A host that is not proxied is
+    /// refused.
     async fn serve_lookups(self, socket: std::os::unix::net::UnixDatagram) {
         let socket = match socket
             .set_nonblocking(true)

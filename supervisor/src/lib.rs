@@ -30,9 +30,12 @@
 //!    and writes the OCI bundle;
 //! 8. for `AttestNetwork`: hands the sidecar (in the enforcement
 //!    namespace, with CAP_NET_ADMIN alone) the policy and the connectivity
-//!    helper's ready pipe, and relays its attestation;
+//!    helper's ready pipe, and relays its attestation; with names, starts
+//!    Lazaret's resolver, and with credentials the Credential Proxy, and
+//!    relays their readiness;
 //! 9. on `RunSandbox`, and only with the plan staged and an attestation
-//!    relayed, runs `runsc run -detach`;
+//!    relayed, writes the sandbox's trust bundle (with credentials), makes
+//!    the control area read-only and runs `runsc run -detach`;
 //! 10. reports the pidfds of the runsc sandbox and gofer, which are now its
 //!    children, and reaps every orphan at once from then on;
 //! 11. on `Stop`, or when the coordinator vanishes, exits: the kernel ends

@@ -668,11 +668,12 @@ pub fn seal_control(
 }
 
 /// Where images keep their CA bundle: Debian and Ubuntu, Fedora and
-/// RHEL, Alpine.
-const IMAGE_TRUST: [&str; 3] = [
+/// RHEL, Alpine, openSUSE.
+const IMAGE_TRUST: [&str; 4] = [
     "etc/ssl/certs/ca-certificates.crt",
     "etc/pki/tls/certs/ca-bundle.crt",
     "etc/ssl/cert.pem",
+    "etc/ssl/ca-bundle.pem",
 ];
 
 /// The largest CA bundle taken from an image.
@@ -704,6 +705,10 @@ pub fn image_trust(rootfs: &Path) -> Result<Vec<u8>, MountError> {
         ) {
             Ok(file) => std::fs::File::from(file),
             Err(rustix::io::Errno::NOENT | rustix::io::Errno::NOTDIR) => continue,
+            Err(rustix::io::Errno::LOOP) => {
+                tracing::warn!("the image's {path} is a loop of links: not taken");
+                continue;
+            }
             Err(e) => return Err(failed(path, e.into())),
         };
         let metadata = file.metadata().map_err(|e| failed(path, e))?;
@@ -720,6 +725,11 @@ pub fn image_trust(rootfs: &Path) -> Result<Vec<u8>, MountError> {
             .map_err(|e| failed(path, e))?;
         return Ok(bytes);
     }
+    tracing::warn!(
+        "the image has no CA bundle at /{}: the sandbox trusts only the Credential Proxy, so \
+         TLS to any other host fails unless a client names its own trust",
+        IMAGE_TRUST.join(", /")
+    );
     Ok(Vec::new())
 }
 
@@ -1026,6 +1036,11 @@ mod tests {
             certs.join("ca-certificates.crt"),
         )
         .unwrap();
+        assert_eq!(image_trust(root.path()).unwrap(), b"");
+        // A loop of links: skipped, not a failure of `up`.
+        std::fs::remove_file(certs.join("ca-certificates.crt")).unwrap();
+        std::os::unix::fs::symlink("ca-certificates.crt", certs.join("ca-certificates.crt"))
+            .unwrap();
         assert_eq!(image_trust(root.path()).unwrap(), b"");
         // Not a regular file: skipped, the next taken.
         std::fs::remove_file(certs.join("ca-certificates.crt")).unwrap();

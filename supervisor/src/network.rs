@@ -1,14 +1,19 @@
 //! Starts the generation's Network Sidecar and relays its attestation, or
-//! its read-back of a running policy.
+//! its read-back of a running policy; with names, starts Lazaret's
+//! resolver, and with credentials the Credential Proxy beside it.
 //!
-//! Owns the sidecar's launch: the binary beside the supervisor's own (the
-//! supervisor's install path, never `PATH`), inside the enforcement network
-//! namespace this process holds, with CAP_NET_ADMIN alone, its channel on
-//! standard input. It hands the sidecar the namespace descriptor, the
-//! Host Coordinator's sealed policy memfd and the connectivity helper's
-//! ready pipe, waits for the one report, and
-//! reaps it. Trusts the Host Coordinator's request; does not trust the
-//! sidecar's report beyond relaying it (the Host Coordinator verifies it).
+//! Owns those roles' launches: each binary beside the supervisor's own
+//! (the supervisor's install path, never `PATH`), inside the enforcement
+//! network namespace this process holds, with its channel on standard
+//! input: the sidecar with CAP_NET_ADMIN alone, the resolver with
+//! CAP_NET_ADMIN and CAP_NET_BIND_SERVICE, the proxy with none. It hands
+//! the sidecar the namespace descriptor, the Host Coordinator's sealed
+//! policy memfd and the connectivity helper's ready pipe, waits for the
+//! one report, and reaps it. For the proxy it binds the listener on
+//! `127.0.0.54:443` and makes the lookup socket pair whose ends go to the
+//! resolver and the proxy, and passes the sealed credentials memfd on
+//! unread. Trusts the Host Coordinator's request; does not trust the
+//! reports beyond relaying them (the Host Coordinator verifies them).
 
 use std::os::fd::{BorrowedFd, OwnedFd};
 use std::time::Duration;

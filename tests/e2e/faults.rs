@@ -7,8 +7,11 @@
 //! running, no generation directory or mount left, and persistent state
 //! intact. The steps are the ones this build reaches, learned from a traced
 //! `up` and `down` (debug builds have the pause points; release builds
-//! none). Prints the matrix. Also: ten concurrent `up`s give one
-//! generation, and `up` racing `down` ends consistent.
+//! none). Prints the matrix. A second, smaller matrix does the same for a
+//! profile with names and a credential, at the steps of Lazaret's
+//! resolver and the Credential Proxy, killing those too. Also: ten
+//! concurrent `up`s give one generation, and `up` racing `down` ends
+//! consistent.
 
 use std::path::Path;
 use std::process::Command;
@@ -24,7 +27,25 @@ pub fn trials() -> Vec<Trial> {
     gated(
         runnable(),
         [
-            Trial::test("faults::every_step_and_participant_recovers", matrix),
+            Trial::test("faults::every_step_and_participant_recovers", || {
+                matrix(&Plan {
+                    config: config(),
+                    roles: &ROLES,
+                    step: |_| true,
+                    at_least: 20,
+                })
+            }),
+            Trial::test(
+                "faults::the_resolver_and_credential_proxy_steps_recover",
+                || {
+                    matrix(&Plan {
+                        config: names_config(),
+                        roles: &NAMES_ROLES,
+                        step: |s| s.ends_with(":resolver") || s.ends_with(":credential-proxy"),
+                        at_least: 8,
+                    })
+                },
+            ),
             Trial::test("faults::ten_concurrent_ups_make_one_generation", ten_ups),
             Trial::test("faults::up_racing_down_ends_consistent", up_racing_down),
         ],
@@ -41,8 +62,42 @@ const ROLES: [(&str, &str); 7] = [
     ("gofer", "runsc-gofer"),
 ];
 
+/// The participants a generation with names and credentials adds, and
+/// those that start them.
+const NAMES_ROLES: [(&str, &str); 5] = [
+    ("coordinator", "lazaret-coordinator"),
+    ("supervisor", "lazaret-supervisor"),
+    ("resolver", "lazaret-resolver"),
+    ("proxy", "lazaret-credproxy"),
+    ("slirp4netns", "slirp4netns"),
+];
+
 fn config() -> String {
     crate::domain::config(&busybox_image(), "\"/root\"")
+}
+
+/// A v2 profile with a name and a credential, so that `up` starts
+/// Lazaret's resolver and the Credential Proxy. The credential's value is
+/// `HOME`, which every `lazaret` the test runs has: recovery's `up`s need
+/// no environment of their own.
+fn names_config() -> String {
+    format!(
+        "schema = \"lazaret-trusted-host-config-v2\"\n\
+         [profiles.p]\nimage = \"{}\"\npersistent_dirs = [\"/root\"]\n\
+         allow_hosts = [\"api.test.invalid\"]\n\
+         [[profiles.p.credentials]]\nenv = \"API_KEY\"\nvalue = \"env:HOME\"\n\
+         hosts = [\"api.test.invalid\"]\n",
+        busybox_image()
+    )
+}
+
+/// One matrix: the profile, the participants to kill at each step, the
+/// steps it pauses at, and the fewest participants it must have killed.
+struct Plan {
+    config: String,
+    roles: &'static [(&'static str, &'static str)],
+    step: fn(&str) -> bool,
+    at_least: usize,
 }
 
 /// The oldest live process of the test user whose command line holds
@@ -119,8 +174,8 @@ struct Case {
     leaked: Vec<String>,
 }
 
-fn matrix() -> Result {
-    let (_serial, host) = host_with_config(&config());
+fn matrix(plan: &Plan) -> Result {
+    let (_serial, host) = host_with_config(&plan.config);
     let ws = host.workspace.clone();
     let faults = host.user_dir("faults");
     let marker = faults.join("marker");
@@ -163,13 +218,18 @@ fn matrix() -> Result {
         "the trace names no steps: {steps:?} (is this a debug build?)"
     );
 
+    steps.retain(|(step, _)| (plan.step)(step));
+    assert!(
+        !steps.is_empty(),
+        "the traces reach none of this matrix's steps"
+    );
     let mut cases: Vec<Case> = Vec::new();
     for (step, in_down) in &steps {
         if step == "image:staged" {
             let out = host.lazaret(&ws, &["image", "prune"]);
             assert!(out.status.success(), "{}", text(&out));
         }
-        for &(role, pattern) in &ROLES {
+        for &(role, pattern) in plan.roles {
             let _ = std::fs::remove_file(&marker);
             let env = vec![
                 ("LAZARET_FAULT_PAUSE", step.clone()),
@@ -312,7 +372,7 @@ fn matrix() -> Result {
         .into());
     }
     assert!(
-        killed >= 20,
+        killed >= plan.at_least,
         "only {killed} participants were killed: {} cases",
         cases.len()
     );

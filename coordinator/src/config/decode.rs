@@ -253,6 +253,21 @@ fn check_credentials(
                 ),
             ));
         }
+        let source = credential.value.host_name();
+        if let Some((name, _)) = profile
+            .env
+            .iter()
+            .find(|(_, reference)| reference.host_name() == source)
+        {
+            return Err(field(
+                format!("{at}.env.{name}"),
+                format!(
+                    "`{name}` reads {}, the real value of {here}, which would give the sandbox \
+                     the real value; remove it from env",
+                    credential.value.as_str()
+                ),
+            ));
+        }
         if let Some(j) = policy.credentials[..i].iter().position(|c| &c.env == env) {
             return Err(field(
                 format!("{here}.env"),

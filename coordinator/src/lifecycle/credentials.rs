@@ -82,9 +82,16 @@ impl<'a> Credentials<'a> {
             .collect()
     }
 
-    /// Every host the proxy serves, sorted, each once.
+    /// Every host the proxy serves, sorted, each once (as
+    /// [`ProxyCredentials::hosts`] lists them, without copying a value).
     pub(super) fn hosts(&self) -> Vec<String> {
-        self.proxy_credentials(Vec::new()).hosts()
+        let hosts: std::collections::BTreeSet<&str> = self
+            .resolved
+            .credentials()
+            .iter()
+            .flat_map(|c| c.hosts.iter().map(|h| h.as_str()))
+            .collect();
+        hosts.into_iter().map(str::to_owned).collect()
     }
 
     fn proxy_credentials(&self, roots: Vec<Vec<u8>>) -> ProxyCredentials {

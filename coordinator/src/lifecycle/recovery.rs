@@ -299,8 +299,8 @@ mod tests {
     use lazaret_proto::common::{HostPath, UnixTimeNs};
     use lazaret_proto::ids::{CliId, GenerationId, SessionId};
     use lazaret_proto::ownership::{
-        HelperOwnership, ParticipantOwnership, PreparedLowerOwnership, PublicationOwnership,
-        SandboxOwnership, StateAnchorOwnership,
+        CredentialProxyOwnership, HelperOwnership, ParticipantOwnership, PreparedLowerOwnership,
+        PublicationOwnership, ResolverOwnership, SandboxOwnership, StateAnchorOwnership,
     };
     use lazaret_proto::process::{
         HostProcessIdentity, LegacyUnverifiedProcessIdentityV1, PersistedHostProcessOwnership,
@@ -530,6 +530,44 @@ mod tests {
         );
         assert_eq!(domain.state(Slot::SANDBOX), ParticipantState::Released);
         assert_eq!(domain.state(Slot::SUPERVISOR), ParticipantState::Released);
+    }
+
+    #[test]
+    fn a_resolver_and_a_credential_proxy_that_outlived_their_domain_are_killed() {
+        // They end with the Domain pid namespace; recovery still stops
+        // ones that did not, so no proxy holding real values outlives it.
+        let domain = Domain::new();
+        let (mut resolver, held_resolver) = child("sleep", &["60"]);
+        let (mut proxy, held_proxy) = child("sleep", &["60"]);
+        domain.record(
+            Slot::RESOLVER,
+            ParticipantState::Active,
+            ParticipantOwnership::Resolver(ResolverOwnership {
+                names_digest: None,
+                process: held_resolver.committed(),
+            }),
+        );
+        domain.record(
+            Slot::CREDENTIAL_PROXY,
+            ParticipantState::Active,
+            ParticipantOwnership::CredentialProxy(CredentialProxyOwnership {
+                hosts: vec!["api.example.invalid".into()],
+                process: held_proxy.committed(),
+            }),
+        );
+        assert_eq!(domain.release().unwrap(), 2);
+        for child in [&mut resolver, &mut proxy] {
+            let status = child.wait().unwrap();
+            assert_eq!(
+                std::os::unix::process::ExitStatusExt::signal(&status),
+                Some(9)
+            );
+        }
+        assert_eq!(domain.state(Slot::RESOLVER), ParticipantState::Released);
+        assert_eq!(
+            domain.state(Slot::CREDENTIAL_PROXY),
+            ParticipantState::Released
+        );
     }
 
     #[test]

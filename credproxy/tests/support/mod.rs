@@ -284,11 +284,12 @@ pub async fn proxy(
     connector: Arc<dyn lazaret_credproxy::Connect>,
     limits: Limits,
 ) -> Running {
-    let authority = Arc::new(Authority::generate().unwrap());
+    let served = hosts();
+    let authority = Arc::new(Authority::generate(served.names()).unwrap());
     let proxy = Proxy::new(
         authority.clone(),
         Config {
-            hosts: hosts(),
+            hosts: served,
             roots,
             connector,
             upstream_port: 443,
