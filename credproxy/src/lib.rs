@@ -13,7 +13,9 @@
 //! - [`rewrite`]: the placeholders replaced in header values, nowhere
 //!   else;
 //! - [`upstream`]: connections to the real hosts, verified against the
-//!   roots the caller gives.
+//!   roots the caller gives;
+//! - `redact`: the real values taken back out of a response (an echo),
+//!   as its placeholders.
 //!
 //! [`hosts`] holds what is served and the real values;
 //! [`Placeholder`] (in `lazaret_proto`, since the Host Coordinator makes
@@ -46,6 +48,7 @@ mod activity;
 pub mod ca;
 pub mod hosts;
 pub mod proxy;
+mod redact;
 pub mod rewrite;
 pub mod role;
 pub mod upstream;

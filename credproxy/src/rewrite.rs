@@ -4,7 +4,8 @@
 //! Owns the one place a real value enters a request: every occurrence of
 //! a credential's placeholder inside a header value (`x-api-key: PH`,
 //! `authorization: Bearer PH`) becomes the value; header names, the
-//! request line, the body and every response are left as they are.
+//! request line and the body are left as they are (responses are
+//! [`crate::redact`]'s).
 //! Trusts nothing in the request (it comes from the sandbox): a value is
 //! scanned once, left to right, so nothing the real value holds is
 //! scanned again, and a result that is not a valid header value refuses

@@ -161,6 +161,29 @@ async fn stream_through(running: &Running, good: &Upstream, http2: bool) {
 }
 
 #[tokio::test]
+async fn a_value_the_host_echoes_reaches_the_sandbox_as_its_placeholder() {
+    let (running, good, _bad) = setup(&[b"h2", b"http/1.1"]).await;
+    for http2 in [false, true] {
+        let (mut client, _task) = Client::connect(&running, API, http2).await;
+        let request = client.request(
+            API,
+            "/echo-key",
+            &[("x-api-key", PLACEHOLDER), ("accept-encoding", "gzip")],
+            "",
+        );
+        let response = client.send(request).await.unwrap();
+        assert_eq!(response.status(), 200);
+        assert_eq!(response.headers()["x-echo"], PLACEHOLDER);
+        // The placeholder is longer than the value: no stale length.
+        assert!(response.headers().get("content-length").is_none());
+        assert_eq!(text(response).await, format!("bad key: {PLACEHOLDER}"));
+        let seen = good.seen().pop().unwrap();
+        assert_eq!(seen.headers["x-api-key"], REAL);
+        assert_eq!(seen.headers["accept-encoding"], "identity");
+    }
+}
+
+#[tokio::test]
 async fn an_upstream_that_cannot_be_reached_is_a_502() {
     let ca = TestCa::new("test CA");
     let running = proxy(ca.roots(), local(HashMap::new()), Limits::default()).await;

@@ -175,16 +175,26 @@ fn only_to_its_hosts() -> Result {
     assert_eq!(lines[2], "/run/lazaret/ca-certificates.pem");
 
     // To the credential's host: the real value in every header that held
-    // the placeholder, over HTTP/2 and HTTP/1.1.
+    // the placeholder, over HTTP/2 and HTTP/1.1. The API echoes what it
+    // received; the sandbox reads the echo with the placeholder back in
+    // the real value's place.
     for version in ["--http2", "--http1.1"] {
-        // (The echo would show the sandbox what the API received.)
         let script = format!(
-            "curl -sS --fail -o /dev/null {version} -H \"x-api-key: $API_KEY\" \
+            "curl -sS --fail {version} -H \"x-api-key: $API_KEY\" \
              -H \"Authorization: Bearer $API_KEY\" -H 'x-other: untouched' \
              https://{API}/echo"
         );
         let out = shell(&host, &script);
         assert!(out.status.success(), "{version}: {}", text(&out));
+        let echoed = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            !echoed.contains(REAL),
+            "{version}: the echo gave the sandbox the value"
+        );
+        assert!(
+            echoed.contains(&format!("Bearer {placeholder}")),
+            "{version}: {echoed}"
+        );
     }
     let requests = api.requests_to(API);
     assert_eq!(requests.len(), 2, "{requests:?}");

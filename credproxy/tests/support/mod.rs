@@ -194,6 +194,18 @@ async fn answer(
             pass(&gate).await;
             Response::new(http_body_util::Either::Left(Full::from("held")))
         }
+        // Quotes the key it was sent, in a header and in the body (with a
+        // length), as an API's error might.
+        "/echo-key" => {
+            let key = parts.headers.get("x-api-key").cloned().unwrap();
+            let mut quoted = b"bad key: ".to_vec();
+            quoted.extend_from_slice(key.as_bytes());
+            Response::builder()
+                .header("x-echo", key)
+                .header("content-length", quoted.len().to_string())
+                .body(http_body_util::Either::Left(Full::from(quoted)))
+                .unwrap()
+        }
         // Closes the connection after answering.
         "/close" => Response::builder()
             .header("connection", "close")
