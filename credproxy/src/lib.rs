@@ -15,7 +15,8 @@
 //! - [`upstream`]: connections to the real hosts, verified against the
 //!   roots the caller gives;
 //! - `redact`: the real values taken back out of a response (an echo),
-//!   as its placeholders.
+//!   as its placeholders, and the response body that streams them;
+//! - `substitute`: the one scan both directions use.
 //!
 //! [`hosts`] holds what is served and the real values;
 //! [`Placeholder`] (in `lazaret_proto`, since the Host Coordinator makes
@@ -51,6 +52,7 @@ pub mod proxy;
 mod redact;
 pub mod rewrite;
 pub mod role;
+mod substitute;
 pub mod upstream;
 
 pub use ca::{Authority, CaError, Resolver};

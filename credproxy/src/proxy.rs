@@ -18,9 +18,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use http::header::{
-    ACCEPT_ENCODING, CONNECTION, CONTENT_LENGTH, CONTENT_TYPE, HOST, TE, TRANSFER_ENCODING, UPGRADE,
-};
+use http::header::{CONNECTION, CONTENT_TYPE, HOST, TE, TRANSFER_ENCODING, UPGRADE};
 use http::uri::Authority;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, Uri};
 use hyper::body::{Body, Bytes, Frame, Incoming, SizeHint};
@@ -37,7 +35,7 @@ use lazaret_proto::error_chain as chain;
 use crate::activity::{Activity, InFlight, Watched};
 use crate::ca::{Authority as CertificateAuthority, Resolver};
 use crate::hosts::{Hosts, normalize};
-use crate::redact::Redactor;
+use crate::redact::{Redacted, Redactor};
 use crate::rewrite::{RewriteError, rewrite};
 use crate::upstream::{Connect, Upstream, UpstreamBody, UpstreamError};
 
@@ -411,10 +409,7 @@ impl Proxy {
         })?;
         let redactor = Redactor::new(credentials);
         if redactor.is_some() {
-            // The response must be readable to take the values back out.
-            parts
-                .headers
-                .insert(ACCEPT_ENCODING, HeaderValue::from_static("identity"));
+            Redactor::ask_readable(&mut parts.headers);
         }
         let downstream_version = parts.version;
         let waiting = activity.waiting();
@@ -431,10 +426,7 @@ impl Proxy {
         let (mut parts, body) = response.into_parts();
         strip_hop_by_hop(&mut parts.headers);
         if let Some(redactor) = &redactor {
-            redactor.headers(&mut parts.headers);
-            if !redactor.keeps_length() {
-                parts.headers.remove(CONTENT_LENGTH);
-            }
+            redactor.head(&mut parts.headers);
         }
         parts.version = downstream_version;
         Ok(Response::from_parts(
@@ -592,13 +584,8 @@ pub(crate) struct ProxyBody {
 
 enum Kind {
     Upstream {
-        body: UpstreamBody,
+        body: Redacted<UpstreamBody>,
         _slot: OwnedSemaphorePermit,
-        redactor: Option<Box<Redactor>>,
-        /// Trailers held while the redactor's last bytes go first.
-        trailers: Option<HeaderMap>,
-        /// Whether the host's body has ended.
-        ended: bool,
     },
     Message(Option<Bytes>),
 }
@@ -611,11 +598,8 @@ impl ProxyBody {
     ) -> Self {
         Self {
             kind: Kind::Upstream {
-                body,
+                body: Redacted::new(body, redactor),
                 _slot: slot,
-                redactor: redactor.map(Box::new),
-                trailers: None,
-                ended: false,
             },
             in_flight: None,
         }
@@ -638,53 +622,6 @@ impl Body for ProxyBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         match &mut self.kind {
-            Kind::Upstream {
-                body,
-                redactor: Some(redactor),
-                trailers,
-                ended,
-                ..
-            } => {
-                if let Some(trailers) = trailers.take() {
-                    return Poll::Ready(Some(Ok(Frame::trailers(trailers))));
-                }
-                if *ended {
-                    return Poll::Ready(None);
-                }
-                loop {
-                    let frame = match std::task::ready!(Pin::new(&mut *body).poll_frame(cx)) {
-                        Some(Ok(frame)) => frame,
-                        Some(Err(e)) => return Poll::Ready(Some(Err(e))),
-                        None => {
-                            *ended = true;
-                            return Poll::Ready(
-                                redactor.finish().map(|rest| Ok(Frame::data(rest))),
-                            );
-                        }
-                    };
-                    let frame = match frame.into_data() {
-                        Ok(data) => match redactor.push(data) {
-                            // All of it held back: wait for more.
-                            out if out.is_empty() => continue,
-                            out => Frame::data(out),
-                        },
-                        Err(frame) => match frame.into_trailers() {
-                            Ok(mut map) => {
-                                redactor.headers(&mut map);
-                                match redactor.finish() {
-                                    Some(rest) => {
-                                        *trailers = Some(map);
-                                        Frame::data(rest)
-                                    }
-                                    None => Frame::trailers(map),
-                                }
-                            }
-                            Err(_) => continue,
-                        },
-                    };
-                    return Poll::Ready(Some(Ok(frame)));
-                }
-            }
             Kind::Upstream { body, .. } => Pin::new(body).poll_frame(cx),
             Kind::Message(text) => Poll::Ready(text.take().map(|t| Ok(Frame::data(t)))),
         }
@@ -692,28 +629,13 @@ impl Body for ProxyBody {
 
     fn is_end_stream(&self) -> bool {
         match &self.kind {
-            Kind::Upstream {
-                body,
-                redactor,
-                trailers,
-                ended,
-                ..
-            } => {
-                *ended
-                    || (body.is_end_stream()
-                        && trailers.is_none()
-                        && redactor.as_ref().is_none_or(|r| r.holds_nothing()))
-            }
+            Kind::Upstream { body, .. } => body.is_end_stream(),
             Kind::Message(text) => text.is_none(),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match &self.kind {
-            Kind::Upstream {
-                redactor: Some(redactor),
-                ..
-            } if !redactor.keeps_length() => SizeHint::default(),
             Kind::Upstream { body, .. } => body.size_hint(),
             Kind::Message(text) => {
                 SizeHint::with_exact(text.as_ref().map_or(0, |t| t.len() as u64))

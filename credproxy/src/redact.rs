@@ -3,20 +3,26 @@
 //! value of one of that host's credentials, the sandbox gets the
 //! placeholder instead.
 //!
-//! Owns the one place the proxy looks at a response's bytes. The request
-//! side ([`crate::rewrite`]) puts the value into whatever header the
-//! sandbox chose; a host that quotes a header back (an echo, an error
-//! naming a bad value) would otherwise hand the value to the sandbox.
-//! The body streams through as it comes: only a chunk's last bytes that
-//! could begin a value wait for the next chunk, and only as many as the
-//! value is long. What it cannot see: a value the host transforms
-//! (compresses, encodes, cuts). The proxy asks hosts for uncompressed
-//! responses so that it sees the rest. Trusts nothing in the response.
+//! Owns the one place the proxy looks at a response's bytes, and the
+//! response body that streams them ([`Redacted`]). The request side
+//! ([`crate::rewrite`]) puts the value into whatever header the sandbox
+//! chose; a host that quotes a header back (an echo, an error naming a
+//! bad value) would otherwise hand the value to the sandbox. The body
+//! streams through as it comes: only a chunk's last bytes that could begin
+//! a value wait for the next chunk, and only as many as the value is
+//! long. What it cannot see: a value the host transforms (compresses,
+//! encodes, cuts). The proxy asks hosts for uncompressed responses so that
+//! it sees the rest. Trusts nothing in the response.
 
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use http::header::{ACCEPT_ENCODING, CONTENT_LENGTH};
 use http::{HeaderMap, HeaderValue};
-use hyper::body::Bytes;
+use hyper::body::{Body, Bytes, Frame, SizeHint};
 
 use crate::hosts::Credential;
+use crate::substitute::Way;
 
 /// Replaces each real value in a stream of chunks, holding back the tail
 /// of a chunk that may begin one.
@@ -31,20 +37,31 @@ pub(crate) struct Redactor {
 impl Redactor {
     /// A redactor of `credentials`' values, or `None` when there are none.
     pub(crate) fn new(credentials: &[Credential]) -> Option<Self> {
-        let mut starts = [false; 256];
-        for credential in credentials {
-            starts[usize::from(*credential.value().first()?)] = true;
-        }
         (!credentials.is_empty()).then(|| Self {
             credentials: credentials.into(),
-            starts,
+            starts: Way::ToPlaceholder.starts(credentials),
             carry: Vec::new(),
         })
     }
 
+    /// Asks the host, in the request's `headers`, for a response this
+    /// can read: uncompressed.
+    pub(crate) fn ask_readable(headers: &mut HeaderMap) {
+        headers.insert(ACCEPT_ENCODING, HeaderValue::from_static("identity"));
+    }
+
+    /// The response's head as the sandbox gets it: values taken out of
+    /// `headers`, and no `Content-Length` a replacement would falsify.
+    pub(crate) fn head(&self, headers: &mut HeaderMap) {
+        self.headers(headers);
+        if !self.keeps_length() {
+            headers.remove(CONTENT_LENGTH);
+        }
+    }
+
     /// Whether every placeholder is as long as its value, so a body keeps
     /// its length.
-    pub(crate) fn keeps_length(&self) -> bool {
+    fn keeps_length(&self) -> bool {
         self.credentials
             .iter()
             .all(|c| c.placeholder().len() == c.value().len())
@@ -94,60 +111,98 @@ impl Redactor {
         (!carry.is_empty()).then(|| Bytes::from(carry))
     }
 
-    /// Copies `input` to `out` with every value replaced by its
-    /// placeholder (the longest that matches at each position). With
-    /// `hold`, a tail that is the start of a value is not copied: where it
-    /// begins is returned.
-    fn scan(&self, input: &[u8], hold: bool, out: &mut Vec<u8>) -> Scanned {
-        let mut copied = 0;
-        let mut at = 0;
-        let mut replaced = false;
-        while let Some(skip) = input[at..]
-            .iter()
-            .position(|b| self.starts[usize::from(*b)])
-        {
-            let pos = at + skip;
-            let rest = &input[pos..];
-            let whole = self
-                .credentials
-                .iter()
-                .filter(|c| rest.starts_with(c.value()))
-                .max_by_key(|c| c.value().len());
-            if let Some(credential) = whole {
-                out.extend_from_slice(&input[copied..pos]);
-                out.extend_from_slice(credential.placeholder());
-                at = pos + credential.value().len();
-                copied = at;
-                replaced = true;
-            } else if hold
-                && self
-                    .credentials
-                    .iter()
-                    .any(|c| c.value().len() > rest.len() && c.value().starts_with(rest))
-            {
-                out.extend_from_slice(&input[copied..pos]);
-                return Scanned {
-                    replaced,
-                    held_from: Some(pos),
-                };
-            } else {
-                at = pos + 1;
-            }
-        }
-        out.extend_from_slice(&input[copied..]);
-        Scanned {
-            replaced,
-            held_from: None,
+    fn scan(&self, input: &[u8], hold: bool, out: &mut Vec<u8>) -> crate::substitute::Scanned {
+        Way::ToPlaceholder.scan(&self.credentials, &self.starts, input, hold, out)
+    }
+}
+
+/// A host's response body as the sandbox gets it: as it comes, with the
+/// values taken out when there is a [`Redactor`].
+pub(crate) struct Redacted<B> {
+    body: B,
+    redactor: Option<Box<Redactor>>,
+    /// Trailers held while the redactor's last bytes go first.
+    trailers: Option<HeaderMap>,
+    /// Whether `body` has ended.
+    ended: bool,
+}
+
+impl<B> Redacted<B> {
+    /// `body`, through `redactor` if there is one.
+    pub(crate) fn new(body: B, redactor: Option<Redactor>) -> Self {
+        Self {
+            body,
+            redactor: redactor.map(Box::new),
+            trailers: None,
+            ended: false,
         }
     }
 }
 
-/// What a scan did.
-struct Scanned {
-    /// Whether a value was replaced.
-    replaced: bool,
-    /// Where the held-back tail begins.
-    held_from: Option<usize>,
+impl<B: Body<Data = Bytes> + Unpin> Body for Redacted<B> {
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        let this = &mut *self;
+        let Some(redactor) = this.redactor.as_mut() else {
+            return Pin::new(&mut this.body).poll_frame(cx);
+        };
+        if let Some(trailers) = this.trailers.take() {
+            return Poll::Ready(Some(Ok(Frame::trailers(trailers))));
+        }
+        if this.ended {
+            return Poll::Ready(None);
+        }
+        loop {
+            let frame = match std::task::ready!(Pin::new(&mut this.body).poll_frame(cx)) {
+                Some(Ok(frame)) => frame,
+                Some(Err(e)) => return Poll::Ready(Some(Err(e))),
+                None => {
+                    this.ended = true;
+                    return Poll::Ready(redactor.finish().map(|rest| Ok(Frame::data(rest))));
+                }
+            };
+            let frame = match frame.into_data() {
+                Ok(data) => match redactor.push(data) {
+                    // All of it held back: wait for more.
+                    out if out.is_empty() => continue,
+                    out => Frame::data(out),
+                },
+                Err(frame) => match frame.into_trailers() {
+                    Ok(mut trailers) => {
+                        redactor.headers(&mut trailers);
+                        match redactor.finish() {
+                            Some(rest) => {
+                                this.trailers = Some(trailers);
+                                Frame::data(rest)
+                            }
+                            None => Frame::trailers(trailers),
+                        }
+                    }
+                    Err(_) => continue,
+                },
+            };
+            return Poll::Ready(Some(Ok(frame)));
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.ended
+            || (self.body.is_end_stream()
+                && self.trailers.is_none()
+                && self.redactor.as_ref().is_none_or(|r| r.holds_nothing()))
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.redactor {
+            Some(redactor) if !redactor.keeps_length() => SizeHint::default(),
+            _ => self.body.size_hint(),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -215,6 +270,19 @@ mod tests {
         assert_eq!(&redactor.push(Bytes::from_static(b"ED"))[..], b"sk-RED");
         assert_eq!(redactor.push(Bytes::from_static(b"tail sk")).len(), 5);
         assert_eq!(redactor.finish().as_deref(), Some(&b"sk"[..]));
+    }
+
+    #[test]
+    fn an_empty_value_beside_another_leaves_the_other_redacted() {
+        let credentials = [
+            Credential::for_test(b"PH-EMPTY", b""),
+            Credential::for_test(b"PH-KEY", b"key"),
+        ];
+        let mut redactor = Redactor::new(&credentials).unwrap();
+        assert_eq!(
+            through(&mut redactor, &[b"a key, ", b"ke", b"y"]),
+            b"a PH-KEY, PH-KEY"
+        );
     }
 
     #[test]

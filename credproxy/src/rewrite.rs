@@ -5,15 +5,16 @@
 //! a credential's placeholder inside a header value (`x-api-key: PH`,
 //! `authorization: Bearer PH`) becomes the value; header names, the
 //! request line and the body are left as they are (responses are
-//! [`crate::redact`]'s).
-//! Trusts nothing in the request (it comes from the sandbox): a value is
-//! scanned once, left to right, so nothing the real value holds is
-//! scanned again, and a result that is not a valid header value refuses
-//! the request instead of reaching the wire.
+//! [`crate::redact`]'s). Trusts nothing in the request (it comes from the
+//! sandbox): a value is scanned once, left to right
+//! ([`crate::substitute`]), so nothing the real value holds is scanned
+//! again, and a result that is not a valid header value refuses the
+//! request instead of reaching the wire.
 
 use http::{HeaderMap, HeaderName, HeaderValue};
 
 use crate::hosts::Credential;
+use crate::substitute::Way;
 
 /// Why a request's headers could not be rewritten.
 #[derive(Debug, thiserror::Error)]
@@ -36,9 +37,10 @@ pub fn rewrite(headers: &mut HeaderMap, credentials: &[Credential]) -> Result<us
     if credentials.is_empty() {
         return Ok(0);
     }
+    let starts = Way::ToValue.starts(credentials);
     let mut replaced = Vec::new();
     for (index, (name, value)) in headers.iter().enumerate() {
-        if let Some(bytes) = replace(value.as_bytes(), credentials) {
+        if let Some(bytes) = replace(value.as_bytes(), credentials, &starts) {
             let mut new =
                 HeaderValue::from_bytes(&bytes).map_err(|_| RewriteError::InvalidValue {
                     header: name.clone(),
@@ -58,32 +60,14 @@ pub fn rewrite(headers: &mut HeaderMap, credentials: &[Credential]) -> Result<us
     Ok(changed)
 }
 
-/// `value` with every placeholder replaced, scanning left to right and
-/// taking the longest placeholder that matches at each position; `None`
-/// when no placeholder occurs.
-fn replace(value: &[u8], credentials: &[Credential]) -> Option<Vec<u8>> {
-    let mut out: Option<Vec<u8>> = None;
-    let mut copied = 0;
-    let mut at = 0;
-    while at < value.len() {
-        let found = credentials
-            .iter()
-            .filter(|c| value[at..].starts_with(c.placeholder()))
-            .max_by_key(|c| c.placeholder().len());
-        match found {
-            Some(credential) => {
-                let out = out.get_or_insert_with(|| Vec::with_capacity(value.len()));
-                out.extend_from_slice(&value[copied..at]);
-                out.extend_from_slice(credential.value());
-                at += credential.placeholder().len();
-                copied = at;
-            }
-            None => at += 1,
-        }
-    }
-    let mut out = out?;
-    out.extend_from_slice(&value[copied..]);
-    Some(out)
+/// `value` with every placeholder replaced ([`Way::scan`]); `None` when
+/// no placeholder occurs.
+fn replace(value: &[u8], credentials: &[Credential], starts: &[bool; 256]) -> Option<Vec<u8>> {
+    let mut out = Vec::with_capacity(value.len());
+    Way::ToValue
+        .scan(credentials, starts, value, false, &mut out)
+        .replaced
+        .then_some(out)
 }
 
 /// A header map of `pairs`, for the crate's tests.

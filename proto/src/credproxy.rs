@@ -78,15 +78,21 @@ pub struct ProxyCredentials {
 impl ProxyCredentials {
     /// Every host the proxy serves: sorted, each once.
     pub fn hosts(&self) -> Vec<String> {
-        let mut hosts: Vec<String> = self
-            .credentials
-            .iter()
-            .flat_map(|c| c.hosts.iter().cloned())
-            .collect();
-        hosts.sort();
-        hosts.dedup();
-        hosts
+        served_hosts(
+            self.credentials
+                .iter()
+                .flat_map(|c| c.hosts.iter().map(String::as_str)),
+        )
     }
+}
+
+/// The hosts a proxy serves for credentials listing `hosts`: sorted, each
+/// once, as [`ProxyReadiness::hosts`] lists them.
+pub fn served_hosts<'a>(hosts: impl IntoIterator<Item = &'a str>) -> Vec<String> {
+    let mut hosts: Vec<String> = hosts.into_iter().map(str::to_owned).collect();
+    hosts.sort();
+    hosts.dedup();
+    hosts
 }
 
 impl WireRecord for ProxyCredentials {

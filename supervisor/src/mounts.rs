@@ -727,7 +727,8 @@ pub fn image_trust(rootfs: &Path) -> Result<Vec<u8>, MountError> {
     }
     tracing::warn!(
         "the image has no CA bundle at /{}: the sandbox trusts only the Credential Proxy, so \
-         TLS to any other host fails unless a client names its own trust",
+         TLS to any other host fails unless a client names its own trust; install a CA bundle \
+         in the image (Debian's ca-certificates package)",
         IMAGE_TRUST.join(", /")
     );
     Ok(Vec::new())

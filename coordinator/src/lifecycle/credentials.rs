@@ -85,13 +85,12 @@ impl<'a> Credentials<'a> {
     /// Every host the proxy serves, sorted, each once (as
     /// [`ProxyCredentials::hosts`] lists them, without copying a value).
     pub(super) fn hosts(&self) -> Vec<String> {
-        let hosts: std::collections::BTreeSet<&str> = self
-            .resolved
-            .credentials()
-            .iter()
-            .flat_map(|c| c.hosts.iter().map(|h| h.as_str()))
-            .collect();
-        hosts.into_iter().map(str::to_owned).collect()
+        lazaret_proto::credproxy::served_hosts(
+            self.resolved
+                .credentials()
+                .iter()
+                .flat_map(|c| c.hosts.iter().map(|h| h.as_str())),
+        )
     }
 
     fn proxy_credentials(&self, roots: Vec<Vec<u8>>) -> ProxyCredentials {
