@@ -64,8 +64,9 @@ variants=(bare routed shared)
 status=$("$lazaret" status bench --json)
 domain_exec
 exec_routed=("${exec_cmd[@]}")
-# The dentry cache Lazaret sized for its sandbox, which the bare one gets too.
-sandbox=$(pgrep -n -f -- "runsc-sandbox --root=$(field "['runsc_root']")")
+# The dentry cache Lazaret sized for its sandbox, which the bare one gets too
+# (runsc orders the sandbox's flags differently from one start to the next).
+sandbox=$(pgrep -n -f -- "runsc-sandbox .*--root=$(field "['runsc_root']")( |$)")
 dcache=$(tr '\0' '\n' < "/proc/$sandbox/cmdline" | grep -- '^--dcache=')
 "$lazaret" up shared >/dev/null 2>&1
 status=$("$lazaret" status shared --json)

@@ -18,6 +18,7 @@ pub mod escalation;
 pub mod lifecycle;
 pub mod network;
 pub mod process;
+mod seccomp;
 pub mod session;
 pub mod state;
 mod sys;

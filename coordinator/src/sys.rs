@@ -1,6 +1,7 @@
 //! The coordinator's only unsafe code: work a spawned child does between
-//! fork and exec, the one socket option rustix does not name
-//! (`SO_PEERPIDFD`), registering descriptors with the event loop's
+//! fork and exec, the launch spawner's fork of a launch process as its
+//! parent's child (`CLONE_PARENT`), the one socket option rustix does not
+//! name (`SO_PEERPIDFD`), registering descriptors with the event loop's
 //! reactor, and taking the descriptors the launch mode is handed by
 //! number.
 
@@ -149,4 +150,137 @@ pub fn register_endpoint<S, R>(
     // `AsyncFd` is dropped, and `as_raw_fd` always returns it.
     unsafe { tokio::io::unix::AsyncFd::register(SharedEndpoint(endpoint)) }
         .map_err(std::io::Error::from)
+}
+
+/// A launch process, ready to fork: everything the child needs is made
+/// before the fork, so the child only makes system calls.
+#[derive(Debug)]
+pub struct LaunchPlan<'a> {
+    /// The program to execute.
+    pub program: std::ffi::CString,
+    /// Its arguments, element zero its name.
+    pub argv: Vec<std::ffi::CString>,
+    /// Its whole environment, `NAME=VALUE` each.
+    pub environment: Vec<std::ffi::CString>,
+    /// Its standard input, output and error.
+    pub stdin: BorrowedFd<'a>,
+    /// See `stdin`.
+    pub stdout: BorrowedFd<'a>,
+    /// See `stdin`.
+    pub stderr: BorrowedFd<'a>,
+    /// Its working directory.
+    pub directory: BorrowedFd<'a>,
+    /// Descriptors it inherits under their own numbers.
+    pub inherited: [BorrowedFd<'a>; 2],
+    /// The pid of this process's parent, which becomes the child's; the
+    /// child dies with it (`PR_SET_PDEATHSIG`) and gives up if it is gone.
+    pub parent: i32,
+}
+
+/// Forks `plan`'s program as a child of this process's parent
+/// (`CLONE_PARENT`), in a process group of its own: its pidfd, and the
+/// error number of the step that failed if it did not reach `execve`.
+/// Call it only from a single-threaded process (the launch spawner).
+pub fn fork_launch(plan: &LaunchPlan<'_>) -> std::io::Result<(std::os::fd::OwnedFd, Option<i32>)> {
+    use std::os::fd::FromRawFd;
+    let pointers = |strings: &[std::ffi::CString]| {
+        let mut list: Vec<*const libc::c_char> = strings.iter().map(|s| s.as_ptr()).collect();
+        list.push(std::ptr::null());
+        list
+    };
+    let argv = pointers(&plan.argv);
+    let envp = pointers(&plan.environment);
+    // The child writes its error number here when it cannot execute;
+    // `execve` closes it (close-on-exec), so an empty read means it ran.
+    let (failure_read, failure_write) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
+    let mut pidfd: libc::c_int = -1;
+    let flags = (libc::CLONE_PARENT | libc::CLONE_PIDFD) as libc::c_ulong;
+    // SAFETY: a `clone` without `CLONE_VM` and without a new stack is a
+    // fork: the child runs on a copy of this process's memory. The caller
+    // is single-threaded, so no lock is held by another thread in that
+    // copy; the child only makes raw system calls on pointers made above
+    // (live in its copy) and ends in `execve` or `_exit`, never returning.
+    // `pidfd` is a live `c_int` the kernel writes in the parent
+    // (`CLONE_PIDFD` uses the parent-tid argument).
+    let pid = unsafe {
+        libc::syscall(
+            libc::SYS_clone,
+            flags,
+            0usize,
+            &raw mut pidfd,
+            0usize,
+            0usize,
+        )
+    };
+    if pid < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    if pid == 0 {
+        // SAFETY: this is the forked child; see above.
+        unsafe { launch_child(plan, &argv, &envp, failure_write.as_raw_fd()) }
+    }
+    drop(failure_write);
+    // SAFETY: the kernel installed `pidfd` in this process for this call
+    // (close-on-exec), and nothing else owns it.
+    let pidfd = unsafe { std::os::fd::OwnedFd::from_raw_fd(pidfd) };
+    let mut errno = [0u8; 4];
+    let failed = loop {
+        match rustix::io::read(&failure_read, &mut errno) {
+            Ok(4) => break Some(i32::from_ne_bytes(errno)),
+            Ok(_) => break None,
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => break Some(e.raw_os_error()),
+        }
+    };
+    Ok((pidfd, failed))
+}
+
+/// The launch process between fork and exec: its standard streams, its
+/// directory and group, its parent-death signal, its two inherited
+/// descriptors, then `execve`. On a failure it writes the error number
+/// to `failure` and exits.
+///
+/// # Safety
+///
+/// Only in the child of [`fork_launch`]: it never returns.
+unsafe fn launch_child(
+    plan: &LaunchPlan<'_>,
+    argv: &[*const libc::c_char],
+    envp: &[*const libc::c_char],
+    failure: RawFd,
+) -> ! {
+    // SAFETY: every call below is a raw system call on descriptors that
+    // are open in this copy of the process and on pointers to live,
+    // NUL-terminated strings and null-terminated arrays made before the
+    // fork; nothing allocates or takes a lock.
+    unsafe {
+        let fail = || -> ! {
+            let errno = (*libc::__errno_location()).to_ne_bytes();
+            libc::write(failure, errno.as_ptr().cast(), errno.len());
+            libc::_exit(127)
+        };
+        let streams = [plan.stdin, plan.stdout, plan.stderr];
+        for (number, fd) in streams.iter().enumerate() {
+            if libc::dup2(fd.as_raw_fd(), number as libc::c_int) < 0 {
+                fail();
+            }
+        }
+        if libc::fchdir(plan.directory.as_raw_fd()) < 0 || libc::setpgid(0, 0) < 0 {
+            fail();
+        }
+        if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) < 0 {
+            fail();
+        }
+        if libc::getppid() != plan.parent {
+            *libc::__errno_location() = libc::ESRCH;
+            fail();
+        }
+        for fd in plan.inherited {
+            if libc::fcntl(fd.as_raw_fd(), libc::F_SETFD, 0) < 0 {
+                fail();
+            }
+        }
+        libc::execve(plan.program.as_ptr(), argv.as_ptr(), envp.as_ptr());
+        fail()
+    }
 }

@@ -534,7 +534,8 @@ fn documents_are_utf8_and_strings_nul_free() {
     );
     refused(
         &format!("{HEAD}[profiles.\"a\\u0000\"]\n{IMAGE}"),
-        "profiles.a\0",
+        // Named with its control character escaped.
+        "profiles.a\\0",
         &["invalid profile name"],
     );
 }

@@ -52,6 +52,7 @@ pub mod proxy;
 mod redact;
 pub mod rewrite;
 pub mod role;
+mod seccomp;
 mod substitute;
 pub mod upstream;
 

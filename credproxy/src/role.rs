@@ -86,7 +86,10 @@ pub fn run() -> ExitCode {
     };
     let started = {
         let _entered = runtime.enter();
-        start(&channel)
+        start(&channel).and_then(|started| {
+            crate::seccomp::install().map_err(|e| failed_by(ProxyStep::Privileges, "", &e))?;
+            Ok(started)
+        })
     };
     let (proxy, listener, readiness) = match started {
         Ok(started) => started,

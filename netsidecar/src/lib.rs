@@ -38,6 +38,7 @@ mod filter;
 mod install;
 mod nfnetlink;
 mod probe;
+mod seccomp;
 
 pub use filter::NamedSet;
 
@@ -114,6 +115,7 @@ pub fn run() -> ExitCode {
 /// Takes the one request and carries it out.
 fn serve(channel: &Channel) -> Result<SidecarReport, SidecarError> {
     check_privileges()?;
+    seccomp::install().map_err(|e| failed_by(SidecarStep::Privileges, "", &e))?;
     let Received { message, fds } = channel
         .recv()
         .map_err(|e| failed_by(SidecarStep::Request, "", &e))?;

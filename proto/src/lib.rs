@@ -31,6 +31,7 @@ pub mod privilege;
 pub mod process;
 pub mod resolver;
 pub mod router;
+pub mod seccomp;
 pub mod session;
 pub mod sidecar;
 pub mod signing;

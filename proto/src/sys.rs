@@ -1,5 +1,6 @@
-//! The one unsafe call of the shared crate: closing every descriptor a
-//! role inherited beyond the ones it was handed.
+//! The unsafe calls of the shared crate: closing every descriptor a role
+//! inherited beyond the ones it was handed, and (for the seccomp tests) a
+//! raw system call with arguments that do nothing.
 //!
 //! Trusts nothing a parent left open: a role starts with its standard
 //! streams (its channel on standard input) and nothing else, whatever the
@@ -43,5 +44,27 @@ pub fn close_inherited_descriptors() -> std::io::Result<()> {
         Ok(())
     } else {
         Err(std::io::Error::last_os_error())
+    }
+}
+
+/// Makes system call `number` with every argument zero: a null pointer,
+/// no flags, no length, pid 0 (for `ptrace`, `PTRACE_ATTACH` of pid 0).
+/// For the seccomp tests' forbidden calls, each of which then fails
+/// (`EFAULT`, `EPERM`, `ESRCH`) or is stopped by the filter first.
+pub fn call_with_no_effect(number: i64) -> std::io::Result<i64> {
+    let request = if number == libc::SYS_ptrace {
+        libc::PTRACE_ATTACH as u64
+    } else {
+        0
+    };
+    // SAFETY: every pointer argument is null, which the kernel checks
+    // (EFAULT) rather than dereferences in this process; no call in the
+    // forbidden list (`kexec_load`, `ptrace`, `mount`, `bpf`, `execve`)
+    // changes this process's memory or descriptors with these arguments.
+    let rc = unsafe { libc::syscall(number, request, 0u64, 0u64, 0u64, 0u64, 0u64) };
+    if rc < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(rc)
     }
 }

@@ -143,6 +143,9 @@ pub fn read_upstream(
     let longest = NamedEgress::TTL_CLAMP.1.as_secs() as u32;
     let mut name: Name = asked.queries()[0].name().clone();
     let mut records = Vec::new();
+    // The names of the chain so far: a CNAME back to one of them is a
+    // loop, passed on once rather than followed round again.
+    let mut chain = vec![name.clone()];
     for _ in 0..MAX_CHAIN {
         let next = answer.answers().iter().find_map(|r| match r.data() {
             RData::CNAME(target) if *r.name() == name => Some((r, target.0.clone())),
@@ -152,7 +155,12 @@ pub fn read_upstream(
         let mut record = record.clone();
         record.set_ttl(record.ttl().min(longest));
         records.push(record);
+        let looped = chain.contains(&target);
+        chain.push(target.clone());
         name = target;
+        if looped {
+            break;
+        }
     }
     let mut admit = Vec::new();
     for record in answer.answers().iter().filter(|r| *r.name() == name) {
@@ -177,10 +185,34 @@ pub fn read_upstream(
 /// The answer to `query` with `code` and `records`, truncated (no records,
 /// the TC bit set) when it would not fit what the client takes.
 pub fn reply(query: &Message, code: ResponseCode, records: Vec<Record>) -> Vec<u8> {
-    let limit = match query.extensions() {
+    let limit = limit(query);
+    let mut message = response(query, code);
+    message.add_answers(records);
+    let whole = message.to_vec().unwrap_or_default();
+    if whole.len() <= limit {
+        whole
+    } else {
+        cut(query, code, limit)
+    }
+}
+
+/// The answer to `query` that says it was cut short: no records, the TC
+/// bit set.
+pub fn truncated(query: &Message) -> Vec<u8> {
+    cut(query, ResponseCode::NoError, limit(query))
+}
+
+/// The most bytes an answer to `query` may have: what its EDNS offers,
+/// within [`PLAIN_UDP`] and [`EDNS_UDP`].
+fn limit(query: &Message) -> usize {
+    match query.extensions() {
         Some(edns) => usize::from(edns.max_payload()).clamp(PLAIN_UDP, EDNS_UDP),
         None => PLAIN_UDP,
-    };
+    }
+}
+
+/// The header of the answer to `query`, with `code`, and its questions.
+fn response(query: &Message, code: ResponseCode) -> Message {
     let mut message = Message::new();
     message
         .set_id(query.id())
@@ -190,21 +222,20 @@ pub fn reply(query: &Message, code: ResponseCode, records: Vec<Record>) -> Vec<u
         .set_recursion_available(true)
         .set_response_code(code);
     message.add_queries(query.queries().iter().cloned());
-    message.add_answers(records);
-    let whole = message.to_vec().unwrap_or_default();
-    if whole.len() <= limit {
-        whole
-    } else {
-        truncated(query)
-    }
+    message
 }
 
-/// The answer to `query` that says it was cut short: no records, the TC
-/// bit set.
-pub fn truncated(query: &Message) -> Vec<u8> {
-    let mut message =
-        Message::from_vec(&reply(query, ResponseCode::NoError, Vec::new())).unwrap_or_default();
+/// The answer to `query` with `code` and the TC bit, no records: with its
+/// questions when they fit within `limit`, else (a query of many
+/// questions, refused) with none.
+fn cut(query: &Message, code: ResponseCode, limit: usize) -> Vec<u8> {
+    let mut message = response(query, code);
     message.set_truncated(true);
+    let bytes = message.to_vec().unwrap_or_default();
+    if bytes.len() <= limit {
+        return bytes;
+    }
+    message.take_queries();
     message.to_vec().unwrap_or_default()
 }
 
@@ -433,6 +464,31 @@ mod tests {
     }
 
     #[test]
+    fn a_cname_loop_is_passed_on_once() {
+        let asked = Message::from_vec(&query("allowed.test.invalid.", RecordType::A)).unwrap();
+        let cname = |from: &str, to: &str| {
+            Record::from_rdata(
+                Name::from_ascii(from).unwrap(),
+                60,
+                RData::CNAME(CNAME(Name::from_ascii(to).unwrap())),
+            )
+        };
+        let answer = upstream(
+            &asked,
+            vec![
+                cname("allowed.test.invalid.", "loop.test.invalid."),
+                cname("loop.test.invalid.", "allowed.test.invalid."),
+            ],
+        );
+        let Upstream::Addresses { records, admit, .. } = read_upstream(&asked, &answer, |_| true)
+        else {
+            panic!("not cut, no address");
+        };
+        assert_eq!(records.len(), 2, "each record of the loop once");
+        assert!(admit.is_empty());
+    }
+
+    #[test]
     fn an_address_the_policy_denies_empties_the_answer() {
         let asked = Message::from_vec(&query("allowed.test.invalid", RecordType::A)).unwrap();
         let answer = upstream(
@@ -477,6 +533,27 @@ mod tests {
         assert!(answers(&bytes, 2, &asked).is_none(), "another id");
         let other = Message::from_vec(&query("denied.test.invalid", RecordType::A)).unwrap();
         assert!(answers(&bytes, 1, &other).is_none(), "another question");
+    }
+
+    #[test]
+    fn a_query_of_many_questions_is_refused_within_the_size_limit() {
+        // Its questions alone are longer than an answer may be: they are
+        // left out (this once recursed until the stack overflowed).
+        let mut q = Message::new();
+        q.set_id(9);
+        for i in 0..40 {
+            let name = Name::from_ascii(format!("name{i}.distinct{i}.example")).unwrap();
+            q.add_query(Query::query(name, RecordType::A));
+        }
+        let bytes = q.to_vec().unwrap();
+        assert!(bytes.len() > PLAIN_UDP);
+        let Decision::Reply(reply) = decide(&names(DnsMode::Lazaret), &bytes) else {
+            panic!("refused at once");
+        };
+        assert!(reply.len() <= PLAIN_UDP);
+        let reply = Message::from_vec(&reply).unwrap();
+        assert!(reply.truncated() && reply.queries().is_empty() && reply.id() == 9);
+        assert_eq!(reply.response_code(), ResponseCode::FormErr);
     }
 
     #[test]

@@ -40,6 +40,7 @@
 
 pub mod admissions;
 pub mod answer;
+mod seccomp;
 
 use std::collections::BTreeSet;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket as StdUdpSocket};
@@ -112,6 +113,7 @@ pub fn run() -> ExitCode {
         }
     };
     let started = start(&channel).and_then(|server| {
+        seccomp::install().map_err(|e| failed_by(ResolverStep::Privileges, "", &e))?;
         let readiness = runtime.block_on(server.probe())?;
         Ok((server, readiness))
     });

@@ -32,6 +32,7 @@
 mod fuse;
 pub mod ids;
 mod nodes;
+mod seccomp;
 pub mod tree;
 
 use std::os::fd::OwnedFd;
@@ -78,7 +79,11 @@ pub fn run() -> ExitCode {
         Ok(channel) => channel,
         Err(code) => return code,
     };
-    let session = match start(&channel) {
+    let started = start(&channel).and_then(|started| {
+        seccomp::install().map_err(|e| failed_by(RouterStep::Privileges, "", &e))?;
+        Ok(started)
+    });
+    let session = match started {
         Ok((session, summary)) => {
             if let Err(e) = channel.send(&RouterReport::Ready(summary), &[]) {
                 tracing::error!("cannot report: {}", chain(&e));

@@ -73,6 +73,12 @@ impl Reaper {
                 if children.watched.remove(&pid.as_raw_nonzero().get()) {
                     children.exited.insert(pid.as_raw_nonzero().get(), status);
                     self.changed.notify_all();
+                } else if status.terminating_signal() == Some(libc::SIGSYS) {
+                    tracing::error!(
+                        "process {pid} of the Domain {} (`lazaret status` names the \
+                         participant that ended)",
+                        lazaret_proto::seccomp::KILLED
+                    );
                 }
             }
         }

@@ -96,6 +96,12 @@ pub enum HelperError {
         /// Which helper.
         what: &'static str,
     },
+    /// The helper's seccomp filter killed it.
+    #[error("{what} {}; see the Domain log", lazaret_proto::seccomp::KILLED)]
+    KilledByFilter {
+        /// Which helper.
+        what: &'static str,
+    },
     /// The report did not decode, or the channel failed.
     #[error("bad report from {what}")]
     BadReport {
@@ -147,6 +153,7 @@ impl<S: WireRecord, R: WireRecord> Helper<S, R> {
             .env_clear()
             .stdin(Stdio::from(theirs.into_fd()))
             .stdout(Stdio::null());
+        lazaret_proto::seccomp::pass_debug_variables(&mut command);
         with_capabilities_only(&mut command, kept, new_network);
         let child = command
             .spawn()
@@ -172,9 +179,14 @@ impl<S: WireRecord, R: WireRecord> Helper<S, R> {
     pub fn send(&self, request: &S, fds: &[BorrowedFd<'_>]) -> Result<(), HelperError> {
         self.channel
             .send(request, fds)
-            .map_err(|source| HelperError::Send {
-                what: self.what,
-                source,
+            .map_err(|source| match source {
+                ChannelError::Disconnected if self.killed_by_filter() => {
+                    HelperError::KilledByFilter { what: self.what }
+                }
+                source => HelperError::Send {
+                    what: self.what,
+                    source,
+                },
             })
     }
 
@@ -193,8 +205,32 @@ impl<S: WireRecord, R: WireRecord> Helper<S, R> {
         }
         match self.channel.recv() {
             Ok(received) => Ok(received.message),
+            Err(ChannelError::Disconnected) if self.killed_by_filter() => {
+                Err(HelperError::KilledByFilter { what })
+            }
             Err(ChannelError::Disconnected) => Err(HelperError::Exited { what }),
             Err(source) => Err(HelperError::BadReport { what, source }),
+        }
+    }
+
+    /// Whether the helper, which closed its channel, ends within a second
+    /// killed by `SIGSYS`. Its status stays for the reap.
+    fn killed_by_filter(&self) -> bool {
+        use rustix::process::{Pid, WaitId, WaitIdOptions};
+        let Some(pid) = i32::try_from(self.child.id()).ok().and_then(Pid::from_raw) else {
+            return false;
+        };
+        let until = std::time::Instant::now() + Duration::from_secs(1);
+        loop {
+            // Not reaped (NOWAIT): the pid names the child until `finish`.
+            let options = WaitIdOptions::EXITED | WaitIdOptions::NOWAIT | WaitIdOptions::NOHANG;
+            match rustix::process::waitid(WaitId::Pid(pid), options) {
+                Ok(Some(status)) => return status.terminating_signal() == Some(libc::SIGSYS),
+                Ok(None) if std::time::Instant::now() < until => {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                _ => return false,
+            }
         }
     }
 

@@ -55,6 +55,7 @@ mod namespaces;
 mod network;
 mod report;
 mod runsc;
+mod seccomp;
 mod sys;
 mod syscall;
 mod workspace;
@@ -131,11 +132,19 @@ fn enter_namespaces() -> ExitCode {
         Ok(sys::Forked::Parent(child)) => {
             // Pid 1 is the channel's only holder from here on.
             drop(channel);
+            if let Err(e) = seccomp::install_stage_one() {
+                tracing::error!("{}", chain(&e));
+                return ExitCode::FAILURE;
+            }
             match rustix::process::waitid(
                 rustix::process::WaitId::PidFd(child.as_fd()),
                 rustix::process::WaitIdOptions::EXITED,
             ) {
                 Ok(Some(status)) if status.exit_status() == Some(0) => ExitCode::SUCCESS,
+                Ok(Some(status)) if status.terminating_signal() == Some(libc::SIGSYS) => {
+                    tracing::error!("the Domain's pid 1 {}", lazaret_proto::seccomp::KILLED);
+                    ExitCode::FAILURE
+                }
                 Ok(_) => ExitCode::FAILURE,
                 Err(e) => {
                     tracing::error!("cannot wait for the Domain pid 1: {e}");
@@ -672,6 +681,8 @@ fn run_sandbox(
         bundle: staged.bundle.as_path().into(),
         mailbox: mailbox_index,
     };
+    // Everything this process does from here on is in its list.
+    seccomp::install_stage_two().map_err(|e| reported(SupervisorStep::Runtime, &e))?;
     send(channel, SupervisorStep::Identities, &report, fds.as_slice())?;
     Ok(running)
 }

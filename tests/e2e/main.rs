@@ -5,6 +5,7 @@
 
 mod attach;
 mod cli;
+mod confinement;
 mod credentials;
 mod domain;
 mod escalation;
@@ -22,6 +23,7 @@ fn main() {
     let args = Arguments::from_args();
     let mut trials: Vec<Trial> = cli::trials();
     trials.extend(domain::trials());
+    trials.extend(confinement::trials());
     trials.extend(credentials::trials());
     trials.extend(attach::trials());
     trials.extend(escalation::trials());

@@ -452,6 +452,11 @@ impl UserHost {
             .env("HOME", &self.home)
             .env("XDG_RUNTIME_DIR", &self.runtime)
             .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin");
+        // The roles' seccomp filters only log, when a run measures their
+        // lists (`LAZARET_SECCOMP=log`, debug builds; docs/threat-model.md).
+        if let Some(mode) = std::env::var_os("LAZARET_SECCOMP") {
+            command.env("LAZARET_SECCOMP", mode);
+        }
         command
     }
 

@@ -1,15 +1,16 @@
 //! `lazaret-coordinator`: the Host Coordinator of one Domain. It is started
 //! by `lazaret up` (mode `start`) with its startup channel on standard
 //! input, never by hand; the coordinator starts its own executable in mode
-//! `launch` between itself and each approved host command
-//! (`escalation::subreaper`).
+//! `spawn` before it confines itself (`escalation::spawner`), which starts
+//! it in mode `launch` between the coordinator and each approved host
+//! command (`escalation::subreaper`).
 
 use std::ffi::OsString;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use lazaret_coordinator::escalation::subreaper;
+use lazaret_coordinator::escalation::{spawner, subreaper};
 use lazaret_coordinator::lifecycle::daemon::{self, Args, IgnoreChangesMode};
 
 /// The Host Coordinator of one Lazaret Domain (started by `lazaret up`).
@@ -47,6 +48,9 @@ fn main() -> ExitCode {
     if args.first().is_some_and(|mode| mode == subreaper::MODE) {
         // Takes the descriptors it is handed by number, first.
         return subreaper::main(&args);
+    }
+    if args.first().is_some_and(|mode| mode == spawner::MODE) {
+        return spawner::main();
     }
     // Nothing inherited beyond the standard streams (the channel is
     // standard input) stays open in a role.

@@ -194,11 +194,26 @@ fn deserialize<T: serde::de::DeserializeOwned>(
             if path == "." {
                 String::from("(document)")
             } else {
-                path
+                printable(&path)
             },
-            message,
+            printable(&message),
         )
     })
+}
+
+/// `text` with each control character escaped (`\u{1b}`): serde names a
+/// key of the document as written, in the field path and in its message,
+/// and a quoted TOML key may hold any character.
+fn printable(text: &str) -> String {
+    text.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_debug().collect()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
 }
 
 /// Checks what v2 adds to one profile: each host name listed once.

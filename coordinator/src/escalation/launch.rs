@@ -17,24 +17,22 @@
 //! with [`HOST_ENVIRONMENT`].
 //! Trusts the configuration's plans; nothing from the sandbox but argv.
 
-use std::ffi::OsString;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::ffi::OsStringExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 
 use rustix::fs::FileType;
 use rustix::io::Errno;
 use rustix::process::{Signal, WaitId, WaitIdOptions};
 
 use super::report::{self, Ended, NotStarted};
-use super::subreaper;
+use super::spawner;
 
 use crate::aio::{Exit, Stream};
 use crate::config::{
     ConfinedError, ConfinedPathPlan, ObjectIdentity, Opened, ResolvedDomainConfiguration,
     check_executable,
 };
-use lazaret_hostfs::beneath::proc_self_fd;
 use lazaret_hostfs::plan::{canonicalize, overlaps};
 
 /// The `PATH` of host commands.
@@ -175,50 +173,48 @@ impl Launcher {
     }
 
     fn start(&self, executable: &Checked, argv: &[String]) -> std::io::Result<HostCommand> {
-        let exe = executable.opened.fd.as_fd();
-        let (report, report_end) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
-        let arguments = subreaper::Arguments {
-            executable: exe.as_raw_fd(),
-            report: report_end.as_raw_fd(),
-            parent: rustix::process::getpid().as_raw_nonzero().get(),
-            argv: argv.iter().map(OsString::from).collect(),
+        let pipe = || rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC);
+        let (report, report_end) = pipe()?;
+        let (stdout, stdout_end) = pipe()?;
+        let (stderr, stderr_end) = pipe()?;
+        let mut environment: Vec<(Vec<u8>, Vec<u8>)> = [("PATH", HOST_PATH), ("LANG", "C.UTF-8")]
+            .iter()
+            .map(|(k, v)| (k.as_bytes().to_vec(), v.as_bytes().to_vec()))
+            .collect();
+        environment.extend(
+            self.environment
+                .iter()
+                .map(|(k, v)| (k.as_bytes().to_vec(), v.as_bytes().to_vec())),
+        );
+        // The launch process's own (debug builds), which it keeps from
+        // the command.
+        environment.extend(
+            lazaret_proto::seccomp::debug_variables()
+                .into_iter()
+                .map(|(k, v)| (k.into_vec(), v.into_vec())),
+        );
+        let request = spawner::LaunchRequest {
+            argv: argv.iter().map(|a| a.as_bytes().to_vec()).collect(),
+            environment,
         };
-        // The running coordinator's own image, whatever its path holds now.
-        let mut command = Command::new("/proc/self/exe");
-        std::os::unix::process::CommandExt::arg0(&mut command, "lazaret-coordinator");
-        command
-            .args(arguments.to_args())
-            .env_clear()
-            .env("PATH", HOST_PATH)
-            .env("LANG", "C.UTF-8")
-            .envs(self.environment.iter().map(|(k, v)| (k, v)))
-            .current_dir(proc_self_fd(self.workspace.as_fd()))
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        std::os::unix::process::CommandExt::process_group(&mut command, 0);
-        // The launch process alone inherits the executable's descriptor
-        // and the report pipe (and passes on only the first), and is
-        // killed if the coordinator dies before it has set its own
-        // parent-death signal.
-        let mut child = crate::sys::spawn_inheriting(
-            &mut command,
-            crate::sys::ChildSetup {
-                fds: &[exe, report_end.as_fd()],
-                user_namespace: None,
-                die_with_parent: true,
+        // The running coordinator's own image, in mode `launch`, started
+        // by the unconfined spawner as this process's child. It alone
+        // inherits the executable's descriptor and the report pipe (and
+        // passes on only the first), and is killed if the coordinator dies
+        // before it has set its own parent-death signal.
+        let pidfd = spawner::Spawner::launch(
+            &request,
+            &spawner::LaunchFds {
+                executable: executable.opened.fd.as_fd(),
+                report: report_end.as_fd(),
+                stdout: stdout_end.as_fd(),
+                stderr: stderr_end.as_fd(),
+                directory: self.workspace.as_fd(),
             },
         )?;
-        drop(report_end);
-        // The child is ours and not yet waited for: its pid names it until
-        // it is reaped, which only this pidfd's holder does.
-        let pidfd = crate::process::pidfd_of_child(&child)?;
-        let out = |fd: Option<OwnedFd>| {
-            fd.ok_or_else(|| std::io::Error::other("no pipe"))
-                .and_then(Stream::new)
-        };
-        let stdout = out(child.stdout.take().map(OwnedFd::from))?;
-        let stderr = out(child.stderr.take().map(OwnedFd::from))?;
+        drop((report_end, stdout_end, stderr_end));
+        let stdout = Stream::new(stdout)?;
+        let stderr = Stream::new(stderr)?;
         let exit = Exit::watch(pidfd.as_fd())?;
         Ok(HostCommand {
             pidfd,

@@ -26,7 +26,9 @@ pub mod mailbox;
 pub mod record;
 pub mod report;
 pub mod running;
+mod seccomp;
 pub mod session;
+pub mod spawner;
 pub mod subreaper;
 
 use std::collections::HashMap;

@@ -395,6 +395,12 @@ fn run(args: &Arguments, executable: OwnedFd) -> Report {
         let _ = rustix::stdio::dup2_stdout(&null);
         let _ = rustix::stdio::dup2_stderr(&null);
     }
+    // The command runs as approved, unfiltered; from here on this process
+    // only follows it. Unconfined, it does not go on.
+    if super::seccomp::install_launcher().is_err() {
+        kill_all(me, command, &signals, &mut None);
+        return Err(NotStarted::Prepare(Errno::NOSYS));
+    }
     Ok(follow(me, command, &signals))
 }
 
@@ -463,6 +469,7 @@ fn spawn(args: &Arguments, executable: &OwnedFd) -> std::io::Result<Pid> {
         .stdin(Stdio::inherit())
         .stdout(Stdio::inherit())
         .stderr(Stdio::inherit());
+    lazaret_proto::seccomp::remove_debug_variables(&mut command);
     std::os::unix::process::CommandExt::process_group(&mut command, 0);
     let child = crate::sys::spawn_inheriting(
         &mut command,

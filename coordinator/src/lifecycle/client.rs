@@ -35,6 +35,12 @@ pub enum ClientError {
         /// The Domain log.
         log: String,
     },
+    /// The coordinator's seccomp filter killed it.
+    #[error("the Host Coordinator {}; see {log}", lazaret_proto::seccomp::KILLED)]
+    KilledByFilter {
+        /// The Domain log.
+        log: String,
+    },
     /// The coordinator did not release the Domain in time.
     #[error(
         "the Host Coordinator stopped the Domain but did not exit within {} s of `down`; \
@@ -239,7 +245,13 @@ pub fn run_coordinator(
     // that stays to serve the Domain is left running and is adopted by init
     // when this CLI exits.
     if !matches!(outcome, Ok(StartupEvent::Ready(_))) {
-        let _ = child.wait();
+        use std::os::unix::process::ExitStatusExt;
+        let status = child.wait();
+        if let (Err(ClientError::Vanished { log }), Ok(status)) = (&outcome, status) {
+            if status.signal() == Some(libc::SIGSYS) {
+                return Err(ClientError::KilledByFilter { log: log.clone() });
+            }
+        }
     }
     outcome
 }

@@ -357,6 +357,10 @@ pub fn start(args: Args) -> ExitCode {
     let live = match brought_up {
         Ok(live) => live,
         Err(failure) => {
+            let failure = match &starting.supervisor {
+                Some(supervisor) => supervisor.explained(failure),
+                None => failure,
+            };
             starting.stop();
             if let Err(e) = release_generation(
                 &owned.store,
@@ -531,6 +535,7 @@ fn bring_up(
             container_id,
         },
     )?;
+    confine()?;
     let held = Held {
         coordinator,
         container_id,
@@ -539,6 +544,15 @@ fn bring_up(
     go_live(
         reporter, &recorder, resolved, generation, starting, midway, held,
     )
+}
+
+/// Confines this process once it has started every program of its own:
+/// the launch spawner first (approved host commands start through it,
+/// unconfined), then this process's seccomp filter.
+fn confine() -> Result<(), Failure> {
+    crate::escalation::spawner::Spawner::start()
+        .map_err(|e| at(StartupStep::Sandbox)(&e).within("cannot start the launch spawner"))?;
+    crate::seccomp::install().map_err(|e| at(StartupStep::Sandbox)(&e))
 }
 
 /// What refuses `up` before anything starts: the policy first (one that

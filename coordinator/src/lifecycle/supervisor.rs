@@ -56,10 +56,13 @@ impl Supervisor {
         let step = StartupStep::Sandbox;
         let (ours, theirs) = lazaret_proto::channel::pair::<SupervisorRequest, SupervisorReport>()
             .map_err(|e| at(step)(&e))?;
-        let child = Command::new(program)
+        let mut command = Command::new(program);
+        command
             .env_clear()
             .stdin(Stdio::from(theirs.into_fd()))
-            .stdout(Stdio::null())
+            .stdout(Stdio::null());
+        lazaret_proto::seccomp::pass_debug_variables(&mut command);
+        let child = command
             .spawn()
             .map_err(|e| at(step)(&e).within(format!("cannot start {}", program.display())))?;
         let held = pidfd_of_child(&child)
@@ -131,6 +134,28 @@ impl Supervisor {
     /// The namespaces, which the supervisor reports as soon as it runs.
     pub(super) fn namespaces(&self) -> Result<Namespaces, Failure> {
         await_namespaces(&self.channel)
+    }
+
+    /// `failure`, saying so when the supervisor's seccomp filter killed it
+    /// (stage one has then exited: it dies before stage two, whose end
+    /// closes the channel; 200 ms covers the kernel's exit).
+    pub(super) fn explained(&self, failure: Failure) -> Failure {
+        use rustix::process::{WaitId, WaitIdOptions};
+        let pidfd = self.held.pidfd.as_fd();
+        let killed = wait_exit(pidfd, Duration::from_millis(200)).unwrap_or(false)
+            && rustix::process::waitid(
+                WaitId::PidFd(pidfd),
+                WaitIdOptions::EXITED | WaitIdOptions::NOWAIT,
+            )
+            .ok()
+            .flatten()
+            .is_some_and(|status| status.terminating_signal() == Some(libc::SIGSYS));
+        if !killed {
+            return failure;
+        }
+        let said = format!("the Runtime Supervisor {}", lazaret_proto::seccomp::KILLED);
+        tracing::error!("{said}");
+        failure.within(said)
     }
 
     /// Sends the plan: the supervisor builds the mounts and bundle, and
