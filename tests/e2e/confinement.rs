@@ -222,6 +222,23 @@ fn every_role_confined() -> Result {
     );
     let _ = session.kill();
     let _ = session.wait();
+
+    // Without its spawner the coordinator cannot start a command, and an
+    // approved one fails saying so.
+    let spawner = role_processes(host.uid())
+        .into_iter()
+        .find(|p| p.role == "lazaret-coordinator-spawn")
+        .ok_or("no spawner")?;
+    lazaret_tests::domain::signal(u64::from(spawner.pid), "KILL")?;
+    let out = host.lazaret(
+        &ws,
+        &["attach", "p", "--", "lazaret-escalate", &sleep, "30"],
+    );
+    let told = text(&out);
+    assert!(
+        !out.status.success() && told.contains("launch spawner has exited"),
+        "{told}"
+    );
     down(&host, &ws)?;
     assert_nothing_left(&host);
     Ok(())

@@ -21,7 +21,7 @@ use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::process::ExitCode;
 use std::sync::{Mutex, OnceLock};
 
-use lazaret_proto::channel::{Endpoint, Received};
+use lazaret_proto::channel::{ChannelError, Endpoint, Limits, Received};
 use lazaret_proto::codec::WireRecord;
 use serde::{Deserialize, Serialize};
 
@@ -42,8 +42,21 @@ pub struct LaunchRequest {
 
 impl WireRecord for LaunchRequest {
     const NAME: &'static str = "LaunchRequest";
-    const MAX_ENCODED_LEN: usize = 1024 * 1024;
+    const MAX_ENCODED_LEN: usize = LAUNCH_LIMITS.max_bytes;
 }
+
+/// The launch channel's bounds: a request carries an argv as long as a
+/// mailbox record can ([`lazaret_proto::mailbox::MAX_MAILBOX_RECORD_LEN`])
+/// and the environment, within the 208 KiB a Unix `SOCK_SEQPACKET` socket
+/// takes in one packet by default; five descriptors.
+const LAUNCH_LIMITS: Limits = Limits {
+    max_bytes: 192 * 1024,
+    max_fds: 8,
+};
+
+// Room for 48 KiB of environment beside any argv a mailbox record holds.
+const _: () =
+    assert!(lazaret_proto::mailbox::MAX_MAILBOX_RECORD_LEN + 48 * 1024 <= LAUNCH_LIMITS.max_bytes);
 
 /// The spawner's answer: with `Started`, the launch process's pidfd.
 #[derive(Debug, Serialize, Deserialize)]
@@ -107,7 +120,7 @@ impl Spawner {
         drop(child);
         SPAWNER
             .set(Spawner {
-                channel: Mutex::new(ours),
+                channel: Mutex::new(ours.with_limits(LAUNCH_LIMITS)),
             })
             .map_err(|_| std::io::Error::other("a launch spawner is already running"))
     }
@@ -125,10 +138,17 @@ impl Spawner {
             fds.stderr,
             fds.directory,
         ];
-        channel
-            .send(request, &sent)
-            .map_err(std::io::Error::other)?;
-        let Received { message, fds } = channel.recv().map_err(std::io::Error::other)?;
+        // A spawner that died is not started again (this process cannot
+        // execute a program any more): the launch says so.
+        let failed = |e: ChannelError| match e {
+            ChannelError::Disconnected => std::io::Error::other(
+                "the coordinator's launch spawner has exited; `lazaret down` then `lazaret up` \
+                 starts a new one",
+            ),
+            e => std::io::Error::other(e),
+        };
+        channel.send(request, &sent).map_err(failed)?;
+        let Received { message, fds } = channel.recv().map_err(failed)?;
         match (message, fds.into_iter().next()) {
             (LaunchReply::Started, Some(pidfd)) => Ok(pidfd),
             (LaunchReply::Failed(errno), pidfd) => {
@@ -154,7 +174,7 @@ pub fn main() -> ExitCode {
         return ExitCode::FAILURE;
     }
     let channel = match Endpoint::<LaunchReply, LaunchRequest>::take_stdin() {
-        Ok(channel) => channel,
+        Ok(channel) => channel.with_limits(LAUNCH_LIMITS),
         Err(e) => {
             eprintln!("lazaret-coordinator spawn: {e}; this mode is started by the coordinator");
             return ExitCode::FAILURE;
@@ -225,4 +245,29 @@ fn start(request: &LaunchRequest, fds: &[OwnedFd]) -> std::io::Result<(OwnedFd, 
         inherited: [executable.as_fd(), report.as_fd()],
         parent: parent.as_raw_nonzero().get(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_longest_argv_a_mailbox_record_carries_fits_a_launch_request() {
+        let longest = lazaret_proto::mailbox::MAX_COMMAND_ARGV_BYTES;
+        let request = LaunchRequest {
+            argv: vec![b"/usr/bin/echo".to_vec(), vec![b'x'; longest]],
+            environment: vec![(b"HOME".to_vec(), vec![b'h'; 4096]); 8],
+        };
+        let encoded = lazaret_proto::codec::encode(&request).unwrap();
+        assert!(
+            encoded.len() <= LAUNCH_LIMITS.max_bytes,
+            "{}",
+            encoded.len()
+        );
+        // And one packet that long passes the socket's default buffer.
+        let (ours, theirs) = lazaret_proto::channel::pair::<LaunchRequest, LaunchReply>().unwrap();
+        let theirs = theirs.with_limits(LAUNCH_LIMITS);
+        ours.with_limits(LAUNCH_LIMITS).send(&request, &[]).unwrap();
+        assert_eq!(theirs.recv().unwrap().message.argv, request.argv);
+    }
 }
