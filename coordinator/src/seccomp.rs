@@ -17,8 +17,9 @@ use lazaret_proto::seccomp::{AllowList, SeccompError, arg_is};
 /// Installs the coordinator's filter on every thread.
 pub fn install() -> Result<(), SeccompError> {
     let mut list = AllowList::runtime("lazaret-coordinator");
-    // Files: the stores, the mailboxes, the Domain log and its rotation,
-    // usage walks, and the runtime directory's sockets.
+    // Files: the stores, the mailboxes, the Domain log and its rotation
+    // (standard error moved onto the new file with dup2), usage walks,
+    // and the runtime directory's sockets.
     list.allow(&[
         libc::SYS_open,
         libc::SYS_openat,
@@ -50,6 +51,7 @@ pub fn install() -> Result<(), SeccompError> {
         libc::SYS_fstatfs,
         libc::SYS_statfs,
         libc::SYS_dup,
+        libc::SYS_dup2,
         libc::SYS_dup3,
         libc::SYS_pipe2,
         libc::SYS_memfd_create,
@@ -89,7 +91,6 @@ pub fn install() -> Result<(), SeccompError> {
     list.allow(&[
         libc::SYS_pidfd_open,
         libc::SYS_pidfd_send_signal,
-        libc::SYS_pidfd_getfd,
         libc::SYS_waitid,
         libc::SYS_wait4,
         libc::SYS_kill,

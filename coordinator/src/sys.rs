@@ -188,11 +188,24 @@ pub fn fork_launch(plan: &LaunchPlan<'_>) -> std::io::Result<(std::os::fd::Owned
         list.push(std::ptr::null());
         list
     };
+    // Each descriptor the child moves or keeps lies above the standard
+    // streams, which it replaces: none is lost to an earlier `dup2`.
+    let fds = [plan.stdin, plan.stdout, plan.stderr, plan.directory];
+    if fds
+        .iter()
+        .chain(&plan.inherited)
+        .any(|fd| fd.as_raw_fd() <= 2)
+    {
+        return Err(std::io::Error::from_raw_os_error(libc::EBADF));
+    }
     let argv = pointers(&plan.argv);
     let envp = pointers(&plan.environment);
     // The child writes its error number here when it cannot execute;
     // `execve` closes it (close-on-exec), so an empty read means it ran.
     let (failure_read, failure_write) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
+    if failure_write.as_raw_fd() <= 2 {
+        return Err(std::io::Error::from_raw_os_error(libc::EBADF));
+    }
     let mut pidfd: libc::c_int = -1;
     let flags = (libc::CLONE_PARENT | libc::CLONE_PIDFD) as libc::c_ulong;
     // SAFETY: a `clone` without `CLONE_VM` and without a new stack is a

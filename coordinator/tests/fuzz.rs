@@ -701,11 +701,18 @@ const ESCAPED_KEYS: &[(&str, &str)] = &[
          image = \"docker.io/library/debian:trixie\"\n[profiles.ok.env]\n\
          \"A\\u001b\" = \"$HOME\"\n",
     ),
+    (
+        "escaped-volume-path",
+        "schema = \"lazaret-trusted-host-config-v1\"\n[profiles.ok]\n\
+         image = \"docker.io/library/debian:trixie\"\npersistent_dirs = [\"/root\"]\n\
+         [[profiles.ok.volumes]]\nhost = \"~/x\"\ncontainer = \"/ro\\u001b\\t/x\"\nkind = \"file\"\naccess = \"read-only\"\n",
+    ),
 ];
 
-/// A key of the document is named in an error with its control
-/// characters escaped: serde's field path and message once carried them
-/// raw to the terminal.
+/// A key or value of the document is named in an error with its control
+/// characters escaped: serde's field path and message, and the rules' own
+/// messages (a volume's path, found by this target), once carried them raw
+/// to the terminal.
 #[test]
 fn config_errors_escape_control_characters_in_keys() {
     for (name, text) in ESCAPED_KEYS {

@@ -19,6 +19,11 @@
 //! tests use to see the filter kill it. Release builds read neither.
 //! Trusts the role that builds its list; nothing here reads sandbox bytes.
 
+// The lists name x86-64's system calls (`open`, `poll`, `dup2`, ...) and
+// the filter checks for that architecture.
+#[cfg(not(target_arch = "x86_64"))]
+compile_error!("Lazaret's seccomp allow lists are written for x86-64 only");
+
 use std::collections::BTreeMap;
 
 use seccompiler::{
@@ -35,7 +40,12 @@ pub const FORBIDDEN_CALL_VARIABLE: &str = "LAZARET_FORBIDDEN_CALL";
 
 /// What is said of a process its filter killed, after its name.
 pub const KILLED: &str = "was killed by SIGSYS: it made a system call outside its seccomp \
-    allow list, which is a bug in Lazaret";
+    allow list, which is a bug in Lazaret (the kernel's log names the call: `journalctl -k` or \
+    `dmesg`, audit type=1326)";
+
+/// The exit status of the supervisor's stage one when the Domain's pid 1
+/// (stage two) was killed by its filter: 128 + `SIGSYS`, as a shell says.
+pub const PID1_KILLED_EXIT: u8 = 128 + 31;
 
 /// Why a role's filter could not be installed.
 #[derive(Debug, thiserror::Error)]
@@ -52,7 +62,8 @@ pub enum SeccompError {
     /// The kernel refused the filter.
     #[error(
         "cannot install the seccomp filter of {role}: {source}; Lazaret needs a kernel with \
-         seccomp filters (CONFIG_SECCOMP_FILTER), which every distribution kernel has"
+         seccomp filters (CONFIG_SECCOMP_FILTER, which distribution kernels have) and a \
+         process no other filter forbids seccomp(2) to"
     )]
     Install {
         /// The role whose list it is.

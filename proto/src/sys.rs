@@ -51,7 +51,8 @@ pub fn close_inherited_descriptors() -> std::io::Result<()> {
 /// no flags, no length, pid 0 (for `ptrace`, `PTRACE_ATTACH` of pid 0).
 /// For the seccomp tests' forbidden calls, each of which then fails
 /// (`EFAULT`, `EPERM`, `ESRCH`) or is stopped by the filter first.
-pub fn call_with_no_effect(number: i64) -> std::io::Result<i64> {
+#[cfg(debug_assertions)]
+pub(crate) fn call_with_no_effect(number: i64) -> std::io::Result<i64> {
     let request = if number == libc::SYS_ptrace {
         libc::PTRACE_ATTACH as u64
     } else {

@@ -70,6 +70,8 @@ impl Reaper {
             let mut children = self.children.lock().unwrap_or_else(|e| e.into_inner());
             // `wait` is `wait4(-1)`: any child, in any process group.
             while let Ok(Some((pid, status))) = rustix::process::wait(WaitOptions::NOHANG) {
+                // A session's `runsc exec` is not named here: it may pass
+                // on a signal that ended the process inside.
                 if children.watched.remove(&pid.as_raw_nonzero().get()) {
                     children.exited.insert(pid.as_raw_nonzero().get(), status);
                     self.changed.notify_all();

@@ -143,7 +143,7 @@ fn enter_namespaces() -> ExitCode {
                 Ok(Some(status)) if status.exit_status() == Some(0) => ExitCode::SUCCESS,
                 Ok(Some(status)) if status.terminating_signal() == Some(libc::SIGSYS) => {
                     tracing::error!("the Domain's pid 1 {}", lazaret_proto::seccomp::KILLED);
-                    ExitCode::FAILURE
+                    ExitCode::from(lazaret_proto::seccomp::PID1_KILLED_EXIT)
                 }
                 Ok(_) => ExitCode::FAILURE,
                 Err(e) => {

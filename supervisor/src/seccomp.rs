@@ -18,6 +18,9 @@
 
 use lazaret_proto::seccomp::{AllowList, SeccompError, arg_is};
 
+/// `PR_SET_VMA` (`prctl(2)`), which the libc crate does not name.
+const PR_SET_VMA: i32 = 0x5356_4d41;
+
 /// Installs stage one's filter: it only waits for stage two and exits.
 pub fn install_stage_one() -> Result<(), SeccompError> {
     let mut list = AllowList::runtime("lazaret-supervisor-stage-one");
@@ -67,6 +70,8 @@ pub fn install_stage_two() -> Result<(), SeccompError> {
         libc::PR_GET_NO_NEW_PRIVS,
         libc::PR_SET_PDEATHSIG,
         libc::PR_CAPBSET_READ,
+        // Go's runtime (1.25 and later) names its memory mappings at start.
+        PR_SET_VMA,
     ];
     let rules = options.iter().map(|&o| arg_is(0, o as u64)).collect();
     list.allow_when(libc::SYS_prctl, rules);

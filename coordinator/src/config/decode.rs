@@ -76,6 +76,31 @@ pub fn decode(
     bytes: &[u8],
     layout: &SandboxLayoutV1,
 ) -> Result<DecodedConfiguration, ConfigError> {
+    decode_raw(source_label, bytes, layout).map_err(printable_error)
+}
+
+/// `error` with every control character a document put in it escaped: a
+/// quoted key or a string value may hold any character, and the error
+/// reaches a terminal.
+fn printable_error(error: ConfigError) -> ConfigError {
+    match error {
+        ConfigError::Field { field, rule } => ConfigError::Field {
+            field: printable(&field),
+            rule: printable(&rule),
+        },
+        ConfigError::Syntax { path, message } => ConfigError::Syntax {
+            path,
+            message: printable(&message),
+        },
+        error => error,
+    }
+}
+
+fn decode_raw(
+    source_label: &str,
+    bytes: &[u8],
+    layout: &SandboxLayoutV1,
+) -> Result<DecodedConfiguration, ConfigError> {
     let table = parse_table(source_label, bytes)?;
 
     // Dispatch on `schema` before interpreting anything else, so a document
@@ -194,20 +219,19 @@ fn deserialize<T: serde::de::DeserializeOwned>(
             if path == "." {
                 String::from("(document)")
             } else {
-                printable(&path)
+                path
             },
-            printable(&message),
+            message,
         )
     })
 }
 
-/// `text` with each control character escaped (`\u{1b}`): serde names a
-/// key of the document as written, in the field path and in its message,
-/// and a quoted TOML key may hold any character.
+/// `text` with each control character but the newline escaped
+/// (`\u{1b}`); a syntax error's message spans lines.
 fn printable(text: &str) -> String {
     text.chars()
         .map(|c| {
-            if c.is_control() {
+            if c.is_control() && c != '\n' {
                 c.escape_debug().collect()
             } else {
                 c.to_string()

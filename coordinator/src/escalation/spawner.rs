@@ -99,6 +99,8 @@ impl Spawner {
     /// Starts this executable in mode `spawn`, which dies with this
     /// process, and keeps it as the one every launch goes through.
     pub fn start() -> std::io::Result<()> {
+        // Its parent-death signal follows the thread that starts it.
+        debug_assert_eq!(rustix::thread::gettid(), rustix::process::getpid());
         let (ours, theirs) = lazaret_proto::channel::pair::<LaunchRequest, LaunchReply>()
             .map_err(std::io::Error::other)?;
         let mut command = std::process::Command::new("/proc/self/exe");

@@ -136,24 +136,29 @@ impl Supervisor {
         await_namespaces(&self.channel)
     }
 
-    /// `failure`, saying so when the supervisor's seccomp filter killed it
-    /// (stage one has then exited: it dies before stage two, whose end
-    /// closes the channel; 200 ms covers the kernel's exit).
+    /// `failure`, saying so when a seccomp filter killed the supervisor:
+    /// stage one (killed by `SIGSYS`), or stage two (stage one then exits
+    /// [`lazaret_proto::seccomp::PID1_KILLED_EXIT`]). Either has exited
+    /// once the channel is closed, or does within the 200 ms waited.
     pub(super) fn explained(&self, failure: Failure) -> Failure {
+        use lazaret_proto::seccomp::{KILLED, PID1_KILLED_EXIT};
         use rustix::process::{WaitId, WaitIdOptions};
         let pidfd = self.held.pidfd.as_fd();
-        let killed = wait_exit(pidfd, Duration::from_millis(200)).unwrap_or(false)
-            && rustix::process::waitid(
-                WaitId::PidFd(pidfd),
-                WaitIdOptions::EXITED | WaitIdOptions::NOWAIT,
-            )
-            .ok()
-            .flatten()
-            .is_some_and(|status| status.terminating_signal() == Some(libc::SIGSYS));
-        if !killed {
+        if !wait_exit(pidfd, Duration::from_millis(200)).unwrap_or(false) {
             return failure;
         }
-        let said = format!("the Runtime Supervisor {}", lazaret_proto::seccomp::KILLED);
+        let status = rustix::process::waitid(
+            WaitId::PidFd(pidfd),
+            WaitIdOptions::EXITED | WaitIdOptions::NOWAIT,
+        );
+        let which = match status.ok().flatten() {
+            Some(s) if s.terminating_signal() == Some(libc::SIGSYS) => "the Runtime Supervisor",
+            Some(s) if s.exit_status() == Some(i32::from(PID1_KILLED_EXIT)) => {
+                "the Runtime Supervisor's second stage, the Domain's pid 1,"
+            }
+            _ => return failure,
+        };
+        let said = format!("{which} {KILLED}");
         tracing::error!("{said}");
         failure.within(said)
     }
