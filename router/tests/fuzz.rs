@@ -52,9 +52,12 @@ const IGNORE: &str = ".env\nnode_modules/\n*.log\n";
 const PROTECTED: &[(&str, &str)] = &[
     (".env", "SECRET=host\n"),
     (".git/config", "[core]\n"),
-    (".git/HEAD", "ref: refs/heads/main\n"),
     (".husky/pre-commit", "#!/bin/sh\n"),
 ];
+
+/// The host's `HEAD`, which makes `.git` git metadata; the sandbox may
+/// rewrite it (`git checkout`), so it is not among [`PROTECTED`].
+const HEAD: (&str, &str) = (".git/HEAD", "ref: refs/heads/main\n");
 
 /// Names an operation may use; beyond these, names come from the input.
 const NAMES: &[&[u8]] = &[
@@ -116,7 +119,7 @@ impl Scratch {
         for d in [".git/hooks", ".git/objects", ".husky", "node_modules/m"] {
             std::fs::create_dir_all(host.join(d)).unwrap();
         }
-        for (path, content) in PROTECTED {
+        for (path, content) in PROTECTED.iter().chain([&HEAD]) {
             std::fs::write(host.join(path), content).unwrap();
         }
         // The sandbox may edit it: the rules were read when the tree began.
