@@ -12,7 +12,7 @@
 //! (the supervisor, slirp4netns, skopeo) and before it goes live. Trusts
 //! nothing; owns the list.
 
-use lazaret_proto::seccomp::{AllowList, SeccompError, arg_is};
+use lazaret_proto::seccomp::{AllowList, SeccompError};
 
 /// Installs the coordinator's filter on every thread.
 pub fn install() -> Result<(), SeccompError> {
@@ -61,7 +61,7 @@ pub fn install() -> Result<(), SeccompError> {
     // Sockets: Unix stream listeners and their clients (the peer's
     // credentials and pidfd), datagrams to the journal, descriptors passed
     // both ways.
-    list.allow_when(libc::SYS_socket, vec![arg_is(0, libc::AF_UNIX as u64)]);
+    list.allow_when_first_is(libc::SYS_socket, &[libc::AF_UNIX]);
     list.allow(&[
         libc::SYS_socketpair,
         libc::SYS_bind,

@@ -9,7 +9,7 @@
 //! Installed by [`crate::role::run`] once the request is read and the
 //! listener adopted, before it serves. Trusts nothing; owns the list.
 
-use lazaret_proto::seccomp::{AllowList, SeccompError, arg_is};
+use lazaret_proto::seccomp::{AllowList, SeccompError};
 
 /// Installs the proxy's filter on every thread.
 pub fn install() -> Result<(), SeccompError> {
@@ -18,7 +18,7 @@ pub fn install() -> Result<(), SeccompError> {
     list.allow(&[libc::SYS_accept4]);
     // Connections out: a TCP socket per host connection (IPv4 only),
     // connected without blocking, its error read once writable.
-    list.allow_when(libc::SYS_socket, vec![arg_is(0, libc::AF_INET as u64)]);
+    list.allow_when_first_is(libc::SYS_socket, &[libc::AF_INET]);
     list.allow(&[
         libc::SYS_connect,
         libc::SYS_setsockopt,

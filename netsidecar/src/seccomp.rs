@@ -10,7 +10,7 @@
 //! under the supervisor's own filter, and the kernel applies both. Trusts
 //! nothing; owns the list.
 
-use lazaret_proto::seccomp::{AllowList, SeccompError, arg_is};
+use lazaret_proto::seccomp::{AllowList, SeccompError};
 
 /// Installs the sidecar's filter on every thread.
 pub fn install() -> Result<(), SeccompError> {
@@ -18,8 +18,7 @@ pub fn install() -> Result<(), SeccompError> {
     // Sockets: netlink (routing and nf_tables), and the probes' IPv4 and
     // IPv6 sockets.
     let families = [libc::AF_NETLINK, libc::AF_INET, libc::AF_INET6];
-    let rules = families.iter().map(|&f| arg_is(0, f as u64)).collect();
-    list.allow_when(libc::SYS_socket, rules);
+    list.allow_when_first_is(libc::SYS_socket, &families);
     list.allow(&[
         libc::SYS_bind,
         libc::SYS_connect,

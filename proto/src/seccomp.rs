@@ -177,7 +177,7 @@ impl AllowList {
         // library's `set_nonblocking`).
         list.allow_when(libc::SYS_ioctl, vec![arg_is(1, libc::FIONBIO)]);
         // Naming a thread (tokio's and fuser's workers).
-        list.allow_when(libc::SYS_prctl, vec![arg_is(0, libc::PR_SET_NAME as u64)]);
+        list.allow_when_first_is(libc::SYS_prctl, &[libc::PR_SET_NAME]);
         list
     }
 
@@ -201,6 +201,14 @@ impl AllowList {
             }
         }
         self
+    }
+
+    /// Allows `call` when its first argument (a socket's family, a
+    /// `prctl` option) is one of `values`.
+    pub fn allow_when_first_is(&mut self, call: i64, values: &[i32]) -> &mut Self {
+        // The kernel's arguments are the C int's bits, compared as 32 bits.
+        let rules = values.iter().map(|&v| arg_is(0, v as u32 as u64)).collect();
+        self.allow_when(call, rules)
     }
 
     /// Whether `call` is allowed with some arguments.

@@ -9,14 +9,14 @@
 //! capabilities narrowed, before it probes and serves. Trusts nothing;
 //! owns the list.
 
-use lazaret_proto::seccomp::{AllowList, SeccompError, arg_is};
+use lazaret_proto::seccomp::{AllowList, SeccompError};
 
 /// Installs the resolver's filter on every thread.
 pub fn install() -> Result<(), SeccompError> {
     let mut list = AllowList::runtime("lazaret-resolver");
     // A UDP socket per upstream query (IPv4 only), marked so the packet
     // filter lets it out, bound and connected to the upstream.
-    list.allow_when(libc::SYS_socket, vec![arg_is(0, libc::AF_INET as u64)]);
+    list.allow_when_first_is(libc::SYS_socket, &[libc::AF_INET]);
     list.allow(&[
         libc::SYS_setsockopt,
         libc::SYS_getsockopt,

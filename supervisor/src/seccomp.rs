@@ -16,7 +16,7 @@
 //! its own filters) and by stage one once it has forked stage two. Trusts
 //! nothing; owns the lists.
 
-use lazaret_proto::seccomp::{AllowList, SeccompError, arg_is};
+use lazaret_proto::seccomp::{AllowList, SeccompError};
 
 /// `PR_SET_VMA` (`prctl(2)`), which the libc crate does not name.
 const PR_SET_VMA: i32 = 0x5356_4d41;
@@ -73,8 +73,7 @@ pub fn install_stage_two() -> Result<(), SeccompError> {
         // Go's runtime (1.25 and later) names its memory mappings at start.
         PR_SET_VMA,
     ];
-    let rules = options.iter().map(|&o| arg_is(0, o as u64)).collect();
-    list.allow_when(libc::SYS_prctl, rules);
+    list.allow_when_first_is(libc::SYS_prctl, &options);
     // Processes: pidfds, signals, and reaping every orphan of the Domain.
     list.allow(&[
         libc::SYS_pidfd_open,
@@ -98,8 +97,7 @@ pub fn install_stage_two() -> Result<(), SeccompError> {
         libc::AF_INET,
         libc::AF_INET6,
     ];
-    let rules = families.iter().map(|&f| arg_is(0, f as u64)).collect();
-    list.allow_when(libc::SYS_socket, rules);
+    list.allow_when_first_is(libc::SYS_socket, &families);
     // What runsc, a static Go program, calls to start, reach the
     // sandbox's control socket, and deliver a signal or a terminal size.
     list.allow(&[

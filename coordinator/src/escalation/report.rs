@@ -46,6 +46,14 @@ pub enum NotStarted {
     /// Starting it failed (`execve(2)`, `fork(2)`).
     #[error(transparent)]
     Spawn(Errno),
+    /// It started, but its launch process could not install its seccomp
+    /// filter and ended it at once.
+    #[error(
+        "its launch process could not install its seccomp filter and ended it as it started \
+         (a kernel without CONFIG_SECCOMP_FILTER, or a filter above Lazaret that forbids \
+         seccomp(2))"
+    )]
+    Unconfined,
 }
 
 /// What the launch process reports: how the command ended, or why it
@@ -61,6 +69,7 @@ pub fn encode_report(report: &Report) -> Vec<u8> {
         Err(NotStarted::Orphaned) => "orphaned".to_owned(),
         Err(NotStarted::Cancelled) => "cancelled".to_owned(),
         Err(NotStarted::Spawn(e)) => format!("spawn-failed {}", e.raw_os_error()),
+        Err(NotStarted::Unconfined) => "unconfined".to_owned(),
     };
     text.into_bytes()
 }
@@ -81,6 +90,7 @@ pub fn decode_report(bytes: &[u8]) -> Option<Report> {
         ("orphaned", "") => Err(NotStarted::Orphaned),
         ("cancelled", "") => Err(NotStarted::Cancelled),
         ("spawn-failed", _) => Err(NotStarted::Spawn(errno()?)),
+        ("unconfined", "") => Err(NotStarted::Unconfined),
         _ => return None,
     })
 }
@@ -99,6 +109,7 @@ mod tests {
             Err(NotStarted::Orphaned),
             Err(NotStarted::Cancelled),
             Err(NotStarted::Spawn(Errno::NOENT)),
+            Err(NotStarted::Unconfined),
         ] {
             let bytes = encode_report(&report);
             assert!(bytes.len() <= MAX_REPORT);

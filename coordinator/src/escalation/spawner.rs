@@ -182,6 +182,18 @@ pub fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    // Every launch process's standard input, opened once.
+    let null = match rustix::fs::open(
+        "/dev/null",
+        rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    ) {
+        Ok(null) => null,
+        Err(e) => {
+            eprintln!("lazaret-coordinator spawn: cannot open /dev/null: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     loop {
         let Received { message, fds } = match channel.recv() {
             Ok(received) => received,
@@ -190,7 +202,7 @@ pub fn main() -> ExitCode {
         };
         // A launch process that failed before `execve` is still the
         // coordinator's child to reap: its pidfd goes with the failure.
-        let reply = match start(&message, &fds) {
+        let reply = match start(&message, &fds, null.as_fd()) {
             Ok((pidfd, None)) => channel.send(&LaunchReply::Started, &[pidfd.as_fd()]),
             Ok((pidfd, Some(errno))) => channel.send(&LaunchReply::Failed(errno), &[pidfd.as_fd()]),
             Err(e) => channel.send(&LaunchReply::Failed(e.raw_os_error().unwrap_or(0)), &[]),
@@ -203,7 +215,11 @@ pub fn main() -> ExitCode {
 
 /// Starts one launch process as the coordinator's child: its pidfd, and
 /// the error number that stopped it before `execve` if one did.
-fn start(request: &LaunchRequest, fds: &[OwnedFd]) -> std::io::Result<(OwnedFd, Option<i32>)> {
+fn start(
+    request: &LaunchRequest,
+    fds: &[OwnedFd],
+    null: BorrowedFd<'_>,
+) -> std::io::Result<(OwnedFd, Option<i32>)> {
     let [executable, report, stdout, stderr, directory] = fds else {
         return Err(std::io::Error::from_raw_os_error(libc::EBADF));
     };
@@ -231,16 +247,11 @@ fn start(request: &LaunchRequest, fds: &[OwnedFd]) -> std::io::Result<(OwnedFd, 
         .iter()
         .map(|(name, value)| c(&[name.as_slice(), b"=", value.as_slice()].concat()))
         .collect::<std::io::Result<Vec<_>>>()?;
-    let null = rustix::fs::open(
-        "/dev/null",
-        rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
-        rustix::fs::Mode::empty(),
-    )?;
     crate::sys::fork_launch(&crate::sys::LaunchPlan {
         program: c(b"/proc/self/exe")?,
         argv,
         environment,
-        stdin: null.as_fd(),
+        stdin: null,
         stdout: stdout.as_fd(),
         stderr: stderr.as_fd(),
         directory: directory.as_fd(),

@@ -399,7 +399,7 @@ fn run(args: &Arguments, executable: OwnedFd) -> Report {
     // only follows it. Unconfined, it does not go on.
     if super::seccomp::install_launcher().is_err() {
         kill_all(me, command, &signals, &mut None);
-        return Err(NotStarted::Prepare(Errno::NOSYS));
+        return Err(NotStarted::Unconfined);
     }
     Ok(follow(me, command, &signals))
 }
